@@ -1,0 +1,44 @@
+"""`actionopd` command: one entry point per job, each subcommand in its own module.
+
+Subcommand modules are imported lazily so `actionopd --help` stays fast and a broken
+optional dependency of one job does not break the others.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+# subcommand -> (module with `main(argv) -> int`, one-line help)
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("actionopd_jax.train.cli", "train a student with ActionOPD (or a baseline)"),
+    "eval": ("actionopd_jax.eval.cli", "evaluate a checkpoint or endpoint on BFCL / tau2"),
+    "serve": ("actionopd_jax.serve.cli", "OpenAI-compatible server over a checkpoint"),
+    "export": ("actionopd_jax.train.export_cli", "write a checkpoint as HF safetensors"),
+    "generate": ("actionopd_jax.sampling.cli", "sample from a checkpoint (smoke test)"),
+    "tokenizer": ("actionopd_jax.chat.tokenizer_cli", "build the offline Qwen3 tokenizer"),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: actionopd <command> [options]", "", "commands:"]
+    lines += [f"  {name:<10} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
+    lines += ["", "run `actionopd <command> --help` for a command's options"]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    name, rest = argv[0], argv[1:]
+    if name not in SUBCOMMANDS:
+        print(f"actionopd: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(SUBCOMMANDS[name][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

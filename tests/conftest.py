@@ -1,0 +1,19 @@
+"""Test-wide setup: 8 host CPU devices (for sharding tests) and a persistent compile cache.
+
+XLA_FLAGS must be set before jax is first imported, so this happens at conftest import.
+"""
+
+import os
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import jax  # noqa: E402
+
+_CACHE = os.environ.get(
+    "ACTIONOPD_TEST_JAX_CACHE", os.path.expanduser("~/.cache/actionopd_jax/jax_test_cache")
+)
+jax.config.update("jax_compilation_cache_dir", _CACHE)
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
