@@ -1,0 +1,1 @@
+"""OpenAI-compatible serving: the HTTP layer and the backends that answer it."""

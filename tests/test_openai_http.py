@@ -1,0 +1,130 @@
+"""The OpenAI-compatible HTTP layer, driven by the real `openai` client over loopback."""
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+
+import openai
+import pytest
+
+from actionopd_jax.serve.openai_http import ChatRequest, OpenAIServer, RequestError
+from actionopd_jax.serve.scripted import ScriptedBackend, message_choice, tool_call_choice
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+USER = [{"role": "user", "content": "weather in Paris?"}]
+
+
+def _reply(req: ChatRequest):
+    if req.tools:
+        return tool_call_choice("get_weather", {"city": "Paris"})
+    return message_choice(f"echo {req.messages[-1]['content']}", reasoning="thinking")
+
+
+@pytest.fixture()
+def server():
+    backend = ScriptedBackend("scripted", _reply)
+    with OpenAIServer(backend) as srv:
+        yield srv, backend
+
+
+def test_completions_messages_tool_calls_and_n(server):
+    srv, backend = server
+    client = openai.OpenAI(base_url=srv.base_url, api_key="unused")
+    r = client.chat.completions.create(model="scripted", messages=USER, n=3, temperature=0.7, max_tokens=5)
+    assert [c.message.content for c in r.choices] == ["echo weather in Paris?"] * 3
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert r.choices[0].message.model_extra["reasoning_content"] == "thinking"
+    assert backend.requests[-1].temperature == 0.7 and backend.requests[-1].max_tokens == 5
+
+    r = client.chat.completions.create(model="scripted", messages=USER, tools=TOOLS,
+                                       extra_body={"top_k": 20})
+    call = r.choices[0].message.tool_calls[0]
+    assert call.function.name == "get_weather" and json.loads(call.function.arguments) == {"city": "Paris"}
+    assert r.choices[0].finish_reason == "tool_calls"
+    assert backend.requests[-1].top_k == 20
+    assert [m.id for m in client.models.list()] == ["scripted"]
+    assert srv.request_count == 2
+
+
+@pytest.mark.parametrize(
+    "body, status, needle",
+    [
+        (b"{not json", 400, "not valid JSON"),
+        (json.dumps({"model": "scripted"}).encode(), 400, "'messages' is required"),
+        (json.dumps({"model": "nope", "messages": USER}).encode(), 404, "model 'nope' not found"),
+        (json.dumps({"model": "scripted", "messages": USER, "n": 0}).encode(), 400, "'n' must be between"),
+        (json.dumps({"model": "scripted", "messages": USER, "temperature": "hot"}).encode(), 400, "'temperature' must be a number"),
+        (json.dumps({"model": "scripted", "messages": [{"role": "robot"}]}).encode(), 400, "messages[0]"),
+    ],
+)
+def test_bad_requests_get_json_4xx(server, body, status, needle):
+    srv, _ = server
+    req = urllib.request.Request(srv.base_url + "/chat/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=10)
+    assert e.value.code == status
+    assert needle in json.loads(e.value.read())["error"]["message"]
+    assert srv.request_count == 0
+
+
+def test_backend_request_error_and_crash_are_reported():
+    def reply(req):
+        if req.messages[-1]["content"] == "long":
+            raise RequestError(400, "context too long: 9000 tokens > 4096", code="context_length_exceeded")
+        raise ZeroDivisionError("boom")
+
+    with OpenAIServer(ScriptedBackend("m", reply)) as srv:
+        client = openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0)
+        with pytest.raises(openai.BadRequestError, match="context too long"):
+            client.chat.completions.create(model="m", messages=[{"role": "user", "content": "long"}])
+        with pytest.raises(openai.InternalServerError, match="ZeroDivisionError"):
+            client.chat.completions.create(model="m", messages=USER)
+
+
+def test_bearer_token_from_environment(monkeypatch):
+    monkeypatch.setenv("TEST_SERVER_KEY", "s3cret-value")
+    with OpenAIServer(ScriptedBackend("m", _reply), api_key_env="TEST_SERVER_KEY") as srv:
+        with pytest.raises(openai.AuthenticationError) as e:
+            openai.OpenAI(base_url=srv.base_url, api_key="wrong", max_retries=0).models.list()
+        assert "s3cret-value" not in str(e.value)
+        ok = openai.OpenAI(base_url=srv.base_url, api_key="s3cret-value")
+        assert ok.chat.completions.create(model="m", messages=USER).choices[0].message.content
+    monkeypatch.delenv("TEST_SERVER_KEY")
+    with pytest.raises(ValueError, match="TEST_SERVER_KEY"):
+        OpenAIServer(ScriptedBackend("m", _reply), api_key_env="TEST_SERVER_KEY")
+
+
+def test_middleware_can_inject_faults():
+    calls = {"n": 0}
+
+    async def flaky(body):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            return 429, {"error": {"message": "slow down"}}, {"Retry-After": "0"}
+        return None
+
+    with OpenAIServer(ScriptedBackend("m", _reply), middleware=flaky) as srv:
+        client = openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=2)
+        r = client.chat.completions.create(model="m", messages=USER)
+        assert r.choices[0].message.content == "echo weather in Paris?"
+        assert calls["n"] == 2 and srv.request_count == 1
+
+
+def test_concurrent_requests_each_get_their_own_answer(server):
+    srv, _ = server
+
+    async def main():
+        client = openai.AsyncOpenAI(base_url=srv.base_url, api_key="x")
+        msgs = [[{"role": "user", "content": f"q{i}"}] for i in range(16)]
+        rs = await asyncio.gather(*(client.chat.completions.create(model="scripted", messages=m) for m in msgs))
+        return [r.choices[0].message.content for r in rs]
+
+    assert asyncio.run(main()) == [f"echo q{i}" for i in range(16)]
+
+
+def test_port_in_use_is_a_clear_error(server):
+    srv, _ = server
+    with pytest.raises(RuntimeError, match="could not start server"):
+        OpenAIServer(ScriptedBackend("m", _reply), port=srv.port).start()
