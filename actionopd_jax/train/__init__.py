@@ -1,0 +1,1 @@
+"""Trainer: losses, the sharded train step, the collect -> update loop, checkpoints, CLI."""
