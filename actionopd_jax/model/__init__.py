@@ -1,0 +1,12 @@
+"""Qwen3 dense decoder in Flax NNX: config, model, KV cache, HF weights, sharding."""
+
+from actionopd_jax.model.cache import KVCache, left_pad_positions
+from actionopd_jax.model.config import PRESETS, Qwen3Config, count_params, flops_per_token
+from actionopd_jax.model.qwen3 import Qwen3
+from actionopd_jax.model.sharding import (LOGICAL_AXIS_RULES, make_mesh, param_shardings,
+                                          shard_model)
+
+__all__ = [
+    "KVCache", "left_pad_positions", "PRESETS", "Qwen3Config", "count_params", "flops_per_token",
+    "Qwen3", "LOGICAL_AXIS_RULES", "make_mesh", "param_shardings", "shard_model",
+]

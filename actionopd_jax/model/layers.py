@@ -1,0 +1,134 @@
+"""Qwen3 building blocks: RMSNorm, rotary embeddings, grouped-query attention with q/k-norm, SwiGLU.
+
+Every parameter carries logical axis names in its `out_sharding` metadata (Flax NNX's partition
+metadata key); `sharding.LOGICAL_AXIS_RULES` maps those names to mesh axes.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from actionopd_jax.model.config import Qwen3Config
+
+# Large negative instead of -inf: a query with no visible key (a left-pad row) then gets a
+# uniform softmax over masked keys, which is finite and ignored, rather than NaN.
+_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
+_INIT_STD = 0.02  # HF Qwen3 initializer_range
+
+
+def _param(rngs: nnx.Rngs, shape, dtype, axes: tuple[str, ...], init=None) -> nnx.Param:
+    if init is None:
+        value = _INIT_STD * jax.random.normal(rngs.params(), shape, jnp.float32)
+    else:
+        value = init(shape)
+    # Logical names, not mesh axes: placement happens in sharding.shard_model / weights.load_hf,
+    # so Flax's eager sharding (which would read them as mesh axes) is off.
+    return nnx.Param(value.astype(dtype), out_sharding=axes, eager_sharding=False)
+
+
+class RMSNorm(nnx.Module):
+    """y = w * x / sqrt(mean(x^2) + eps), the normalisation computed in float32 (as HF does)."""
+
+    def __init__(self, dim: int, eps: float, *, param_dtype, axis_name: str, rngs: nnx.Rngs):
+        self.weight = _param(rngs, (dim,), param_dtype, (axis_name,), init=lambda s: jnp.ones(s))
+        self.eps = eps
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        x32 = x.astype(jnp.float32)
+        normed = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        return self.weight[...].astype(x.dtype) * normed.astype(x.dtype)
+
+
+def rope_cos_sin(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
+    """cos/sin tables [B, T, head_dim] in float32 for integer positions [B, T]."""
+    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, Dh/2]
+    angles = jnp.concatenate([angles, angles], axis=-1)
+    return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
+    """Rotate-half RoPE (first half / second half pairing, as in HF Qwen3). x: [B, T, N, Dh]."""
+    half = x.shape[-1] // 2
+    rotated = jnp.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+    cos = cos[:, :, None, :].astype(x.dtype)
+    sin = sin[:, :, None, :].astype(x.dtype)
+    return x * cos + rotated * sin
+
+
+def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, dtype) -> jax.Array:
+    """Grouped-query attention.
+
+    q: [B, T, KVH, G, Dh]; k, v: [B, S, KVH, Dh]; mask: bool [B, T, S] (True = may attend).
+    Scores and softmax in float32; returns [B, T, KVH, G, Dh] in `dtype`.
+    """
+    scale = q.shape[-1] ** -0.5
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
+    scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
+    probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
+    return jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(dtype))
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: Qwen3Config, *, rngs: nnx.Rngs):
+        pd = jnp.dtype(cfg.param_dtype)
+        d, h, kv, dh = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.q_proj = _param(rngs, (d, h, dh), pd, ("embed", "heads", "head_dim"))
+        self.k_proj = _param(rngs, (d, kv, dh), pd, ("embed", "kv_heads", "head_dim"))
+        self.v_proj = _param(rngs, (d, kv, dh), pd, ("embed", "kv_heads", "head_dim"))
+        self.o_proj = _param(rngs, (h, dh, d), pd, ("heads", "head_dim", "embed"))
+        self.q_norm = RMSNorm(dh, cfg.rms_norm_eps, param_dtype=pd, axis_name="head_dim", rngs=rngs)
+        self.k_norm = RMSNorm(dh, cfg.rms_norm_eps, param_dtype=pd, axis_name="head_dim", rngs=rngs)
+        self.num_kv_heads = kv
+        self.groups = h // kv
+        self.rope_theta = cfg.rope_theta
+        self.dtype = jnp.dtype(cfg.dtype)
+
+    def project_qkv(self, x, cos, sin):
+        dt = self.dtype
+        q = jnp.einsum("btd,dhk->bthk", x, self.q_proj[...].astype(dt))
+        k = jnp.einsum("btd,dhk->bthk", x, self.k_proj[...].astype(dt))
+        v = jnp.einsum("btd,dhk->bthk", x, self.v_proj[...].astype(dt))
+        q = apply_rope(self.q_norm(q), cos, sin)
+        k = apply_rope(self.k_norm(k), cos, sin)
+        return q, k, v
+
+    def output(self, attn_out: jax.Array) -> jax.Array:
+        b, t = attn_out.shape[:2]
+        attn_out = attn_out.reshape(b, t, self.num_kv_heads * self.groups, -1)
+        return jnp.einsum("bthk,hkd->btd", attn_out, self.o_proj[...].astype(self.dtype))
+
+    def group_queries(self, q: jax.Array) -> jax.Array:
+        b, t, _, dh = q.shape
+        return q.reshape(b, t, self.num_kv_heads, self.groups, dh)
+
+
+class MLP(nnx.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: Qwen3Config, *, rngs: nnx.Rngs):
+        pd = jnp.dtype(cfg.param_dtype)
+        d, i = cfg.hidden_size, cfg.intermediate_size
+        self.gate_proj = _param(rngs, (d, i), pd, ("embed", "mlp"))
+        self.up_proj = _param(rngs, (d, i), pd, ("embed", "mlp"))
+        self.down_proj = _param(rngs, (i, d), pd, ("mlp", "embed"))
+        self.dtype = jnp.dtype(cfg.dtype)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        dt = self.dtype
+        gate = x @ self.gate_proj[...].astype(dt)
+        up = x @ self.up_proj[...].astype(dt)
+        return (jax.nn.silu(gate) * up) @ self.down_proj[...].astype(dt)
+
+
+class DecoderLayer(nnx.Module):
+    def __init__(self, cfg: Qwen3Config, *, rngs: nnx.Rngs):
+        pd = jnp.dtype(cfg.param_dtype)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=pd,
+                                       axis_name="norm", rngs=rngs)
+        self.self_attn = Attention(cfg, rngs=rngs)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=pd,
+                                                axis_name="norm", rngs=rngs)
+        self.mlp = MLP(cfg, rngs=rngs)

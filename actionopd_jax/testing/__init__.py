@@ -1,0 +1,1 @@
+"""Builders shared by tests: tiny checkpoints, tokenizers, loopback servers."""
