@@ -1,0 +1,142 @@
+"""The `Teacher` protocol and the sampling rule every provider shares (paper appendix A.3).
+
+A teacher returns up to K *valid* samples for one state, in slot order. Each requested
+slot may be regenerated at most `max_regenerations` (= 2) times when the reply does not
+parse to a valid action (parser or schema violation); a valid reply is kept as it is.
+No valid sample at all means "no supervision" for that state: an empty list, never an
+exception and never a failure label. Transport failures (the retry budget is exhausted) drop
+the affected slots too, but they are recorded separately so a cache never stores them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import asdict, dataclass, field
+from typing import Any, Awaitable, Callable, Protocol, Sequence, runtime_checkable
+
+from actionopd_jax.teacher.transport import TransportGaveUp
+from actionopd_jax.types import ChatMessage, Invalid, TeacherSample, ToolSchema
+
+MAX_REGENERATIONS = 2
+
+
+@dataclass
+class UsageReport:
+    """What the teacher cost in this process: requests made, cache use, tokens."""
+
+    http_calls: int = 0          # HTTP attempts sent (successful or not)
+    transport_retries: int = 0   # attempts repeated after 429 / 5xx / timeout / bad body
+    transport_failures: int = 0  # slots lost because the retry budget ran out
+    cache_hits: int = 0
+    cache_misses: int = 0
+    single_flight_joins: int = 0  # requests answered by an identical request already in flight
+    regenerations: int = 0       # replies requested again because the previous one was invalid
+    invalid_replies: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    def add(self, other: "UsageReport") -> "UsageReport":
+        return UsageReport(**{k: v + getattr(other, k) for k, v in asdict(self).items()})
+
+
+@dataclass
+class TeacherBatch:
+    """The detailed answer for one state: valid samples in slot order plus what happened."""
+
+    samples: list[TeacherSample]
+    requested: int
+    transport_failures: int = 0   # slots lost to transport errors (not cacheable)
+    invalid_replies: int = 0
+    regenerations: int = 0
+    invalid_reasons: list[str] = field(default_factory=list)
+
+    @property
+    def cacheable(self) -> bool:
+        """Only an answer where every slot reached a verdict (valid, or invalid after all
+        regenerations) is a property of the state; transport losses are not."""
+        return self.transport_failures == 0
+
+
+@runtime_checkable
+class Teacher(Protocol):
+    @property
+    def identity(self) -> dict[str, Any]:
+        """Provider, model, prompt version and decoding settings: part of every cache key.
+        Never holds secrets."""
+        ...
+
+    @property
+    def usage(self) -> UsageReport: ...
+
+    async def sample(
+        self, messages: list[ChatMessage], tools: list[ToolSchema], k: int, *, key_info: dict[str, Any] | None = None
+    ) -> list[TeacherSample]:
+        """Up to k valid samples for the state, in slot order; [] = no supervision."""
+        ...
+
+    async def sample_detailed(
+        self, messages: list[ChatMessage], tools: list[ToolSchema], k: int, *, key_info: dict[str, Any] | None = None
+    ) -> TeacherBatch: ...
+
+
+# A provider's generator: ask for `m` replies to the same request; return exactly m entries,
+# each a parsed TeacherSample or the exception that lost that reply after transport retries.
+GenerateFn = Callable[[int], Awaitable[Sequence["TeacherSample | BaseException"]]]
+
+
+async def sample_with_regeneration(
+    generate: GenerateFn, k: int, *, max_regenerations: int = MAX_REGENERATIONS
+) -> TeacherBatch:
+    """Fill k slots: round 0 asks for k replies, each later round re-asks only for the slots
+    whose reply was Invalid, at most `max_regenerations` rounds. A slot lost to a transport
+    error is not retried here (the transport layer already spent its retry budget)."""
+    if not isinstance(k, int) or k < 1:
+        raise ValueError(f"k (teacher samples per state) must be a positive integer, got {k!r}")
+    if max_regenerations < 0:
+        raise ValueError(f"max_regenerations must be >= 0, got {max_regenerations}")
+    slots: list[TeacherSample | None] = [None] * k
+    pending = list(range(k))
+    batch = TeacherBatch(samples=[], requested=k)
+    for round_index in range(max_regenerations + 1):
+        if not pending:
+            break
+        if round_index > 0:
+            batch.regenerations += len(pending)
+        try:
+            replies = list(await generate(len(pending)))
+        except TransportGaveUp as err:  # one batched (n > 1) request lost: all its slots
+            replies = [err] * len(pending)
+        if len(replies) != len(pending):
+            raise RuntimeError(f"generator returned {len(replies)} replies for {len(pending)} requested")
+        still_invalid: list[int] = []
+        for slot, reply in zip(pending, replies):
+            if isinstance(reply, BaseException):
+                batch.transport_failures += 1
+            elif isinstance(reply.action, Invalid):
+                batch.invalid_replies += 1
+                batch.invalid_reasons.append(reply.action.reason)
+                still_invalid.append(slot)
+            else:
+                slots[slot] = reply
+        pending = still_invalid
+    batch.samples = [s for s in slots if s is not None]
+    return batch
+
+
+async def gather_replies(one: Callable[[], Awaitable[list[TeacherSample]]], m: int) -> list[TeacherSample | BaseException]:
+    """m concurrent single-reply requests (for providers without `n`). A request whose
+    transport retries ran out stays in place as its exception; any other error (a permanent
+    4xx, a bug) propagates, because it is not a property of the state."""
+    results = await asyncio.gather(*(one() for _ in range(m)), return_exceptions=True)
+    out: list[TeacherSample | BaseException] = []
+    for r in results:
+        if isinstance(r, TransportGaveUp):
+            out.append(r)
+        elif isinstance(r, BaseException):
+            raise r
+        else:
+            out.extend(r[:1] or [TransportGaveUp("provider returned no choices")])
+    return out
