@@ -99,3 +99,25 @@ def test_rules_table_is_data_and_mesh_errors_are_clear():
         make_mesh({"fsdp": 16})
     assert dict(zip(make_mesh({"data": 2, "fsdp": -1}).axis_names, make_mesh({"data": 2, "fsdp": -1}).axis_sizes)) \
         == {"data": 2, "fsdp": 4}
+
+
+def test_init_model_on_mesh_and_sharded_cache():
+    from actionopd_jax.model import cache_shardings, init_model
+    from actionopd_jax.testing.tiny_checkpoint import tiny_config
+
+    cfg = tiny_config(**OVERRIDES)
+    mesh = make_mesh({"data": 2, "fsdp": 2, "tensor": 2})
+    key = jax.random.key(3)
+    sharded = init_model(cfg, key, mesh=mesh)
+    plain = init_model(cfg, key)
+    assert sharded.layers.mlp.gate_proj[...].sharding.spec == P(None, "fsdp", "tensor")
+    np.testing.assert_array_equal(np.asarray(sharded.layers.mlp.gate_proj[...]),
+                                  np.asarray(plain.layers.mlp.gate_proj[...]))
+    cache = KVCache.init(cfg, 8, 12)
+    cache = jax.device_put(cache, cache_shardings(cache, mesh))
+    assert cache.k.sharding.spec == P(None, ("data", "fsdp"), None, "tensor", None)
+    tokens, mask, positions = _batch()
+    with jax.set_mesh(mesh):
+        dec, cache = _decode(sharded, tokens, positions, mask, cache)
+    ref, _ = _decode(plain, tokens, positions, mask, KVCache.init(cfg, 8, 12))
+    np.testing.assert_allclose(np.asarray(dec), np.asarray(ref), atol=2e-5, rtol=1e-5)

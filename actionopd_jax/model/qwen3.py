@@ -122,3 +122,20 @@ class Qwen3(nnx.Module):
         """LM head in float32 accumulation; call it only on positions that need logits."""
         w = (self.embed_tokens if self.lm_head is None else self.lm_head)[...]
         return jnp.einsum("...d,vd->...v", hidden.astype(w.dtype), w, preferred_element_type=jnp.float32)
+
+
+def init_model(cfg: Qwen3Config, key: jax.Array, *, mesh: jax.sharding.Mesh | None = None,
+               rules=None) -> Qwen3:
+    """Randomly initialised model built by one compiled program (fast for large shapes).
+
+    With a mesh, every parameter is created directly in its sharding (no full copy on one device).
+    """
+    from actionopd_jax.model.sharding import LOGICAL_AXIS_RULES, param_shardings
+
+    def make():
+        return Qwen3(cfg, rngs=nnx.Rngs(params=key))
+
+    graphdef, abs_state = nnx.split(nnx.eval_shape(make))
+    out = None if mesh is None else param_shardings(abs_state, mesh, rules or LOGICAL_AXIS_RULES)
+    state = jax.jit(lambda: nnx.state(make()), out_shardings=out)()
+    return nnx.merge(graphdef, state)

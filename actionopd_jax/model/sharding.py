@@ -122,6 +122,17 @@ def shard_model(model, mesh: Mesh, rules: Rules = LOGICAL_AXIS_RULES):
     return model
 
 
+def cache_shardings(cache, mesh: Mesh, rules: Rules = LOGICAL_AXIS_RULES):
+    """NamedShardings for a KVCache (rows over data/fsdp, KV heads over tensor), same structure."""
+    kv_axes = ("layers", "batch", "length", "kv_heads", "head_dim")
+
+    def named(axes, shape):
+        return NamedSharding(mesh, logical_to_spec(axes, mesh, rules, shape))
+
+    return type(cache)(k=named(kv_axes, cache.k.shape), v=named(kv_axes, cache.v.shape),
+                       valid=named(("batch", "length"), cache.valid.shape), index=named((), ()))
+
+
 def constrain(x: jax.Array, logical_axes: Sequence[str | None],
               rules: Rules = LOGICAL_AXIS_RULES) -> jax.Array:
     """Sharding hint for an activation under the ambient mesh (`jax.set_mesh`); no-op without one."""
