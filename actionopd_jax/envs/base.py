@@ -1,0 +1,89 @@
+"""The `Environment` protocol every benchmark adapter implements, and the chat-message helpers
+they share.
+
+One environment object runs one episode at a time: `reset(task)` starts it, `step(action)`
+advances it, `score()` grades it by the benchmark's own rules. `reset` and `step` are
+coroutines so that a collector can keep many episodes in flight on one event loop (a user
+simulator waits on HTTP; BFCL and tau2 tool calls are fast host work). The public
+`Observation` holds only what the agent may see; ground truth, databases and evaluation
+criteria stay inside the environment object.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol, runtime_checkable
+
+from actionopd_jax.types import Action, ChatMessage, Invalid, Message, Observation, Task, ToolCall
+
+
+class EnvError(RuntimeError):
+    """The environment was driven out of order (step before reset, step after done)."""
+
+
+@runtime_checkable
+class Environment(Protocol):
+    name: str
+
+    async def reset(self, task: Task) -> Observation:
+        """Start an episode of `task`; returns the first public observation."""
+        ...
+
+    async def step(self, action: Action) -> tuple[Observation, bool]:
+        """Apply one `ToolCall`, `Message` or `Invalid`; returns the new observation and
+        whether the episode has ended."""
+        ...
+
+    def end(self, reason: str) -> Observation:
+        """End the episode early (e.g. the prompt no longer fits the context budget).
+        No action is fabricated; `score()` grades what happened so far."""
+        ...
+
+    def score(self) -> dict[str, Any]:
+        """The outcome by the benchmark's own rules. Always has `reward` (float) and
+        `end_reason` (str). Synchronous and CPU-bound: run it in a thread if the loop is busy."""
+        ...
+
+
+def assistant_message(action: ToolCall | Message | Invalid, call_id: str) -> ChatMessage:
+    """The assistant turn that `action` adds to the public conversation."""
+    if isinstance(action, ToolCall):
+        return {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [
+                {
+                    "id": call_id,
+                    "type": "function",
+                    "function": {"name": action.name, "arguments": json.dumps(action.arguments)},
+                }
+            ],
+        }
+    if isinstance(action, Message):
+        return {"role": "assistant", "content": action.text}
+    # An unparsable reply leaves an empty assistant turn: the raw text is not part of the action.
+    return {"role": "assistant", "content": ""}
+
+
+def tool_message(call_id: str, name: str, content: str) -> ChatMessage:
+    return {"role": "tool", "tool_call_id": call_id, "name": name, "content": content}
+
+
+def check_action(action: Any) -> Action:
+    if not isinstance(action, (ToolCall, Message, Invalid)):
+        raise TypeError(f"step() takes a ToolCall, Message or Invalid, got {type(action).__name__}")
+    return action
+
+
+def make_environment(env_name: str, **options: Any) -> Environment:
+    """Build a fresh environment for `Task.env` names: "bfcl", "tau2_airline", "tau2_retail",
+    "tau2_telecom". tau2 environments need `user_sim=` (a `UserSimulator`)."""
+    if env_name == "bfcl":
+        from actionopd_jax.envs.bfcl import BFCLEnv
+
+        return BFCLEnv(**options)
+    if env_name.startswith("tau2_"):
+        from actionopd_jax.envs.tau2_env import Tau2Env
+
+        return Tau2Env(domain=env_name[len("tau2_"):], **options)
+    raise ValueError(f"unknown environment '{env_name}'; expected bfcl, tau2_airline, tau2_retail or tau2_telecom")

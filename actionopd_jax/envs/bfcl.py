@@ -1,0 +1,153 @@
+"""BFCL multi-turn as an `Environment` (categories base, miss_func, miss_param, long_context).
+
+Protocol, following the package's own multi-turn inference loop:
+- user turns are scripted by the dataset; each turn starts with its user message;
+- the agent acts until it answers with a `Message` (an `Invalid` reply also ends the turn, as
+  an undecodable reply does in BFCL); then the next turn begins;
+- in miss_func, held-out functions join the tool list at their turn, whose user message is
+  the package's "more functions" prompt;
+- per turn at most `max_steps_per_turn` tool-call steps: the step that exceeds it ends the
+  whole episode (BFCL's force-quit), and the run then fails unless it was the last turn.
+Tool calls run on this episode's own instances, by method name, with keyword arguments.
+Calls to tools not offered at this turn, private or blocked names, non-JSON or oversized
+arguments, missing or unknown parameters become tool errors and never reach the instances or
+the scorer; value types are checked only with `strict_types` (see `BFCLConfig`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from actionopd_jax.envs import bfcl_data
+from actionopd_jax.envs.base import EnvError, assistant_message, check_action, tool_message
+from actionopd_jax.envs.bfcl_exec import BFCLInstances, call_string
+from actionopd_jax.envs.bfcl_score import score_bfcl
+from actionopd_jax.envs.tool_args import check_tool_call
+from actionopd_jax.types import Action, Observation, Task, ToolCall
+
+
+@dataclasses.dataclass(frozen=True)
+class BFCLConfig:
+    max_steps_per_turn: int = 20  # BFCL's MAXIMUM_STEP_LIMIT
+    # Value types are not enforced by default: BFCL hands the model's (plain JSON) values to
+    # the tool as they are, and its own data needs that (base_173 closes ticket 'ticket_001'
+    # through a parameter documented as integer). True turns type/enum mismatches into tool
+    # errors that never reach the tool.
+    strict_types: bool = False
+
+
+def _holdout_prompt() -> str:
+    from bfcl_eval.constants.default_prompts import DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC
+
+    return DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC
+
+
+class BFCLEnv:
+    name = "bfcl"
+
+    def __init__(self, config: BFCLConfig | None = None, **overrides: Any):
+        self.config = dataclasses.replace(config or BFCLConfig(), **overrides)
+        if self.config.max_steps_per_turn < 1:
+            raise ValueError("max_steps_per_turn must be >= 1")
+        self._task: Task | None = None
+
+    # --- episode control ---------------------------------------------------------------------
+
+    async def reset(self, task: Task) -> Observation:
+        if task.env != self.name:
+            raise ValueError(f"BFCLEnv got a task for '{task.env}'")
+        self._task = task
+        self._entry = bfcl_data.load_entry(task.task_id)
+        category = bfcl_data.category_of(task.task_id)
+        self._instances = BFCLInstances(
+            self._entry["involved_classes"], self._entry.get("initial_config", {}), long_context=category == "long_context"
+        )
+        self._tools = [bfcl_data.to_openai_tool(f) for f in self._entry["function"]]
+        self._messages: list[dict] = []
+        self._decoded: list[list[list[str]]] = []  # per finished turn: per tool step, its call strings
+        self._turn_steps: list[list[str]] = []
+        self._turn = -1
+        self._steps_in_turn = 0
+        self._calls = 0
+        self._done = False
+        self._end_reason = ""
+        self._start_turn(0)
+        return self._observation()
+
+    async def step(self, action: Action) -> tuple[Observation, bool]:
+        check_action(action)
+        if self._task is None:
+            raise EnvError("call reset(task) before step()")
+        if self._done:
+            raise EnvError("the episode has ended; call reset(task) for a new one")
+        if isinstance(action, ToolCall):
+            self._tool_step(action)
+        else:
+            self._messages.append(assistant_message(action, call_id=""))
+            self._finish_turn()
+            if self._turn + 1 < len(self._entry["question"]):
+                self._start_turn(self._turn + 1)
+            else:
+                self._done, self._end_reason = True, "completed"
+        return self._observation(), self._done
+
+    def end(self, reason: str) -> Observation:
+        if self._task is None:
+            raise EnvError("call reset(task) before end()")
+        if not self._done:
+            self._done, self._end_reason = True, reason
+        return self._observation()
+
+    def score(self) -> dict[str, Any]:
+        if self._task is None:
+            raise EnvError("nothing to score: call reset(task) and run an episode first")
+        out = score_bfcl(self._entry, self._decoded, bfcl_data.ground_truth(self._task.task_id))
+        out["end_reason"] = self._end_reason or "running"
+        out["turns_completed"] = len(self._decoded)
+        return out
+
+    # --- internals ---------------------------------------------------------------------------
+
+    def _start_turn(self, index: int) -> None:
+        self._turn = index
+        self._steps_in_turn = 0
+        self._turn_steps = []
+        turn_messages = [dict(m) for m in self._entry["question"][index]]
+        held_out = self._entry.get("missed_function", {}).get(str(index))
+        if held_out:
+            self._tools = self._tools + [bfcl_data.to_openai_tool(f) for f in held_out]
+            if not turn_messages:
+                turn_messages = [{"role": "user", "content": _holdout_prompt()}]
+        self._messages.extend(turn_messages)
+
+    def _finish_turn(self) -> None:
+        self._decoded.append(self._turn_steps)
+        self._turn_steps = []
+
+    def _tool_step(self, call: ToolCall) -> None:
+        call_id = f"call_{self._calls}"
+        self._calls += 1
+        self._messages.append(assistant_message(call, call_id))
+        problem = check_tool_call(call, self._tools, check_types=False)
+        if problem is None and not self._instances.has_method(call.name):
+            problem = f"Tool '{call.name}' cannot be executed in this environment."
+        if problem is None and self.config.strict_types:
+            problem = check_tool_call(call, self._tools)
+        if problem is None:
+            result = self._instances.execute(call.name, call.arguments)
+            self._turn_steps.append([call_string(call.name, call.arguments)])
+        else:
+            result = f"Error during execution: {problem}"
+        self._messages.append(tool_message(call_id, call.name, result))
+        self._steps_in_turn += 1
+        if self._steps_in_turn > self.config.max_steps_per_turn:
+            # BFCL force-quit: this turn is recorded, later turns never happen.
+            self._finish_turn()
+            self._done, self._end_reason = True, "step_limit"
+
+    def _observation(self) -> Observation:
+        info = {"turn": self._turn, "step_in_turn": self._steps_in_turn}
+        if self._done:
+            info["end_reason"] = self._end_reason
+        return Observation(messages=[dict(m) for m in self._messages], tools=list(self._tools), done=self._done, info=info)

@@ -1,0 +1,120 @@
+"""Reference policies built from each benchmark's ground truth.
+
+Given only the public conversation so far, a reference policy returns the next reference
+action, or a closing message when its reference actions for the current request are used up.
+They back a privileged reference teacher in demos and tests (the privileged part is the
+ground truth they read, never anything the agent's observation lacks).
+
+- BFCL: the `possible_answer` call strings of the current turn, parsed with `ast` (literal
+  arguments only, never evaluated); positional arguments are named from the method signatures.
+- tau2: `evaluation_criteria.actions` in order. An action the user must do on their own
+  device (telecom) becomes a message asking the user to do it; the final message carries the
+  task's `communicate_info`.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Protocol
+
+from actionopd_jax.envs import bfcl_data
+from actionopd_jax.envs.bfcl_exec import method_parameters, parse_call_string
+from actionopd_jax.envs.tau2_tasks import tau2_task
+from actionopd_jax.types import ChatMessage, Message, Observation, Task, ToolCall
+
+BFCL_DONE = "Done: your request has been completed."
+BFCL_CANNOT = "I cannot complete this request with the tools and information I have. Could you tell me what is missing?"
+
+
+class ReferencePolicy(Protocol):
+    def next_action(self, observation: Observation) -> ToolCall | Message: ...
+
+
+def reference_policy(task: Task) -> ReferencePolicy:
+    if task.env == "bfcl":
+        return BFCLReference(task)
+    if task.env.startswith("tau2_"):
+        return Tau2Reference(task)
+    raise ValueError(f"no reference policy for environment '{task.env}'")
+
+
+def _calls_since_last_user(messages: list[ChatMessage]) -> tuple[int, list[dict]]:
+    """(number of user messages, assistant tool calls after the last user message)."""
+    users, calls = 0, []
+    for m in messages:
+        if m.get("role") == "user":
+            users, calls = users + 1, []
+        elif m.get("role") == "assistant":
+            calls.extend(m.get("tool_calls") or [])
+    return users, calls
+
+
+class BFCLReference:
+    def __init__(self, task: Task):
+        entry = bfcl_data.load_entry(task.task_id)
+        names = method_parameters(entry["involved_classes"])
+        self.turns: list[list[ToolCall]] = [
+            [ToolCall(*parse_call_string(s, names)) for s in turn] for turn in bfcl_data.ground_truth(task.task_id)
+        ]
+
+    def next_action(self, observation: Observation) -> ToolCall | Message:
+        # Every BFCL turn opens with exactly one user message (held-out turns with the
+        # package's "more functions" prompt), so user messages count turns.
+        users, calls = _calls_since_last_user(observation.messages)
+        turn = users - 1
+        if not 0 <= turn < len(self.turns):
+            raise ValueError(f"observation is at turn {turn}; the task has {len(self.turns)} turns")
+        reference = self.turns[turn]
+        if len(calls) < len(reference):
+            return reference[len(calls)]
+        return Message(BFCL_DONE if reference else BFCL_CANNOT)
+
+
+def user_action_request(name: str, arguments: dict[str, Any]) -> str:
+    """The message that asks the user to perform one of their own device actions."""
+    args = f" with {json.dumps(arguments, sort_keys=True)}" if arguments else ""
+    return f"Please do this on your device: {name}{args}. Tell me when it is done."
+
+
+class Tau2Reference:
+    def __init__(self, task: Task):
+        domain, tau2_id = task.payload.get("domain"), task.payload.get("tau2_id")
+        if domain is None or tau2_id is None:
+            domain, tau2_id = task.task_id.split("/", 1)
+        criteria = tau2_task(domain, tau2_id).evaluation_criteria
+        self.actions = list(criteria.actions or []) if criteria else []
+        self.communicate = list(criteria.communicate_info or []) if criteria else []
+
+    def _progress(self, messages: list[ChatMessage]) -> int:
+        """How many reference actions the public history has already carried out, in order."""
+        done = 0
+        for m in messages:
+            if m.get("role") != "assistant" or done >= len(self.actions):
+                continue
+            action = self.actions[done]
+            if action.requestor == "user":
+                if m.get("content") == user_action_request(action.name, action.arguments):
+                    done += 1
+                continue
+            for call in m.get("tool_calls") or []:
+                fn = call["function"]
+                try:
+                    args = json.loads(fn["arguments"])
+                except (TypeError, json.JSONDecodeError):
+                    continue
+                if fn["name"] == action.name and args == action.arguments:
+                    done += 1
+                    break
+        return done
+
+    def next_action(self, observation: Observation) -> ToolCall | Message:
+        done = self._progress(observation.messages)
+        if done < len(self.actions):
+            action = self.actions[done]
+            if action.requestor == "user":
+                return Message(user_action_request(action.name, action.arguments))
+            return ToolCall(action.name, json.loads(json.dumps(action.arguments)))
+        closing = "Everything you asked for is taken care of."
+        if self.communicate:
+            closing += " " + " ".join(f"{info}." for info in self.communicate)
+        return Message(closing + " Is there anything else I can help with?")

