@@ -80,11 +80,13 @@ def _activate(launch: TpuPodLaunch) -> list[str]:
 
 def remote_train_command(launch: TpuPodLaunch) -> str:
     """The shell line each worker runs (every token quoted; no secret values in it)."""
-    cd = f"cd {shlex.quote(launch.remote_dir)}"
-    parts = [cd, *_activate(launch)]
+    parts = []
     if launch.env_file:
-        # `set -a` exports everything the file assigns; the values stay on the VM
-        parts.append(f"set -a && . {shlex.quote(launch.env_file)} && set +a")
+        # sourced from the home directory (before cd) with an explicit ./ so `.` does not search
+        # PATH; `set -a` exports everything the file assigns; the values stay on the VM
+        path = launch.env_file if launch.env_file.startswith("/") else f"./{launch.env_file}"
+        parts.append(f"set -a && . {shlex.quote(path)} && set +a")
+    parts += [f"cd {shlex.quote(launch.remote_dir)}", *_activate(launch)]
     argv: list[str] = []
     if launch.env:
         argv += ["env", *(f"{k}={v}" for k, v in launch.env)]
