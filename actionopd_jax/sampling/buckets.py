@@ -1,0 +1,39 @@
+"""Shape buckets: a run compiles one program per bucket combination, not one per length.
+
+Plain data so a recipe can tune them (e.g. long contexts for tau2, short replies for tests).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+
+def _powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
+    return tuple(2 ** i for i in range(int(math.log2(lo)), int(math.log2(hi)) + 1))
+
+
+@dataclasses.dataclass(frozen=True)
+class Buckets:
+    prompt_len: tuple[int, ...] = _powers_of_two(64, 32768)   # padded prompt length
+    prompts: tuple[int, ...] = _powers_of_two(1, 64)          # prompts prefilled together
+    rows: tuple[int, ...] = _powers_of_two(1, 256)            # sequences decoded together
+    max_new: tuple[int, ...] = _powers_of_two(16, 16384)      # decode buffer length
+
+    def __post_init__(self):
+        for name in ("prompt_len", "prompts", "rows", "max_new"):
+            values = getattr(self, name)
+            if not values or any(int(v) <= 0 for v in values) or list(values) != sorted(set(values)):
+                raise ValueError(f"Buckets.{name} must be strictly increasing positive ints, got {values}")
+
+    @staticmethod
+    def fit(value: int, buckets: tuple[int, ...], what: str) -> int:
+        """Smallest bucket >= value. Beyond the largest, whole multiples of it (so a rare
+        long prompt still runs, at the price of one more program)."""
+        for b in buckets:
+            if value <= b:
+                return b
+        top = buckets[-1]
+        if what in ("prompts", "rows"):
+            raise ValueError(f"{value} {what} exceed the largest bucket {top}; the caller must split the batch")
+        return top * math.ceil(value / top)

@@ -1,0 +1,252 @@
+"""`Sampler`: the host-side API over the compiled prefill/decode programs.
+
+Callers pass token ids (never strings) and explicit PRNG keys. A call is split into chunks
+that fit the largest batch buckets; each chunk is left-padded to shape buckets and run as
+one prefill plus one decode loop. Compiled programs are cached by shape (and by the
+parameters' shapes/shardings), and counted, so tests and benchmarks can see how many
+programs a workload needs.
+
+Key derivation (so results do not depend on how prompts were batched): with one key for the
+call, prompt i uses fold_in(key, i); with one key per prompt, that key. Sample j of a prompt
+uses fold_in(prompt_key, j), and step t of that sample fold_in(sample_key, t).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import time
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from actionopd_jax.sampling import decode as decode_lib
+from actionopd_jax.sampling.buckets import Buckets
+from actionopd_jax.sampling.token_choice import DEFAULT_CAP
+
+
+@dataclasses.dataclass
+class Generation:
+    """One sampled sequence. `token_ids` includes the end token when finish_reason == "stop"."""
+
+    token_ids: np.ndarray     # int32[L]
+    logprobs: np.ndarray      # float32[L], full softmax at the sampling temperature (T=1 if greedy)
+    finish_reason: str        # "stop" (end token) | "length" (max_new_tokens)
+
+
+@dataclasses.dataclass
+class SampleResult:
+    generations: list[list[Generation]]   # [prompt][sample]
+    prefill_s: float = 0.0                # wall time to first token (all chunks), compile included
+    decode_s: float = 0.0
+    compiled_programs: int = 0            # programs compiled during this call
+    decode_steps: int = 0                 # tokens per row actually generated (max over chunks)
+
+
+@dataclasses.dataclass
+class CompileStats:
+    programs: int = 0
+    seconds: float = 0.0
+    shapes: list[tuple] = dataclasses.field(default_factory=list)
+
+
+def _per_prompt(value, n_prompts: int, name: str) -> list:
+    if isinstance(value, (list, tuple, np.ndarray)):
+        if len(value) != n_prompts:
+            raise ValueError(f"{name} has {len(value)} entries for {n_prompts} prompts")
+        return list(value)
+    return [value] * n_prompts
+
+
+def _as_typed_key(key) -> jax.Array:
+    key = jnp.asarray(key) if not isinstance(key, jax.Array) else key
+    if jnp.issubdtype(key.dtype, jax.dtypes.prng_key):
+        return key
+    if key.dtype == jnp.uint32 and key.shape[-1:] == (2,):
+        return jax.random.wrap_key_data(key)
+    raise TypeError(f"key must be a jax PRNG key (jax.random.key(seed)), got dtype {key.dtype} shape {key.shape}")
+
+
+def _signature(tree) -> tuple:
+    leaves, treedef = jax.tree.flatten(tree)
+    return (treedef, tuple((x.shape, x.dtype, getattr(x, "sharding", None)) for x in leaves))
+
+
+@jax.jit
+def _row_keys(prompt_keys, row_prompt, sample_index):
+    return jax.vmap(jax.random.fold_in)(prompt_keys[row_prompt], sample_index)
+
+
+class Sampler:
+    """Generate from a Qwen3 model.
+
+    model: a `Qwen3` (its current parameters are read at every call, so a trainer can keep
+    updating the same module); eos_ids: token ids that end a sequence; cap: candidates kept
+    per step for top-k/top-p (top_k above it takes the slower exact path); mesh: when the
+    parameters are sharded, the mesh to trace under (activations follow the model's rules).
+    """
+
+    def __init__(self, model, cfg=None, *, eos_ids: Sequence[int], buckets: Buckets | None = None,
+                 cap: int = DEFAULT_CAP, mesh: jax.sharding.Mesh | None = None):
+        self.model = model
+        self.cfg = cfg if cfg is not None else model.cfg
+        self.eos_ids = np.asarray(sorted(set(int(i) for i in eos_ids)) or [-1], np.int32)
+        self.buckets = buckets or Buckets()
+        self.cap = int(cap)
+        self.mesh = mesh
+        self.stats = CompileStats()
+        self._programs: dict[tuple, Any] = {}
+
+    @property
+    def compile_count(self) -> int:
+        return self.stats.programs
+
+    # --- compiled programs -----------------------------------------------------------------
+    def _compiled(self, kind: str, fn, args: tuple, static: dict, donate: tuple[int, ...], label: tuple):
+        key = (kind, _signature(args), tuple(sorted(static.items())))
+        program = self._programs.get(key)
+        if program is None:
+            t0 = time.perf_counter()
+            jitted = jax.jit(functools.partial(fn, **static), static_argnums=(0,), donate_argnums=donate)
+            program = jitted.lower(*args).compile()
+            self.stats.programs += 1
+            self.stats.seconds += time.perf_counter() - t0
+            self.stats.shapes.append((kind, *label))
+            self._programs[key] = program
+        return program
+
+    def _run(self, kind, fn, args, static, donate=(), label=()):
+        program = self._compiled(kind, fn, args, static, donate, label)
+        return program(*args[1:])  # the graphdef (arg 0) is static, baked into the program
+
+    # --- public API ------------------------------------------------------------------------
+    def sample(self, prompts: Sequence[np.ndarray], *, n: int | Sequence[int] = 1,
+               max_new_tokens: int | Sequence[int], temperature: float | Sequence[float] = 1.0,
+               top_p: float | Sequence[float] = 1.0, top_k: int | Sequence[int] = 0,
+               key) -> SampleResult:
+        """Sample n sequences per prompt. Every setting may be one value or one per prompt.
+        `key`: one PRNG key for the call, or a list with one key per prompt (required)."""
+        n_prompts = len(prompts)
+        if n_prompts == 0:
+            return SampleResult(generations=[])
+        prompts = [np.asarray(p) for p in prompts]
+        settings = {
+            "n": _per_prompt(n, n_prompts, "n"),
+            "max_new": _per_prompt(max_new_tokens, n_prompts, "max_new_tokens"),
+            "temperature": _per_prompt(temperature, n_prompts, "temperature"),
+            "top_p": _per_prompt(top_p, n_prompts, "top_p"),
+            "top_k": _per_prompt(top_k, n_prompts, "top_k"),
+        }
+        self._validate(prompts, settings)
+        if isinstance(key, (list, tuple)):
+            if len(key) != n_prompts:
+                raise ValueError(f"got {len(key)} keys for {n_prompts} prompts")
+            prompt_keys = [_as_typed_key(k) for k in key]
+        else:
+            base = _as_typed_key(key)
+            prompt_keys = [jax.random.fold_in(base, i) for i in range(n_prompts)]
+
+        result = SampleResult(generations=[[] for _ in range(n_prompts)])
+        compiled_before = self.stats.programs
+        for chunk in self._chunks(settings["n"]):
+            self._run_chunk(chunk, prompts, settings, prompt_keys, result)
+        result.compiled_programs = self.stats.programs - compiled_before
+        return result
+
+    def _validate(self, prompts, settings) -> None:
+        vocab = self.cfg.vocab_size
+        for i, p in enumerate(prompts):
+            if p.ndim != 1 or p.size == 0 or not np.issubdtype(p.dtype, np.integer):
+                raise ValueError(f"prompt {i} must be a non-empty 1-D array of token ids, got {p.dtype}{p.shape}")
+            if p.min() < 0 or p.max() >= vocab:
+                raise ValueError(f"prompt {i} has token ids outside [0, {vocab})")
+            total = p.size + int(settings["max_new"][i])
+            if total > self.cfg.max_position_embeddings:
+                raise ValueError(f"prompt {i}: {p.size} prompt + {settings['max_new'][i]} new tokens exceed "
+                                 f"the model's context of {self.cfg.max_position_embeddings}")
+        for i in range(len(prompts)):
+            if int(settings["n"][i]) < 1 or int(settings["max_new"][i]) < 1:
+                raise ValueError(f"prompt {i}: n and max_new_tokens must be >= 1")
+            if not float(settings["temperature"][i]) >= 0.0:
+                raise ValueError(f"prompt {i}: temperature must be >= 0 (0 = greedy)")
+            if not 0.0 < float(settings["top_p"][i]) <= 1.0:
+                raise ValueError(f"prompt {i}: top_p must be in (0, 1]")
+            if int(settings["top_k"][i]) < 0:
+                raise ValueError(f"prompt {i}: top_k must be >= 0 (0 = off)")
+        if max(int(x) for x in settings["n"]) > self.buckets.rows[-1]:
+            raise ValueError(f"n exceeds the largest rows bucket {self.buckets.rows[-1]}")
+
+    def _chunks(self, ns: list[int]) -> list[list[int]]:
+        """Consecutive prompt groups within the largest prompts and rows buckets."""
+        chunks, current, rows = [], [], 0
+        for i, n in enumerate(ns):
+            if current and (len(current) == self.buckets.prompts[-1] or rows + n > self.buckets.rows[-1]):
+                chunks.append(current)
+                current, rows = [], 0
+            current.append(i)
+            rows += int(n)
+        chunks.append(current)
+        return chunks
+
+    def _run_chunk(self, chunk, prompts, settings, prompt_keys, result: SampleResult) -> None:
+        b = self.buckets
+        n_prompt_rows = Buckets.fit(len(chunk), b.prompts, "prompts")
+        prompt_len = Buckets.fit(max(prompts[i].size for i in chunk), b.prompt_len, "prompt_len")
+        max_new = Buckets.fit(max(int(settings["max_new"][i]) for i in chunk), b.max_new, "max_new")
+        row_of = [(slot, j) for slot, i in enumerate(chunk) for j in range(int(settings["n"][i]))]
+        n_rows = Buckets.fit(len(row_of), b.rows, "rows")
+
+        tokens = np.zeros((n_prompt_rows, prompt_len), np.int32)
+        mask = np.zeros((n_prompt_rows, prompt_len), bool)
+        mask[:, -1] = True  # padding prompts: one dummy token, so no row attends to nothing
+        for slot, i in enumerate(chunk):
+            tokens[slot, prompt_len - prompts[i].size:] = prompts[i]
+            mask[slot, prompt_len - prompts[i].size:] = True
+
+        row_prompt = np.zeros(n_rows, np.int32)
+        sample_index = np.zeros(n_rows, np.int32)
+        per_row = {name: np.zeros(n_rows, dt) for name, dt in
+                   (("temperature", np.float32), ("top_p", np.float32), ("top_k", np.int32), ("max_new", np.int32))}
+        per_row["top_p"][:] = 1.0
+        for r, (slot, j) in enumerate(row_of):
+            i = chunk[slot]
+            row_prompt[r], sample_index[r] = slot, j
+            for name in per_row:
+                per_row[name][r] = settings[name][i]
+        keys_by_slot = [prompt_keys[i] for i in chunk]
+        keys_by_slot += [keys_by_slot[0]] * (n_prompt_rows - len(chunk))
+        row_keys = _row_keys(jnp.stack(keys_by_slot), row_prompt, sample_index)
+        rows = decode_lib.RowSettings(keys=row_keys, temperature=per_row["temperature"], top_k=per_row["top_k"],
+                                      top_p=per_row["top_p"], max_new=per_row["max_new"])
+
+        graphdef, params = nnx.split(self.model)
+        static = {"max_new": max_new, "cap": self.cap}
+        with self._mesh_context():
+            t0 = time.perf_counter()
+            state = self._run("prefill", decode_lib.prefill,
+                              (graphdef, params, tokens, mask, row_prompt, rows, self.eos_ids), static,
+                              label=(n_prompt_rows, prompt_len, n_rows, max_new))
+            jax.block_until_ready(state.done)
+            t1 = time.perf_counter()
+            state = self._run("decode", decode_lib.decode, (graphdef, params, state, rows, self.eos_ids),
+                              {"cap": self.cap}, donate=(2,), label=(n_rows, prompt_len, max_new))
+            out_tokens, out_logprobs, lengths, stopped, steps = jax.device_get(
+                (state.tokens, state.logprobs, state.lengths, state.stopped, state.step))
+            t2 = time.perf_counter()
+        result.prefill_s += t1 - t0
+        result.decode_s += t2 - t1
+        result.decode_steps = max(result.decode_steps, int(steps))
+        for r, (slot, _) in enumerate(row_of):
+            length = int(lengths[r])
+            result.generations[chunk[slot]].append(Generation(
+                token_ids=out_tokens[r, :length].copy(), logprobs=out_logprobs[r, :length].copy(),
+                finish_reason="stop" if stopped[r] else "length"))
+
+    def _mesh_context(self):
+        if self.mesh is None:
+            return contextlib.nullcontext()
+        return jax.set_mesh(self.mesh)

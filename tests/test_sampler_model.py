@@ -1,0 +1,147 @@
+"""The Sampler on a tiny random Qwen3: exactness against full forwards, keys, stops, compiles."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from actionopd_jax.sampling import Buckets, Sampler
+from tests._sampler_fixtures import next_token_logits, random_model
+
+BUCKETS = Buckets(prompt_len=(16, 64), prompts=(1, 2, 4), rows=(4, 8, 16), max_new=(8, 16))
+VOCAB = 256
+
+
+@pytest.fixture(scope="module")
+def model():
+    return random_model(3, vocab_size=VOCAB)
+
+
+@pytest.fixture(scope="module")
+def sampler(model):
+    return Sampler(model, eos_ids=[], buckets=BUCKETS)
+
+
+def _prompts(lengths, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.integers(0, VOCAB, n).astype(np.int32) for n in lengths]
+
+
+def test_greedy_equals_step_by_step_argmax_of_full_forwards(model, sampler):
+    """Four prompts of lengths 3..50 left-padded into one batch; each greedy continuation
+    must be the argmax chain of cache-free forwards over prompt + tokens so far."""
+    prompts = _prompts([3, 17, 50, 9])
+    out = sampler.sample(prompts, n=1, max_new_tokens=14, temperature=0.0, key=jax.random.key(0))
+    for prompt, (gen,) in zip(prompts, out.generations):
+        assert gen.finish_reason == "length" and gen.token_ids.shape == (14,)
+        logits = next_token_logits(model, prompt, gen.token_ids)
+        np.testing.assert_array_equal(gen.token_ids, logits.argmax(-1))
+        # greedy rows report the T=1 full-softmax logprob
+        ref = jax.nn.log_softmax(jnp.asarray(logits), -1)[np.arange(14), gen.token_ids]
+        np.testing.assert_allclose(gen.logprobs, ref, atol=2e-4, rtol=1e-4)
+    # the continuation is not trivial (a degenerate model would repeat one token)
+    assert len(set(out.generations[2][0].token_ids.tolist())) > 3
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(0.7, 5, 1.0), (1.3, 0, 0.9), (1.0, 0, 1.0)])
+def test_logprobs_are_full_tempered_softmax_at_sampled_tokens(model, sampler, temperature, top_k, top_p):
+    prompts = _prompts([5, 30], seed=1)
+    out = sampler.sample(prompts, n=3, max_new_tokens=12, temperature=temperature, top_k=top_k,
+                         top_p=top_p, key=jax.random.key(7))
+    for prompt, gens in zip(prompts, out.generations):
+        assert len(gens) == 3
+        for gen in gens:
+            logits = next_token_logits(model, prompt, gen.token_ids)
+            full = np.asarray(jax.nn.log_softmax(jnp.asarray(logits) / temperature, -1))
+            np.testing.assert_allclose(gen.logprobs, full[np.arange(len(gen.token_ids)), gen.token_ids],
+                                       atol=2e-4, rtol=1e-4)
+            if top_k:
+                rank = (logits > logits[np.arange(len(gen.token_ids)), gen.token_ids][:, None]).sum(-1)
+                assert (rank < top_k).all()
+    # the n samples of one prompt differ (separate keys after one shared prefill)
+    assert len({tuple(g.token_ids.tolist()) for g in out.generations[1]}) > 1
+
+
+def test_same_key_same_samples_different_key_different(sampler):
+    prompts = _prompts([6, 11], seed=2)
+    kw = dict(n=2, max_new_tokens=10, temperature=1.0, key=jax.random.key(42))
+    a = sampler.sample(prompts, **kw)
+    b = sampler.sample(prompts, **kw)
+    c = sampler.sample(prompts, **{**kw, "key": jax.random.key(43)})
+    ids = lambda r: [g.token_ids.tolist() for gens in r.generations for g in gens]
+    assert ids(a) == ids(b)
+    assert ids(a) != ids(c)
+
+
+def test_per_prompt_keys_make_results_independent_of_batching(sampler):
+    prompts = _prompts([6, 11, 20], seed=3)
+    keys = [jax.random.key(100 + i) for i in range(3)]
+    together = sampler.sample(prompts, n=2, max_new_tokens=10, temperature=1.0, key=keys)
+    alone = sampler.sample(prompts[2:], n=2, max_new_tokens=10, temperature=1.0, key=keys[2:])
+    assert [g.token_ids.tolist() for g in together.generations[2]] == \
+           [g.token_ids.tolist() for g in alone.generations[0]]
+
+
+def test_end_tokens_and_per_prompt_max_new(model):
+    prompts = _prompts([4, 12, 25], seed=4)
+    probe = Sampler(model, eos_ids=[], buckets=BUCKETS).sample(
+        prompts, max_new_tokens=16, temperature=0.0, key=jax.random.key(0))
+    first_row = probe.generations[0][0].token_ids
+    end = int(first_row[3])  # a token greedy decoding of prompt 0 produces at step 3
+    sampler = Sampler(model, eos_ids=[end], buckets=BUCKETS)
+    out = sampler.sample(prompts, max_new_tokens=[16, 16, 5], temperature=0.0, key=jax.random.key(0))
+    for i, ((gen,), (ref,)) in enumerate(zip(out.generations, probe.generations)):
+        limit = 5 if i == 2 else 16
+        hits = np.flatnonzero(ref.token_ids[:limit] == end)
+        if hits.size:  # stops at (and keeps) the first end token
+            assert gen.finish_reason == "stop"
+            np.testing.assert_array_equal(gen.token_ids, ref.token_ids[:hits[0] + 1])
+        else:
+            assert gen.finish_reason == "length"
+            np.testing.assert_array_equal(gen.token_ids, ref.token_ids[:limit])
+    assert out.generations[0][0].finish_reason == "stop" and len(out.generations[0][0].token_ids) <= 4
+    assert len(out.generations[2][0].token_ids) <= 5
+
+
+def test_early_exit_when_every_row_has_stopped(model):
+    prompts = _prompts([7], seed=5)
+    probe = Sampler(model, eos_ids=[], buckets=BUCKETS).sample(
+        prompts, max_new_tokens=16, temperature=0.0, key=jax.random.key(0))
+    end = int(probe.generations[0][0].token_ids[1])
+    sampler = Sampler(model, eos_ids=[end], buckets=BUCKETS)
+    out = sampler.sample(prompts, n=4, max_new_tokens=16, temperature=0.0, key=jax.random.key(0))
+    assert all(len(g.token_ids) <= 2 and g.finish_reason == "stop" for g in out.generations[0])
+    assert out.decode_steps <= 2  # the loop stopped, it did not run to the 16-token bucket
+
+
+def test_sampling_settings_do_not_recompile_and_buckets_bound_programs(model):
+    compiles = []
+    jax.monitoring.register_event_duration_secs_listener(
+        lambda event, secs, **kw: compiles.append(event) if event == "/jax/core/compile/backend_compile_duration" else None)
+    sampler = Sampler(model, eos_ids=[1], buckets=BUCKETS)
+    prompts = _prompts([5, 9, 14], seed=6)
+    sampler.sample(prompts, n=2, max_new_tokens=8, temperature=0.6, top_k=20, top_p=0.95, key=jax.random.key(0))
+    programs, backend_compiles = sampler.compile_count, len(compiles)
+    assert programs == 2  # one prefill + one decode
+    for i, (t, k, p) in enumerate([(0.0, 0, 1.0), (1.5, 3, 0.5), (0.9, 0, 0.8), (0.3, 200, 1.0)]):
+        sampler.sample(prompts, n=2, max_new_tokens=[8, 3, 5], temperature=t, top_k=k, top_p=p,
+                       key=jax.random.key(i))
+    assert sampler.compile_count == programs
+    assert len(compiles) == backend_compiles  # nothing compiled behind the sampler's back either
+    # mixed lengths inside the same buckets reuse the same two programs
+    sampler.sample(_prompts([2, 16, 11, 3], seed=7), n=[1, 2, 1, 3], max_new_tokens=6, temperature=1.0,
+                   key=jax.random.key(9))
+    assert sampler.compile_count == programs
+
+
+def test_bad_input_is_rejected_with_a_clear_message(sampler):
+    with pytest.raises(ValueError, match="token ids outside"):
+        sampler.sample([np.array([1, VOCAB], np.int32)], max_new_tokens=4, key=jax.random.key(0))
+    with pytest.raises(ValueError, match="top_p"):
+        sampler.sample(_prompts([3]), max_new_tokens=4, top_p=0.0, key=jax.random.key(0))
+    with pytest.raises(ValueError, match="context"):
+        sampler.sample(_prompts([3]), max_new_tokens=10_000, key=jax.random.key(0))
+    with pytest.raises(TypeError, match="key"):
+        sampler.sample(_prompts([3]), max_new_tokens=4, key=5)
+    with pytest.raises(TypeError):
+        sampler.sample(_prompts([3]), max_new_tokens=4)  # no default key
