@@ -60,6 +60,9 @@ def test_message_is_text_without_reasoning():
         "Basic economy cannot be changed."
     )
     assert parse_student("Plain answer", TOOLS) == Message("Plain answer")
+    # a sampler that decodes special tokens leaves the end-of-turn marker behind
+    assert parse_student("Plain answer<|im_end|>", TOOLS) == Message("Plain answer")
+    assert parse_student(call_text() + "<|im_end|>\n<|endoftext|>", TOOLS) == ToolCall("get_weather", {"city": "Paris"})
 
 
 def test_two_calls_are_invalid_for_the_student():
@@ -256,6 +259,7 @@ HOSTILE = [
      lambda a: "no function name" in a.reason),
     ("1M stray closers", "</tool_call>" * 1_000_000, lambda a: "without a matching" in a.reason, None),
     ("1M think openers", "<think>" * 1_000_000, lambda a: "never closed" in a.reason, None),
+    ("1M end markers", "ok" + "<|im_end|> " * 1_000_000, lambda a: a == Message("ok"), None),
     ("500k think blocks", "<think>x</think>" * 500_000 + "done", lambda a: a == Message("done"), None),
     ("huge integer", call_text(raw='{"name": "store", "arguments": {"n": ' + "9" * 100_000 + "}}"),
      lambda a: "not valid JSON" in a.reason, None),

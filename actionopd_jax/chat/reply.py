@@ -15,6 +15,9 @@ THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
+# A sampler that decodes special tokens leaves the end-of-turn marker on the reply.
+_END_MARKERS = ("<|im_end|>", "<|endoftext|>")
+_REVERSED_END_RUN = re.compile("(?:\\s|" + "|".join(re.escape(m[::-1]) for m in _END_MARKERS) + ")*")
 
 
 @dataclass
@@ -40,6 +43,15 @@ def replace_lone_surrogates(text: str) -> str:
 
 def has_lone_surrogate(text: str) -> bool:
     return _SURROGATE.search(text) is not None
+
+
+def strip_end_markers(text: str) -> str:
+    """Drop trailing end-of-turn markers and whitespace. Matched on the reversed text from its
+    start, so the greedy loop never backtracks: linear even for millions of markers."""
+    if not text or not (text[-1].isspace() or text[-1] == ">"):
+        return text
+    run = _REVERSED_END_RUN.match(text[::-1])
+    return text[: len(text) - run.end()]
 
 
 def split_reasoning(text: str) -> tuple[str, str, str | None]:
@@ -73,7 +85,7 @@ def split_reasoning(text: str) -> tuple[str, str, str | None]:
 
 def split_reply(text: str, *, max_calls: int | None = None) -> ReplyParts:
     """Split a raw reply. Scanning stops after `max_calls` complete tool-call blocks (None: all)."""
-    text = replace_lone_surrogates(text)
+    text = strip_end_markers(replace_lone_surrogates(text))
     reasoning, visible, error = split_reasoning(text)
     parts = ReplyParts(reasoning=reasoning)
     if error:
