@@ -36,7 +36,7 @@ def test_request_kwargs_provider_table():
     assert orr["extra_body"]["reasoning"] == {"enabled": False}
     oa = OpenAITeacher(OpenAITeacherConfig(provider="openai", reasoning_effort="low", **base)).request_kwargs(STATE, TOOLS, 2)
     assert oa["reasoning_effort"] == "low" and "extra_body" not in oa
-    with pytest.raises(ValueError, match="unknown teacher provider"):
+    with pytest.raises(ValueError, match="unknown provider"):
         OpenAITeacherConfig(provider="nope", model="m", base_url="http://x")
 
 

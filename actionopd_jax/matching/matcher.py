@@ -1,0 +1,162 @@
+"""The matcher m_s(y, y_T): one verdict per (student candidate, teacher sample) pair.
+
+Order of decisions (paper 2.2, A.3):
+1. an Invalid on either side never matches; a tool call never matches a message (cross-kind);
+2. tool calls: different names never match; canonically equal arguments match (canonical.py);
+   messages: a normalized exact match matches (messages.py);
+3. what remains goes to the LLM judge: same-name calls with differing arguments, and
+   non-identical messages. Without a judge ("rules only" mode) the remainder is no_match.
+
+Every teacher sample is compared separately (repeated samples each count), but identical
+pairs at the same state reuse one judgement: in memory (single flight, so concurrent
+identical pairs cost one judge call) and, for definite verdicts, in the persistent cache.
+"unavailable" is never cached: a later run asks again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol, Sequence
+
+from actionopd_jax.matching.canonical import canonical_value, compare_tool_calls
+from actionopd_jax.matching.judge import JudgeOutcome
+from actionopd_jax.matching.messages import messages_equal
+from actionopd_jax.teacher.cache import PROTOCOL_VERSION, PersistentCache, action_to_json, stable_digest
+from actionopd_jax.types import Action, ChatMessage, Invalid, Message, ToolCall, ToolSchema, Verdict
+
+
+class Judge(Protocol):
+    identity: Any
+
+    async def judge_tool_calls(self, a: ToolCall, b: ToolCall, paths: tuple[str, ...], *, messages: list[ChatMessage],
+                               tools: list[ToolSchema], evidence: str | None = None) -> JudgeOutcome: ...
+
+    async def judge_messages(self, a: Message, b: Message, *, messages: list[ChatMessage],
+                             tools: list[ToolSchema]) -> JudgeOutcome: ...
+
+
+@dataclass
+class MatcherStats:
+    pairs: int = 0
+    invalid_or_cross_kind: int = 0
+    name_mismatch: int = 0
+    programmatic_match: int = 0
+    judge_calls: int = 0
+    judge_reused: int = 0        # identical pair already judged (memory, in flight, or persistent cache)
+    judge_match: int = 0
+    judge_no_match: int = 0
+    unavailable: int = 0
+    rules_only_no_match: int = 0
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class Matcher:
+    def __init__(self, judge: Judge | None, *, cache: PersistentCache | None = None,
+                 evidence: dict[str, str] | None = None):
+        """`evidence` maps a tool name to implementation evidence shown to the judge (never
+        to the teacher); it is part of the verdict cache key."""
+        self.judge = judge
+        self.cache = cache
+        self.evidence = dict(evidence or {})
+        self.stats = MatcherStats()
+        self._memo: dict[str, Verdict] = {}
+        self._in_flight: dict[str, asyncio.Future[Verdict]] = {}
+
+    async def verdict(self, student: Action, teacher: Action, *, messages: list[ChatMessage],
+                      tools: list[ToolSchema]) -> Verdict:
+        self.stats.pairs += 1
+        if isinstance(student, Invalid) or isinstance(teacher, Invalid) or type(student) is not type(teacher):
+            self.stats.invalid_or_cross_kind += 1
+            return "no_match"
+        paths: tuple[str, ...] = ()
+        if isinstance(student, ToolCall):
+            cmp = compare_tool_calls(student, teacher)  # type: ignore[arg-type]
+            if not cmp.same_name:
+                self.stats.name_mismatch += 1
+                return "no_match"
+            if cmp.equal:
+                self.stats.programmatic_match += 1
+                return "match"
+            paths = cmp.paths
+        elif isinstance(student, Message):
+            if messages_equal(student.text, teacher.text):  # type: ignore[union-attr]
+                self.stats.programmatic_match += 1
+                return "match"
+        else:
+            raise TypeError(f"not an Action: {type(student).__name__}")
+        if self.judge is None:
+            self.stats.rules_only_no_match += 1
+            return "no_match"
+        return await self._judged(student, teacher, paths, messages, tools)
+
+    async def match_group(self, candidates: Sequence[Action], teacher_actions: Sequence[Action], *,
+                          messages: list[ChatMessage], tools: list[ToolSchema]) -> list[list[Verdict]]:
+        """verdicts[i][k] for every candidate i and teacher sample k, all pairs concurrently."""
+        flat = await asyncio.gather(*(self.verdict(c, t, messages=messages, tools=tools)
+                                      for c in candidates for t in teacher_actions))
+        width = len(teacher_actions)
+        return [list(flat[i * width:(i + 1) * width]) for i in range(len(candidates))]
+
+    def pair_key(self, student: Action, teacher: Action, messages: list[ChatMessage], tools: list[ToolSchema]) -> str:
+        """Cache key of a judged pair: both actions (canonical), the evidence the judge sees,
+        and the judge's model and prompt (paper A.3: "action pair, evidence, model, prompt")."""
+        name = student.name if isinstance(student, ToolCall) else None
+        return stable_digest({
+            "protocol": PROTOCOL_VERSION, "kind": "verdict",
+            "student": canonical_value(action_to_json(student)), "teacher": canonical_value(action_to_json(teacher)),
+            "messages": messages, "tools": tools, "evidence": self.evidence.get(name) if name else None,
+            "judge": self.judge.identity if self.judge is not None else None,
+        })
+
+    async def _judged(self, student: Action, teacher: Action, paths: tuple[str, ...],
+                      messages: list[ChatMessage], tools: list[ToolSchema]) -> Verdict:
+        key = self.pair_key(student, teacher, messages, tools)
+        if key in self._memo:
+            self.stats.judge_reused += 1
+            return self._memo[key]
+        if key in self._in_flight:
+            self.stats.judge_reused += 1
+            return await asyncio.shield(self._in_flight[key])
+        if self.cache is not None:
+            stored = self.cache.get_verdict(key)
+            if stored is not None:
+                self.stats.judge_reused += 1
+                self._memo[key] = stored
+                return stored
+        future: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
+        self._in_flight[key] = future
+        try:
+            outcome = await self._call_judge(student, teacher, paths, messages, tools)
+            verdict = outcome.verdict
+            if verdict == "unavailable":
+                self.stats.unavailable += 1
+            else:
+                self.stats.judge_match += verdict == "match"
+                self.stats.judge_no_match += verdict == "no_match"
+                self._memo[key] = verdict
+                if self.cache is not None:
+                    model = str(self.judge.identity.get("model", "")) if isinstance(self.judge.identity, dict) else ""
+                    self.cache.put_verdict(key, verdict, model=model)
+            future.set_result(verdict)
+            return verdict
+        except asyncio.CancelledError:
+            future.cancel()
+            raise
+        except BaseException as err:
+            future.set_exception(err)
+            future.exception()  # mark retrieved; joiners re-raise it
+            raise
+        finally:
+            del self._in_flight[key]
+
+    async def _call_judge(self, student: Action, teacher: Action, paths: tuple[str, ...],
+                          messages: list[ChatMessage], tools: list[ToolSchema]) -> JudgeOutcome:
+        assert self.judge is not None
+        self.stats.judge_calls += 1
+        if isinstance(student, ToolCall):
+            return await self.judge.judge_tool_calls(student, teacher, paths, messages=messages, tools=tools,  # type: ignore[arg-type]
+                                                     evidence=self.evidence.get(student.name))
+        return await self.judge.judge_messages(student, teacher, messages=messages, tools=tools)  # type: ignore[arg-type]

@@ -1,0 +1,201 @@
+"""One OpenAI-compatible chat endpoint: the provider table, the API key from the
+environment, the real `openai.AsyncOpenAI` client, a concurrency limit, transport retries and
+strict parsing of the completion body. Used by the teacher provider and the LLM judge.
+
+Provider differences live in one small table (`PROVIDERS`): how thinking is switched on or
+off, whether `n > 1` is honoured in one request, whether a non-standard `top_k` is accepted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol
+
+import openai
+
+from actionopd_jax.teacher.base import UsageReport
+from actionopd_jax.teacher.transport import MalformedResponse, RetryPolicy, RetryStats, call_with_retries
+
+
+@dataclass(frozen=True)
+class ProviderTraits:
+    supports_n: bool                                  # honours n > 1 in one request
+    thinking_body: Callable[[bool], dict[str, Any]]   # extra_body fragment switching thinking
+    top_k_in_body: bool = True                        # accepts a non-standard top_k field
+
+
+def _no_switch(_: bool) -> dict[str, Any]:
+    return {}
+
+
+def _chat_template_switch(on: bool) -> dict[str, Any]:
+    # Qwen3-style chat templates read enable_thinking from chat_template_kwargs.
+    return {"chat_template_kwargs": {"enable_thinking": on}}
+
+
+PROVIDERS: dict[str, ProviderTraits] = {
+    "vllm": ProviderTraits(True, _chat_template_switch),
+    "sglang": ProviderTraits(True, _chat_template_switch),
+    "actionopd": ProviderTraits(True, _chat_template_switch),  # our own `actionopd serve`
+    "deepseek": ProviderTraits(False, lambda on: {"thinking": {"type": "enabled" if on else "disabled"}}, False),
+    "dashscope": ProviderTraits(False, lambda on: {"enable_thinking": on}),
+    "openrouter": ProviderTraits(False, lambda on: {"reasoning": {"enabled": on}}),
+    "openai": ProviderTraits(True, _no_switch, False),  # reasoning models: use reasoning_effort
+}
+
+
+class EndpointSettings(Protocol):
+    """The fields an endpoint reads from a config (teacher and judge configs both have them)."""
+
+    model: str
+    base_url: str
+    provider: str
+    api_key_env: str | None
+    thinking: bool | None
+    reasoning_effort: str | None
+    temperature: float | None
+    top_p: float | None
+    top_k: int | None
+    max_tokens: int | None
+    seed: int | None
+    extra_body: dict[str, Any]
+    request_timeout_s: float
+    retry: RetryPolicy
+    max_concurrency: int
+
+
+def check_settings(cfg: EndpointSettings, *, who: str) -> None:
+    if cfg.provider not in PROVIDERS:
+        raise ValueError(f"{who}: unknown provider {cfg.provider!r}; choose one of {sorted(PROVIDERS)}")
+    if not cfg.model or not cfg.base_url:
+        raise ValueError(f"{who}: config needs both 'model' and 'base_url'")
+    if cfg.max_concurrency < 1:
+        raise ValueError(f"{who}: max_concurrency must be >= 1, got {cfg.max_concurrency}")
+
+
+def read_api_key(api_key_env: str | None, *, who: str) -> str:
+    """The key from the named environment variable (never from config files)."""
+    if api_key_env is None:
+        return "EMPTY"  # local servers without auth; the openai client needs some string
+    key = os.environ.get(api_key_env)
+    if not key:
+        raise ValueError(f"{who}: environment variable {api_key_env!r} is not set; export the API key there "
+                         f"(or set api_key_env to null for an endpoint without authentication)")
+    return key
+
+
+def parse_completion_body(body: bytes) -> tuple[list[dict[str, Any]], int, int]:
+    """(choices [{message, finish_reason}], prompt_tokens, completion_tokens); a body that is
+    not a usable completion raises MalformedResponse (retried like a transport error)."""
+    try:
+        data = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise MalformedResponse(f"completion body is not JSON: {e}") from None
+    choices = data.get("choices") if isinstance(data, dict) else None
+    if not isinstance(choices, list) or not choices:
+        raise MalformedResponse("completion body has no 'choices' list")
+    out = []
+    for ch in choices:
+        msg = ch.get("message") if isinstance(ch, dict) else None
+        if not isinstance(msg, dict):
+            raise MalformedResponse("a choice has no 'message' object")
+        out.append({"message": msg, "finish_reason": ch.get("finish_reason")})
+    usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+
+    def count(v: Any) -> int:
+        return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
+
+    return out, count(usage.get("prompt_tokens")), count(usage.get("completion_tokens"))
+
+
+class ChatEndpoint:
+    """Sends chat completions to one endpoint with retries; counts calls/tokens in `usage`.
+
+    The HTTP pool and the semaphore belong to one event loop, so they are rebuilt when the
+    endpoint is used from a new loop (e.g. successive `asyncio.run` calls).
+    """
+
+    def __init__(self, cfg: EndpointSettings, *, who: str, rng: random.Random | None = None,
+                 usage: UsageReport | None = None):
+        check_settings(cfg, who=who)
+        self.cfg = cfg
+        self.who = who
+        self._api_key = read_api_key(cfg.api_key_env, who=who)
+        self._rng = rng if rng is not None else random.Random()  # backoff jitter only
+        self.usage = usage if usage is not None else UsageReport()
+        self._loop_resources: tuple[Any, openai.AsyncOpenAI, asyncio.Semaphore] | None = None
+
+    def __repr__(self) -> str:
+        return f"ChatEndpoint({self.who!r}, base_url={self.cfg.base_url!r})"
+
+    @property
+    def supports_n(self) -> bool:
+        use_n = getattr(self.cfg, "use_n", None)
+        return use_n if use_n is not None else PROVIDERS[self.cfg.provider].supports_n
+
+    def _resources(self) -> tuple[openai.AsyncOpenAI, asyncio.Semaphore]:
+        loop = asyncio.get_running_loop()
+        if self._loop_resources is None or self._loop_resources[0] is not loop:
+            client = openai.AsyncOpenAI(base_url=self.cfg.base_url, api_key=self._api_key, max_retries=0,
+                                        timeout=self.cfg.request_timeout_s)
+            self._loop_resources = (loop, client, asyncio.Semaphore(self.cfg.max_concurrency))
+        return self._loop_resources[1], self._loop_resources[2]
+
+    async def aclose(self) -> None:
+        """Close the HTTP pool of the current loop (call once at shutdown)."""
+        if self._loop_resources is not None and self._loop_resources[0] is asyncio.get_running_loop():
+            await self._loop_resources[1].close()
+        self._loop_resources = None
+
+    def request_kwargs(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, n: int) -> dict[str, Any]:
+        """Keyword arguments of `chat.completions.create` (pure; tested offline)."""
+        c = self.cfg
+        traits = PROVIDERS[c.provider]
+        kwargs: dict[str, Any] = {"model": c.model, "messages": messages}
+        if tools:
+            kwargs["tools"] = tools
+        if n > 1:
+            kwargs["n"] = n
+        for name in ("temperature", "top_p", "max_tokens", "seed", "reasoning_effort"):
+            value = getattr(c, name)
+            if value is not None:
+                kwargs[name] = value
+        extra: dict[str, Any] = {}
+        if c.top_k is not None and traits.top_k_in_body:
+            extra["top_k"] = c.top_k
+        if c.thinking is not None:
+            extra.update(traits.thinking_body(c.thinking))
+        extra.update(c.extra_body)
+        if extra:
+            kwargs["extra_body"] = extra
+        return kwargs
+
+    async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, n: int = 1
+                       ) -> list[dict[str, Any]]:
+        """Choices ({message, finish_reason}) of one logical request, after transport retries.
+        Raises TransportGaveUp or PermanentRequestError."""
+        client, sem = self._resources()
+        kwargs = self.request_kwargs(messages, tools, n)
+
+        async def attempt() -> tuple[list[dict[str, Any]], int, int]:
+            async with sem:
+                self.usage.http_calls += 1
+                raw = await client.chat.completions.with_raw_response.create(**kwargs)
+                return parse_completion_body(raw.content)
+
+        stats = RetryStats()
+        try:
+            choices, prompt_tokens, completion_tokens = await call_with_retries(
+                attempt, self.cfg.retry, rng=self._rng, stats=stats)
+        finally:
+            self.usage.transport_retries += stats.retries
+        self.usage.prompt_tokens += prompt_tokens
+        self.usage.completion_tokens += completion_tokens
+        for ch in choices:
+            ch["prompt_tokens"] = prompt_tokens
+            ch["completion_tokens_total"] = completion_tokens
+        return choices
