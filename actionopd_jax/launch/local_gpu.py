@@ -15,7 +15,6 @@ Credentials are inherited from this shell's environment and never printed.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import socket
 import subprocess

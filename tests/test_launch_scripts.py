@@ -1,0 +1,68 @@
+"""The `launch/*.py` scripts run as documented, and every shipped config dry-runs through the
+launchers meant for it."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FAKE_SECRET_VALUE = "sk-test-FAKE-VALUE-never-printed-42"
+
+
+def _script(name: str, *args: str, env_extra: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    import os
+
+    env = {**os.environ, "OPENAI_API_KEY": FAKE_SECRET_VALUE, **(env_extra or {})}
+    return subprocess.run([sys.executable, str(REPO / "launch" / f"{name}.py"), *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("name", ["tpu_pod", "vertex", "local_gpu"])
+def test_scripts_show_help(name):
+    proc = _script(name, "--help")
+    assert proc.returncode == 0, proc.stderr
+    assert f"python launch/{name}.py" in proc.stdout and "--dry-run" in proc.stdout
+
+
+# which launchers each shipped config is meant for
+SHIPPED = {
+    "tiny_cpu.yaml": ["local-cpu"],
+    "qwen3_4b_tpu.yaml": ["tpu_pod", "vertex-tpu"],
+    "qwen3_8b_tpu.yaml": ["tpu_pod", "vertex-tpu"],
+    "qwen3_4b_h200.yaml": ["local-gpu", "vertex-h200"],
+}
+
+
+@pytest.mark.parametrize("config, target", [(c, t) for c, ts in SHIPPED.items() for t in ts])
+def test_shipped_config_dry_runs(config, target):
+    path = f"configs/{config}"
+    assert (REPO / path).is_file(), f"shipped config {path} is missing"
+    secret = ["--secret", "OPENAI_API_KEY=teacher-api-key"]
+    vertex_common = ["--project", "my-proj", "--region", "us-central1", "--staging-bucket", "gs://b",
+                     "--image", "us-docker.pkg.dev/my-proj/r/actionopd-jax:latest", *secret, "--config", path]
+    if target == "tpu_pod":
+        proc = _script("tpu_pod", "--name", "slice", "--zone", "us-west4-a", "--project", "my-proj",
+                       *secret, "--config", path, "--dry-run")
+        train = [line for line in proc.stdout.splitlines() if not line.startswith("#")][-1]
+        (remote,) = [w for w in shlex.split(train) if w.startswith("--command=")]
+        assert shlex.split(remote.removeprefix("--command="))[-4:] == ["actionopd", "train", "--config", path]
+        assert "--worker=all" in shlex.split(train)
+    elif target.startswith("vertex"):
+        machine = (["--machine-type", "ct5lp-hightpu-4t", "--tpu-topology", "4x4"] if target == "vertex-tpu"
+                   else ["--machine-type", "a3-ultragpu-8g"])
+        proc = _script("vertex", *vertex_common, *machine, "--dry-run")
+        assert proc.returncode == 0, proc.stderr
+        command = json.loads(proc.stdout)["custom_job"]["jobSpec"]["workerPoolSpecs"][0]["containerSpec"]["command"]
+        assert command[-2:] == ["--config", f"/workspace/actionopd_jax/{path}"]
+    else:
+        platform = "cpu" if target == "local-cpu" else "gpu"
+        proc = _script("local_gpu", "--platform", platform, "--config", path, "--dry-run")
+        assert proc.stdout.splitlines()[-1].endswith(f"actionopd train --config {path}")
+    assert proc.returncode == 0, proc.stderr
+    assert FAKE_SECRET_VALUE not in proc.stdout + proc.stderr
