@@ -119,6 +119,7 @@ async def call_with_retries(
     rng: random.Random,
     stats: RetryStats | None = None,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    classify_error: Callable[[BaseException], tuple[bool, float | None]] = classify,
 ) -> T:
     """Run `attempt` until it succeeds, a permanent error occurs, or the budget runs out.
 
@@ -138,10 +139,13 @@ async def call_with_retries(
         except asyncio.CancelledError:
             raise
         except BaseException as err:  # noqa: BLE001 - classified below, re-raised if not transport
-            retryable, retry_after = classify(err)
+            retryable, retry_after = classify_error(err)
             if not retryable:
                 if isinstance(err, openai.APIStatusError):
                     raise PermanentRequestError(err.status_code, str(err.message)[:500]) from None
+                status = getattr(err, "code", None)  # google-genai APIError
+                if isinstance(status, int) and 400 <= status < 500:
+                    raise PermanentRequestError(status, str(getattr(err, "message", err))[:500]) from None
                 raise
             last = describe(err)
         if attempt_index + 1 >= policy.max_attempts:
