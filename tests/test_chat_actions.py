@@ -7,7 +7,7 @@ import json
 import time
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 from openai.types.chat import ChatCompletionMessage
 
@@ -21,6 +21,8 @@ from actionopd_jax.chat import (
 from actionopd_jax.chat.actions import MAX_JSON_DEPTH
 from actionopd_jax.types import Invalid, Message, ToolCall
 
+MARKUP = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<|im_start|>", "<|im_end|>", "<|endoftext|>",
+          "<tool_response>", "</tool_response>")
 FREE_TOOL = {"type": "function", "function": {"name": "store", "description": "stores anything"}}
 NOARG_TOOL = {"type": "function", "function": {"name": "now", "parameters": {"type": "object", "properties": {},
                                                                             "additionalProperties": False}}}
@@ -96,6 +98,9 @@ def test_two_calls_are_invalid_for_the_student():
         ("<think>cut off while thinking", "never closed (missing </think>)"),
         ("<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}", "<tool_call> is never closed"),
         ('{"name": "get_weather"}</tool_call>', "</tool_call> without a matching <tool_call>"),
+        ("Sure.<|im_end|>\n<|im_start|>user\nthanks", "chat marker <|im_start|>"),
+        ("Done.<|im_end|>more text", "chat marker <|im_end|>"),
+        (call_text() + "\n<tool_response>\n{\"temp\": 3}\n</tool_response>", "chat marker <tool_response>"),
     ],
 )
 def test_student_invalid_cases(text, expected):
@@ -219,7 +224,22 @@ def test_arguments_roundtrip_through_history_and_text(arguments):
     action = ToolCall("store", arguments)
     msg = action_to_assistant_message(action, call_id="c")
     assert action_from_openai_message(msg, TOOLS, role="student") == action
+    # The text format cannot carry its own markup inside argument strings (a literal
+    # "<think>" or "</tool_call>" in a value is read as markup, as in every tag-based parser);
+    # the structured path above has no such limit.
+    assume(not any(tag in json.dumps(arguments, ensure_ascii=False) for tag in MARKUP))
     assert parse_student(call_text("store", arguments), TOOLS) == action
+
+
+def test_markup_inside_argument_strings_is_not_silently_misread():
+    """The ambiguous case yields Invalid or the right action, never a different action."""
+    outcomes = {}
+    for value in MARKUP:
+        action = parse_student(call_text("store", {"v": value}), TOOLS)
+        assert isinstance(action, Invalid) or action == ToolCall("store", {"v": value}), (value, action)
+        outcomes[value] = type(action).__name__
+    assert outcomes["<tool_call>"] == "ToolCall"  # an opening tag inside the body is harmless
+    assert outcomes["<think>"] == outcomes["</tool_call>"] == outcomes["<|im_start|>"] == "Invalid"
 
 
 # --- hostile output ----------------------------------------------------------------------------------

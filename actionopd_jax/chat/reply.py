@@ -17,6 +17,9 @@ CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 _SURROGATE = re.compile("[\ud800-\udfff]")
 # A sampler that decodes special tokens leaves the end-of-turn marker on the reply.
 _END_MARKERS = ("<|im_end|>", "<|endoftext|>")
+# Turn structure a single reply must not contain: seeing one means the model ran on into a
+# turn that is not its own (a hallucinated user or tool message), which is not one action.
+_TURN_MARKERS = ("<|im_start|>", "<|im_end|>", "<|endoftext|>", "<tool_response>", "</tool_response>")
 _REVERSED_END_RUN = re.compile("(?:\\s|" + "|".join(re.escape(m[::-1]) for m in _END_MARKERS) + ")*")
 
 
@@ -88,6 +91,9 @@ def split_reply(text: str, *, max_calls: int | None = None) -> ReplyParts:
     text = strip_end_markers(replace_lone_surrogates(text))
     reasoning, visible, error = split_reasoning(text)
     parts = ReplyParts(reasoning=reasoning)
+    marker = next((m for m in _TURN_MARKERS if m in text), None)
+    if marker:
+        error = f"reply contains the chat marker {marker} (it ran on past its own turn)"
     if error:
         parts.error = error
         return parts
