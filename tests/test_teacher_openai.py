@@ -159,3 +159,33 @@ def test_api_key_from_env_never_leaks(monkeypatch, caplog, tmp_path):
     monkeypatch.delenv("ACTIONOPD_TEST_TEACHER_KEY")
     with pytest.raises(ValueError, match="ACTIONOPD_TEST_TEACHER_KEY.*not set"):
         teacher_for(server, api_key_env="ACTIONOPD_TEST_TEACHER_KEY")
+
+
+def test_mixed_fault_rates_accounting_is_exact():
+    """Faults drawn at set rates from a seeded RNG over many concurrent states: whatever the
+    interleaving, every HTTP attempt is accounted for and every returned sample is valid."""
+    rates = FaultRates(rate_limit=0.15, server_error=0.15, malformed=0.1, invalid_tool_call=0.15, retry_after_s=0.01)
+    injector = FaultInjector(rates, seed=11)
+    backend = ScriptedBackend("teacher", paris_call)
+    states = [STATE + [{"role": "user", "content": f"question {i}"}] for i in range(12)]
+    with serve(backend, middleware=injector) as server:
+        teacher = teacher_for(server, provider="deepseek",
+                              retry=RetryPolicy(max_attempts=4, base_delay_s=0.005, max_delay_s=0.01))
+
+        async def all_states():
+            return await asyncio.gather(*(teacher.sample_detailed(s, TOOLS, 3) for s in states))
+
+        batches = run(all_states())
+    u = teacher.usage
+    assert injector.requests_seen == u.http_calls
+    transport_faults = injector.injected["rate_limit"] + injector.injected["server_error"] + injector.injected["malformed"]
+    assert transport_faults > 0 and injector.injected["invalid_tool_call"] > 0
+    # every transport fault was followed by a retry, or was the last attempt of a request that
+    # gave up (then its slot counts as one transport failure)
+    assert transport_faults == u.transport_retries + u.transport_failures
+    assert u.invalid_replies == injector.injected["invalid_tool_call"]
+    assert u.http_calls == sum(injector.injected.values())
+    for b in batches:
+        assert all(isinstance(s.action, ToolCall) for s in b.samples)  # only valid samples come back
+        assert len(b.samples) + b.transport_failures <= 3
+    assert sum(len(b.samples) for b in batches) >= 30  # the large majority of the 36 slots is filled

@@ -136,3 +136,22 @@ def test_local_teacher_privileged_context_never_reaches_the_student(tmp_path):
     # per-task privileged text is part of the cache key
     ct = CachedTeacher(teacher, None)
     assert ct.key(STATE, TOOLS, 3, {"privileged_context": "A"}) != ct.key(STATE, TOOLS, 3, {"privileged_context": "B"})
+
+
+def test_factory_builds_from_plain_dicts(tmp_path):
+    from actionopd_jax.teacher.factory import build_matcher, build_teacher
+    from actionopd_jax.teacher.openai_provider import OpenAITeacher
+
+    t = build_teacher({"provider": "vllm", "model": "m", "base_url": "http://127.0.0.1:1/v1", "api_key_env": None,
+                       "retry": {"max_attempts": 2}})
+    assert isinstance(t, OpenAITeacher) and t.cfg.retry.max_attempts == 2
+    cached = build_teacher({"provider": "deepseek", "model": "m", "base_url": "http://x/v1", "api_key_env": None},
+                           cache=tmp_path / "c.sqlite")
+    assert isinstance(cached, CachedTeacher) and cached.identity["provider"] == "deepseek"
+    assert isinstance(build_teacher({"provider": "vertex", "model": "g", "project": "p"}), VertexTeacher)
+    with pytest.raises(ValueError, match="unknown key.*'temprature'.*accepted"):
+        build_teacher({"provider": "vllm", "model": "m", "base_url": "http://x", "temprature": 0.1})
+    with pytest.raises(ValueError, match="needs a generate function"):
+        build_teacher({"provider": "local"})
+    m = build_matcher({"model": "j", "base_url": "http://x/v1", "api_key_env": None}, cache=tmp_path / "v.sqlite")
+    assert m.judge is not None and m.cache is not None and build_matcher(None).judge is None
