@@ -3,7 +3,8 @@
 Layout (Qwen3 style): optional `<think>...</think>` reasoning (the opening tag may sit in the
 prompt, so a reply can start inside the reasoning and only show `</think>`), then visible
 text, with tool calls as `<tool_call>\\n{json}\\n</tool_call>` blocks. Everything here is a
-linear scan with str.find: untrusted, huge or malformed replies cannot make it backtrack.
+linear scan (str.find, one anchored regex that cannot backtrack): untrusted, huge or
+malformed replies cannot make it slow.
 """
 
 from __future__ import annotations
