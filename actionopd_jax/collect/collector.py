@@ -1,0 +1,357 @@
+"""The async state-group collector (paper section 2.3, algorithm 1, appendix A.4).
+
+Many trajectories run at once on one asyncio loop. At each state of a trajectory:
+
+1. the prompt is built within the context budget (the trajectory ends cleanly when the
+   protected part cannot fit);
+2. the K teacher samples are requested (async, cached) and, at the same moment, the state is
+   queued for the student; the sampler worker puts every ready state into one device call;
+3. when the teacher multiset is empty there is no group and the trajectory ends (no failure
+   label); otherwise the N candidates are parsed with the student rules and matched against
+   every teacher sample (rules, then the LLM judge, async);
+4. rewards r_lambda, retention and the commit (highest semantic reward, seeded uniform
+   tie-break) come from group.py; the committed action steps the environment.
+
+One behaviour snapshot of the student serves the whole collection (the caller updates the
+model only after `collect` returns); teacher samples and verdicts are fixed in the returned
+groups before any update. Every random choice uses a key derived from (seed, step, task
+start, decision), never from arrival order, and the groups come back sorted by (task start,
+decision), so reruns with a warm teacher cache reproduce the same groups.
+
+Multi-host: each process collects its own share of the task starts (`local_task_starts`)
+with its own sampler on its local devices; nothing here is a cross-host collective.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from actionopd_jax.collect import keys
+from actionopd_jax.collect.config import CollectorConfig
+from actionopd_jax.collect.group import NO_COMMIT, GroupOutcome, build_group
+from actionopd_jax.collect.metrics import StepMetrics, TrajectoryRecord
+from actionopd_jax.collect.prompt import CandidateDecoder, FitFn, Prompt, PromptBuilder
+from actionopd_jax.collect.sampler_worker import SampleFn, SamplerError, SamplerWorker
+from actionopd_jax.envs.base import Environment, make_environment
+from actionopd_jax.rewards import GroupScore
+from actionopd_jax.teacher.base import TeacherBatch, UsageReport
+from actionopd_jax.types import Candidate, Observation, StateGroup, Task, Verdict
+
+log = logging.getLogger(__name__)
+
+EnvFactory = Callable[[Task], Environment]
+
+
+@dataclass
+class CollectResult:
+    step: int
+    groups: list[StateGroup]               # sorted by (task start, decision index)
+    group_starts: list[int]                # the global task start of each group (parallel list)
+    trajectories: list[TrajectoryRecord]   # sorted by task start
+    metrics: StepMetrics
+
+    @property
+    def retained_groups(self) -> list[StateGroup]:
+        return [g for g in self.groups if g.retained]
+
+
+def local_task_starts(num_starts: int, process_index: int, process_count: int) -> list[int]:
+    """The global task-start indices this process collects: every process_count-th one,
+    beginning at process_index (balanced to within one start, stable under resumption)."""
+    if process_count < 1 or not 0 <= process_index < process_count:
+        raise ValueError(f"process_index {process_index} must lie in [0, process_count={process_count})")
+    return list(range(process_index, num_starts, process_count))
+
+
+def default_env_factory(env_options: dict[str, dict[str, Any]] | None = None) -> EnvFactory:
+    """A fresh environment per task start, built by `envs.make_environment` with per-env
+    options (e.g. {"tau2_airline": {"user_sim": sim}})."""
+    options = dict(env_options or {})
+
+    def make(task: Task) -> Environment:
+        return make_environment(task.env, **options.get(task.env, {}))
+
+    return make
+
+
+@dataclass
+class _Decision:
+    outcome: GroupOutcome | None
+    end_reason: str = ""   # set when the trajectory must end at this state
+    candidates_ready: bool = False
+
+
+@dataclass
+class _Usage:
+    teacher: UsageReport = field(default_factory=UsageReport)
+    matcher: dict[str, int] = field(default_factory=dict)
+
+
+class Collector:
+    """Collects the state groups of one training step.
+
+    teacher: a `Teacher` (usually a `CachedTeacher`); matcher: an object with
+    `async match_group(candidate_actions, teacher_actions, *, messages, tools)` (a
+    `matching.Matcher`); sample_fn: see `sampler_worker.sampler_fn` (wraps a `Sampler`);
+    eos_ids: end-of-turn ids stripped before decoding; env_factory: a fresh environment per
+    task start; context_fit: the context-budget policy (see prompt.PromptBuilder).
+    """
+
+    def __init__(self, cfg: CollectorConfig, *, tokenizer: Any, teacher: Any, matcher: Any, sample_fn: SampleFn,
+                 eos_ids: Sequence[int], env_factory: EnvFactory | None = None, context_fit: FitFn | None = None):
+        self.cfg = cfg
+        self.teacher = teacher
+        self.matcher = matcher
+        self.sample_fn = sample_fn
+        self.env_factory = env_factory or default_env_factory()
+        self.prompts = PromptBuilder(tokenizer, max_prompt_tokens=cfg.max_prompt_tokens,
+                                     enable_thinking=cfg.enable_thinking, fit=context_fit)
+        self.decoder = CandidateDecoder(tokenizer, eos_ids=list(eos_ids), truncated_is_invalid=cfg.truncated_is_invalid)
+
+    # --- public entry points -----------------------------------------------------------------
+
+    def collect(self, tasks: Sequence[Task], *, step: int, process_index: int | None = None,
+                process_count: int | None = None) -> CollectResult:
+        """Collect this process's share of `tasks` (the step's global list of task starts).
+        Process index/count default to jax's (multi-host: each process passes the same list)."""
+        if process_index is None or process_count is None:
+            import jax
+
+            process_index = jax.process_index() if process_index is None else process_index
+            process_count = jax.process_count() if process_count is None else process_count
+        starts = [(i, tasks[i]) for i in local_task_starts(len(tasks), process_index, process_count)]
+        show = self.cfg.progress and process_index == 0
+        return asyncio.run(self.collect_async(starts, step=step, progress=show))
+
+    async def collect_async(self, starts: Sequence[tuple[int, Task]], *, step: int,
+                            progress: bool | None = None) -> CollectResult:
+        """Collect the given (global task-start index, task) pairs on the running loop."""
+        if step < 0:
+            raise ValueError(f"step must be >= 0, got {step}")
+        metrics = StepMetrics()
+        usage_before = self._usage()
+        pending = list(starts)
+        pending.reverse()  # pop() from the end = in order
+        records: list[TrajectoryRecord] = []
+        outcomes: list[tuple[int, StateGroup, np.ndarray | None]] = []
+        bar = self._progress_bar(len(pending), progress)
+        t0 = time.perf_counter()
+        async with SamplerWorker(self.sample_fn, max_states_per_call=self.cfg.max_states_per_call,
+                                 max_queued=self.cfg.max_trajectories_in_flight) as worker:
+
+            async def run_one_at_a_time() -> None:
+                # A fixed pool of runners pulling task starts: memory stays flat in the
+                # number of task starts, and at most max_trajectories_in_flight are live.
+                while pending:
+                    start, task = pending.pop()
+                    rec, groups = await self._trajectory(start, task, step, worker)
+                    records.append(rec)
+                    outcomes.extend((start, g, c) for g, c in groups)
+                    if bar is not None:
+                        bar.update(1)
+                        bar.set_postfix(groups=len(outcomes), refresh=False)
+
+            runners = [asyncio.create_task(run_one_at_a_time())
+                       for _ in range(min(self.cfg.max_trajectories_in_flight, max(len(pending), 1)))]
+            try:
+                await asyncio.gather(*runners)
+            except BaseException:
+                for r in runners:
+                    r.cancel()
+                await asyncio.gather(*runners, return_exceptions=True)
+                raise
+            finally:
+                if bar is not None:
+                    bar.close()
+        metrics.wall_s = time.perf_counter() - t0
+        metrics.sampler_calls = worker.stats.calls
+        metrics.sampler_states = worker.stats.states
+        metrics.sampler_busy_s = worker.stats.busy_s
+        usage_after = self._usage()
+        metrics.teacher = _usage_delta(usage_before.teacher, usage_after.teacher)
+        metrics.matcher = {k: v - usage_before.matcher.get(k, 0) for k, v in usage_after.matcher.items()}
+        outcomes.sort(key=lambda o: (o[0], o[1].decision_index))
+        records.sort(key=lambda r: r.task_start)
+        for _, group, counts in outcomes:
+            metrics.add_group(group, counts)
+        for rec in records:
+            metrics.add_trajectory(rec)
+        return CollectResult(step=step, groups=[o[1] for o in outcomes], group_starts=[o[0] for o in outcomes],
+                             trajectories=records, metrics=metrics)
+
+    # --- one trajectory ------------------------------------------------------------------------
+
+    async def _trajectory(self, start: int, task: Task, step: int, worker: SamplerWorker
+                          ) -> tuple[TrajectoryRecord, list[tuple[StateGroup, np.ndarray | None]]]:
+        rec = TrajectoryRecord(task_start=start, task_id=task.task_id, env=task.env)
+        groups: list[tuple[StateGroup, np.ndarray | None]] = []
+        env: Environment | None = None
+        try:
+            env = self.env_factory(task)
+            obs = await self._env_call(env.reset(task), rec)
+            limit = self.cfg.decision_limit(task.env)
+            while True:
+                if obs.done:
+                    rec.end_reason = "env_done"
+                    break
+                if limit is not None and rec.decisions >= limit:
+                    rec.end_reason = "decision_limit"
+                    env.end("decision_limit")
+                    break
+                prompt = self.prompts.build(obs.messages, obs.tools)
+                if prompt is None:
+                    rec.end_reason = "context_overflow"
+                    env.end("context_overflow")
+                    break
+                decision = await self._decide(task, start, step, rec.decisions, prompt, worker, rec)
+                rec.decisions += 1
+                outcome = decision.outcome
+                if outcome is not None and outcome.group is not None:
+                    groups.append((outcome.group, outcome.score.counts))
+                    rec.groups += 1
+                if decision.end_reason:
+                    rec.end_reason = decision.end_reason
+                    env.end(decision.end_reason)
+                    break
+                action = outcome.group.candidates[outcome.committed].action
+                obs = await self._env_call(env.step(action), rec)
+        except SamplerError:
+            raise  # the device call failed: a systemic error, not one trajectory's problem
+        except _EnvFailure as err:
+            rec.end_reason = err.reason
+            log.warning("task start %d (%s): %s", start, task.task_id, err)
+        except Exception as err:  # noqa: BLE001 - one broken trajectory must not sink the step
+            rec.end_reason = f"error:{type(err).__name__}"
+            log.exception("task start %d (%s) failed", start, task.task_id)
+        if env is not None:
+            rec.score = _safe_score(env, rec.end_reason)
+        return rec, groups
+
+    async def _env_call(self, coro, rec: TrajectoryRecord) -> Observation:
+        t0 = time.perf_counter()
+        try:
+            result = await asyncio.wait_for(coro, self.cfg.env_timeout_s)
+        except asyncio.TimeoutError:
+            raise _EnvFailure("env_timeout", f"environment call exceeded {self.cfg.env_timeout_s}s") from None
+        except Exception as err:  # noqa: BLE001
+            raise _EnvFailure("env_error", f"{type(err).__name__}: {err}") from err
+        finally:
+            rec.env_s += time.perf_counter() - t0
+        return result[0] if isinstance(result, tuple) else result
+
+    # --- one decision point ----------------------------------------------------------------------
+
+    async def _decide(self, task: Task, start: int, step: int, decision: int, prompt: Prompt,
+                      worker: SamplerWorker, rec: TrajectoryRecord) -> _Decision:
+        cfg = self.cfg
+        t_state = time.perf_counter()
+        student_key = keys.student_key(cfg.seed, step, start, decision)
+        teacher_call = asyncio.create_task(self._teacher_samples(task, prompt, rec))
+        student_call = asyncio.create_task(self._student_samples(worker, prompt, student_key, rec))
+        try:
+            batch, failure = await teacher_call
+            if failure or not batch.samples:
+                student_call.cancel()  # withdraw the state if the worker has not taken it yet
+                await asyncio.gather(student_call, return_exceptions=True)
+                return _Decision(outcome=None, end_reason=failure or "no_supervision")
+            generations = await student_call
+        except BaseException:
+            teacher_call.cancel()
+            student_call.cancel()
+            raise
+        candidates = []
+        for gen in generations:
+            text = self.decoder.text(gen.token_ids)
+            candidates.append(Candidate(token_ids=np.asarray(gen.token_ids, np.int32),
+                                        logprobs=np.asarray(gen.logprobs, np.float32), text=text,
+                                        action=self.decoder.action(text, prompt.tools, gen.finish_reason),
+                                        finish_reason=gen.finish_reason))
+        verdicts = await self._verdicts(candidates, batch, prompt, rec)
+        outcome = build_group(task_id=task.task_id, decision_index=decision, prompt_ids=prompt.ids,
+                              candidates=candidates, teacher_samples=batch.samples, verdicts=verdicts,
+                              reward_cfg=cfg.reward, commit_mode=cfg.commit,
+                              key=keys.commit_key(cfg.seed, step, start, decision))
+        rec.state_s += time.perf_counter() - t_state
+        end = outcome.drop_reason if outcome.committed == NO_COMMIT else ""
+        return _Decision(outcome=outcome, end_reason=end)
+
+    async def _teacher_samples(self, task: Task, prompt: Prompt, rec: TrajectoryRecord
+                               ) -> tuple[TeacherBatch, str]:
+        t0 = time.perf_counter()
+        try:
+            batch = await asyncio.wait_for(
+                self.teacher.sample_detailed(prompt.messages, prompt.tools, self.cfg.k,
+                                             key_info={"task_id": task.task_id, "env": task.env}),
+                self.cfg.teacher_timeout_s)
+            return batch, ""
+        except asyncio.TimeoutError:
+            log.warning("teacher timed out after %ss on %s", self.cfg.teacher_timeout_s, task.task_id)
+            return TeacherBatch(samples=[], requested=self.cfg.k), "teacher_timeout"
+        except Exception as err:  # noqa: BLE001 - e.g. a permanent 4xx: no supervision here
+            log.warning("teacher failed on %s: %s: %s", task.task_id, type(err).__name__, err)
+            return TeacherBatch(samples=[], requested=self.cfg.k), "teacher_error"
+        finally:
+            rec.teacher_s += time.perf_counter() - t0
+
+    async def _student_samples(self, worker: SamplerWorker, prompt: Prompt, key, rec: TrajectoryRecord):
+        t0 = time.perf_counter()
+        try:
+            return await worker.sample(prompt.ids, key)
+        finally:
+            rec.sampler_wait_s += time.perf_counter() - t0
+
+    async def _verdicts(self, candidates: list[Candidate], batch: TeacherBatch, prompt: Prompt,
+                        rec: TrajectoryRecord) -> list[list[Verdict]]:
+        t0 = time.perf_counter()
+        try:
+            return await asyncio.wait_for(
+                self.matcher.match_group([c.action for c in candidates], [s.action for s in batch.samples],
+                                         messages=prompt.messages, tools=prompt.tools),
+                self.cfg.matcher_timeout_s)
+        except asyncio.TimeoutError:
+            log.warning("matcher timed out after %ss: group masked", self.cfg.matcher_timeout_s)
+        except Exception as err:  # noqa: BLE001 - a matcher failure is unavailable supervision
+            log.warning("matcher failed (%s: %s): group masked", type(err).__name__, err)
+        finally:
+            rec.matcher_s += time.perf_counter() - t0
+        return [["unavailable"] * len(batch.samples) for _ in candidates]
+
+    # --- bookkeeping -----------------------------------------------------------------------------
+
+    def _usage(self) -> _Usage:
+        teacher = getattr(self.teacher, "usage", None)
+        stats = getattr(self.matcher, "stats", None)
+        matcher = stats.as_dict() if hasattr(stats, "as_dict") else {}
+        return _Usage(teacher=teacher if isinstance(teacher, UsageReport) else UsageReport(), matcher=dict(matcher))
+
+    @staticmethod
+    def _progress_bar(total: int, enabled: bool | None):
+        if not enabled:
+            return None
+        from tqdm.auto import tqdm
+
+        return tqdm(total=total, desc="collect", unit="traj", dynamic_ncols=True, leave=False)
+
+
+class _EnvFailure(Exception):
+    def __init__(self, reason: str, message: str):
+        super().__init__(message)
+        self.reason = reason
+
+
+def _usage_delta(before: UsageReport, after: UsageReport) -> UsageReport:
+    return UsageReport(**{k: v - getattr(before, k) for k, v in after.as_dict().items()})
+
+
+def _safe_score(env: Environment, end_reason: str) -> dict[str, Any]:
+    try:
+        return dict(env.score())
+    except Exception as err:  # noqa: BLE001 - a scorer bug must not lose the collected groups
+        log.warning("scoring failed (%s: %s)", type(err).__name__, err)
+        return {"reward": float("nan"), "end_reason": end_reason, "score_error": f"{type(err).__name__}: {err}"}

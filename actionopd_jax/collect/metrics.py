@@ -1,0 +1,151 @@
+"""Per-step collection metrics: what was kept and why the rest was dropped, match and
+invalid rates, the reward histogram, teacher cost, and where the time went.
+
+Time is accumulated per state and per trajectory. Waits overlap across trajectories (that is
+the point of the collector), so the sums are "trajectory-seconds", not wall time; the wall
+time and the sampler's busy time are measured once per step.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from actionopd_jax.teacher.base import UsageReport
+from actionopd_jax.types import Invalid, StateGroup
+
+
+# Trajectory end reasons whose last state produced no group (no valid teacher sample).
+NO_GROUP_REASONS = ("no_supervision", "teacher_timeout", "teacher_error")
+
+
+@dataclass
+class TrajectoryRecord:
+    """One task start: how it ended and how long it waited on each external part."""
+
+    task_start: int
+    task_id: str
+    env: str
+    decisions: int = 0            # states visited (groups recorded or not)
+    groups: int = 0               # StateGroups recorded
+    end_reason: str = ""
+    score: dict[str, Any] = field(default_factory=dict)
+    teacher_s: float = 0.0        # latency of the teacher calls of this trajectory
+    matcher_s: float = 0.0        # latency of its matcher phases (all pairs of a state)
+    env_s: float = 0.0            # reset + steps
+    sampler_wait_s: float = 0.0   # from queueing a state to its candidates coming back
+    state_s: float = 0.0          # wall time of its decision points, end to end
+
+    @property
+    def external_chain_s(self) -> float:
+        """The sequential teacher -> matcher chain no amount of sampler speed can shorten."""
+        return self.teacher_s + self.matcher_s
+
+
+@dataclass
+class StepMetrics:
+    groups_kept: int = 0
+    groups_dropped: Counter = field(default_factory=Counter)   # reason -> count
+    trajectory_ends: Counter = field(default_factory=Counter)  # end reason -> count
+    candidates: int = 0
+    invalid_candidates: int = 0
+    matched_candidates: int = 0       # scored candidates with c > 0
+    scored_candidates: int = 0        # candidates of groups with usable verdicts
+    verdict_counts: Counter = field(default_factory=Counter)   # match / no_match / unavailable
+    reward_hist: Counter = field(default_factory=Counter)      # training reward (rounded) -> count
+    teacher: UsageReport = field(default_factory=UsageReport)
+    matcher: dict[str, int] = field(default_factory=dict)       # Matcher.stats deltas
+    sampler_calls: int = 0
+    sampler_states: int = 0
+    sampler_busy_s: float = 0.0
+    sampler_compiled: int = 0
+    wall_s: float = 0.0
+    teacher_s: float = 0.0
+    matcher_s: float = 0.0
+    env_s: float = 0.0
+    sampler_wait_s: float = 0.0
+    longest_chain_s: float = 0.0
+    trajectories: int = 0
+
+    def add_group(self, group: StateGroup, counts: np.ndarray | None) -> None:
+        if group.retained:
+            self.groups_kept += 1
+        else:
+            self.groups_dropped[group.drop_reason] += 1
+        for cand in group.candidates:
+            self.candidates += 1
+            self.invalid_candidates += isinstance(cand.action, Invalid)
+            self.verdict_counts.update(cand.verdicts)
+        if counts is not None:
+            self.scored_candidates += len(counts)
+            self.matched_candidates += int(np.count_nonzero(counts))
+            self.reward_hist.update(f"{c.reward:g}" for c in group.candidates)
+
+    def add_trajectory(self, rec: TrajectoryRecord) -> None:
+        self.trajectories += 1
+        self.trajectory_ends[rec.end_reason] += 1
+        if rec.end_reason in NO_GROUP_REASONS:
+            # The last state had no teacher supervision: no StateGroup exists for it, but
+            # it is a dropped decision point and is counted as such.
+            self.groups_dropped[rec.end_reason] += 1
+        self.teacher_s += rec.teacher_s
+        self.matcher_s += rec.matcher_s
+        self.env_s += rec.env_s
+        self.sampler_wait_s += rec.sampler_wait_s
+        self.longest_chain_s = max(self.longest_chain_s, rec.external_chain_s)
+
+    @property
+    def match_rate(self) -> float:
+        return self.matched_candidates / self.scored_candidates if self.scored_candidates else 0.0
+
+    @property
+    def invalid_rate(self) -> float:
+        return self.invalid_candidates / self.candidates if self.candidates else 0.0
+
+    @property
+    def sampler_busy_fraction(self) -> float:
+        return self.sampler_busy_s / self.wall_s if self.wall_s > 0 else 0.0
+
+    @property
+    def critical_path_s(self) -> float:
+        """Lower bound on the step's wall time: the device's own work, or the longest
+        chain of external calls one trajectory must make in sequence."""
+        return max(self.sampler_busy_s, self.longest_chain_s)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Flat scalars for logging (TensorBoard-friendly keys)."""
+        out: dict[str, Any] = {
+            "collect/groups_kept": self.groups_kept,
+            "collect/groups_dropped": sum(self.groups_dropped.values()),
+            "collect/trajectories": self.trajectories,
+            "collect/match_rate": self.match_rate,
+            "collect/invalid_rate": self.invalid_rate,
+            "collect/sampler_calls": self.sampler_calls,
+            "collect/sampler_states_per_call": self.sampler_states / self.sampler_calls if self.sampler_calls else 0.0,
+            "collect/sampler_busy_fraction": self.sampler_busy_fraction,
+            "collect/sampler_busy_s": self.sampler_busy_s,
+            "collect/sampler_compiled_programs": self.sampler_compiled,
+            "collect/wall_s": self.wall_s,
+            "collect/critical_path_s": self.critical_path_s,
+            "collect/longest_chain_s": self.longest_chain_s,
+            "collect/wait_teacher_s": self.teacher_s,
+            "collect/wait_matcher_s": self.matcher_s,
+            "collect/wait_env_s": self.env_s,
+            "collect/wait_sampler_s": self.sampler_wait_s,
+        }
+        for reason, n in sorted(self.groups_dropped.items()):
+            out[f"collect/dropped/{reason}"] = n
+        for reason, n in sorted(self.trajectory_ends.items()):
+            out[f"collect/ended/{reason}"] = n
+        for verdict, n in sorted(self.verdict_counts.items()):
+            out[f"collect/verdicts/{verdict}"] = n
+        for reward, n in sorted(self.reward_hist.items(), key=lambda kv: float(kv[0])):
+            out[f"collect/reward_hist/{reward}"] = n
+        for name, n in self.teacher.as_dict().items():
+            out[f"collect/teacher/{name}"] = n
+        for name, n in self.matcher.items():
+            out[f"collect/matcher/{name}"] = n
+        return out
