@@ -103,6 +103,8 @@ class Candidate:
     finish_reason: str = "stop"
     reward: float = 0.0
     verdicts: list[Verdict] = field(default_factory=list)
+    # token-level OPD baseline only: the teacher's log-probability of each sampled token
+    teacher_logprobs: np.ndarray | None = None
 
 
 @dataclass
