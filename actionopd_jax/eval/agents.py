@@ -1,0 +1,102 @@
+"""Agents the harness can evaluate. Each turns a public observation into one action.
+
+- `EndpointAgent`: any OpenAI-compatible endpoint (a hosted teacher, vLLM, or our own server),
+  so teachers and students go through the same harness, as in the paper's table 1.
+- `BackendAgent`: one of our backends in process (a checkpoint on device), no HTTP.
+- `ReferenceAgent`: the privileged reference policy built from the dataset's ground truth;
+  a check of the harness itself, never a baseline.
+Replies are read with the student's rules (one action per reply), whoever produced them.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Protocol
+
+from actionopd_jax.chat import action_from_openai_message
+from actionopd_jax.serve.openai_http import ChatRequest, RequestError
+from actionopd_jax.types import Action, Observation, Task
+
+
+class ContextTooLong(Exception):
+    """The prompt does not fit the agent's context: the episode ends, nothing is fabricated."""
+
+
+class AgentUnavailable(Exception):
+    """The agent could not answer (API down, rate limited past all retries). The episode is
+    not recorded as finished, so a resumed evaluation runs it again."""
+
+
+class Agent(Protocol):
+    name: str
+
+    async def act(self, obs: Observation, *, task: Task, trial: int) -> Action: ...
+
+
+class EndpointAgent:
+    def __init__(self, base_url: str, model: str, *, api_key_env: str | None = None, temperature: float = 0.0,
+                 max_tokens: int = 1024, extra_body: dict[str, Any] | None = None, timeout_s: float = 300.0):
+        import openai
+
+        key = os.environ.get(api_key_env, "") if api_key_env else "unused"
+        if api_key_env and not key:
+            raise ValueError(f"environment variable {api_key_env} (the endpoint's API key) is not set")
+        self._client = openai.AsyncOpenAI(base_url=base_url, api_key=key, timeout=timeout_s, max_retries=4)
+        self.name = model
+        self._model, self._temperature, self._max_tokens = model, temperature, max_tokens
+        self._extra = dict(extra_body or {})
+
+    async def act(self, obs: Observation, *, task: Task, trial: int) -> Action:
+        import openai
+
+        try:
+            r = await self._client.chat.completions.create(
+                model=self._model, messages=obs.messages, tools=obs.tools or openai.omit,
+                temperature=self._temperature, max_tokens=self._max_tokens,
+                seed=trial, extra_body=self._extra or None)
+        except openai.BadRequestError as e:
+            if "context" in str(e).lower():
+                raise ContextTooLong(str(e)) from e
+            raise AgentUnavailable(f"endpoint rejected the request: {e}") from e
+        except openai.APIError as e:
+            raise AgentUnavailable(f"endpoint failed: {type(e).__name__}: {e}") from e
+        return action_from_openai_message(r.choices[0].message, obs.tools, role="student")
+
+
+class BackendAgent:
+    """A backend (e.g. the model backend over a checkpoint) called in process."""
+
+    def __init__(self, backend: Any, *, temperature: float = 0.0, max_tokens: int = 1024):
+        self._backend = backend
+        self.name = backend.model_name
+        self._temperature, self._max_tokens = temperature, max_tokens
+
+    async def act(self, obs: Observation, *, task: Task, trial: int) -> Action:
+        req = ChatRequest(model=self.name, messages=obs.messages, tools=obs.tools or None, tool_choice="auto",
+                          temperature=self._temperature, max_tokens=self._max_tokens, seed=trial)
+        try:
+            choices, _ = await self._backend.complete(req)
+        except RequestError as e:
+            if "context" in e.message.lower():
+                raise ContextTooLong(e.message) from e
+            raise AgentUnavailable(e.message) from e
+        c = choices[0]
+        message = {"role": "assistant", "content": c.content, "tool_calls": c.tool_calls}
+        return action_from_openai_message(message, obs.tools, role="student")
+
+
+class ReferenceAgent:
+    """The dataset's ground truth replayed as a policy (privileged: it reads the solution)."""
+
+    name = "reference-policy (privileged)"
+
+    def __init__(self) -> None:
+        self._policies: dict[tuple[str, int], Any] = {}
+
+    async def act(self, obs: Observation, *, task: Task, trial: int) -> Action:
+        from actionopd_jax.envs.reference import reference_policy
+
+        policy = self._policies.get((task.task_id, trial))
+        if policy is None:
+            policy = self._policies[(task.task_id, trial)] = reference_policy(task)
+        return policy.next_action(obs)

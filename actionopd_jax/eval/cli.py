@@ -1,0 +1,102 @@
+"""`actionopd eval`: evaluate a checkpoint, an HF directory, an OpenAI-compatible endpoint, or
+the privileged reference policy on BFCL multi-turn and tau2; resumable; JSON + markdown + PNG."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+from pathlib import Path
+from typing import Any
+
+from actionopd_jax.eval.agents import Agent, BackendAgent, EndpointAgent, ReferenceAgent
+from actionopd_jax.eval.metrics import summarize
+from actionopd_jax.eval.report import markdown_table, write_report
+from actionopd_jax.eval.runner import run_eval
+from actionopd_jax.eval.tasks import select_tasks
+from actionopd_jax.types import Task
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="actionopd eval", description=__doc__)
+    who = p.add_mutually_exclusive_group(required=True)
+    who.add_argument("--checkpoint", help="Orbax run/checkpoint directory of a trained student")
+    who.add_argument("--hf", help="HF directory (config.json + safetensors) of a student")
+    who.add_argument("--endpoint", help="base URL of an OpenAI-compatible endpoint (e.g. a hosted teacher)")
+    who.add_argument("--reference", action="store_true", help="the privileged reference policy (harness check)")
+    p.add_argument("--model", help="model name at --endpoint")
+    p.add_argument("--api-key-env", help="environment variable holding the endpoint's API key")
+    p.add_argument("--tokenizer", help="tokenizer directory (default: next to the weights)")
+    p.add_argument("--step", type=int, help="checkpoint step (default: latest)")
+    p.add_argument("--bench", action="append", required=True,
+                   help="bfcl[:base,miss_func,miss_param,long_context] or tau2_<domain>[:split]; repeatable")
+    p.add_argument("--limit", type=int, help="first N tasks of each benchmark")
+    p.add_argument("--trials", type=int, default=1, help="trials per task (tau2 pass^k needs k trials)")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default for students)")
+    p.add_argument("--max-new-tokens", type=int, default=1024)
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--user-sim-url", help="OpenAI-compatible endpoint of the tau2 user simulator")
+    p.add_argument("--user-sim-model", help="user simulator model name")
+    p.add_argument("--user-sim-api-key-env", help="environment variable with the user simulator's API key")
+    p.add_argument("--out", required=True, help="output directory (episodes.jsonl makes the run resumable)")
+    p.add_argument("--no-progress", action="store_true")
+    return p
+
+
+def make_agent(args: argparse.Namespace) -> Agent:
+    if args.reference:
+        return ReferenceAgent()
+    if args.endpoint:
+        if not args.model:
+            raise SystemExit("actionopd eval: --endpoint needs --model")
+        return EndpointAgent(args.endpoint, args.model, api_key_env=args.api_key_env,
+                             temperature=args.temperature, max_tokens=args.max_new_tokens)
+    from actionopd_jax.serve.cli import load_model_backend
+
+    backend = load_model_backend(hf=args.hf, checkpoint=args.checkpoint, step=args.step, tokenizer=args.tokenizer)
+    return BackendAgent(backend, temperature=args.temperature, max_tokens=args.max_new_tokens)
+
+
+def env_factory(args: argparse.Namespace):
+    from actionopd_jax.envs.base import make_environment
+
+    user_sim = None
+
+    def make(task: Task):
+        nonlocal user_sim
+        if task.env.startswith("tau2_"):
+            if user_sim is None:
+                if not (args.user_sim_url and args.user_sim_model):
+                    raise SystemExit("actionopd eval: tau2 needs --user-sim-url and --user-sim-model")
+                from actionopd_jax.envs.user_sim import UserSimConfig, UserSimulator
+
+                user_sim = UserSimulator(UserSimConfig(base_url=args.user_sim_url, model=args.user_sim_model,
+                                                       api_key_env=args.user_sim_api_key_env))
+            return make_environment(task.env, user_sim=user_sim)
+        return make_environment(task.env)
+
+    return make
+
+
+def evaluate(args: argparse.Namespace) -> dict[str, Any]:
+    tasks = [t for spec in args.bench for t in select_tasks(spec, limit=args.limit)]
+    agent = make_agent(args)
+    out = Path(args.out)
+    records, errors = asyncio.run(run_eval(agent, tasks, env_factory(args), out / "episodes.jsonl",
+                                           trials=args.trials, concurrency=args.concurrency,
+                                           progress=not args.no_progress))
+    wanted = {(t.task_id, t.env) for t in tasks}
+    records = [r for r in records if (r["task_id"], r["env"]) in wanted and r["trial"] < args.trials]
+    rows = summarize(records, ks=range(1, args.trials + 1))
+    paths = write_report(out, rows, agent=agent.name, errors=errors)
+    return {"rows": rows, "errors": errors, "paths": paths}
+
+
+def main(argv: list[str]) -> int:
+    args = build_parser().parse_args(argv)
+    result = evaluate(args)
+    print(markdown_table(result["rows"]))
+    print(f"wrote {', '.join(str(p) for p in result['paths'].values())}")
+    if result["errors"]:
+        print(f"{len(result['errors'])} episode(s) did not finish; rerun the same command to resume them")
+        return 1
+    return 0

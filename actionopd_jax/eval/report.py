@@ -1,0 +1,58 @@
+"""Evaluation outputs: results.json, a markdown table, and a bar chart PNG."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+METRIC_ORDER = ("accuracy", "strict_accuracy", "pass^1", "pass^2", "pass^3", "pass^4", "reward")
+
+
+def markdown_table(rows: list[dict[str, Any]]) -> str:
+    metrics = [m for m in METRIC_ORDER if any(m in r for r in rows)]
+    head = "| benchmark | group | episodes | " + " | ".join(metrics) + " |"
+    sep = "|---|---|---|" + "---|" * len(metrics)
+    lines = [head, sep]
+    for r in rows:
+        cells = [f"{100 * r[m]:.1f}" if m in r else "" for m in metrics]
+        lines.append(f"| {r['env']} | {r['group']} | {r['episodes']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n\n(percentages; BFCL accuracy uses the official checker, strict adds its irrelevance check)\n"
+
+
+def bar_chart(rows: list[dict[str, Any]], path: Path, *, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    labels, values = [], []
+    for r in rows:
+        metric = "accuracy" if "accuracy" in r else ("pass^1" if "pass^1" in r else "reward")
+        labels.append(f"{r['env']}\n{r['group']}\n({metric})")
+        values.append(100 * r[metric])
+    fig, ax = plt.subplots(figsize=(max(4.0, 1.3 * len(rows) + 1), 3.6))
+    ax.bar(range(len(values)), values, color="#4C72B0")
+    for i, v in enumerate(values):
+        ax.text(i, v + 1, f"{v:.1f}", ha="center", fontsize=8)
+    ax.set_xticks(range(len(values)), labels, fontsize=7)
+    ax.set_ylim(0, 105)
+    ax.set_ylabel("%")
+    ax.set_title(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_report(out_dir: str | Path, rows: list[dict[str, Any]], *, agent: str, errors: list[str]) -> dict[str, Path]:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"json": out / "results.json", "markdown": out / "report.md", "png": out / "scores.png"}
+    paths["json"].write_text(json.dumps({"agent": agent, "summary": rows, "errors": errors}, indent=2))
+    md = f"# Evaluation of {agent}\n\n" + markdown_table(rows)
+    if errors:
+        md += f"\n{len(errors)} episode(s) could not finish and will rerun on resume:\n" + "".join(f"- {e}\n" for e in errors[:20])
+    paths["markdown"].write_text(md)
+    if rows:
+        bar_chart(rows, paths["png"], title=f"{agent}")
+    return paths
