@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import json
+import pickle
 from pathlib import Path
 from typing import Any, Callable
 
@@ -76,9 +77,7 @@ def tau2_tasks(domain: str, split: str = "train") -> list[Task]:
     ]
 
 
-def environment_constructor(domain: str) -> Callable[..., Any]:
-    """The package's constructor for a fresh domain environment (as its registry names it)."""
-    _check_domain(domain)
+def _package_constructor(domain: str) -> Callable[..., Any]:
     if domain == "airline":
         from tau2.domains.airline.environment import get_environment
     elif domain == "retail":
@@ -86,3 +85,27 @@ def environment_constructor(domain: str) -> Callable[..., Any]:
     else:
         from tau2.domains.telecom.environment import get_environment_manual_policy as get_environment
     return get_environment
+
+
+@functools.lru_cache(maxsize=None)
+def _pristine_databases(domain: str) -> dict[str, bytes]:
+    """The domain's databases as loaded by the package, pickled once in this process.
+    Unpickling our own bytes is faster than re-reading and re-validating the JSON/TOML."""
+    env = _package_constructor(domain)()
+    out = {"db": pickle.dumps(env.tools.db)}
+    if env.user_tools is not None:
+        out["user_db"] = pickle.dumps(env.user_tools.db)
+    return out
+
+
+def environment_constructor(domain: str) -> Callable[..., Any]:
+    """A constructor for a fresh domain environment: the package's own (as its registry names
+    it: telecom uses the manual policy), fed fresh copies of the pristine databases."""
+    _check_domain(domain)
+    build = _package_constructor(domain)
+
+    def construct(solo_mode: bool = False):
+        dbs = {k: pickle.loads(v) for k, v in _pristine_databases(domain).items()}
+        return build(solo_mode=solo_mode, **dbs)
+
+    return construct
