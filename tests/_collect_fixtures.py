@@ -195,8 +195,13 @@ def serve(*backends, middleware=None) -> Iterator[OpenAIServer]:
         server.stop()
 
 
+def _url(server) -> str:
+    return server if isinstance(server, str) else server.base_url
+
+
 def make_teacher(server, cache_path=None, **overrides) -> CachedTeacher:
-    cfg = dict(model="teacher", base_url=server.base_url, provider="vllm", api_key_env=None,
+    """`server`: our OpenAIServer or its base URL."""
+    cfg = dict(model="teacher", base_url=_url(server), provider="vllm", api_key_env=None,
                request_timeout_s=2.0, retry=FAST_RETRY, temperature=0.6, top_p=0.95)
     cfg.update(overrides)
     cache = PersistentCache(cache_path) if cache_path is not None else None
@@ -204,7 +209,7 @@ def make_teacher(server, cache_path=None, **overrides) -> CachedTeacher:
 
 
 def make_matcher(server, **overrides) -> Matcher:
-    cfg = dict(model="judge", base_url=server.base_url, provider="vllm", api_key_env=None,
+    cfg = dict(model="judge", base_url=_url(server), provider="vllm", api_key_env=None,
                request_timeout_s=2.0, retry=FAST_RETRY)
     cfg.update(overrides)
     return Matcher(LLMJudge(JudgeConfig(**cfg), rng=random.Random(0)))
@@ -276,6 +281,20 @@ def group_signature(result) -> list[tuple]:
 
 def logprobs_of(result) -> list[np.ndarray]:
     return [c.logprobs for g in result.groups for c in g.candidates]
+
+
+def signature_json(result) -> list[dict]:
+    """Groups as JSON-able dicts (for comparing across processes)."""
+    out = []
+    for start, g in zip(result.group_starts, result.groups):
+        out.append({"start": start, "task_id": g.task_id, "decision": g.decision_index,
+                    "prompt": g.prompt_ids.tolist(), "committed": g.committed_index, "retained": g.retained,
+                    "drop_reason": g.drop_reason,
+                    "candidates": [{"tokens": c.token_ids.tolist(), "logprobs": c.logprobs.tolist(), "text": c.text,
+                                    "action": repr(c.action), "reward": c.reward, "verdicts": list(c.verdicts)}
+                                   for c in g.candidates],
+                    "teacher": [s.text for s in g.teacher_samples]})
+    return out
 
 
 __all__ = [n for n in dir() if not n.startswith("_")]
