@@ -1,0 +1,140 @@
+"""A `Backend` that answers chat completions with a local model through the Sampler.
+
+Per request: render messages + tools with the chat template, check the context budget (a
+400 when it does not fit), queue the prompt; concurrent requests are sampled in ONE device
+call (MicroBatcher) with their own settings and keys; each reply is decoded, cut at the
+first `stop` string, and split into content / tool_calls / reasoning_content.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import secrets
+from typing import Any
+
+import jax
+import numpy as np
+
+from actionopd_jax.chat import render_ids
+from actionopd_jax.sampling import Generation, Sampler
+from actionopd_jax.serve.batching import MicroBatcher
+from actionopd_jax.serve.openai_http import ChatChoice, ChatRequest, RequestError
+from actionopd_jax.serve.reply_format import message_fields
+
+
+@dataclasses.dataclass
+class _Job:
+    prompt_ids: np.ndarray
+    n: int
+    max_new: int
+    temperature: float
+    top_p: float
+    top_k: int
+    key: jax.Array
+
+
+def request_key(seed: int | None) -> jax.Array:
+    """The request's PRNG key: from its `seed` (any 64-bit int), else fresh OS entropy."""
+    if seed is None:
+        seed = secrets.randbits(64)
+    seed &= (1 << 64) - 1
+    return jax.random.fold_in(jax.random.key(seed & 0xFFFFFFFF), seed >> 32)
+
+
+def _stop_cut(tokenizer, ids: np.ndarray, text: str, stops: list[str]) -> tuple[str, int] | None:
+    """(text before the earliest stop string, tokens needed to produce it), or None."""
+    hits = [(text.find(s), s) for s in stops if s and s in text]
+    if not hits:
+        return None
+    at, stop = min(hits)
+    lo, hi = 1, len(ids)  # smallest prefix whose decoding already contains the stop string
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if stop in tokenizer.decode(ids[:mid].tolist(), skip_special_tokens=False):
+            hi = mid
+        else:
+            lo = mid + 1
+    return text[:at], lo
+
+
+class ModelBackend:
+    """Serve `sampler`'s model under `model_name`.
+
+    max_context: prompt + completion limit (default: the model's max_position_embeddings);
+    default_max_tokens: completion budget when a request gives no max_tokens;
+    batch_window_s: how long the first queued request waits for others to join its batch.
+    """
+
+    def __init__(self, sampler: Sampler, tokenizer: Any, *, model_name: str = "actionopd",
+                 max_context: int | None = None, default_max_tokens: int = 1024,
+                 batch_window_s: float = 0.005, max_batch_requests: int = 64, enable_thinking: bool = False):
+        self.sampler = sampler
+        self.tokenizer = tokenizer
+        self.model_name = model_name
+        self.max_context = int(max_context or sampler.cfg.max_position_embeddings)
+        self.default_max_tokens = default_max_tokens
+        self.enable_thinking = enable_thinking
+        self.end_ids = set(int(i) for i in sampler.eos_ids)
+        self.batcher = MicroBatcher(self._sample_batch, window_s=batch_window_s, max_items=max_batch_requests)
+
+    @property
+    def device_calls(self) -> int:
+        return len(self.batcher.batch_sizes)
+
+    # --- request -> job ------------------------------------------------------------------
+    def _render(self, req: ChatRequest) -> np.ndarray:
+        messages = [{**m, "role": "system"} if m.get("role") == "developer" else m for m in req.messages]
+        kwargs = req.raw.get("chat_template_kwargs") or {}
+        thinking = kwargs.get("enable_thinking", self.enable_thinking) if isinstance(kwargs, dict) else self.enable_thinking
+        try:
+            return render_ids(self.tokenizer, messages, req.tools, enable_thinking=bool(thinking))
+        except (ValueError, TypeError, KeyError) as e:
+            raise RequestError(400, f"cannot render the conversation with the chat template: {e}") from e
+
+    def _budget(self, req: ChatRequest, prompt_len: int) -> int:
+        room = self.max_context - prompt_len
+        if room <= 0 or (req.max_tokens is not None and req.max_tokens > room):
+            asked = f" + max_tokens {req.max_tokens}" if req.max_tokens is not None else ""
+            raise RequestError(400, f"context too long: the prompt has {prompt_len} tokens{asked}, the model's "
+                                    f"context is {self.max_context} tokens; shorten the conversation or lower max_tokens",
+                               code="context_length_exceeded")
+        return min(room, req.max_tokens if req.max_tokens is not None else self.default_max_tokens)
+
+    async def complete(self, req: ChatRequest) -> tuple[list[ChatChoice], int]:
+        prompt_ids = self._render(req)
+        job = _Job(prompt_ids=prompt_ids, n=req.n, max_new=self._budget(req, prompt_ids.size),
+                   # top_p 0 means "only the most likely token": greedy
+                   temperature=req.temperature if req.top_p > 0 else 0.0, top_p=req.top_p if req.top_p > 0 else 1.0,
+                   top_k=req.top_k, key=request_key(req.seed))
+        generations: list[Generation] = await self.batcher.submit(job)
+        return [self._choice(req, g) for g in generations], int(prompt_ids.size)
+
+    # --- the device call ---------------------------------------------------------------------
+    def _sample_batch(self, jobs: list[_Job]) -> list[list[Generation]]:
+        result = self.sampler.sample(
+            [j.prompt_ids for j in jobs], n=[j.n for j in jobs], max_new_tokens=[j.max_new for j in jobs],
+            temperature=[j.temperature for j in jobs], top_p=[j.top_p for j in jobs],
+            top_k=[j.top_k for j in jobs], key=[j.key for j in jobs])
+        return result.generations
+
+    # --- generation -> choice ------------------------------------------------------------------
+    def _choice(self, req: ChatRequest, gen: Generation) -> ChatChoice:
+        ids, logprobs = gen.token_ids, gen.logprobs
+        if gen.finish_reason == "stop" and ids.size and int(ids[-1]) in self.end_ids:
+            ids, logprobs = ids[:-1], logprobs[:-1]  # the end token is not part of the text
+        finish, produced = gen.finish_reason, int(gen.token_ids.size)
+        text = self.tokenizer.decode(ids.tolist(), skip_special_tokens=False)
+        cut = _stop_cut(self.tokenizer, ids, text, req.stop or [])
+        if cut is not None:
+            text, kept = cut
+            ids, logprobs, finish, produced = ids[:kept], logprobs[:kept], "stop", kept
+        content, tool_calls, reasoning = message_fields(text, parse_tools=req.tool_choice != "none" and bool(req.tools))
+        token_logprobs = None
+        if req.logprobs:
+            token_logprobs = []
+            for tid, lp in zip(ids.tolist(), logprobs.tolist()):
+                piece = self.tokenizer.decode([tid], skip_special_tokens=False)
+                token_logprobs.append({"token": piece, "logprob": float(lp),
+                                       "bytes": list(piece.encode("utf-8", "replace")), "top_logprobs": []})
+        return ChatChoice(content=content, tool_calls=tool_calls, reasoning_content=reasoning,
+                          finish_reason=finish, logprobs=token_logprobs, completion_tokens=produced)

@@ -1,0 +1,150 @@
+"""The model-backed server, driven by the real `openai` client over loopback.
+
+The model is a tiny Qwen3 fitted in the fixture to two conversations (one answered with a
+tool call), so tool-call parsing is exercised on tokens the model really generated.
+"""
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+
+import jax
+import numpy as np
+import openai
+import pytest
+
+from actionopd_jax.chat import render_ids
+from actionopd_jax.sampling import Buckets, Sampler
+from actionopd_jax.sampling.loading import end_token_ids
+from actionopd_jax.serve.model_backend import ModelBackend
+from actionopd_jax.serve.openai_http import OpenAIServer
+from tests._serve_fixtures import (CHAT_CONVERSATION, MAX_CONTEXT, TOOL_CONVERSATION, WEATHER_TOOL,
+                                   build_tokenizer, trained_model)
+
+# one bucket per axis: the whole file runs on one prefill and one decode program
+BUCKETS = Buckets(prompt_len=(320,), prompts=(8,), rows=(16,), max_new=(48,))
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    tokenizer = build_tokenizer(tmp_path_factory.mktemp("serve"))
+    model = trained_model(tokenizer)
+    sampler = Sampler(model, eos_ids=end_token_ids(tokenizer), buckets=BUCKETS)
+    backend = ModelBackend(sampler, tokenizer, model_name="tiny-student", default_max_tokens=48,
+                           batch_window_s=0.3)
+    with OpenAIServer(backend) as server:
+        yield server, backend, tokenizer
+
+
+def _client(server):
+    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+
+
+def test_tool_call_reply_is_parsed_into_tool_calls(served):
+    server, _, _ = served
+    r = _client(server).chat.completions.create(model="tiny-student", messages=TOOL_CONVERSATION,
+                                                tools=[WEATHER_TOOL], temperature=0.0, logprobs=True)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == {"city": "Paris"}
+    assert choice.message.content is None
+    # logprobs of the generated tokens (end token excluded), each a finite log-probability
+    lps = [t.logprob for t in choice.logprobs.content]
+    assert len(lps) == r.usage.completion_tokens - 1 and all(np.isfinite(lps)) and max(lps) <= 0
+    assert "".join(t.token for t in choice.logprobs.content).startswith("<tool_call>")
+    assert r.usage.prompt_tokens > 50
+
+
+def test_n_samples_and_plain_message(served):
+    server, _, _ = served
+    r = _client(server).chat.completions.create(model="tiny-student", messages=CHAT_CONVERSATION, n=3,
+                                                temperature=0.8, extra_body={"top_k": 5, "top_p": 0.9}, seed=3)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    for c in r.choices:
+        assert c.message.content == "Hello! How can I help you today?" and c.message.tool_calls is None
+        assert c.finish_reason == "stop"
+    # tool_choice "none": the reply stays text even though it holds a tool-call block
+    r = _client(server).chat.completions.create(model="tiny-student", messages=TOOL_CONVERSATION,
+                                                tools=[WEATHER_TOOL], tool_choice="none", temperature=0.0)
+    assert r.choices[0].message.tool_calls is None and "<tool_call>" in r.choices[0].message.content
+
+
+def test_stop_strings_max_tokens_and_seed(served):
+    server, _, tokenizer = served
+    client = _client(server)
+    r = client.chat.completions.create(model="tiny-student", messages=CHAT_CONVERSATION, temperature=0.0,
+                                       stop=["How"])
+    assert r.choices[0].message.content == "Hello!" and r.choices[0].finish_reason == "stop"
+    r = client.chat.completions.create(model="tiny-student", messages=CHAT_CONVERSATION, temperature=0.0,
+                                       max_tokens=2)
+    assert r.choices[0].finish_reason == "length" and r.usage.completion_tokens == 2
+    # same seed -> same samples at a high temperature (where replies vary)
+    kw = dict(model="tiny-student", messages=CHAT_CONVERSATION, temperature=3.0, n=2, max_tokens=8)
+    a = client.chat.completions.create(seed=11, **kw)
+    b = client.chat.completions.create(seed=11, **kw)
+    c = client.chat.completions.create(seed=12, **kw)
+    texts = lambda r: [ch.message.content for ch in r.choices]
+    assert texts(a) == texts(b) and texts(a) != texts(c)
+
+
+def _post(server, body: bytes) -> tuple[int, dict]:
+    req = urllib.request.Request(server.base_url + "/chat/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_bad_requests_get_clean_4xx(served):
+    server, backend, _ = served
+    client = _client(server)
+    long_text = "weather " * MAX_CONTEXT
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="tiny-student", messages=[{"role": "user", "content": long_text}])
+    assert "context too long" in str(err.value) and err.value.body["code"] == "context_length_exceeded"
+    with pytest.raises(openai.BadRequestError, match="context too long"):
+        client.chat.completions.create(model="tiny-student", messages=CHAT_CONVERSATION, max_tokens=MAX_CONTEXT)
+    with pytest.raises(openai.NotFoundError, match="not found"):
+        client.chat.completions.create(model="other", messages=CHAT_CONVERSATION)
+    status, body = _post(server, b"{oops")
+    assert status == 400 and "not valid JSON" in body["error"]["message"]
+    status, body = _post(server, json.dumps({"model": "tiny-student"}).encode())
+    assert status == 400 and "'messages' is required" in body["error"]["message"]
+    status, body = _post(server, json.dumps({"model": "tiny-student", "messages": [
+        {"role": "assistant", "tool_calls": "nope"}]}).encode())
+    assert status == 400 and "tool_calls" in body["error"]["message"]
+
+
+def test_concurrent_requests_are_batched_into_one_device_call(served):
+    server, backend, tokenizer = served
+    client = openai.AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+    conversations = [(TOOL_CONVERSATION, [WEATHER_TOOL]), (CHAT_CONVERSATION, None)] * 3
+
+    async def ask(conv, tools):
+        return await client.chat.completions.create(model="tiny-student", messages=conv, tools=tools,
+                                                    temperature=0.0, n=2)
+
+    async def main():
+        return await asyncio.gather(*(ask(c, t) for c, t in conversations))
+
+    calls_before = backend.device_calls
+    replies = asyncio.run(main())
+    for (conv, tools), r in zip(conversations, replies):
+        assert len(r.choices) == 2
+        for c in r.choices:
+            if tools:
+                assert c.message.tool_calls[0].function.name == "get_weather"
+            else:
+                assert c.message.content == "Hello! How can I help you today?"
+    new_batches = backend.batcher.batch_sizes[calls_before:]
+    assert sum(new_batches) == len(conversations)
+    assert len(new_batches) <= 2 and max(new_batches) >= 3  # served together, not one by one
+    # batched results equal what each prompt gives alone (greedy)
+    alone = backend.sampler.sample([render_ids(tokenizer, CHAT_CONVERSATION)], max_new_tokens=48,
+                                   temperature=0.0, key=jax.random.key(0))
+    assert tokenizer.decode(alone.generations[0][0].token_ids[:-1]) == "Hello! How can I help you today?"
