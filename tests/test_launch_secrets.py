@@ -170,6 +170,8 @@ def test_distributed_settings_from_env():
            "ACTIONOPD_PROCESS_ID": "3", "ACTIONOPD_LOCAL_DEVICE_IDS": "0,1"}
     assert distributed_env.settings_from_env(env).init_kwargs() == dict(
         coordinator_address="10.0.0.2:1234", num_processes=4, process_id=3, local_device_ids=[0, 1])
+    assert distributed_env.settings_from_env(env).config_fields() == dict(
+        coordinator_address="10.0.0.2:1234", num_processes=4, process_id=3)
     with pytest.raises(ValueError, match="ACTIONOPD_PROCESS_ID missing"):
         distributed_env.settings_from_env({"ACTIONOPD_COORDINATOR": "h:1", "ACTIONOPD_NUM_PROCESSES": "2"})
     with pytest.raises(ValueError, match=r"must be in \[0, 4\)"):

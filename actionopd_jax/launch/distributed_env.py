@@ -50,6 +50,12 @@ class DistributedSettings:
             env[LOCAL_DEVICE_IDS_ENV] = ",".join(map(str, self.local_device_ids))
         return env
 
+    def config_fields(self) -> dict:
+        """Same settings named as the trainer's `run.distributed` config fields, so the trainer
+        can fill an unset DistributedConfig: `dataclasses.replace(cfg, **s.config_fields())`."""
+        return dict(coordinator_address=self.coordinator, num_processes=self.num_processes,
+                    process_id=self.process_id)
+
     def init_kwargs(self) -> dict:
         """Keyword arguments for `jax.distributed.initialize`."""
         kwargs = dict(coordinator_address=self.coordinator, num_processes=self.num_processes,
