@@ -1,0 +1,428 @@
+"""Run configuration: nested frozen dataclasses whose defaults are the tiny CPU job.
+
+A config is built from the defaults, then a YAML file, then `a.b=c` overrides (in that
+order). Unknown keys are errors that name the key and suggest the closest valid one; values
+are checked against the field types. `Config.to_dict()` is what gets written to a run
+directory and into every checkpoint.
+
+Paper settings (ActionOPD, sec. 3 and appendix B): N=4 candidates, K=3 teacher samples,
+lambda=0.5, AdamW lr 1e-6 constant without warmup, PPO clip 0.2, dual clip 3, one PPO epoch
+over minibatches, student sampling T=0.6 / p=0.95 / k=20 with 4k-token responses; those
+recipes live in configs/*.yaml.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    preset: str = "tiny"  # key of actionopd_jax.model.PRESETS, used when hf_path is empty
+    hf_path: str = ""  # HF checkpoint dir (config.json + safetensors) to start from
+    tokenizer: str = ""  # tokenizer dir (default: hf_path; the tiny job builds one)
+    dtype: str = "float32"  # compute dtype ("bfloat16": bf16 compute, master weights stay param_dtype)
+    param_dtype: str = "float32"  # master weights
+    remat: str = "none"  # "none" | "full" | "dots": per-layer rematerialisation
+    init_seed: int = 0  # random init when there is no hf_path
+
+
+@dataclass(frozen=True)
+class MeshConfig:
+    data: int = 1
+    fsdp: int = -1  # -1: all devices the other axes leave
+    tensor: int = 1
+    device_memory_gb: float = 0.0  # for --check without the devices (0: read from the device)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    steps: int = 3  # collection steps (each: collect, then one PPO epoch of updates)
+    loss: str = "actionopd"  # "actionopd" | "kd" | "opd"
+    lr: float = 1e-6
+    warmup_steps: int = 0
+    weight_decay: float = 0.01  # veRL's actor default (the paper builds on verl-agent; not stated)
+    adam_b1: float = 0.9
+    adam_b2: float = 0.999
+    adam_eps: float = 1e-8
+    grad_clip: float = 1.0  # global-norm clipping (veRL default)
+    clip_eps: float = 0.2  # PPO clip width eta
+    dual_clip: float = 3.0  # dual-clip constant c for negative advantages
+    ppo_epochs: int = 1  # the paper: one epoch over the collected candidates
+    minibatch_rows: int = 16  # rows (prompt + one candidate) per optimizer update, all processes
+    microbatch_rows: int = 8  # rows per forward/backward; gradients accumulate over microbatches
+    sort_by_length: bool = True  # minibatches of similar-length rows (less padding)
+    bucket_multiple: int = 64  # sequence widths are rounded up to buckets of this granularity
+    max_seq_len: int = 2048  # prompt + response tokens of one row
+    logits_chunk: int = 0  # score response tokens in chunks of this many (0: all at once)
+    old_logprobs: str = "recompute"  # "recompute" (trainer forward) | "sampler"
+
+
+@dataclass(frozen=True)
+class SyntheticConfig:
+    """The deterministic stand-in group source (collect.kind=synthetic)."""
+
+    groups_per_step: int = 4
+    prompt_tokens_min: int = 8
+    prompt_tokens_max: int = 48
+    response_tokens_min: int = 2
+    response_tokens_max: int = 16
+
+
+@dataclass(frozen=True)
+class CollectConfig:
+    kind: str = "synthetic"  # "synthetic" | "actionopd" (the state-group collector)
+    num_candidates: int = 4  # N
+    teacher_samples: int = 3  # K
+    freq_bonus: float = 0.5  # lambda
+    reward: str = "actionopd"  # "actionopd" | "binary" | "validity"
+    commit: str = "argmax"  # "argmax" (uniform tie-break) | "random"
+    task_starts_per_step: int = 4
+    max_decisions: int = 20  # decisions per trajectory
+    temperature: float = 1.0  # rollout temperature (also used to score old/new logprobs)
+    top_p: float = 1.0
+    top_k: int = 0
+    max_response_tokens: int = 64
+    max_prompt_tokens: int = 1024
+    enable_thinking: bool = False
+    concurrency: int = 16  # trajectories in flight
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+
+
+@dataclass(frozen=True)
+class TeacherConfig:
+    kind: str = "none"  # "openai" | "vertex" | "local" | "self" | "none"
+    model: str = ""
+    base_url: str = ""
+    api_key_env: str = ""  # name of the environment variable holding the key (never the key)
+    temperature: float = 0.6
+    top_p: float = 0.95
+    top_k: int = 20
+    max_tokens: int = 8192
+    enable_thinking: bool = True
+    retries: int = 2  # per requested sample, for parser/schema-invalid output
+    cache_dir: str = ""  # default: <run dir>/cache/teacher
+    timeout_s: float = 600.0
+    concurrency: int = 32
+
+
+@dataclass(frozen=True)
+class MatcherConfig:
+    kind: str = "rules+llm"  # "rules+llm" | "rules"
+    model: str = ""
+    base_url: str = ""
+    api_key_env: str = ""
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int = 128
+    cache_dir: str = ""
+    timeout_s: float = 120.0
+    concurrency: int = 32
+
+
+@dataclass(frozen=True)
+class EnvConfig:
+    name: str = "synthetic"  # "bfcl" | "tau2" | "synthetic"
+    domains: tuple[str, ...] = ()
+    split: str = "train"
+    user_model: str = ""
+    user_base_url: str = ""
+    user_api_key_env: str = ""
+    user_temperature: float = 0.7
+    user_top_p: float = 0.8
+    user_top_k: int = 20
+    user_max_tokens: int = 8192
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    every_steps: int = 0  # 0: no evaluation during training
+    benchmarks: tuple[str, ...] = ()
+    trials: int = 1
+    max_tokens: int = 4096
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    every_steps: int = 1
+    keep: int = 3
+    async_save: bool = True
+    save_on_sigterm: bool = True
+    dir: str = ""  # default: <run dir>/checkpoints
+
+
+@dataclass(frozen=True)
+class DistributedConfig:
+    mode: str = "auto"  # "auto" (initialize on a TPU pod / when an address is given) | "on" | "off"
+    coordinator_address: str = ""  # host:port of process 0
+    num_processes: int = 0
+    process_id: int = -1
+    initialization_timeout_s: int = 300
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    name: str = "tiny_cpu"
+    root: str = "runs"
+    dir: str = ""  # explicit run directory (default: <root>/<utc>-<name>)
+    seed: int = 0  # every PRNG key of the run is folded from this
+    log_every: int = 1
+    tensorboard: bool = True
+    wandb_project: str = ""  # W&B logging when set and wandb is installed
+    progress: bool = True
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)
+
+
+@dataclass(frozen=True)
+class Config:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    mesh: MeshConfig = field(default_factory=MeshConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    collect: CollectConfig = field(default_factory=CollectConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
+    matcher: MatcherConfig = field(default_factory=MatcherConfig)
+    env: EnvConfig = field(default_factory=EnvConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    run: RunConfig = field(default_factory=RunConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return _to_plain(self)
+
+    def to_yaml(self) -> str:
+        return yaml.safe_dump(self.to_dict(), sort_keys=False)
+
+    def replace(self, **dotted: Any) -> "Config":
+        """Copy with dotted keys changed: cfg.replace(**{"train.lr": 1e-5})."""
+        return from_dict(_set_dotted(self.to_dict(), dotted))
+
+
+# choices checked after loading (key -> allowed values)
+CHOICES: dict[str, tuple[str, ...]] = {
+    "model.dtype": ("float32", "bfloat16"),
+    "model.param_dtype": ("float32", "bfloat16"),
+    "model.remat": ("none", "full", "dots"),
+    "train.loss": ("actionopd", "kd", "opd"),
+    "train.old_logprobs": ("recompute", "sampler"),
+    "collect.kind": ("synthetic", "actionopd"),
+    "collect.reward": ("actionopd", "binary", "validity"),
+    "collect.commit": ("argmax", "random"),
+    "teacher.kind": ("openai", "vertex", "local", "self", "none"),
+    "matcher.kind": ("rules+llm", "rules"),
+    "run.distributed.mode": ("auto", "on", "off"),
+}
+
+
+class ConfigError(ValueError):
+    """A config file or override is wrong; the message says which key and what to do."""
+
+
+def _to_plain(obj):
+    if dataclasses.is_dataclass(obj):
+        return {f.name: _to_plain(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, tuple):
+        return list(obj)
+    return obj
+
+
+def _suggest(key: str, valid: list[str], prefix: str = "") -> str:
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
+    if close:
+        return f"; did you mean {prefix + close[0]!r}?"
+    return f"; valid keys here: {', '.join(prefix + v for v in sorted(valid))}"
+
+
+def _coerce(value: Any, hint: Any, where: str) -> Any:
+    """Check (and gently convert) a value against a field type; errors name the key."""
+    origin = typing.get_origin(hint)
+    if hint is bool:
+        if isinstance(value, bool):
+            return value
+        raise ConfigError(f"{where}: expected true/false, got {value!r}")
+    if hint is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        raise ConfigError(f"{where}: expected an integer, got {value!r}")
+    if hint is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML 1.1 reads "1e-6" as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise ConfigError(f"{where}: expected a number, got {value!r}")
+    if hint is str:
+        if isinstance(value, str):
+            return value
+        if value is None:
+            return ""
+        raise ConfigError(f"{where}: expected a string, got {value!r} ({type(value).__name__})")
+    if origin is tuple:
+        if isinstance(value, str):
+            value = [v for v in value.split(",") if v]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        (item,) = {a for a in typing.get_args(hint) if a is not Ellipsis}
+        return tuple(_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value))
+    if origin in (typing.Union, types.UnionType):
+        raise ConfigError(f"{where}: unsupported union type")  # not used by the sections
+    raise ConfigError(f"{where}: unsupported field type {hint}")
+
+
+def _build(cls, data: dict[str, Any], prefix: str):
+    if not isinstance(data, dict):
+        raise ConfigError(f"{prefix or 'config'}: expected a mapping of keys, got {data!r}")
+    hints = typing.get_type_hints(cls)
+    names = [f.name for f in dataclasses.fields(cls)]
+    kwargs = {}
+    for key, value in data.items():
+        full = f"{prefix}{key}"
+        if key not in names:
+            raise ConfigError(f"unknown config key {full!r}" + _suggest(key, names, prefix))
+        hint = hints[key]
+        if dataclasses.is_dataclass(hint):
+            kwargs[key] = _build(hint, value or {}, f"{full}.")
+        else:
+            kwargs[key] = _coerce(value, hint, full)
+    return cls(**kwargs)
+
+
+def from_dict(data: dict[str, Any]) -> Config:
+    cfg = _build(Config, data or {}, "")
+    validate(cfg)
+    return cfg
+
+
+def _set_dotted(tree: dict[str, Any], dotted: dict[str, Any]) -> dict[str, Any]:
+    valid = sorted(flatten(Config().to_dict()))
+    for key, value in dotted.items():
+        parts = key.split(".")
+        node = tree
+        for i, part in enumerate(parts[:-1]):
+            nxt = node.get(part)
+            if not isinstance(nxt, dict):
+                raise ConfigError(f"unknown config key {key!r}" + _suggest(key, valid))
+            node = nxt
+        if parts[-1] not in node:
+            raise ConfigError(f"unknown config key {key!r}" + _suggest(key, valid))
+        node[parts[-1]] = value
+    return tree
+
+
+def parse_override(text: str) -> tuple[str, Any]:
+    """'a.b=c' -> ("a.b", value parsed as YAML: numbers, true/false, [lists], strings)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} must look like section.key=value")
+    key, raw = text.split("=", 1)
+    key = key.strip()
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return key, value
+
+
+def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in tree.items():
+        if isinstance(v, dict):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
+    """Defaults, then the YAML file (if any), then `a.b=c` overrides."""
+    tree = Config().to_dict()
+    if path:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"config file {p} does not exist")
+        try:
+            loaded = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p} is not valid YAML: {e}") from e
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"{p}: the top level must be a mapping of sections")
+        _build(Config, loaded, "")  # unknown keys / types in the file are reported as such
+        _set_dotted(tree, flatten(loaded))
+    _set_dotted(tree, dict(parse_override(o) for o in overrides))
+    return from_dict(tree)
+
+
+def validate(cfg: Config) -> None:
+    """Cross-field checks; raises ConfigError naming the key."""
+    flat = flatten(cfg.to_dict())
+    for key, allowed in CHOICES.items():
+        if flat[key] not in allowed:
+            raise ConfigError(f"{key}={flat[key]!r}; expected one of {allowed}")
+    t = cfg.train
+    positive = {"train.minibatch_rows": t.minibatch_rows, "train.microbatch_rows": t.microbatch_rows,
+                "train.max_seq_len": t.max_seq_len, "train.bucket_multiple": t.bucket_multiple,
+                "train.ppo_epochs": t.ppo_epochs, "collect.num_candidates": cfg.collect.num_candidates,
+                "collect.teacher_samples": cfg.collect.teacher_samples, "checkpoint.keep": cfg.checkpoint.keep}
+    for key, v in positive.items():
+        if v <= 0:
+            raise ConfigError(f"{key} must be positive, got {v}")
+    if t.minibatch_rows % t.microbatch_rows:
+        raise ConfigError(f"train.minibatch_rows={t.minibatch_rows} must be a multiple of "
+                          f"train.microbatch_rows={t.microbatch_rows}")
+    if t.lr <= 0:
+        raise ConfigError(f"train.lr must be > 0, got {t.lr}")
+    if not 0 < t.clip_eps < 1:
+        raise ConfigError(f"train.clip_eps must be in (0, 1), got {t.clip_eps}")
+    if t.dual_clip <= 1:
+        raise ConfigError(f"train.dual_clip must be > 1 (paper: 3), got {t.dual_clip}")
+    if t.logits_chunk < 0:
+        raise ConfigError(f"train.logits_chunk must be >= 0, got {t.logits_chunk}")
+    if cfg.collect.temperature <= 0:
+        raise ConfigError("collect.temperature must be > 0: the loss scores tokens under "
+                          "softmax(logits / T); greedy rollouts cannot be trained on")
+    for axis in ("data", "fsdp", "tensor"):
+        v = getattr(cfg.mesh, axis)
+        if v == 0 or v < -1:
+            raise ConfigError(f"mesh.{axis} must be a positive size or -1, got {v}")
+    if [cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor].count(-1) > 1:
+        raise ConfigError("at most one of mesh.data / mesh.fsdp / mesh.tensor may be -1")
+    s = cfg.collect.synthetic
+    if not (0 < s.prompt_tokens_min <= s.prompt_tokens_max and 0 < s.response_tokens_min <= s.response_tokens_max):
+        raise ConfigError("collect.synthetic: need 0 < *_tokens_min <= *_tokens_max")
+    if cfg.checkpoint.every_steps < 0:
+        raise ConfigError(f"checkpoint.every_steps must be >= 0, got {cfg.checkpoint.every_steps}")
+
+
+# Keys that may differ between a checkpoint and the config that resumes it: they change how
+# the run executes (layout, paths, logging, endpoints), not what experiment it is.
+RESUME_SAFE_PREFIXES: tuple[str, ...] = (
+    "mesh.", "checkpoint.", "eval.", "run.name", "run.root", "run.dir", "run.log_every",
+    "run.tensorboard", "run.wandb_project", "run.progress", "run.distributed.",
+    "train.steps", "train.microbatch_rows", "train.logits_chunk", "model.remat", "model.hf_path",
+    "model.tokenizer", "collect.concurrency", "teacher.base_url", "teacher.api_key_env",
+    "teacher.cache_dir", "teacher.timeout_s", "teacher.concurrency", "matcher.base_url",
+    "matcher.api_key_env", "matcher.cache_dir", "matcher.timeout_s", "matcher.concurrency",
+    "env.user_base_url", "env.user_api_key_env",
+)
+
+
+def experiment_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Keys whose change would make a resumed run a different experiment ('key: old -> new')."""
+    a, b = flatten(saved), flatten(current)
+    out = []
+    for key in sorted(set(a) | set(b)):
+        if key.startswith(RESUME_SAFE_PREFIXES) or a.get(key) == b.get(key):
+            continue
+        out.append(f"{key}: {a.get(key)!r} -> {b.get(key)!r}")
+    return out

@@ -1,0 +1,204 @@
+"""From state groups to fixed-shape, length-bucketed training arrays.
+
+A training row is one prompt followed by one candidate (the N candidates of a group are N
+rows). Rows have very different lengths (the prompt grows along a trajectory), and a jitted
+step needs fixed shapes, so:
+
+- rows are sorted by length and cut into minibatches of consecutive rows (one optimizer
+  update each; the loop shuffles the order of minibatches with a seeded generator), so the
+  rows of a minibatch have similar lengths;
+- a minibatch is [microbatches, rows, T] with T (and the response width R) rounded up to a
+  small set of bucket sizes, so few distinct shapes are ever compiled;
+- missing rows are zero-weight padding rows (they add nothing to sums or counts).
+
+Only response positions are scored: `resp_index[r]` is the position whose hidden state
+predicts response token r (prompt_len - 1 + r), so the model computes logits for those
+positions only.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from actionopd_jax.types import StateGroup
+
+# array name -> (dtype, per-row trailing dim: "T" sequence, "R" response, None scalar)
+BATCH_FIELDS: dict[str, tuple[str, str | None]] = {
+    "tokens": ("int32", "T"),
+    "positions": ("int32", "T"),
+    "attention_mask": ("bool", "T"),
+    "resp_index": ("int32", "R"),
+    "resp_tokens": ("int32", "R"),
+    "loss_mask": ("float32", "R"),
+    "advantages": ("float32", None),
+    "sampler_logp": ("float32", "R"),
+    "old_logp": ("float32", "R"),
+    "teacher_logp": ("float32", "R"),
+}
+
+
+@dataclass
+class Row:
+    """One prompt + one generated (or, for KD, demonstrated) response."""
+
+    prompt: np.ndarray
+    response: np.ndarray
+    advantage: float = 0.0
+    sampler_logp: np.ndarray | None = None
+    teacher_logp: np.ndarray | None = None
+
+    @property
+    def length(self) -> int:
+        return len(self.prompt) + len(self.response)
+
+
+@dataclass
+class Minibatch:
+    """Host arrays [microbatches, rows, ...] for one optimizer update, plus padding stats."""
+
+    arrays: dict[str, np.ndarray]
+    real_rows: int
+    real_tokens: int  # prompt + response tokens of real rows
+    real_resp_tokens: int
+    stats: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def shape(self) -> tuple[int, int, int, int]:
+        m, b, t = self.arrays["tokens"].shape
+        return m, b, t, self.arrays["resp_tokens"].shape[-1]
+
+
+def rows_from_groups(groups: Sequence[StateGroup], *, need_teacher_logp: bool = False) -> list[Row]:
+    """Rows of every retained group (all N candidates, paper A.4); dropped groups and empty
+    responses give no rows. `group.advantages` must be set (see `advantages.assign`)."""
+    rows: list[Row] = []
+    for g in groups:
+        if not g.retained or g.advantages is None:
+            continue
+        if len(g.advantages) != len(g.candidates):
+            raise ValueError(
+                f"group {g.task_id}/{g.decision_index}: {len(g.advantages)} advantages for "
+                f"{len(g.candidates)} candidates")
+        for cand, adv in zip(g.candidates, g.advantages):
+            resp = np.asarray(cand.token_ids, dtype=np.int32).reshape(-1)
+            if resp.size == 0:
+                continue
+            teacher = getattr(cand, "teacher_logprobs", None)
+            if need_teacher_logp and teacher is None:
+                raise ValueError(
+                    f"loss 'opd' needs teacher log-probabilities for every sampled token, but a "
+                    f"candidate of group {g.task_id}/{g.decision_index} has none "
+                    f"(Candidate.teacher_logprobs); use a collector that scores with the teacher")
+            rows.append(Row(
+                prompt=np.asarray(g.prompt_ids, dtype=np.int32).reshape(-1),
+                response=resp,
+                advantage=float(adv),
+                sampler_logp=None if cand.logprobs is None else np.asarray(cand.logprobs, np.float32),
+                teacher_logp=None if teacher is None else np.asarray(teacher, np.float32),
+            ))
+    return rows
+
+
+def bucket_length(n: int, multiple: int) -> int:
+    """Round n up to a bucket: a multiple of max(multiple, (largest power of 2 <= n) / 4).
+
+    Four buckets per octave: rounding wastes at most ~25% and a run compiles O(log T)
+    distinct shapes instead of one per length.
+    """
+    if n <= 0:
+        return multiple
+    granularity = max(multiple, (1 << (int(n).bit_length() - 1)) // 4)
+    return int(math.ceil(n / granularity) * granularity)
+
+
+def plan_minibatches(
+    rows: Sequence[Row], *, minibatch_rows: int, sort_by_length: bool, rng: np.random.Generator
+) -> list[list[int]]:
+    """Row indices of each minibatch (one optimizer update each), shortest first.
+
+    With `sort_by_length`, minibatches are consecutive runs of length-sorted rows (little
+    padding); otherwise a seeded random partition. The caller shuffles the order of the
+    minibatches (with one permutation shared by all processes).
+    """
+    if minibatch_rows <= 0:
+        raise ValueError(f"minibatch_rows must be positive, got {minibatch_rows}")
+    n = len(rows)
+    if n == 0:
+        return []
+    perm = rng.permutation(n).tolist()
+    # stable sort of a seeded permutation: ties are broken by the seed, not by arrival order
+    order = sorted(perm, key=lambda i: rows[i].length) if sort_by_length else perm
+    return [order[i : i + minibatch_rows] for i in range(0, n, minibatch_rows)]
+
+
+def pack_minibatch(
+    rows: Sequence[Row],
+    indices: Sequence[int],
+    *,
+    microbatches: int,
+    microbatch_rows: int,
+    bucket_multiple: int = 64,
+    resp_multiple: int = 16,
+    max_len: int | None = None,
+    seq_len: int | None = None,
+    resp_len: int | None = None,
+    pad_id: int = 0,
+) -> Minibatch:
+    """Arrays [microbatches, microbatch_rows, ...] for the rows `indices` (the rest padding).
+
+    `seq_len`/`resp_len` force the widths (multi-host: every process must use the same);
+    otherwise they are the bucketed maxima of these rows.
+    """
+    capacity = microbatches * microbatch_rows
+    if len(indices) > capacity:
+        raise ValueError(f"{len(indices)} rows do not fit {microbatches} x {microbatch_rows}")
+    sel = [rows[i] for i in indices]
+    longest = max((r.length for r in sel), default=1)
+    longest_resp = max((len(r.response) for r in sel), default=1)
+    if max_len is not None and longest > max_len:
+        raise ValueError(f"a row of {longest} tokens exceeds train.max_seq_len={max_len}; "
+                         f"raise it or shorten the collector's context budget")
+    t = seq_len or bucket_length(longest, bucket_multiple)
+    r_w = resp_len or bucket_length(longest_resp, resp_multiple)
+    if t < longest or r_w < longest_resp:
+        raise ValueError(f"forced widths T={t}, R={r_w} are smaller than the rows ({longest}, {longest_resp})")
+
+    out = {
+        name: np.zeros((capacity,) + ((t,) if dim == "T" else (r_w,) if dim == "R" else ()), dtype)
+        for name, (dtype, dim) in BATCH_FIELDS.items()
+    }
+    out["tokens"][:] = pad_id
+    out["positions"][:] = np.arange(t, dtype=np.int32)
+    real_tokens = real_resp = 0
+    for j, row in enumerate(sel):
+        p, n_resp = len(row.prompt), len(row.response)
+        if p == 0:
+            raise ValueError("a row has an empty prompt: the first response token needs a context")
+        out["tokens"][j, :p] = row.prompt
+        out["tokens"][j, p : p + n_resp] = row.response
+        out["attention_mask"][j, : p + n_resp] = True
+        out["resp_index"][j, :n_resp] = np.arange(p - 1, p - 1 + n_resp)
+        out["resp_tokens"][j, :n_resp] = row.response
+        out["loss_mask"][j, :n_resp] = 1.0
+        out["advantages"][j] = row.advantage
+        for name, values in (("sampler_logp", row.sampler_logp), ("teacher_logp", row.teacher_logp)):
+            if values is None:
+                continue
+            if len(values) != n_resp:
+                raise ValueError(f"{name} has {len(values)} entries for {n_resp} response tokens")
+            out[name][j, :n_resp] = values
+        real_tokens += p + n_resp
+        real_resp += n_resp
+    arrays = {k: v.reshape((microbatches, microbatch_rows) + v.shape[1:]) for k, v in out.items()}
+    stats = {
+        "rows": float(len(sel)),
+        "seq_len": float(t),
+        "resp_len": float(r_w),
+        "padding_waste": 1.0 - real_tokens / float(capacity * t),
+        "resp_padding_waste": 1.0 - real_resp / float(capacity * r_w),
+    }
+    return Minibatch(arrays, len(sel), real_tokens, real_resp, stats)

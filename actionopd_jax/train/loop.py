@@ -1,0 +1,285 @@
+"""The training loop: collect -> advantages -> one PPO epoch of updates -> metrics -> checkpoint.
+
+Step s (0-based) collects with the current parameters (one behaviour snapshot), computes
+the behaviour log-probabilities of every row with the trainer's own forward before any
+update (paper A.4: old and new policies are scored the same way), then walks the
+minibatches once. A checkpoint labelled k holds the state after k completed steps, so a
+resumed run continues with step k. Every random choice of the loop is drawn from
+(run.seed, step), never from wall-clock or arrival order, so a resumed run retraces an
+uninterrupted one.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from tqdm import tqdm
+
+from actionopd_jax.config import Config, ConfigError, experiment_changes
+from actionopd_jax.train import distributed
+from actionopd_jax.train.advantages import assign_advantages
+from actionopd_jax.train.batching import bucket_length, pack_minibatch, plan_minibatches, rows_from_groups
+from actionopd_jax.train.checkpoint import Checkpointer, CheckpointError
+from actionopd_jax.train.reporting import MetricsWriter
+from actionopd_jax.train.setup import build_mesh, build_train_step, initial_params, model_config
+from actionopd_jax.train.sources import GroupSource, Policy, SourceContext, build_source
+
+log = logging.getLogger(__name__)
+
+SIGTERM_EXIT_CODE = 143  # 128 + SIGTERM: "stopped early, state saved"
+
+
+def host_scalar(x) -> float:
+    """A replicated device scalar as a float (works when the array spans several processes)."""
+    if isinstance(x, jax.Array) and not x.is_fully_addressable:
+        x = x.addressable_data(0)
+    return float(np.asarray(x))
+
+
+class Trainer:
+    def __init__(self, cfg: Config, *, run_dir: str | Path, resume: str | int | None = None,
+                 force: bool = False, source: GroupSource | None = None):
+        self.cfg = cfg
+        self.run_dir = Path(run_dir)
+        self.primary = distributed.is_primary()
+        self.mesh = build_mesh(cfg)
+        self._check_batch_layout()
+        ckpt_dir = cfg.checkpoint.dir or str(self.run_dir / "checkpoints")
+        self.ckpt = Checkpointer(ckpt_dir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
+        self.base_key = jax.random.key(cfg.run.seed)
+        self._stop_requested = False
+        self._last_saved: int | None = None
+
+        saved_meta = self._resume_meta(resume, force) if resume is not None else None
+        self.qcfg = model_config(cfg, saved_meta["model_config"] if saved_meta else None)
+        self.step_fn = build_train_step(cfg, self.qcfg, self.mesh)
+        self.graphdef = self.step_fn.graphdef
+        data_state = None
+        if saved_meta is not None:
+            requested = None if resume == "latest" else int(resume)
+            restored = self.ckpt.restore(self.step_fn.abstract_state(), requested)
+            self.state = {"params": restored.params, "opt_state": restored.opt_state,
+                          "step": jax.device_put(np.int32(restored.meta["updates"]), self.step_fn.replicated)}
+            self.step = restored.step
+            self._last_saved = restored.step
+            data_states = restored.meta.get("data") or []
+            data_state = self._pick_data_state(data_states)
+            log.info("resumed from step %d of %s", restored.step, self.ckpt.directory)
+        else:
+            self.state = self.step_fn.init_state(initial_params(cfg, self.qcfg, self.mesh))
+            self.step = 0
+
+        ctx = SourceContext(model_config=self.qcfg, run_dir=str(self.run_dir),
+                            tokenizer_path=cfg.model.tokenizer or cfg.model.hf_path,
+                            process_index=jax.process_index(), process_count=jax.process_count(),
+                            mesh=self.mesh)
+        self.source = source if source is not None else build_source(cfg, ctx)
+        if data_state is not None:
+            self.source.load_state_dict(data_state)
+        self.writer = MetricsWriter(self.run_dir, enabled=self.primary, tensorboard=cfg.run.tensorboard,
+                                    wandb_project=cfg.run.wandb_project, run_name=self.run_dir.name,
+                                    config=cfg.to_dict())
+
+    # ---- set-up helpers --------------------------------------------------------------------
+    def _check_batch_layout(self) -> None:
+        t, procs = self.cfg.train, jax.process_count()
+        rows_axes = [a for a in ("data", "fsdp") if a in self.mesh.axis_names]
+        divisor = int(np.prod([self.mesh.shape[a] for a in rows_axes])) if rows_axes else 1
+        need = int(np.lcm(divisor, procs))
+        if t.microbatch_rows % need:
+            raise ConfigError(
+                f"train.microbatch_rows={t.microbatch_rows} must be a multiple of {need} (rows are split "
+                f"over mesh data x fsdp = {divisor} and over {procs} process(es))")
+
+    def _resume_meta(self, resume, force: bool) -> dict[str, Any]:
+        steps = self.ckpt.steps()
+        if not steps:
+            raise CheckpointError(f"--resume: no finished checkpoint in {self.ckpt.directory}")
+        candidates = list(reversed(steps)) if resume == "latest" else [int(resume)]
+        meta, errors = None, []
+        for s in candidates:
+            try:
+                meta = self.ckpt.read_meta(s)
+                break
+            except Exception as e:  # noqa: BLE001 - unreadable record: try the previous step
+                errors.append(f"step {s}: {type(e).__name__}")
+        if meta is None:
+            raise CheckpointError(f"no readable checkpoint record in {self.ckpt.directory} ({errors}); "
+                                  f"available steps: {steps}")
+        changes = experiment_changes(meta.get("config", {}), self.cfg.to_dict())
+        if changes and not force:
+            raise ConfigError("the config differs from the checkpoint's in ways that change the "
+                              "experiment:\n  " + "\n  ".join(changes) +
+                              "\nrestore the original values, or pass --force to resume anyway")
+        if changes:
+            log.warning("resuming with --force despite config changes: %s", "; ".join(changes))
+        return meta
+
+    def _pick_data_state(self, states: list) -> dict | None:
+        if not states:
+            return None
+        i = jax.process_index()
+        if len(states) != jax.process_count():
+            log.warning("checkpoint holds task-iterator states of %d processes, this run has %d; "
+                        "process %d takes state %d", len(states), jax.process_count(), i, i % len(states))
+        return states[i % len(states)]
+
+    # ---- the loop --------------------------------------------------------------------------
+    def run(self) -> int:
+        cfg = self.cfg
+        restore_handler = self._install_sigterm_handler()
+        bar = tqdm(total=cfg.train.steps, initial=self.step, desc="train", unit="step",
+                   disable=not (self.primary and cfg.run.progress), dynamic_ncols=True)
+        code = 0
+        try:
+            while self.step < cfg.train.steps:
+                metrics = self.train_step()
+                every = cfg.checkpoint.every_steps
+                stop = distributed.any_process(self._stop_requested) or self.ckpt.reached_preemption(self.step)
+                if stop or (every and self.step % every == 0) or self.step == cfg.train.steps:
+                    self.save()
+                if self.step % max(cfg.run.log_every, 1) == 0 or self.step == cfg.train.steps:
+                    self.writer.write(self.step, metrics)
+                bar.update(1)
+                bar.set_postfix(loss=f"{metrics.get('loss', float('nan')):.4f}",
+                                tok_s=f"{metrics.get('train_tokens_per_s', 0.0):.0f}")
+                if stop:
+                    log.warning("stop requested (SIGTERM / preemption): saved step %d, exiting", self.step)
+                    code = SIGTERM_EXIT_CODE
+                    break
+        finally:
+            bar.close()
+            self.ckpt.wait()
+            restore_handler()
+        return code
+
+    def train_step(self) -> dict[str, float]:
+        """One collection step and its updates; returns the step's metrics."""
+        step = self.step
+        t0 = time.perf_counter()
+        policy = Policy(self.graphdef, self.state["params"], self.qcfg, step,
+                        key=jax.random.fold_in(self.base_key, step))
+        groups = self.source.collect(step, policy)
+        t_collect = time.perf_counter() - t0
+        adv_stats = assign_advantages(groups, loss=self.cfg.train.loss)
+        rows = rows_from_groups(groups, need_teacher_logp=self.cfg.train.loss == "opd")
+        t1 = time.perf_counter()
+        upd = self.update_epoch(step, rows)
+        t_update = time.perf_counter() - t1
+        self.step = step + 1
+        source_metrics = getattr(self.source, "metrics", lambda: {})()
+        out = {**{f"collect/{k}": v for k, v in source_metrics.items()}, **adv_stats, **upd,
+               "time_collect_s": t_collect, "time_update_s": t_update,
+               "step_s": time.perf_counter() - t0}
+        out["train_tokens_per_s"] = upd.get("real_tokens", 0.0) / max(t_update, 1e-9)
+        return out
+
+    def update_epoch(self, step: int, rows) -> dict[str, float]:
+        """One PPO epoch over `rows` (this process's share) in minibatch updates."""
+        t, fn = self.cfg.train, self.step_fn
+        procs = jax.process_count()
+        too_long = [r for r in rows if r.length > t.max_seq_len]
+        if too_long:
+            log.warning("dropping %d row(s) longer than train.max_seq_len=%d", len(too_long), t.max_seq_len)
+            rows = [r for r in rows if r.length <= t.max_seq_len]
+        local_b = t.microbatch_rows // procs
+        micro = t.minibatch_rows // t.microbatch_rows
+        rng = np.random.default_rng([self.cfg.run.seed, step, 1])
+        chunks = plan_minibatches(rows, minibatch_rows=micro * local_b, sort_by_length=t.sort_by_length, rng=rng)
+
+        # every process must run the same number of updates with the same shapes
+        resp_multiple = t.logits_chunk if t.logits_chunk > 0 else 16
+        n_global = int(distributed.allgather(np.asarray([len(chunks)]))[:, 0].max())
+        widths = np.zeros((n_global, 2), np.int64)
+        for i, chunk in enumerate(chunks):
+            widths[i] = (bucket_length(max(rows[j].length for j in chunk), t.bucket_multiple),
+                         bucket_length(max(len(rows[j].response) for j in chunk), resp_multiple))
+        widths = distributed.allgather(widths).max(axis=0)
+        stats = {"rows": float(len(rows)), "rows_too_long": float(len(too_long)), "updates": 0.0}
+        if n_global == 0:
+            log.info("step %d: no active groups, update skipped (paper A.4)", step)
+            return stats
+
+        order = np.random.default_rng([self.cfg.run.seed, step, 2]).permutation(n_global)
+        batches, counts = [], np.zeros(4)
+        for i in order:
+            mb = pack_minibatch(rows, chunks[i] if i < len(chunks) else [], microbatches=micro,
+                                microbatch_rows=local_b, seq_len=int(widths[i][0]), resp_len=int(widths[i][1]))
+            m, b, seq, resp = mb.shape
+            counts += (mb.real_tokens, m * b * seq, mb.real_resp_tokens, m * b * resp)
+            batches.append(fn.put_batch(mb.arrays))
+        counts = distributed.allgather(counts).sum(axis=0)
+
+        mismatch = np.zeros(3)
+        for batch in batches:  # behaviour logprobs before any update of this epoch
+            if t.old_logprobs == "recompute":
+                batch["old_logp"], mm = fn.old_logprobs(self.state["params"], batch)
+                mismatch += (host_scalar(mm["abs_diff_sum"]), host_scalar(mm["tokens"]), 0)
+                mismatch[2] = max(mismatch[2], host_scalar(mm["abs_diff_max"]))
+            else:
+                batch["old_logp"] = batch["sampler_logp"]
+
+        per_update = []
+        for _ in range(t.ppo_epochs):
+            for batch in batches:
+                self.state, m = fn.update(self.state, batch)
+                per_update.append(m)
+        per_update = [{k: host_scalar(v) for k, v in m.items()} for m in per_update]
+        tokens = np.array([m["tokens"] for m in per_update])
+        weights = tokens / max(tokens.sum(), 1.0)
+        for key in ("loss", "clip_frac_low", "clip_frac_high", "dual_clip_frac", "ratio_mean", "approx_kl"):
+            stats[key] = float(sum(w * m[key] for w, m in zip(weights, per_update)))
+        stats.update(
+            updates=float(len(per_update)),
+            tokens=float(tokens.sum() / t.ppo_epochs),
+            grad_norm=float(np.mean([m["grad_norm"] for m in per_update])),
+            grad_norm_max=float(np.max([m["grad_norm"] for m in per_update])),
+            real_tokens=float(counts[0]),
+            padding_waste=float(1.0 - counts[0] / max(counts[1], 1.0)),
+            resp_padding_waste=float(1.0 - counts[2] / max(counts[3], 1.0)),
+        )
+        if t.old_logprobs == "recompute" and mismatch[1] > 0:
+            stats["logp_mismatch_mean"] = float(mismatch[0] / mismatch[1])
+            stats["logp_mismatch_max"] = float(mismatch[2])
+        return stats
+
+    # ---- checkpoints and signals -----------------------------------------------------------
+    def save(self) -> None:
+        if self._last_saved == self.step:
+            return
+        meta = {
+            "updates": int(host_scalar(self.state["step"])),
+            "rng_key_data": np.asarray(jax.random.key_data(self.base_key)).tolist(),
+            "data": distributed.allgather_json(self.source.state_dict()),
+            "config": self.cfg.to_dict(),
+            "model_config": self.qcfg.to_hf_dict(),
+            "process_count": jax.process_count(),
+            "mesh": {k: int(v) for k, v in self.mesh.shape.items()},
+            "saved_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        }
+        log.info("saving checkpoint step %d", self.step)
+        self.ckpt.save(self.step, self.state, meta)
+        self._last_saved = self.step
+
+    def _install_sigterm_handler(self):
+        if not self.cfg.checkpoint.save_on_sigterm or threading.current_thread() is not threading.main_thread():
+            return lambda: None
+
+        def on_term(signum, frame):
+            log.warning("SIGTERM received: finishing step %d, then saving", self.step)
+            self._stop_requested = True
+
+        previous = signal.signal(signal.SIGTERM, on_term)
+        return lambda: signal.signal(signal.SIGTERM, previous)
+
+    def close(self) -> None:
+        self.ckpt.wait()
+        self.ckpt.close()
+        self.writer.close()

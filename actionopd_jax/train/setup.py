@@ -1,0 +1,88 @@
+"""Building the pieces of a run from its config: model config, mesh, parameters, train step."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+from flax import nnx
+
+from actionopd_jax.config import Config, ConfigError
+from actionopd_jax.model import PRESETS, Qwen3, Qwen3Config, make_mesh, param_shardings
+from actionopd_jax.train.step import StepSettings, TrainStep, make_optimizer, split_params
+
+
+def model_config(cfg: Config, saved_hf_dict: dict | None = None) -> Qwen3Config:
+    """The student's Qwen3Config: from a checkpoint's record, the HF config.json, or a preset,
+    with the run's dtype / remat choices applied."""
+    m = cfg.model
+    over = dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat)
+    if saved_hf_dict is not None:
+        return Qwen3Config.from_hf_dict(saved_hf_dict, **over)
+    if m.hf_path:
+        return Qwen3Config.from_hf_json(m.hf_path, **over)
+    if m.preset not in PRESETS:
+        raise ConfigError(f"model.preset={m.preset!r} is not a known preset; choose one of "
+                          f"{sorted(PRESETS)} or set model.hf_path")
+    return PRESETS[m.preset].replace(**over)
+
+
+def mesh_shape(cfg: Config, device_count: int) -> dict[str, int]:
+    """Resolve the -1 axis against `device_count`; errors say what does not divide."""
+    sizes = {"data": cfg.mesh.data, "fsdp": cfg.mesh.fsdp, "tensor": cfg.mesh.tensor}
+    fixed = math.prod(v for v in sizes.values() if v != -1)
+    if -1 in sizes.values():
+        if device_count % fixed:
+            raise ConfigError(f"{device_count} devices cannot be split into mesh {sizes}: "
+                              f"the fixed axes multiply to {fixed}")
+        sizes = {k: (device_count // fixed if v == -1 else v) for k, v in sizes.items()}
+    elif fixed != device_count:
+        raise ConfigError(f"mesh {sizes} needs {fixed} devices but {device_count} are available; "
+                          f"set one axis to -1 or change the sizes")
+    return sizes
+
+
+def build_mesh(cfg: Config):
+    return make_mesh(mesh_shape(cfg, jax.device_count()))
+
+
+def abstract_model(qcfg: Qwen3Config):
+    """(graphdef, abstract pure-dict params) without allocating anything."""
+    return split_params(nnx.eval_shape(lambda: Qwen3(qcfg, rngs=nnx.Rngs(0))))
+
+
+def initial_params(cfg: Config, qcfg: Qwen3Config, mesh) -> dict:
+    """Starting weights on the mesh: the HF checkpoint, or a seeded random init made
+    directly in its sharded layout (no full copy on one device)."""
+    if cfg.model.hf_path:
+        from actionopd_jax.model.weights import load_hf
+
+        _, model = load_hf(cfg.model.hf_path, cfg_overrides=dict(
+            dtype=qcfg.dtype, param_dtype=qcfg.param_dtype, remat=qcfg.remat), mesh=mesh)
+        return split_params(model)[1]
+    abstract = nnx.eval_shape(lambda: Qwen3(qcfg, rngs=nnx.Rngs(0)))
+    shardings = param_shardings(nnx.state(abstract, nnx.Param), mesh).to_pure_dict()
+    seed = cfg.model.init_seed
+
+    def init():
+        return split_params(Qwen3(qcfg, rngs=nnx.Rngs(seed)))[1]
+
+    with jax.set_mesh(mesh):
+        return jax.jit(init, out_shardings=shardings)()
+
+
+def step_settings(cfg: Config) -> StepSettings:
+    t = cfg.train
+    return StepSettings(loss=t.loss, temperature=cfg.collect.temperature, clip_eps=t.clip_eps,
+                        dual_clip=t.dual_clip, logits_chunk=t.logits_chunk)
+
+
+def optimizer(cfg: Config):
+    t = cfg.train
+    return make_optimizer(lr=t.lr, weight_decay=t.weight_decay, b1=t.adam_b1, b2=t.adam_b2,
+                          eps=t.adam_eps, grad_clip=t.grad_clip, warmup_steps=t.warmup_steps)
+
+
+def build_train_step(cfg: Config, qcfg: Qwen3Config, mesh) -> TrainStep:
+    graphdef, abstract = abstract_model(qcfg)
+    return TrainStep(graphdef, abstract, mesh, optimizer(cfg), step_settings(cfg))
