@@ -55,7 +55,7 @@ def assistant_message(action: ToolCall | Message | Invalid, call_id: str) -> Cha
                 {
                     "id": call_id,
                     "type": "function",
-                    "function": {"name": action.name, "arguments": json.dumps(action.arguments)},
+                    "function": {"name": action.name, "arguments": _json_text(action.arguments)},
                 }
             ],
         }
@@ -63,6 +63,11 @@ def assistant_message(action: ToolCall | Message | Invalid, call_id: str) -> Cha
         return {"role": "assistant", "content": action.text}
     # An unparsable reply leaves an empty assistant turn: the raw text is not part of the action.
     return {"role": "assistant", "content": ""}
+
+
+def _json_text(arguments) -> str:
+    # Arguments come JSON-decoded from the parser; anything else is shown, not serialized.
+    return json.dumps(arguments, default=lambda o: f"<{type(o).__name__}>")
 
 
 def tool_message(call_id: str, name: str, content: str) -> ChatMessage:
