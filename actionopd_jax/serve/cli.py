@@ -1,0 +1,78 @@
+"""`actionopd serve`: an OpenAI-compatible chat-completions server over a checkpoint.
+
+    actionopd serve --hf DIR [--port 8000] [--api-key-env ACTIONOPD_API_KEY]
+    actionopd serve --checkpoint DIR --tokenizer TOKDIR --mesh tensor=-1
+
+Binds 127.0.0.1 unless --host says otherwise. With --api-key-env NAME, clients must send
+`Authorization: Bearer $NAME`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import secrets
+import sys
+import tempfile
+from pathlib import Path
+
+from actionopd_jax.sampling.cli import add_model_args, resolve_model
+
+
+def parse_mesh(text: str) -> dict[str, int]:
+    """'data=1,tensor=-1' -> {"data": 1, "tensor": -1}."""
+    shape = {}
+    for part in text.split(","):
+        name, _, size = part.partition("=")
+        try:
+            shape[name.strip()] = int(size)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"--mesh wants axis=size[,axis=size], got {text!r}") from None
+    return shape
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="actionopd serve", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_model_args(p)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--api-key-env", metavar="NAME", help="environment variable holding the bearer token")
+    p.add_argument("--model-name", help="model id clients send (default: the directory name)")
+    p.add_argument("--max-context", type=int, help="prompt + completion tokens (default: the model's)")
+    p.add_argument("--default-max-tokens", type=int, default=1024)
+    p.add_argument("--batch-window-ms", type=float, default=5.0,
+                   help="how long a request waits for others to share its device call")
+    p.add_argument("--mesh", type=parse_mesh, help="shard over local devices, e.g. tensor=-1 or fsdp=2,tensor=4")
+    p.add_argument("--enable-thinking", action="store_true", help="default for chat_template_kwargs.enable_thinking")
+    p.add_argument("--seed", type=int, help="init seed of the --tiny model (default: random)")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    from actionopd_jax.model import make_mesh
+    from actionopd_jax.sampling import Sampler
+    from actionopd_jax.sampling.loading import end_token_ids
+    from actionopd_jax.serve.model_backend import ModelBackend
+    from actionopd_jax.serve.openai_http import OpenAIServer
+
+    mesh = make_mesh(args.mesh) if args.mesh else None
+    with tempfile.TemporaryDirectory(prefix="actionopd-serve-") as tmp:
+        try:
+            cfg, model, tokenizer = resolve_model(args, Path(tmp), seed=args.seed if args.seed is not None
+                                                  else secrets.randbits(31), mesh=mesh)
+        except (FileNotFoundError, ValueError) as e:
+            print(f"actionopd serve: {e}", file=sys.stderr)
+            return 2
+        name = args.model_name or ("tiny" if args.tiny else Path(args.hf or args.checkpoint).resolve().name)
+        sampler = Sampler(model, cfg, eos_ids=end_token_ids(tokenizer), mesh=mesh)
+        backend = ModelBackend(sampler, tokenizer, model_name=name, max_context=args.max_context,
+                               default_max_tokens=args.default_max_tokens,
+                               batch_window_s=args.batch_window_ms / 1000.0, enable_thinking=args.enable_thinking)
+        try:
+            server = OpenAIServer(backend, host=args.host, port=args.port, api_key_env=args.api_key_env)
+        except ValueError as e:
+            print(f"actionopd serve: {e}", file=sys.stderr)
+            return 2
+        server.serve_forever()
+    return 0
