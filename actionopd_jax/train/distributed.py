@@ -30,17 +30,16 @@ def _tpu_pod_env() -> bool:
 def initialize(cfg: DistributedConfig) -> bool:
     """Call `jax.distributed.initialize` when this is a multi-process job.
 
-    mode "off": never. "on": always (explicit fields, else JAX's cluster auto-detection).
-    "auto": when a coordinator address is configured or a multi-host TPU slice is detected.
-    Must run before anything touches a JAX device. Returns whether it initialized.
+    Sources, first match wins: the config's explicit fields (coordinator_address,
+    num_processes, process_id); the launchers' ACTIONOPD_* environment variables
+    (actionopd_jax.launch.distributed_env); a multi-host TPU slice (JAX detects the rest);
+    mode "on" (JAX's cluster auto-detection). mode "off" never initializes. Must run before
+    anything touches a JAX device. Returns whether it initialized.
     """
     if cfg.mode == "off":
         return False
-    explicit = bool(cfg.coordinator_address)
-    if cfg.mode == "auto" and not explicit and not _tpu_pod_env():
-        return False
-    kwargs = {"initialization_timeout": cfg.initialization_timeout_s}
-    if explicit:
+    kwargs: dict = {"initialization_timeout": cfg.initialization_timeout_s}
+    if cfg.coordinator_address:
         if cfg.num_processes <= 0 or cfg.process_id < 0:
             raise ValueError("run.distributed.coordinator_address is set, so num_processes (> 0) and "
                              "process_id (>= 0) must be set too")
@@ -49,6 +48,14 @@ def initialize(cfg: DistributedConfig) -> bool:
                              f"{cfg.num_processes}")
         kwargs.update(coordinator_address=cfg.coordinator_address, num_processes=cfg.num_processes,
                       process_id=cfg.process_id)
+    else:
+        from actionopd_jax.launch.distributed_env import settings_from_env
+
+        env_settings = settings_from_env()
+        if env_settings is not None:
+            kwargs.update(env_settings.init_kwargs())
+        elif cfg.mode == "auto" and not _tpu_pod_env():
+            return False
     jax.distributed.initialize(**kwargs)
     log.info("jax.distributed initialized: process %d of %d, %d local / %d global devices",
              jax.process_index(), jax.process_count(), jax.local_device_count(), jax.device_count())
