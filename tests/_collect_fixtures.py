@@ -297,4 +297,23 @@ def signature_json(result) -> list[dict]:
     return out
 
 
+class ListTaskStream:
+    """A task stream over a fixed list (the `envs.tasks.TaskStream` interface the group
+    source uses: next_step / get_state / set_state)."""
+
+    def __init__(self, tasks: list[Task], per_step: int):
+        self.tasks, self.per_step, self.next_index = list(tasks), per_step, 0
+
+    def next_step(self) -> list[Task]:
+        out = [self.tasks[(self.next_index + i) % len(self.tasks)] for i in range(self.per_step)]
+        self.next_index += self.per_step
+        return out
+
+    def get_state(self) -> dict:
+        return {"next_index": self.next_index}
+
+    def set_state(self, state: dict) -> None:
+        self.next_index = int(state["next_index"])
+
+
 __all__ = [n for n in dir() if not n.startswith("_")]

@@ -264,3 +264,26 @@ def test_config_errors_name_the_problem():
     assert cfg.decision_limit("tau2_airline") == 20 and cfg.decision_limit("bfcl") is None
     assert cfg.decision_limit("awm") == 40
     assert dataclasses.replace(cfg, reward=RewardConfig(k=5)).k == 5
+
+
+def test_prompt_budget_drops_oldest_exchanges_and_keeps_the_protected_part(tiny_tokenizer):
+    from actionopd_jax.collect import PromptBuilder
+    from tests._collect_fixtures import TOOLS
+
+    msgs = [{"role": "system", "content": "You are a careful arithmetic assistant."},
+            {"role": "user", "content": "case=budget Add many numbers."}]
+    for i in range(12):
+        msgs.append({"role": "assistant", "content": "", "tool_calls": [
+            {"id": f"c{i}", "type": "function", "function": {"name": "add", "arguments": f'{{"a": {i}, "b": {i}}}'}}]})
+        msgs.append({"role": "tool", "tool_call_id": f"c{i}", "name": "add", "content": str(2 * i)})
+    builder = PromptBuilder(tiny_tokenizer, max_prompt_tokens=10_000, enable_thinking=False)
+    full = builder.build(msgs, TOOLS)
+    assert full.dropped_messages == 0 and full.messages == msgs
+    budget = full.ids.size - 60
+    tight = PromptBuilder(tiny_tokenizer, max_prompt_tokens=budget, enable_thinking=False).build(msgs, TOOLS)
+    assert 0 < tight.dropped_messages and tight.ids.size <= budget
+    assert tight.messages[:2] == msgs[:2] and tight.messages[-2:] == msgs[-2:]  # system, task, latest exchange
+    np.testing.assert_array_equal(tight.ids, builder.render(tight.messages, TOOLS))
+    protected_only = builder.render(msgs[:2] + msgs[-2:], TOOLS).size
+    assert PromptBuilder(tiny_tokenizer, max_prompt_tokens=protected_only - 1,
+                         enable_thinking=False).build(msgs, TOOLS) is None

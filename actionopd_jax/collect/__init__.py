@@ -8,9 +8,11 @@ from actionopd_jax.collect.group import NO_COMMIT, GroupOutcome, build_group, co
 from actionopd_jax.collect.metrics import StepMetrics, TrajectoryRecord
 from actionopd_jax.collect.prompt import CandidateDecoder, Prompt, PromptBuilder
 from actionopd_jax.collect.sampler_worker import SamplerError, SamplerWorker, SamplingSettings, sampler_fn
+from actionopd_jax.collect.source import ActionOPDGroupSource, build_group_source
 
 __all__ = [
     "CollectResult", "Collector", "default_env_factory", "local_task_starts", "VARIANTS", "CollectorConfig",
     "NO_COMMIT", "GroupOutcome", "build_group", "commit_index", "StepMetrics", "TrajectoryRecord",
     "CandidateDecoder", "Prompt", "PromptBuilder", "SamplerError", "SamplerWorker", "SamplingSettings", "sampler_fn",
+    "ActionOPDGroupSource", "build_group_source",
 ]

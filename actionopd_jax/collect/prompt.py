@@ -1,10 +1,10 @@
 """From an observation to the prompt both the student and the teacher see, and from the
 student's generated ids back to text and an action.
 
-Context budget (paper A.3): system/task content and the full tool schemas are protected;
-the oldest removable exchanges are dropped until the prompt fits. When even the protected
-part cannot fit, `build` returns None and the collector ends the trajectory without
-fabricating an action. The environment's own history is never modified.
+Context budget (paper A.3), by `envs.context.fit_context`: system/task content and the full
+tool schemas are protected; the oldest removable exchanges are dropped until the prompt fits.
+When even the protected part cannot fit, `build` returns None and the collector ends the
+trajectory without fabricating an action. The environment's own history is never modified.
 """
 
 from __future__ import annotations
@@ -30,13 +30,16 @@ FitFn = Callable[[list[ChatMessage], list[ToolSchema]], "tuple[list[ChatMessage]
 
 
 class PromptBuilder:
+    """`fit` replaces the context policy (default: `envs.context.fit_context` with the
+    rendered token count and `max_prompt_tokens` as the budget)."""
+
     def __init__(self, tokenizer: Any, *, max_prompt_tokens: int, enable_thinking: bool, fit: FitFn | None = None):
         if max_prompt_tokens < 1:
             raise ValueError(f"max_prompt_tokens must be >= 1, got {max_prompt_tokens}")
         self.tokenizer = tokenizer
         self.max_prompt_tokens = max_prompt_tokens
         self.enable_thinking = enable_thinking
-        self._fit = fit or self._fit_whole
+        self._fit = fit or self._fit_budget
 
     def render(self, messages: list[ChatMessage], tools: list[ToolSchema]) -> np.ndarray:
         from actionopd_jax.chat import render_ids
@@ -44,11 +47,21 @@ class PromptBuilder:
         return render_ids(self.tokenizer, messages, tools, add_generation_prompt=True,
                           enable_thinking=self.enable_thinking)
 
-    def _fit_whole(self, messages: list[ChatMessage], tools: list[ToolSchema]):
-        # Used until a context policy is supplied: no message is removable, so a prompt over
-        # the budget ends the trajectory.
-        ids = self.render(messages, tools)
-        return (messages, ids) if ids.size <= self.max_prompt_tokens else None
+    def _fit_budget(self, messages: list[ChatMessage], tools: list[ToolSchema]):
+        from actionopd_jax.envs.context import fit_context
+
+        rendered: dict[tuple[int, ...], np.ndarray] = {}  # by message identities: render each candidate once
+
+        def count(msgs: list[ChatMessage], tls: list[ToolSchema]) -> int:
+            ids = self.render(msgs, tls)
+            rendered[tuple(map(id, msgs))] = ids
+            return int(ids.size)
+
+        fit = fit_context(messages, tools, count, self.max_prompt_tokens)
+        if not fit.fits:
+            return None
+        ids = rendered.get(tuple(map(id, fit.messages)))
+        return fit.messages, (ids if ids is not None else self.render(fit.messages, tools))
 
     def build(self, messages: list[ChatMessage], tools: list[ToolSchema]) -> Prompt | None:
         fitted = self._fit(list(messages), list(tools))

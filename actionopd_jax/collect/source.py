@@ -1,0 +1,211 @@
+"""The trainer's group source backed by the collector (`collect.kind: actionopd`).
+
+`build_group_source(cfg, ctx)` is what `train.sources.build_source` imports. It wires the
+run config to the parts other modules own -- the task stream (envs.tasks), the teacher and
+matcher factories (teacher.factory), environments (envs.base.make_environment, the tau2 user
+simulator), the sampler (sampling.Sampler) -- and adds no policy of its own.
+
+Per step, `collect(step, policy)`:
+- takes the step's global list of task starts from the task stream (every process draws the
+  same list; each collects its own share);
+- puts the behaviour snapshot (policy.params) where this process can sample with it: as it
+  is when this process holds every shard (one host), otherwise gathered once to the host and
+  re-placed tensor-parallel over this process's local devices (ARCHITECTURE, "Scaling out").
+  That gather is the only cross-process operation, and it happens before collection starts,
+  at the same point of every process's step;
+- runs the collector and returns this process's groups (advantages are the trainer's job).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+
+from actionopd_jax.collect.collector import Collector, CollectResult, default_env_factory
+from actionopd_jax.collect.config import CollectorConfig
+from actionopd_jax.collect.sampler_worker import SamplingSettings, sampler_fn
+from actionopd_jax.rewards import RewardConfig
+from actionopd_jax.types import StateGroup
+
+log = logging.getLogger(__name__)
+
+
+def _config_error(message: str) -> Exception:
+    from actionopd_jax.config import ConfigError
+
+    return ConfigError(message)
+
+
+def collector_config_from(cfg: Any) -> CollectorConfig:
+    """The collector's settings from the run config's `collect` section."""
+    c = cfg.collect
+    return CollectorConfig(
+        seed=int(cfg.run.seed), n=c.num_candidates,
+        reward=RewardConfig(k=c.teacher_samples, lam=c.freq_bonus, mode=c.reward), commit=c.commit,
+        max_new_tokens=c.max_response_tokens, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
+        enable_thinking=c.enable_thinking, max_prompt_tokens=c.max_prompt_tokens,
+        max_trajectories_in_flight=c.concurrency, max_states_per_call=c.concurrency,
+        # the per-trajectory cap applies to every environment; BFCL also keeps its native
+        # per-turn limit of 20 inside the environment
+        decision_limits=(), default_decision_limit=c.max_decisions,
+        teacher_timeout_s=max(cfg.teacher.timeout_s * 4, 60.0), matcher_timeout_s=max(cfg.matcher.timeout_s * 4, 60.0),
+        progress=cfg.run.progress)
+
+
+def teacher_spec(cfg: Any) -> dict[str, Any]:
+    t = cfg.teacher
+    if t.kind == "none":
+        raise _config_error("collect.kind=actionopd needs a teacher: set teacher.kind (openai | vertex) "
+                            "with teacher.model and teacher.base_url")
+    if t.kind in ("local", "self"):
+        raise _config_error(f"teacher.kind={t.kind} (an in-process teacher) is not wired into the collector's "
+                            "config path yet; use an OpenAI-compatible endpoint (teacher.kind=openai)")
+    provider = "vertex" if t.kind == "vertex" else getattr(t, "provider", "") or "openai"
+    spec: dict[str, Any] = {"provider": provider, "model": t.model}
+    if provider != "vertex":
+        spec.update(base_url=t.base_url, api_key_env=t.api_key_env or None, temperature=t.temperature,
+                    top_p=t.top_p, top_k=t.top_k or None, max_tokens=t.max_tokens, thinking=t.enable_thinking,
+                    max_regenerations=t.retries, request_timeout_s=t.timeout_s, max_concurrency=t.concurrency)
+    return spec
+
+
+def judge_spec(cfg: Any) -> dict[str, Any] | None:
+    m = cfg.matcher
+    if m.kind == "rules":
+        return None
+    return {"provider": getattr(m, "provider", "") or "openai", "model": m.model, "base_url": m.base_url,
+            "api_key_env": m.api_key_env or None, "temperature": m.temperature, "top_p": m.top_p,
+            "top_k": m.top_k or None, "max_tokens": m.max_tokens, "request_timeout_s": m.timeout_s,
+            "max_concurrency": m.concurrency}
+
+
+def task_stream_from(cfg: Any):
+    """Every process builds the same stream (same seed): the same global list per step."""
+    from actionopd_jax.envs.tasks import TaskSource, TaskStream, load_task_set
+
+    e, per_step = cfg.env, cfg.collect.task_starts_per_step
+    if e.name == "bfcl":
+        names = [("bfcl", d) for d in (e.domains or ("all",))]
+    elif e.name == "tau2":
+        if not e.domains:
+            raise _config_error("env.name=tau2 needs env.domains (airline, retail, telecom)")
+        names = [(f"tau2_{d}", e.split) for d in e.domains]
+    else:
+        raise _config_error(f"collect.kind=actionopd needs env.name bfcl or tau2, got {e.name!r}")
+    if per_step < len(names):
+        raise _config_error(f"collect.task_starts_per_step={per_step} is smaller than the {len(names)} task sources")
+    quotas = [per_step // len(names) + (i < per_step % len(names)) for i in range(len(names))]
+    sources = [(TaskSource(f"{env}:{split}", load_task_set(env, split)), q) for (env, split), q in zip(names, quotas)]
+    return TaskStream(sources, seed=int(cfg.run.seed))
+
+
+def env_factory_from(cfg: Any):
+    e = cfg.env
+    if e.name != "tau2":
+        return default_env_factory()
+    from actionopd_jax.envs.user_sim import UserSimConfig, UserSimulator
+
+    if not e.user_model or not e.user_base_url:
+        raise _config_error("env.name=tau2 needs a user simulator: set env.user_model and env.user_base_url")
+    sim = UserSimulator(UserSimConfig(base_url=e.user_base_url, model=e.user_model,
+                                      api_key_env=e.user_api_key_env or None, temperature=e.user_temperature,
+                                      max_tokens=e.user_max_tokens))
+    return default_env_factory({f"tau2_{d}": {"user_sim": sim} for d in e.domains})
+
+
+def sampling_params(params: Any, model_config: Any) -> tuple[Any, Any]:
+    """(params this process can sample with, the mesh to trace under).
+
+    One process: the training placement as it is. Several: gather to the host (all
+    processes at once, before collection), then tensor-parallel over the local devices."""
+    leaves = jax.tree.leaves(params)
+    if all(getattr(x, "is_fully_addressable", True) for x in leaves):
+        return params, None
+    from jax.experimental import multihost_utils
+
+    from actionopd_jax.model.sharding import make_mesh
+
+    host = multihost_utils.process_allgather(params, tiled=True)
+    local = jax.local_devices()
+    mesh = make_mesh({"tensor": len(local)}, devices=local)
+    return host, mesh
+
+
+class ActionOPDGroupSource:
+    """`train.sources.GroupSource` over the collector."""
+
+    def __init__(self, cfg: Any, ctx: Any, *, teacher: Any = None, matcher: Any = None, stream: Any = None,
+                 env_factory: Any = None, tokenizer: Any = None, buckets: Any = None):
+        """Parts passed in replace the ones the config would build (tests, custom setups);
+        `buckets`: the sampler's shape buckets (sampling.Buckets)."""
+        from actionopd_jax.sampling import Sampler
+
+        self.cfg = collector_config_from(cfg)
+        self.ctx = ctx
+        if tokenizer is None:
+            if not ctx.tokenizer_path:
+                raise _config_error("collect.kind=actionopd needs a tokenizer: set model.tokenizer (or model.hf_path)")
+            from actionopd_jax.chat import load_tokenizer
+
+            tokenizer = load_tokenizer(ctx.tokenizer_path)
+        self.tokenizer = tokenizer
+        run_dir = Path(ctx.run_dir)
+        if teacher is None:
+            from actionopd_jax.teacher.factory import build_teacher
+
+            cache_dir = Path(cfg.teacher.cache_dir or run_dir / "cache" / "teacher")
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            # one SQLite file per process: no cross-host locking on shared file systems
+            teacher = build_teacher(teacher_spec(cfg), cache=cache_dir / f"teacher-p{ctx.process_index}.sqlite")
+        if matcher is None:
+            from actionopd_jax.teacher.factory import build_matcher
+
+            cache_dir = Path(cfg.matcher.cache_dir or run_dir / "cache" / "matcher")
+            cache_dir.mkdir(parents=True, exist_ok=True)
+            matcher = build_matcher(judge_spec(cfg), cache=cache_dir / f"verdicts-p{ctx.process_index}.sqlite")
+        self.stream = stream if stream is not None else task_stream_from(cfg)
+        eos = int(tokenizer.convert_tokens_to_ids("<|im_end|>"))
+        self.sampler = Sampler(None, ctx.model_config, eos_ids=[eos], buckets=buckets)
+        settings = SamplingSettings(n=self.cfg.n, max_new_tokens=self.cfg.max_new_tokens,
+                                    temperature=self.cfg.temperature, top_p=self.cfg.top_p, top_k=self.cfg.top_k)
+        self.collector = Collector(self.cfg, tokenizer=tokenizer, teacher=teacher, matcher=matcher,
+                                   sample_fn=sampler_fn(self.sampler, settings), eos_ids=[eos],
+                                   env_factory=env_factory or env_factory_from(cfg))
+        self.last: CollectResult | None = None
+
+    def collect(self, step: int, policy: Any) -> list[StateGroup]:
+        from flax import nnx
+
+        tasks = self.stream.next_step()
+        params, mesh = sampling_params(policy.params, self.ctx.model_config)
+        if mesh is not None:
+            from actionopd_jax.model.sharding import shard_model
+
+            model = shard_model(nnx.merge(policy.graphdef, jax.tree.map(np.asarray, params)), mesh)
+        else:
+            model = nnx.merge(policy.graphdef, params)
+            mesh = self.ctx.mesh
+        # One behaviour snapshot for the whole step: the sampler reads this model only.
+        self.sampler.model, self.sampler.mesh = model, mesh
+        self.last = self.collector.collect(tasks, step=step, process_index=self.ctx.process_index,
+                                           process_count=self.ctx.process_count)
+        return self.last.groups
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.stream.get_state()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.stream.set_state(state)
+
+    def metrics(self) -> dict[str, float]:
+        if self.last is None:
+            return {}
+        return {k.removeprefix("collect/"): float(v) for k, v in self.last.metrics.as_dict().items()}
+
+
+def build_group_source(cfg: Any, ctx: Any) -> ActionOPDGroupSource:
+    return ActionOPDGroupSource(cfg, ctx)

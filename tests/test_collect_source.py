@@ -1,0 +1,101 @@
+"""The collector as the trainer's group source (`collect.kind: actionopd`): config mapping,
+clear errors, and one real training step (collect -> advantages -> update) of the trainer
+loop over collected groups, with the loopback teacher/judge and the small real environment."""
+
+import numpy as np
+import pytest
+
+from actionopd_jax.collect import ActionOPDGroupSource
+from actionopd_jax.collect.source import collector_config_from, judge_spec, task_stream_from, teacher_spec
+from actionopd_jax.config import ConfigError, from_dict
+from actionopd_jax.sampling import Buckets
+from actionopd_jax.train.advantages import assign_advantages
+from actionopd_jax.train.batching import rows_from_groups
+from tests._chat_fixtures import tiny_tokenizer, tiny_tokenizer_dir  # noqa: F401 (fixtures)
+from tests._collect_fixtures import (A, B, BAD, C, ListTaskStream, Script, ToyEnv, collector_config,
+                                     fixed_text_sample_fn, judge_backend, make_collector, make_matcher, make_teacher,
+                                     serve, teacher_backend, toy_task)
+
+
+def _cfg(**collect):
+    c = {"kind": "actionopd", "num_candidates": 4, "teacher_samples": 3, "freq_bonus": 0.5,
+         "max_response_tokens": 16, "max_prompt_tokens": 1024, "task_starts_per_step": 4, "concurrency": 4,
+         "max_decisions": 2, "temperature": 1.0}
+    c.update(collect)
+    return from_dict({"collect": c, "model": {"preset": "tiny"}, "train": {"steps": 1, "max_seq_len": 2048},
+                      "run": {"seed": 3, "progress": False, "tensorboard": False},
+                      "teacher": {"kind": "openai", "model": "teacher", "base_url": "http://127.0.0.1:9/v1"},
+                      "env": {"name": "bfcl", "domains": ["base"]}})
+
+
+def test_config_mapping_and_errors():
+    cfg = _cfg(reward="validity", commit="random")
+    cc = collector_config_from(cfg)
+    assert (cc.seed, cc.n, cc.k, cc.reward.lam, cc.reward.mode, cc.commit) == (3, 4, 3, 0.5, "validity", "random")
+    assert cc.decision_limit("bfcl") == 2 and cc.decision_limit("tau2_airline") == 2
+    spec = teacher_spec(cfg)
+    assert spec["model"] == "teacher" and spec["max_regenerations"] == 2 and spec["api_key_env"] is None
+    assert judge_spec(cfg.replace(**{"matcher.kind": "rules"})) is None
+    with pytest.raises(ConfigError, match="teacher.kind"):
+        teacher_spec(cfg.replace(**{"teacher.kind": "none"}))
+    with pytest.raises(ConfigError, match="env.name"):
+        task_stream_from(cfg.replace(**{"env.name": "synthetic"}))
+    with pytest.raises(ConfigError, match="env.domains"):
+        task_stream_from(cfg.replace(**{"env.name": "tau2", "env.domains": []}))
+    # every process builds the same stream: the same global task starts per step
+    a, b = task_stream_from(cfg), task_stream_from(cfg)
+    first = [t.task_id for t in a.next_step()]
+    assert first == [t.task_id for t in b.next_step()] and len(first) == 4
+    assert all(t.startswith("multi_turn_base_") for t in first)
+
+
+SCRIPT = Script(teacher={}, student={(f"src{i}", d): [A, B, C, BAD] for i in range(2) for d in range(3)})
+
+
+def test_collected_groups_feed_the_trainer_batching(tiny_tokenizer):
+    """Retained groups become N rows each with group-centred, batch-whitened advantages."""
+    eos = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    cfg = collector_config(decision_limits=(("toy", 2),))
+    with serve(teacher_backend(SCRIPT), judge_backend()) as server:
+        collector = make_collector(cfg, tiny_tokenizer, make_teacher(server), make_matcher(server),
+                                   fixed_text_sample_fn(tiny_tokenizer, SCRIPT, eos))
+        result = collector.collect([toy_task(f"s{i}", f"src{i}") for i in range(2)], step=0,
+                                   process_index=0, process_count=1)
+    groups = result.groups
+    assert len(groups) == 4 and all(g.retained for g in groups), [(g.task_id, g.decision_index, g.rewards) for g in groups]
+    stats = assign_advantages(groups)
+    rows = rows_from_groups(groups)
+    assert len(rows) == 16
+    # rewards [1.25, 1, 0, -1] in every group: centred [0.9375, 0.6875, -0.3125, -1.3125]
+    centred = np.array([1.25, 1.0, 0.0, -1.0]) - 0.3125  # group mean 0.3125
+    sigma = np.sqrt(np.mean(centred ** 2))
+    assert stats["sigma"] == pytest.approx(sigma)
+    np.testing.assert_allclose(groups[0].advantages, centred / (sigma + 1e-8), rtol=1e-6)
+    assert rows[0].prompt.dtype == np.int32 and rows[0].response[-1] == eos
+
+
+@pytest.mark.timeout(600)
+def test_one_trainer_step_over_the_collector(tiny_tokenizer, tmp_path):
+    from actionopd_jax.train.loop import Trainer
+    from actionopd_jax.train.setup import build_mesh, model_config
+    from actionopd_jax.train.sources import SourceContext
+
+    cfg = _cfg().replace(**{"run.dir": str(tmp_path / "run")})
+    qcfg = model_config(cfg)
+    assert qcfg.vocab_size >= len(tiny_tokenizer)
+    ctx = SourceContext(model_config=qcfg, run_dir=str(tmp_path / "run"), tokenizer_path="", process_index=0,
+                        process_count=1, mesh=build_mesh(cfg))
+    tasks = [toy_task(f"t{i}", f"trainer{i}") for i in range(4)]
+    with serve(teacher_backend(Script({}, {})), judge_backend()) as server:
+        source = ActionOPDGroupSource(cfg, ctx, teacher=make_teacher(server), matcher=make_matcher(server),
+                                      stream=ListTaskStream(tasks, per_step=4), env_factory=lambda task: ToyEnv(),
+                                      tokenizer=tiny_tokenizer,
+                                      buckets=Buckets(prompt_len=(1024,), prompts=(4,), rows=(16,), max_new=(16,)))
+        trainer = Trainer(cfg, run_dir=tmp_path / "run", source=source)
+        metrics = trainer.train_step()
+    assert trainer.step == 1
+    assert source.last is not None and len(source.last.trajectories) == 4
+    assert metrics["collect/trajectories"] == 4.0
+    assert metrics["collect/groups_kept"] + metrics["collect/groups_dropped"] == len(source.last.groups) >= 4
+    assert all(len(g.candidates) == 4 and g.candidates[0].logprobs.size > 0 for g in source.last.groups)
+    assert source.state_dict() == {"next_index": 4}
