@@ -13,6 +13,7 @@ import math
 import re
 from typing import Any
 
+from actionopd_jax.chat.schema import validate_arguments
 from actionopd_jax.types import ToolCall, ToolSchema
 
 # Limits sized far above anything a benchmark tool needs, far below what could hurt the host.
@@ -54,9 +55,12 @@ def check_tool_call(call: ToolCall, tools: list[ToolSchema], *, check_types: boo
     for key in call.arguments:
         if not is_safe_identifier(key):
             return f"'{_clip(key)}' is not a valid parameter name for '{call.name}'."
-    if not check_types:
-        return _check_names(call.arguments, params, call.name)
-    return _check_schema(call.arguments, params, params, "arguments", call.name)
+    # The call may name only the tool's own parameters, whatever additionalProperties says:
+    # they become Python keyword arguments.
+    problem = _check_names(call.arguments, params, call.name)
+    if problem or not check_types:
+        return problem
+    return validate_arguments(call.arguments, params)
 
 
 def _check_names(arguments: dict, params: dict, tool: str) -> str | None:
@@ -114,75 +118,3 @@ def _check_plain_json(value: Any, path: str, depth: int, budget: dict) -> str | 
                 return problem
         return None
     return f"{path}: {type(value).__name__} is not a JSON value."
-
-
-_JSON_TYPES = {
-    "string": lambda v: isinstance(v, str),
-    "integer": lambda v: isinstance(v, int) and not isinstance(v, bool),
-    "number": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-    "boolean": lambda v: isinstance(v, bool),
-    "array": lambda v: isinstance(v, list),
-    "object": lambda v: isinstance(v, dict),
-    "null": lambda v: v is None,
-}
-
-
-def _resolve(schema: dict, root: dict) -> dict:
-    ref = schema.get("$ref")
-    if not isinstance(ref, str):
-        return schema
-    if not ref.startswith("#/"):
-        return {}  # external refs are not followed; treat as unconstrained
-    node: Any = root
-    for part in ref[2:].split("/"):
-        node = node.get(part, {}) if isinstance(node, dict) else {}
-    return node if isinstance(node, dict) else {}
-
-
-def _check_schema(value: Any, schema: dict, root: dict, path: str, tool: str) -> str | None:
-    """A small JSON-schema subset: type, properties, required, additionalProperties, items,
-    enum, anyOf/oneOf, local $ref. Unknown keywords constrain nothing."""
-    schema = _resolve(schema, root)
-    for key in ("anyOf", "oneOf"):
-        options = schema.get(key)
-        if isinstance(options, list) and options:
-            if all(_check_schema(value, opt, root, path, tool) for opt in options):
-                return f"{path}: value does not match any allowed form for '{tool}'."
-    expected = schema.get("type")
-    if expected is not None:
-        kinds = expected if isinstance(expected, list) else [expected]
-        if not any(_JSON_TYPES.get(k, lambda v: True)(value) for k in kinds):
-            return f"{path}: expected {' or '.join(map(str, kinds))}, got {_json_type_name(value)}."
-    enum = schema.get("enum")
-    if isinstance(enum, list) and value not in enum:
-        return f"{path}: must be one of {enum}."
-    if isinstance(value, dict):
-        props = schema.get("properties") or {}
-        required = schema.get("required") or []
-        for name in required:
-            if name not in value:
-                return f"{path}: missing required parameter '{name}' for '{tool}'."
-        top_level = path == "arguments"  # a call may only name the tool's own parameters
-        for name, item in value.items():
-            if name in props:
-                sub = _resolve(props[name], root)
-                if item is None and name not in required and sub.get("default", 0) is None:
-                    continue  # an optional parameter whose default is None may be passed as null
-                problem = _check_schema(item, sub, root, f"{path}.{name}", tool)
-                if problem:
-                    return problem
-            elif top_level or schema.get("additionalProperties") is False:
-                return f"{path}: unknown parameter '{_clip(name, 40)}' for '{tool}'."
-    if isinstance(value, list) and isinstance(schema.get("items"), dict):
-        for i, item in enumerate(value):
-            problem = _check_schema(item, schema["items"], root, f"{path}[{i}]", tool)
-            if problem:
-                return problem
-    return None
-
-
-def _json_type_name(value: Any) -> str:
-    for name in ("null", "boolean", "integer", "number", "string", "array", "object"):
-        if _JSON_TYPES[name](value):
-            return name
-    return type(value).__name__
