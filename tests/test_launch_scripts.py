@@ -30,16 +30,27 @@ def test_scripts_show_help(name):
     assert f"python launch/{name}.py" in proc.stdout and "--dry-run" in proc.stdout
 
 
-# which launchers each shipped config is meant for
-SHIPPED = {
-    "tiny_cpu.yaml": ["local-cpu"],
-    "qwen3_4b_tpu.yaml": ["tpu_pod", "vertex-tpu"],
-    "qwen3_8b_tpu.yaml": ["tpu_pod", "vertex-tpu"],
-    "qwen3_4b_h200.yaml": ["local-gpu", "vertex-h200"],
-}
+# the configs issue 8 names; every configs/*.yaml is dry-run by the launchers its name targets
+REQUIRED = ["tiny_cpu.yaml", "qwen3_4b_tpu.yaml", "qwen3_8b_tpu.yaml", "qwen3_4b_h200.yaml"]
+TARGETS = {"_tpu.yaml": ["tpu_pod", "vertex-tpu"], "_h200.yaml": ["local-gpu", "vertex-h200"],
+           "_cpu.yaml": ["local-cpu"]}
 
 
-@pytest.mark.parametrize("config, target", [(c, t) for c, ts in SHIPPED.items() for t in ts])
+def _shipped() -> list[tuple[str, str]]:
+    names = sorted({*REQUIRED, *(p.name for p in (REPO / "configs").glob("*.yaml"))})
+    cases = []
+    for name in names:
+        targets = [t for suffix, ts in TARGETS.items() if name.endswith(suffix) for t in ts]
+        cases += [(name, t) for t in targets or ["local-gpu"]]
+    return cases
+
+
+def test_required_configs_are_shipped():
+    missing = [name for name in REQUIRED if not (REPO / "configs" / name).is_file()]
+    assert not missing, f"configs missing: {missing}"
+
+
+@pytest.mark.parametrize("config, target", _shipped())
 def test_shipped_config_dry_runs(config, target):
     path = f"configs/{config}"
     assert (REPO / path).is_file(), f"shipped config {path} is missing"
