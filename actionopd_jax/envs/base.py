@@ -26,7 +26,8 @@ class Environment(Protocol):
     name: str
 
     async def reset(self, task: Task) -> Observation:
-        """Start an episode of `task`; returns the first public observation."""
+        """Start an episode of `task`; returns the first public observation. It can already
+        be final (`obs.done`), e.g. when a simulated user ends the conversation at once."""
         ...
 
     async def step(self, action: Action) -> tuple[Observation, bool]:

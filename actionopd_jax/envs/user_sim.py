@@ -117,14 +117,16 @@ class UserSimulator:
         if config.api_key_env is not None and not config.api_key_env.strip():
             raise ValueError("api_key_env must name an environment variable (or be None)")
         self.config = config
-        self._clients: dict[int, Any] = {}  # one AsyncOpenAI per event loop (httpx pools are loop-bound)
+        # httpx connection pools belong to one event loop: keep one client, for the loop that
+        # made it, and make a new one when called from another loop (compared by identity).
+        self._client_loop: Any = None
+        self._client_obj: Any = None
 
     def _client(self):
         from openai import AsyncOpenAI
 
-        loop_id = id(asyncio.get_running_loop())
-        client = self._clients.get(loop_id)
-        if client is None:
+        loop = asyncio.get_running_loop()
+        if self._client_loop is not loop:
             key = "EMPTY"
             if self.config.api_key_env:
                 key = os.environ.get(self.config.api_key_env, "")
@@ -132,12 +134,18 @@ class UserSimulator:
                     raise UserSimUnavailable(
                         f"environment variable {self.config.api_key_env} (user simulator API key) is not set"
                     )
-            client = AsyncOpenAI(
+            self._client_obj = AsyncOpenAI(
                 base_url=self.config.base_url, api_key=key,
                 timeout=self.config.timeout_s, max_retries=self.config.max_retries,
             )
-            self._clients = {loop_id: client}  # drop clients of finished loops
-        return client
+            self._client_loop = loop
+        return self._client_obj
+
+    async def aclose(self) -> None:
+        """Close the HTTP client (call from the loop that used it, e.g. at shutdown)."""
+        if self._client_obj is not None and self._client_loop is asyncio.get_running_loop():
+            await self._client_obj.close()
+        self._client_obj = self._client_loop = None
 
     async def reply(
         self, system_prompt: str, conversation: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
