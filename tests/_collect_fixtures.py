@@ -258,7 +258,7 @@ def tiny_sampler(vocab_size: int, eos_id: int, *, seed: int = 0):
     from actionopd_jax.sampling import Buckets, Sampler
 
     model = random_model(seed, vocab_size=vocab_size, max_position_embeddings=2048)
-    return Sampler(model, eos_ids=[eos_id], buckets=Buckets(prompt_len=(512,), prompts=(8,), rows=(32,), max_new=(16,)))
+    return Sampler(model, eos_ids=[eos_id], buckets=Buckets(prompt_len=(1024,), prompts=(8,), samples=(4,), max_new=(16,), max_rows=32))
 
 
 def real_sample_fn(sampler, cfg: CollectorConfig):

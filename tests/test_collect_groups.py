@@ -287,3 +287,30 @@ def test_prompt_budget_drops_oldest_exchanges_and_keeps_the_protected_part(tiny_
     protected_only = builder.render(msgs[:2] + msgs[-2:], TOOLS).size
     assert PromptBuilder(tiny_tokenizer, max_prompt_tokens=protected_only - 1,
                          enable_thinking=False).build(msgs, TOOLS) is None
+
+
+def test_sequential_baseline_produces_the_same_groups(tiny_tokenizer, actionopd_run):
+    """The naive loop (teacher, then student, then matcher) shares every rule and key with
+    the async collector, so on the same task starts it records the same groups."""
+    from actionopd_jax.collect.naive import run_sequential
+    from tests._collect_fixtures import group_signature
+
+    cfg, result = actionopd_run
+    wanted = ["paper", "ties", "allinvalid", "partial", "judge", "broken", "nosup", "limit", "overflow"]
+    tasks = _tasks()
+    with serve(teacher_backend(SCRIPT), judge_backend()) as server:
+        eos = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
+        collector = make_collector(cfg, tiny_tokenizer, make_teacher(server), make_matcher(server),
+                                   fixed_text_sample_fn(tiny_tokenizer, SCRIPT, eos))
+        import asyncio
+
+        from actionopd_jax.collect.naive import collect_sequential
+        starts = [(CASES.index(c), tasks[CASES.index(c)]) for c in wanted]
+        naive = asyncio.run(collect_sequential(collector, starts, step=3))
+    keep = {CASES.index(c) for c in wanted}
+    async_sig = [s for s in group_signature(result) if s[0] in keep]
+    assert group_signature(naive) == async_sig
+    assert naive.metrics.sampler_states == naive.metrics.sampler_calls  # one state per device call
+    assert {r.task_id: r.end_reason for r in naive.trajectories} == \
+           {r.task_id: r.end_reason for r in result.trajectories if r.task_id in wanted}
+    assert run_sequential  # the sync wrapper exists for the benchmark

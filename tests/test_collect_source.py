@@ -90,7 +90,7 @@ def test_one_trainer_step_over_the_collector(tiny_tokenizer, tmp_path):
         source = ActionOPDGroupSource(cfg, ctx, teacher=make_teacher(server), matcher=make_matcher(server),
                                       stream=ListTaskStream(tasks, per_step=4), env_factory=lambda task: ToyEnv(),
                                       tokenizer=tiny_tokenizer,
-                                      buckets=Buckets(prompt_len=(1024,), prompts=(4,), rows=(16,), max_new=(16,)))
+                                      buckets=Buckets(prompt_len=(1024,), prompts=(4,), samples=(4,), max_new=(16,), max_rows=16))
         trainer = Trainer(cfg, run_dir=tmp_path / "run", source=source)
         metrics = trainer.train_step()
     assert trainer.step == 1

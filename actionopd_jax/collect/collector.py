@@ -143,7 +143,8 @@ class Collector:
         bar = self._progress_bar(len(pending), progress)
         t0 = time.perf_counter()
         async with SamplerWorker(self.sample_fn, max_states_per_call=self.cfg.max_states_per_call,
-                                 max_queued=self.cfg.max_trajectories_in_flight) as worker:
+                                 max_queued=self.cfg.max_trajectories_in_flight,
+                                 coalesce_s=self.cfg.sampler_coalesce_s, max_wait_s=self.cfg.sampler_max_wait_s) as worker:
 
             async def run_one_at_a_time() -> None:
                 # A fixed pool of runners pulling task starts: memory stays flat in the
@@ -328,7 +329,9 @@ class Collector:
         teacher = getattr(self.teacher, "usage", None)
         stats = getattr(self.matcher, "stats", None)
         matcher = stats.as_dict() if hasattr(stats, "as_dict") else {}
-        return _Usage(teacher=teacher if isinstance(teacher, UsageReport) else UsageReport(), matcher=dict(matcher))
+        # A copy: providers update their UsageReport in place.
+        snapshot = UsageReport(**teacher.as_dict()) if isinstance(teacher, UsageReport) else UsageReport()
+        return _Usage(teacher=snapshot, matcher=dict(matcher))
 
     @staticmethod
     def _progress_bar(total: int, enabled: bool | None):

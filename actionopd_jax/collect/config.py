@@ -30,6 +30,8 @@ class CollectorConfig:
     # concurrency and batching
     max_trajectories_in_flight: int = 64
     max_states_per_call: int = 64          # states in one device call (the sampler chunks further)
+    sampler_coalesce_s: float = 0.005      # keep gathering states that arrive this close together ...
+    sampler_max_wait_s: float = 0.05       # ... for at most this long before a device call
     # per-trajectory decision caps by environment-name prefix (paper: tau2 20; BFCL keeps
     # its native per-turn limit of 20 inside the environment, so no total cap: None)
     decision_limits: tuple[tuple[str, int | None], ...] = (("tau2_", 20), ("bfcl", None))
@@ -54,6 +56,8 @@ class CollectorConfig:
         for prefix, limit in self.decision_limits:
             if limit is not None and limit < 1:
                 raise ValueError(f"decision limit for '{prefix}' must be >= 1 or None, got {limit}")
+        if self.sampler_coalesce_s < 0 or self.sampler_max_wait_s < 0:
+            raise ValueError("sampler_coalesce_s and sampler_max_wait_s must be >= 0")
         for name in ("teacher_timeout_s", "matcher_timeout_s", "env_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be > 0")

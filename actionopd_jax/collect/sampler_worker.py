@@ -1,7 +1,11 @@
 """The sampler worker: every state that is ready goes into ONE device call.
 
 Trajectories put a request (prompt ids + the state's own PRNG key) on a bounded queue and
-await its future. The worker takes everything that is ready, sorts it by prompt length (so
+await its future. The worker takes everything that is ready -- after the first request it
+keeps taking requests that arrive within `coalesce_s` of the previous one, for at most
+`max_wait_s` (trajectories resuming from one burst of HTTP replies queue their states a few
+milliseconds apart; one call for all of them beats one call for the first and another for
+the rest) -- sorts it by prompt length (so
 the sampler's chunks -- if a call exceeds the largest batch bucket -- hold similar lengths
 and pad little), and runs the generate call in a single-thread executor: the device work
 releases the GIL, so the event loop keeps serving teacher / judge / user-simulator HTTP
@@ -76,11 +80,16 @@ class SamplerError(RuntimeError):
 class SamplerWorker:
     """Async front of a synchronous sample function. Use as `async with SamplerWorker(...)`."""
 
-    def __init__(self, sample_fn: SampleFn, *, max_states_per_call: int = 64, max_queued: int = 1024):
+    def __init__(self, sample_fn: SampleFn, *, max_states_per_call: int = 64, max_queued: int = 1024,
+                 coalesce_s: float = 0.005, max_wait_s: float = 0.05):
         if max_states_per_call < 1 or max_queued < 1:
             raise ValueError("max_states_per_call and max_queued must be >= 1")
+        if coalesce_s < 0 or max_wait_s < 0:
+            raise ValueError("coalesce_s and max_wait_s must be >= 0")
         self.sample_fn = sample_fn
         self.max_states_per_call = max_states_per_call
+        self.coalesce_s = coalesce_s
+        self.max_wait_s = max_wait_s
         self._queue: asyncio.Queue[_Request] = asyncio.Queue(maxsize=max_queued)
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="sampler")
         self._task: asyncio.Task | None = None
@@ -113,16 +122,27 @@ class SamplerWorker:
         await self._queue.put(_Request(np.asarray(prompt_ids, np.int32), key, future, time.perf_counter()))
         return await future
 
-    def _take_ready(self, first: _Request) -> list[_Request]:
+    async def _take_ready(self, first: _Request) -> list[_Request]:
+        loop = asyncio.get_running_loop()
         batch = [first]
-        while len(batch) < self.max_states_per_call and not self._queue.empty():
-            batch.append(self._queue.get_nowait())
+        deadline = loop.time() + self.max_wait_s
+        while len(batch) < self.max_states_per_call:
+            if not self._queue.empty():
+                batch.append(self._queue.get_nowait())
+                continue
+            remaining = deadline - loop.time()
+            if self.coalesce_s <= 0 or remaining <= 0:
+                break
+            try:
+                batch.append(await asyncio.wait_for(self._queue.get(), min(self.coalesce_s, remaining)))
+            except asyncio.TimeoutError:
+                break
         return [r for r in batch if not r.future.done()]  # drop withdrawn requests
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            batch = self._take_ready(await self._queue.get())
+            batch = await self._take_ready(await self._queue.get())
             if not batch:
                 continue
             batch.sort(key=lambda r: r.prompt_ids.size)

@@ -1,0 +1,95 @@
+"""The sequential baseline: one trajectory at a time, and at each state the teacher, then
+the student, then the matcher, each waiting for the previous one (no overlap, one state per
+device call). It shares every rule with the async collector -- prompt budget, keys, parsing,
+group building, commit -- so both produce the same groups; only the schedule differs. Used
+by benchmarks/collector.py to show what the async schedule buys.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Sequence
+
+import numpy as np
+
+from actionopd_jax.collect import keys
+from actionopd_jax.collect.collector import Collector, CollectResult, _safe_score
+from actionopd_jax.collect.group import NO_COMMIT, build_group
+from actionopd_jax.collect.metrics import StepMetrics, TrajectoryRecord
+from actionopd_jax.types import Candidate, StateGroup, Task
+
+
+async def collect_sequential(collector: Collector, starts: Sequence[tuple[int, Task]], *, step: int) -> CollectResult:
+    cfg = collector.cfg
+    metrics = StepMetrics()
+    records: list[TrajectoryRecord] = []
+    outcomes: list[tuple[int, StateGroup, np.ndarray | None]] = []
+    t0 = time.perf_counter()
+    for start, task in starts:
+        rec = TrajectoryRecord(task_start=start, task_id=task.task_id, env=task.env)
+        env = collector.env_factory(task)
+        obs = await env.reset(task)
+        limit = cfg.decision_limit(task.env)
+        while True:
+            if obs.done:
+                rec.end_reason = "env_done"
+                break
+            if limit is not None and rec.decisions >= limit:
+                rec.end_reason = "decision_limit"
+                env.end("decision_limit")
+                break
+            prompt = collector.prompts.build(obs.messages, obs.tools)
+            if prompt is None:
+                rec.end_reason = "context_overflow"
+                env.end("context_overflow")
+                break
+            decision = rec.decisions
+            rec.decisions += 1
+            batch, failure = await collector._teacher_samples(task, prompt, rec)
+            if failure or not batch.samples:
+                rec.end_reason = failure or "no_supervision"
+                env.end(rec.end_reason)
+                break
+            t_s = time.perf_counter()
+            generations = collector.sample_fn([prompt.ids], [keys.student_key(cfg.seed, step, start, decision)])[0]
+            busy = time.perf_counter() - t_s
+            metrics.sampler_busy_s += busy
+            metrics.sampler_calls += 1
+            metrics.sampler_states += 1
+            rec.sampler_wait_s += busy
+            candidates = []
+            for gen in generations:
+                text = collector.decoder.text(gen.token_ids)
+                candidates.append(Candidate(token_ids=np.asarray(gen.token_ids, np.int32),
+                                            logprobs=np.asarray(gen.logprobs, np.float32), text=text,
+                                            action=collector.decoder.action(text, prompt.tools, gen.finish_reason),
+                                            finish_reason=gen.finish_reason))
+            verdicts = await collector._verdicts(candidates, batch, prompt, rec)
+            outcome = build_group(task_id=task.task_id, decision_index=decision, prompt_ids=prompt.ids,
+                                  candidates=candidates, teacher_samples=batch.samples, verdicts=verdicts,
+                                  reward_cfg=cfg.reward, commit_mode=cfg.commit,
+                                  key=keys.commit_key(cfg.seed, step, start, decision))
+            if outcome.group is not None:
+                outcomes.append((start, outcome.group, outcome.score.counts))
+                rec.groups += 1
+            if outcome.committed == NO_COMMIT:
+                rec.end_reason = outcome.drop_reason
+                env.end(rec.end_reason)
+                break
+            t_e = time.perf_counter()
+            obs, _ = await env.step(outcome.group.candidates[outcome.committed].action)
+            rec.env_s += time.perf_counter() - t_e
+        rec.score = _safe_score(env, rec.end_reason)
+        records.append(rec)
+    metrics.wall_s = time.perf_counter() - t0
+    for start, group, counts in outcomes:
+        metrics.add_group(group, counts)
+    for rec in records:
+        metrics.add_trajectory(rec)
+    return CollectResult(step=step, groups=[o[1] for o in outcomes], group_starts=[o[0] for o in outcomes],
+                         trajectories=records, metrics=metrics)
+
+
+def run_sequential(collector: Collector, tasks: Sequence[Task], *, step: int) -> CollectResult:
+    return asyncio.run(collect_sequential(collector, list(enumerate(tasks)), step=step))
