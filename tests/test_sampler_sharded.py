@@ -10,7 +10,7 @@ from tests._sampler_fixtures import random_model
 
 pytestmark = pytest.mark.skipif(len(jax.devices()) < 8, reason="needs 8 host devices (tests/conftest.py)")
 
-BUCKETS = Buckets(prompt_len=(32,), prompts=(4,), rows=(8,), max_new=(8,))
+BUCKETS = Buckets(prompt_len=(32,), prompts=(4,), samples=(2,), max_new=(8,))
 
 
 @pytest.mark.parametrize("shape", [{"data": 2, "fsdp": 2, "tensor": 2}])

@@ -23,7 +23,7 @@ from tests._serve_fixtures import (CHAT_CONVERSATION, MAX_CONTEXT, TOOL_CONVERSA
                                    build_tokenizer, trained_model)
 
 # one bucket per axis: the whole file runs on one prefill and one decode program
-BUCKETS = Buckets(prompt_len=(320,), prompts=(8,), rows=(16,), max_new=(48,))
+BUCKETS = Buckets(prompt_len=(320,), prompts=(8,), samples=(4,), max_new=(48,))
 
 
 @pytest.fixture(scope="module")

@@ -17,11 +17,14 @@ def _powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
 class Buckets:
     prompt_len: tuple[int, ...] = _powers_of_two(64, 32768)   # padded prompt length
     prompts: tuple[int, ...] = _powers_of_two(1, 64)          # prompts prefilled together
-    rows: tuple[int, ...] = _powers_of_two(1, 256)            # sequences decoded together
+    samples: tuple[int, ...] = _powers_of_two(1, 64)          # sequences per prompt (n)
     max_new: tuple[int, ...] = _powers_of_two(16, 16384)      # decode buffer length
+    max_rows: int = 256                                       # prompts x samples decoded together
 
     def __post_init__(self):
-        for name in ("prompt_len", "prompts", "rows", "max_new"):
+        if self.max_rows < 1:
+            raise ValueError(f"Buckets.max_rows must be positive, got {self.max_rows}")
+        for name in ("prompt_len", "prompts", "samples", "max_new"):
             values = getattr(self, name)
             if not values or any(int(v) <= 0 for v in values) or list(values) != sorted(set(values)):
                 raise ValueError(f"Buckets.{name} must be strictly increasing positive ints, got {values}")
@@ -34,6 +37,6 @@ class Buckets:
             if value <= b:
                 return b
         top = buckets[-1]
-        if what in ("prompts", "rows"):
+        if what in ("prompts", "samples"):
             raise ValueError(f"{value} {what} exceed the largest bucket {top}; the caller must split the batch")
         return top * math.ceil(value / top)

@@ -78,6 +78,7 @@ def _signature(tree) -> tuple:
 
 @jax.jit
 def _row_keys(prompt_keys, row_prompt, sample_index):
+    """Key of sample j of prompt p: fold_in(prompt key, j), whatever the batch layout."""
     return jax.vmap(jax.random.fold_in)(prompt_keys[row_prompt], sample_index)
 
 
@@ -177,28 +178,37 @@ class Sampler:
                 raise ValueError(f"prompt {i}: top_p must be in (0, 1]")
             if int(settings["top_k"][i]) < 0:
                 raise ValueError(f"prompt {i}: top_k must be >= 0 (0 = off)")
-        if max(int(x) for x in settings["n"]) > self.buckets.rows[-1]:
-            raise ValueError(f"n exceeds the largest rows bucket {self.buckets.rows[-1]}")
+        most = max(int(x) for x in settings["n"])
+        if most > self.buckets.samples[-1] or Buckets.fit(most, self.buckets.samples, "samples") > self.buckets.max_rows:
+            raise ValueError(f"n={most} exceeds the largest samples bucket {self.buckets.samples[-1]} "
+                             f"(or max_rows {self.buckets.max_rows}); pass larger Buckets")
 
     def _chunks(self, ns: list[int]) -> list[list[int]]:
-        """Consecutive prompt groups within the largest prompts and rows buckets."""
-        chunks, current, rows = [], [], 0
+        """Consecutive prompt groups whose padded size (prompts bucket x samples bucket)
+        stays within the largest prompts bucket and max_rows."""
+        b = self.buckets
+
+        def padded_rows(count: int, most: int) -> int:
+            return Buckets.fit(count, b.prompts, "prompts") * Buckets.fit(most, b.samples, "samples")
+
+        chunks: list[list[int]] = []
+        current: list[int] = []
         for i, n in enumerate(ns):
-            if current and (len(current) == self.buckets.prompts[-1] or rows + n > self.buckets.rows[-1]):
+            most = max([int(ns[j]) for j in current] + [int(n)])
+            if current and (len(current) == b.prompts[-1] or padded_rows(len(current) + 1, most) > b.max_rows):
                 chunks.append(current)
-                current, rows = [], 0
+                current = []
             current.append(i)
-            rows += int(n)
         chunks.append(current)
         return chunks
 
     def _run_chunk(self, chunk, prompts, settings, prompt_keys, result: SampleResult) -> None:
         b = self.buckets
         n_prompt_rows = Buckets.fit(len(chunk), b.prompts, "prompts")
+        samples = Buckets.fit(max(int(settings["n"][i]) for i in chunk), b.samples, "samples")
         prompt_len = Buckets.fit(max(prompts[i].size for i in chunk), b.prompt_len, "prompt_len")
         max_new = Buckets.fit(max(int(settings["max_new"][i]) for i in chunk), b.max_new, "max_new")
-        row_of = [(slot, j) for slot, i in enumerate(chunk) for j in range(int(settings["n"][i]))]
-        n_rows = Buckets.fit(len(row_of), b.rows, "rows")
+        n_rows = n_prompt_rows * samples
 
         tokens = np.zeros((n_prompt_rows, prompt_len), np.int32)
         mask = np.zeros((n_prompt_rows, prompt_len), bool)
@@ -207,40 +217,39 @@ class Sampler:
             tokens[slot, prompt_len - prompts[i].size:] = prompts[i]
             mask[slot, prompt_len - prompts[i].size:] = True
 
-        row_prompt = np.zeros(n_rows, np.int32)
-        sample_index = np.zeros(n_rows, np.int32)
+        # row = slot * samples + j (prompt-major: a prompt's samples share its prefill cache)
+        row_of = [(slot, j) for slot, i in enumerate(chunk) for j in range(int(settings["n"][i]))]
+        row_index = np.asarray([slot * samples + j for slot, j in row_of], np.int32)
         per_row = {name: np.zeros(n_rows, dt) for name, dt in
                    (("temperature", np.float32), ("top_p", np.float32), ("top_k", np.int32), ("max_new", np.int32))}
-        per_row["top_p"][:] = 1.0
-        for r, (slot, j) in enumerate(row_of):
-            i = chunk[slot]
-            row_prompt[r], sample_index[r] = slot, j
+        per_row["top_p"][:] = 1.0  # padding rows: max_new 0, never sampled
+        for r, (slot, _) in zip(row_index, row_of):
             for name in per_row:
-                per_row[name][r] = settings[name][i]
+                per_row[name][r] = settings[name][chunk[slot]]
         keys_by_slot = [prompt_keys[i] for i in chunk]
         keys_by_slot += [keys_by_slot[0]] * (n_prompt_rows - len(chunk))
-        row_keys = _row_keys(jnp.stack(keys_by_slot), row_prompt, sample_index)
+        row_keys = _row_keys(jnp.stack(keys_by_slot), np.repeat(np.arange(n_prompt_rows, dtype=np.int32), samples),
+                             np.tile(np.arange(samples, dtype=np.int32), n_prompt_rows))
         rows = decode_lib.RowSettings(keys=row_keys, temperature=per_row["temperature"], top_k=per_row["top_k"],
                                       top_p=per_row["top_p"], max_new=per_row["max_new"])
 
         graphdef, params = nnx.split(self.model)
-        static = {"max_new": max_new, "cap": self.cap}
         with self._mesh_context():
             t0 = time.perf_counter()
-            state = self._run("prefill", decode_lib.prefill,
-                              (graphdef, params, tokens, mask, row_prompt, rows, self.eos_ids), static,
-                              label=(n_prompt_rows, prompt_len, n_rows, max_new))
+            state = self._run("prefill", decode_lib.prefill, (graphdef, params, tokens, mask, rows, self.eos_ids),
+                              {"samples": samples, "max_new": max_new, "cap": self.cap},
+                              label=(n_prompt_rows, prompt_len, samples, max_new))
             jax.block_until_ready(state.done)
             t1 = time.perf_counter()
             state = self._run("decode", decode_lib.decode, (graphdef, params, state, rows, self.eos_ids),
-                              {"cap": self.cap}, donate=(2,), label=(n_rows, prompt_len, max_new))
+                              {"cap": self.cap}, donate=(2,), label=(n_prompt_rows, prompt_len, samples, max_new))
             out_tokens, out_logprobs, lengths, stopped, steps = jax.device_get(
                 (state.tokens, state.logprobs, state.lengths, state.stopped, state.step))
             t2 = time.perf_counter()
         result.prefill_s += t1 - t0
         result.decode_s += t2 - t1
         result.decode_steps = max(result.decode_steps, int(steps))
-        for r, (slot, _) in enumerate(row_of):
+        for r, (slot, _) in zip(row_index, row_of):
             length = int(lengths[r])
             result.generations[chunk[slot]].append(Generation(
                 token_ids=out_tokens[r, :length].copy(), logprobs=out_logprobs[r, :length].copy(),

@@ -1,0 +1,193 @@
+"""Sampler speed on the fixed peer_bench workload, next to the peers, in one run.
+
+    python benchmarks/sampler.py --config bench-tiny [--reps 3] [--skip-peers] [--peer-bench DIR]
+
+Workload (../shared/peer_bench/common.py): 8 prompts x 512 ids, 4 samples each, exactly 128
+new tokens (no end token), T=0.6, top-k 20, top-p 0.95, on the shared checkpoint written by
+peer_bench/hf_bench.py (our logits are checked against its ref_logits.npy first). Then the
+peers (transformers in /tmp/peer_hf_venv, Tunix in /tmp/peer_tunix_venv) run the same
+workload in subprocesses, one at a time, and a table with ratios is printed. Last, a
+mixed-length workload reports how many programs the bucketing compiles, and how long that takes.
+Last stdout line: `ANCHOR_BENCH_JSON {...}` (our numbers and the ratios).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+PEERS = {  # name -> (python, script)
+    "transformers": ("/tmp/peer_hf_venv/bin/python", "hf_bench.py"),
+    "tunix": ("/tmp/peer_tunix_venv/bin/python", "tunix_bench.py"),
+}
+
+
+def _common(peer_dir: Path):
+    spec = importlib.util.spec_from_file_location("peer_bench_common", peer_dir / "common.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _run_peer(name: str, peer_dir: Path, config: str, workload: str, reps: int) -> dict | None:
+    python, script = PEERS[name]
+    if not Path(python).exists():
+        print(f"[{name}] skipped: {python} does not exist (see {peer_dir}/README.md)", flush=True)
+        return None
+    cmd = [python, str(peer_dir / script), "--config", config, "--workload", workload, "--reps", str(reps)]
+    print(f"[{name}] {' '.join(cmd)}", flush=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=peer_dir)
+    for line in proc.stdout.splitlines():
+        if line.startswith("ANCHOR_BENCH_JSON "):
+            return json.loads(line[len("ANCHOR_BENCH_JSON "):])
+    print(f"[{name}] failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}\n{proc.stderr[-3000:]}", flush=True)
+    return None
+
+
+def check_weights(model, C, model_dir: Path) -> float:
+    """Max |our logits - transformers' logits| on the harness's reference input."""
+    import jax.numpy as jnp
+    from flax import nnx
+
+    @nnx.jit
+    def logits(model, tokens):
+        positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+        hidden, _ = model(tokens, positions)
+        return model.logits(hidden)
+
+    ref = np.load(model_dir / "ref_logits.npy")
+    ours = np.asarray(logits(model, jnp.asarray(C.ref_input())))
+    return float(np.max(np.abs(ours - ref)))
+
+
+def bench_ours(model, C, reps: int) -> dict:
+    import jax
+
+    from actionopd_jax.sampling import Sampler
+
+    sampler = Sampler(model, eos_ids=[])  # no end token: exactly NEW_TOKENS per row
+    prompts = list(C.prompts())
+    kw = dict(n=C.N_SAMPLES, max_new_tokens=C.NEW_TOKENS, temperature=C.TEMPERATURE, top_k=C.TOP_K, top_p=C.TOP_P)
+
+    def one(seed):
+        t0 = time.perf_counter()
+        out = sampler.sample(prompts, key=jax.random.key(seed), **kw)
+        total = time.perf_counter() - t0
+        assert all(len(g.token_ids) == C.NEW_TOKENS for gens in out.generations for g in gens)
+        return dict(prefill_s=out.prefill_s, decode_s=total - out.prefill_s, total_s=total), out
+
+    t = time.perf_counter()
+    one(100)
+    warm = time.perf_counter() - t
+    runs = []
+    for i in range(reps):
+        r, out = one(101 + i)
+        runs.append(r)
+        print("ours sample rep", i, {k: round(v, 4) for k, v in r.items()}, flush=True)
+    res = C.sampling_summary(runs, warm)
+    res["distinct_rows"] = len({tuple(g.token_ids.tolist()) for gens in out.generations for g in gens})
+    res["compiled_programs"] = sampler.stats.programs
+    res["compile_s"] = round(sampler.stats.seconds, 2)
+    return res
+
+
+def bench_compiles(model, seed: int = 0, calls: int = 12) -> dict:
+    """A collector-like stream of calls: ragged prompt lengths, varying n, max_new and
+    settings. Reports programs compiled and the time spent compiling them."""
+    import jax
+
+    from actionopd_jax.sampling import Sampler
+
+    rng = np.random.default_rng(seed)
+    sampler = Sampler(model, eos_ids=[151645])
+    t0 = time.perf_counter()
+    for i in range(calls):
+        n_prompts = int(rng.integers(1, 9))
+        prompts = [rng.integers(0, 151643, int(rng.integers(20, 600))).astype(np.int32) for _ in range(n_prompts)]
+        sampler.sample(prompts, n=int(rng.choice([1, 4])), max_new_tokens=int(rng.integers(8, 100)),
+                       temperature=float(rng.choice([0.0, 0.6, 1.0])), top_k=int(rng.choice([0, 20])),
+                       top_p=float(rng.choice([0.95, 1.0])), key=jax.random.key(i))
+    return dict(calls=calls, compiled_programs=sampler.stats.programs,
+                compile_s=round(sampler.stats.seconds, 2), total_s=round(time.perf_counter() - t0, 2),
+                programs=[list(map(str, s)) for s in sampler.stats.shapes])
+
+
+def _table(config: str, ours: dict, peers: dict[str, dict]) -> str:
+    rows = [("actionopd_jax (ours)", ours)] + [(name, r["sample"]) for name, r in peers.items()]
+    lines = [f"\n{config}: 8 prompts x 512, 4 samples, 128 new tokens (medians)",
+             f"{'system':<22}{'prefill s':>11}{'decode tok/s':>14}{'total s':>10}{'e2e tok/s':>11}",
+             ]
+    for name, r in rows:
+        lines.append(f"{name:<22}{r['prefill_s']:>11.3f}{r['decode_tok_per_s']:>14.1f}{r['total_s']:>10.2f}"
+                     f"{r['e2e_gen_tok_per_s']:>11.1f}")
+    for name, r in peers.items():
+        p = r["sample"]
+        lines.append(f"ours vs {name}: decode x{ours['decode_tok_per_s'] / p['decode_tok_per_s']:.2f}, "
+                     f"prefill x{p['prefill_s'] / ours['prefill_s']:.2f} faster, "
+                     f"end-to-end x{ours['e2e_gen_tok_per_s'] / p['e2e_gen_tok_per_s']:.2f}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", default="bench-tiny", choices=["bench-tiny", "bench-small"])
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--skip-peers", action="store_true")
+    ap.add_argument("--skip-compile-workload", action="store_true")
+    ap.add_argument("--peer-bench", default=str(Path(__file__).resolve().parents[2] / "shared" / "peer_bench"),
+                    help="directory of the peer_bench harness")
+    a = ap.parse_args(argv)
+    peer_dir = Path(a.peer_bench)
+    C = _common(peer_dir)
+    model_dir = Path(C.model_dir(a.config))
+    if not (model_dir / "ref_logits.npy").exists():
+        print(f"{model_dir} missing: writing it with hf_bench.py", flush=True)
+        if _run_peer("transformers", peer_dir, a.config, "prepare", 0) is None:
+            print(f"cannot create {model_dir}; run peer_bench/hf_bench.py --config {a.config} first", file=sys.stderr)
+            return 2
+
+    import jax
+
+    from actionopd_jax.model.weights import load_hf
+
+    t = time.perf_counter()
+    cfg, model = load_hf(model_dir)
+    load_s = time.perf_counter() - t
+    diff = check_weights(model, C, model_dir)
+    print(f"loaded {model_dir} in {load_s:.2f} s; max |logits - ref_logits| = {diff:.2e}", flush=True)
+    if diff > 1e-3:
+        print("our logits do not match the harness's reference: not benchmarking", file=sys.stderr)
+        return 1
+    ours = bench_ours(model, C, a.reps)
+    peers = {}
+    if not a.skip_peers:
+        for name in PEERS:
+            r = _run_peer(name, peer_dir, a.config, "sample", a.reps)
+            if r is not None and "sample" in r:
+                peers[name] = r
+    compiles = None if a.skip_compile_workload else bench_compiles(model)
+    print(_table(a.config, ours, peers))
+    if compiles:
+        print(f"\nmixed-length workload: {compiles['calls']} calls -> {compiles['compiled_programs']} compiled "
+              f"programs, {compiles['compile_s']} s compiling (of {compiles['total_s']} s)")
+    result = dict(system="actionopd_jax", config=a.config, jax=jax.__version__, load_s=round(load_s, 2),
+                  max_logit_diff=diff, sample=ours, compile_workload=compiles, **C.machine(),
+                  peers={k: v["sample"] for k, v in peers.items()},
+                  ratios={k: dict(decode=round(ours["decode_tok_per_s"] / v["sample"]["decode_tok_per_s"], 2),
+                                  prefill_speedup=round(v["sample"]["prefill_s"] / ours["prefill_s"], 2),
+                                  e2e=round(ours["e2e_gen_tok_per_s"] / v["sample"]["e2e_gen_tok_per_s"], 2))
+                          for k, v in peers.items()})
+    C.emit(result)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
