@@ -61,7 +61,7 @@ def initial_params(cfg: Config, qcfg: Qwen3Config, mesh) -> dict:
             dtype=qcfg.dtype, param_dtype=qcfg.param_dtype, remat=qcfg.remat), mesh=mesh)
         return split_params(model)[1]
     abstract = nnx.eval_shape(lambda: Qwen3(qcfg, rngs=nnx.Rngs(0)))
-    shardings = param_shardings(nnx.state(abstract, nnx.Param), mesh).to_pure_dict()
+    shardings = nnx.to_pure_dict(param_shardings(nnx.state(abstract, nnx.Param), mesh))
     seed = cfg.model.init_seed
 
     def init():

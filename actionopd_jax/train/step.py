@@ -61,7 +61,7 @@ def split_params(model: nnx.Module) -> tuple[Any, dict]:
     graphdef, params, rest = nnx.split(model, nnx.Param, ...)
     if jax.tree.leaves(rest):
         raise ValueError("the model holds non-Param state; the trainer only trains nnx.Param")
-    return graphdef, params.to_pure_dict()
+    return graphdef, nnx.to_pure_dict(params)
 
 
 def response_logprobs(model, hidden: jax.Array, resp_index: jax.Array, resp_tokens: jax.Array,
@@ -99,7 +99,7 @@ class TrainStep:
         self.abstract_params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype),
                                             abstract_params)
         model_state = nnx.state(nnx.merge(graphdef, abstract_params))
-        self.param_shardings = param_shardings(model_state, mesh, rules).to_pure_dict()
+        self.param_shardings = nnx.to_pure_dict(param_shardings(model_state, mesh, rules))
         replicated = NamedSharding(mesh, PartitionSpec())
         abstract_opt = jax.eval_shape(tx.init, abstract_params)
         self.opt_shardings = optax.tree_map_params(
@@ -204,8 +204,8 @@ class TrainStep:
         metrics = {
             "loss": L.mean_loss(sums),
             "tokens": sums.tokens,
-            "grad_norm": optax.global_norm(grads),
-            "update_norm": optax.global_norm(updates),
+            "grad_norm": optax.tree.norm(grads),
+            "update_norm": optax.tree.norm(updates),
             "clip_frac_low": sums.clipped_low / tok,
             "clip_frac_high": sums.clipped_high / tok,
             "dual_clip_frac": sums.dual_clipped / tok,

@@ -1,0 +1,127 @@
+"""Run config: defaults, YAML + dotted overrides, errors that name the key, shipped recipes,
+the resume compatibility rule, and `actionopd train --check`."""
+
+from pathlib import Path
+
+import pytest
+
+from actionopd_jax.config import (Config, ConfigError, experiment_changes, load_config, parse_override)
+from actionopd_jax.train import cli as train_cli
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+SHIPPED = sorted(p.name for p in CONFIGS.glob("*.yaml"))
+
+
+def test_tiny_cpu_yaml_is_the_embedded_default():
+    assert load_config(CONFIGS / "tiny_cpu.yaml") == Config()
+    assert load_config(None) == Config()
+
+
+def test_paper_defaults():
+    c = Config()
+    assert (c.collect.num_candidates, c.collect.teacher_samples, c.collect.freq_bonus) == (4, 3, 0.5)
+    assert (c.train.lr, c.train.warmup_steps, c.train.clip_eps, c.train.dual_clip, c.train.ppo_epochs) == (
+        1e-6, 0, 0.2, 3.0, 1)
+
+
+def test_overrides_are_typed_and_applied_after_the_file(tmp_path):
+    f = tmp_path / "x.yaml"
+    f.write_text("train:\n  lr: 1e-5\n  steps: 7\nenv:\n  domains: [airline]\n")
+    c = load_config(f, ["train.steps=9", "collect.synthetic.groups_per_step=2", "env.domains=[a,b]",
+                        "model.remat=full", "run.tensorboard=false"])
+    assert c.train.lr == 1e-5  # YAML 1.1 reads 1e-5 as a string; the float field converts it
+    assert c.train.steps == 9 and c.collect.synthetic.groups_per_step == 2
+    assert c.env.domains == ("a", "b") and c.model.remat == "full" and c.run.tensorboard is False
+    assert parse_override("teacher.base_url=http://h:1/v1") == ("teacher.base_url", "http://h:1/v1")
+
+
+@pytest.mark.parametrize("override, message", [
+    ("train.lrr=1", "unknown config key 'train.lrr'; did you mean 'train.lr'?"),
+    ("trian.lr=1", "unknown config key 'trian.lr'; did you mean 'train.lr'?"),
+    ("collect.synthetic.groups_per_stepp=3", "did you mean 'collect.synthetic.groups_per_step'?"),
+    ("train.lr=fast", "train.lr: expected a number, got 'fast'"),
+    ("train.steps=1.5", "train.steps: expected an integer, got 1.5"),
+    ("run.tensorboard=1", "run.tensorboard: expected true/false, got 1"),
+    ("model.remat=some", "model.remat='some'; expected one of ('none', 'full', 'dots')"),
+    ("train.minibatch_rows=12", "must be a multiple of train.microbatch_rows=8"),
+    ("train.dual_clip=1.0", "train.dual_clip must be > 1"),
+    ("collect.temperature=0", "collect.temperature must be > 0"),
+    ("train", "must look like section.key=value"),
+])
+def test_bad_overrides_name_the_key(override, message):
+    with pytest.raises(ConfigError) as e:
+        load_config(None, [override])
+    assert message in str(e.value)
+
+
+def test_misspelled_key_in_yaml_file(tmp_path):
+    f = tmp_path / "bad.yaml"
+    f.write_text("train:\n  microbatch_row: 4\n")
+    with pytest.raises(ConfigError, match="unknown config key 'train.microbatch_row'; did you mean "
+                                          "'train.microbatch_rows'"):
+        load_config(f)
+    f.write_text("trainer:\n  lr: 1\n")
+    with pytest.raises(ConfigError, match="unknown config key 'trainer'; did you mean 'train'"):
+        load_config(f)
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_configs_load_and_follow_the_paper(name):
+    c = load_config(CONFIGS / name)
+    assert (c.collect.num_candidates, c.collect.teacher_samples, c.collect.freq_bonus) == (4, 3, 0.5)
+    assert (c.train.clip_eps, c.train.dual_clip, c.train.ppo_epochs, c.train.warmup_steps) == (0.2, 3.0, 1, 0)
+    assert c.train.lr == 1e-6
+    if name != "tiny_cpu.yaml":  # table 8 student sampling for every real recipe
+        assert (c.collect.temperature, c.collect.top_p, c.collect.top_k) == (0.6, 0.95, 20)
+        assert c.collect.max_response_tokens == 4096 and c.collect.enable_thinking
+    if name.startswith("tau2_"):  # table 8 tau rows and B.4: 8 task starts per domain, 20 decisions
+        assert c.collect.task_starts_per_step == 24 and c.collect.max_decisions == 20
+        assert (c.teacher.temperature, c.teacher.top_p, c.teacher.top_k, c.teacher.max_tokens) == (
+            0.6, 0.95, 20, 8192)
+        assert (c.matcher.temperature, c.matcher.top_p, c.matcher.top_k, c.matcher.max_tokens) == (
+            0.7, 0.8, 20, 32768)
+        assert (c.env.user_temperature, c.env.user_top_p, c.env.user_max_tokens) == (0.7, 0.8, 8192)
+
+
+@pytest.mark.parametrize("name, devices", [("tiny_cpu.yaml", 1), ("qwen3_4b_tpu.yaml", 4),
+                                           ("qwen3_8b_tpu.yaml", 4), ("qwen3_4b_h200.yaml", 1),
+                                           ("tau2_qwen3_4b_tpu.yaml", 4), ("tau2_qwen3_4b_h200.yaml", 1)])
+def test_check_prints_the_plan(name, devices, capsys):
+    assert train_cli.main(["--config", str(CONFIGS / name), "--check", "--devices", str(devices)]) == 0
+    out = capsys.readouterr().out
+    assert "parameters" in out and "total (+10%)" in out and "config OK" in out
+    if name != "tiny_cpu.yaml":
+        assert "-> fits" in out  # shipped recipes fit their target device by the estimate
+
+
+def test_check_estimate_matches_hand_count(capsys):
+    # tiny preset, 1 device: parameters = count_params * 4 bytes
+    from actionopd_jax.model import PRESETS, count_params
+    from actionopd_jax.train.plan import estimate_memory
+
+    c = Config()
+    est = estimate_memory(c, PRESETS["tiny"], {"data": 1, "fsdp": 1, "tensor": 1})
+    n = count_params(PRESETS["tiny"])["total"]
+    assert est.params == n * 4 and est.optimizer == 2 * n * 4 and est.grads == n * 8
+    est4 = estimate_memory(c, PRESETS["tiny"], {"data": 1, "fsdp": 4, "tensor": 1})
+    assert est4.params == pytest.approx(est.params / 4)
+
+
+def test_cli_reports_config_errors(capsys):
+    assert train_cli.main(["train.lrr=1", "--check"]) == 2
+    assert "did you mean 'train.lr'" in capsys.readouterr().err
+    assert train_cli.main(["--resume", "abc", "--check"]) == 2
+
+
+def test_resume_compatibility_rule():
+    saved = Config().to_dict()
+    # layout, paths, logging and length of the run may change ...
+    ok = Config().replace(**{"mesh.fsdp": 4, "train.steps": 50, "train.microbatch_rows": 4,
+                             "checkpoint.every_steps": 9, "run.name": "other", "teacher.base_url": "http://x"})
+    assert experiment_changes(saved, ok.to_dict()) == []
+    # ... but not the method, the optimizer, the model or the seed
+    bad = Config().replace(**{"train.lr": 2e-6, "collect.freq_bonus": 0.0, "run.seed": 1})
+    assert experiment_changes(saved, bad.to_dict()) == [
+        "collect.freq_bonus: 0.5 -> 0.0", "run.seed: 0 -> 1", "train.lr: 1e-06 -> 2e-06"]
