@@ -219,6 +219,12 @@ def _structured_call(call: Any, tools: Sequence[ToolSchema] | None) -> Action:
     return check_tool_call(name, arguments, tools)
 
 
+def _arguments_text(arguments: dict[str, Any]) -> str:
+    # Parsed arguments are plain JSON; a value that is not (only possible from Python callers)
+    # is shown by its type name rather than failing to record the turn.
+    return json.dumps(arguments, ensure_ascii=False, default=lambda o: f"<{type(o).__name__}>")
+
+
 def action_to_assistant_message(action: ToolCall | Message, *, call_id: str) -> ChatMessage:
     """The assistant message that records a committed action in the conversation history."""
     if isinstance(action, ToolCall):
@@ -231,7 +237,7 @@ def action_to_assistant_message(action: ToolCall | Message, *, call_id: str) -> 
                 {
                     "id": call_id,
                     "type": "function",
-                    "function": {"name": action.name, "arguments": json.dumps(action.arguments, ensure_ascii=False)},
+                    "function": {"name": action.name, "arguments": _arguments_text(action.arguments)},
                 }
             ],
         }

@@ -11,9 +11,9 @@ criteria stay inside the environment object.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Protocol, runtime_checkable
 
+from actionopd_jax.chat.actions import action_to_assistant_message
 from actionopd_jax.types import Action, ChatMessage, Invalid, Message, Observation, Task, ToolCall
 
 
@@ -47,28 +47,12 @@ class Environment(Protocol):
 
 
 def assistant_message(action: ToolCall | Message | Invalid, call_id: str) -> ChatMessage:
-    """The assistant turn that `action` adds to the public conversation."""
-    if isinstance(action, ToolCall):
-        return {
-            "role": "assistant",
-            "content": "",
-            "tool_calls": [
-                {
-                    "id": call_id,
-                    "type": "function",
-                    "function": {"name": action.name, "arguments": _json_text(action.arguments)},
-                }
-            ],
-        }
-    if isinstance(action, Message):
-        return {"role": "assistant", "content": action.text}
-    # An unparsable reply leaves an empty assistant turn: the raw text is not part of the action.
-    return {"role": "assistant", "content": ""}
-
-
-def _json_text(arguments) -> str:
-    # Arguments come JSON-decoded from the parser; anything else is shown, not serialized.
-    return json.dumps(arguments, default=lambda o: f"<{type(o).__name__}>")
+    """The assistant turn that `action` adds to the public conversation (the chat package's
+    record of a committed action; an unparsable reply leaves an empty assistant turn, since
+    its raw text is not part of any action)."""
+    if isinstance(action, Invalid):
+        return {"role": "assistant", "content": ""}
+    return action_to_assistant_message(action, call_id=call_id)
 
 
 def tool_message(call_id: str, name: str, content: str) -> ChatMessage:
