@@ -79,7 +79,7 @@ class SyntheticConfig:
 
 @dataclass(frozen=True)
 class CollectConfig:
-    kind: str = "synthetic"  # "synthetic" | "actionopd" (the state-group collector)
+    kind: str = "synthetic"  # "synthetic" | "actionopd" (the state-group collector) | "kd" | "opd" (baselines)
     num_candidates: int = 4  # N
     teacher_samples: int = 3  # K
     freq_bonus: float = 0.5  # lambda
@@ -95,6 +95,17 @@ class CollectConfig:
     enable_thinking: bool = False
     concurrency: int = 16  # trajectories in flight
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+
+
+@dataclass(frozen=True)
+class KDConfig:
+    """Offline KD baseline (collect.kind=kd, train.loss=kd; paper B.4)."""
+
+    trajectories: str = ""  # JSONL of recorded teacher episodes; empty: run the teacher (teacher.*) first
+    trials: int = 4  # teacher episodes per task (paper: four per task start)
+    min_reward: float = 1.0  # keep episodes whose score reward is at least this (successful ones)
+    max_tasks: int = 0  # tasks of env.* to run the teacher on (0: all)
+    examples_per_step: int = 0  # demonstrated turns per step (0: train.minibatch_rows)
 
 
 @dataclass(frozen=True)
@@ -191,6 +202,7 @@ class Config:
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
     matcher: MatcherConfig = field(default_factory=MatcherConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
+    kd: KDConfig = field(default_factory=KDConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     run: RunConfig = field(default_factory=RunConfig)
@@ -213,7 +225,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.remat": ("none", "full", "dots"),
     "train.loss": ("actionopd", "kd", "opd"),
     "train.old_logprobs": ("recompute", "sampler"),
-    "collect.kind": ("synthetic", "actionopd"),
+    "collect.kind": ("synthetic", "actionopd", "kd", "opd"),
     "collect.reward": ("actionopd", "binary", "validity"),
     "collect.commit": ("argmax", "random"),
     "teacher.kind": ("openai", "vertex", "local", "self", "none"),
@@ -400,8 +412,26 @@ def validate(cfg: Config) -> None:
     s = cfg.collect.synthetic
     if not (0 < s.prompt_tokens_min <= s.prompt_tokens_max and 0 < s.response_tokens_min <= s.response_tokens_max):
         raise ConfigError("collect.synthetic: need 0 < *_tokens_min <= *_tokens_max")
+    _validate_method(cfg)
     if cfg.checkpoint.every_steps < 0:
         raise ConfigError(f"checkpoint.every_steps must be >= 0, got {cfg.checkpoint.every_steps}")
+
+
+def _validate_method(cfg: Config) -> None:
+    """Which objective goes with which group source (the baselines of paper B.4/B.5)."""
+    kind, loss = cfg.collect.kind, cfg.train.loss
+    needs = {"kd": "kd", "opd": "opd"}
+    if kind in needs and loss != needs[kind]:
+        raise ConfigError(f"collect.kind={kind} produces {kind.upper()} data; set train.loss={needs[kind]} "
+                          f"(got train.loss={loss})")
+    if kind == "actionopd" and loss != "actionopd":
+        raise ConfigError(f"collect.kind=actionopd trains the ActionOPD surrogate; set train.loss=actionopd "
+                          f"(got {loss}), or collect.kind={loss} for the {loss.upper()} baseline")
+    if cfg.teacher.kind == "self" and kind != "actionopd":
+        raise ConfigError("teacher.kind=self is Self-ActionOPD: it needs collect.kind=actionopd "
+                          f"(got collect.kind={kind})")
+    if cfg.kd.trials < 1 or cfg.kd.max_tasks < 0 or cfg.kd.examples_per_step < 0:
+        raise ConfigError("kd.trials must be >= 1, kd.max_tasks and kd.examples_per_step >= 0")
 
 
 # Keys that may differ between a checkpoint and the config that resumes it: they change how

@@ -47,6 +47,10 @@ class EndpointAgent:
         self._extra = dict(extra_body or {})
 
     async def act(self, obs: Observation, *, task: Task, trial: int) -> Action:
+        return (await self.act_detailed(obs, task=task, trial=trial))[0]
+
+    async def act_detailed(self, obs: Observation, *, task: Task, trial: int) -> tuple[Action, str]:
+        """(action, the reply's reasoning_content or ""): KD imitates the reasoning too."""
         import openai
 
         try:
@@ -60,7 +64,10 @@ class EndpointAgent:
             raise AgentUnavailable(f"endpoint rejected the request: {e}") from e
         except openai.APIError as e:
             raise AgentUnavailable(f"endpoint failed: {type(e).__name__}: {e}") from e
-        return action_from_openai_message(r.choices[0].message, obs.tools, role="student")
+        message = r.choices[0].message
+        reasoning = getattr(message, "reasoning_content", None) or (message.model_extra or {}).get("reasoning_content")
+        action = action_from_openai_message(message, obs.tools, role="student")
+        return action, reasoning if isinstance(reasoning, str) else ""
 
 
 class BackendAgent:
@@ -72,6 +79,9 @@ class BackendAgent:
         self._temperature, self._max_tokens = temperature, max_tokens
 
     async def act(self, obs: Observation, *, task: Task, trial: int) -> Action:
+        return (await self.act_detailed(obs, task=task, trial=trial))[0]
+
+    async def act_detailed(self, obs: Observation, *, task: Task, trial: int) -> tuple[Action, str]:
         req = ChatRequest(model=self.name, messages=obs.messages, tools=obs.tools or None, tool_choice="auto",
                           temperature=self._temperature, max_tokens=self._max_tokens, seed=trial)
         try:
@@ -82,7 +92,7 @@ class BackendAgent:
             raise AgentUnavailable(e.message) from e
         c = choices[0]
         message = {"role": "assistant", "content": c.content, "tool_calls": c.tool_calls}
-        return action_from_openai_message(message, obs.tools, role="student")
+        return action_from_openai_message(message, obs.tools, role="student"), c.reasoning_content or ""
 
 
 class ReferenceAgent:

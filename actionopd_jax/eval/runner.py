@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 
 from actionopd_jax.envs.base import Environment
 from actionopd_jax.eval.agents import Agent, AgentUnavailable, ContextTooLong
-from actionopd_jax.types import Task
+from actionopd_jax.types import Action, Task
 
 EnvFactory = Callable[[Task], Environment]
 
@@ -57,35 +57,69 @@ def load_finished(path: Path) -> list[dict[str, Any]]:
     return records
 
 
-async def run_episode(agent: Agent, env: Environment, task: Task, trial: int, *, max_actions: int) -> dict[str, Any]:
+async def _act(agent: Agent, obs, task: Task, trial: int, detailed: bool) -> tuple[Action, str]:
+    """(action, reasoning). Reasoning only when asked for and the agent can report it
+    (`act_detailed`); evaluation itself never needs it."""
+    if detailed and hasattr(agent, "act_detailed"):
+        return await agent.act_detailed(obs, task=task, trial=trial)
+    return await agent.act(obs, task=task, trial=trial), ""
+
+
+async def run_episode(agent: Agent, env: Environment, task: Task, trial: int, *, max_actions: int,
+                      record_conversation: bool = False) -> dict[str, Any]:
+    """One episode. With `record_conversation` the record also holds the final public
+    conversation (`messages`, the agent's reasoning as `reasoning_content` on its turns when
+    the agent reports it), the final `tools`, and per agent turn (`turns`): the index of its
+    assistant message, the tool list it saw (an index into `tool_sets`) and the action kind
+    (KD builds its examples from these; paper B.4)."""
     t0 = time.perf_counter()
     obs = await env.reset(task)
     actions, end_reason = 0, ""
     done = obs.done
+    turns: list[dict[str, Any]] = []
+    tool_sets: list[list[dict]] = []
     while not done:
         if actions >= max_actions:
             env.end("action_limit")
             end_reason = "action_limit"
             break
         try:
-            action = await agent.act(obs, task=task, trial=trial)
+            action, reasoning = await _act(agent, obs, task, trial, record_conversation)
         except ContextTooLong:
             env.end("context_budget")
             end_reason = "context_budget"
             break
+        before, tools = len(obs.messages), obs.tools
         obs, done = await env.step(action)
         actions += 1
+        if record_conversation:
+            if not tool_sets or tool_sets[-1] != tools:
+                tool_sets.append(list(tools))
+            turns.append({"index": before, "tools": len(tool_sets) - 1, "kind": type(action).__name__,
+                          "reasoning": reasoning})
     score = await asyncio.to_thread(env.score)
-    return {"task_id": task.task_id, "env": task.env, "split": task.split, "group": episode_group(task),
-            "trial": trial, "agent": agent.name, "actions": actions,
-            "end_reason": end_reason or score.get("end_reason", ""), "seconds": round(time.perf_counter() - t0, 3),
-            "score": score}
+    record = {"task_id": task.task_id, "env": task.env, "split": task.split, "group": episode_group(task),
+              "trial": trial, "agent": agent.name, "actions": actions,
+              "end_reason": end_reason or score.get("end_reason", ""), "seconds": round(time.perf_counter() - t0, 3),
+              "score": score}
+    if record_conversation:
+        messages = [dict(m) for m in obs.messages]
+        for turn in turns:
+            reasoning = turn.pop("reasoning")
+            if turn["index"] >= len(messages) or messages[turn["index"]].get("role") != "assistant":
+                raise RuntimeError(f"{task.task_id}: the environment did not append the agent's turn at "
+                                   f"message {turn['index']}; cannot record the conversation")
+            if reasoning:
+                messages[turn["index"]]["reasoning_content"] = reasoning
+        record.update(messages=messages, tools=list(obs.tools), tool_sets=tool_sets, turns=turns)
+    return record
 
 
 async def run_eval(agent: Agent, tasks: list[Task], make_env: EnvFactory, out_jsonl: str | Path, *,
                    trials: int = 1, concurrency: int = 8, max_actions: int = 200,
-                   progress: bool = True) -> tuple[list[dict[str, Any]], list[str]]:
-    """Returns (all finished records, errors of episodes that could not finish)."""
+                   progress: bool = True, record_conversation: bool = False) -> tuple[list[dict[str, Any]], list[str]]:
+    """Returns (all finished records, errors of episodes that could not finish).
+    `record_conversation`: see `run_episode`."""
     out = Path(out_jsonl)
     out.parent.mkdir(parents=True, exist_ok=True)
     _drop_torn_tail(out)
@@ -100,7 +134,8 @@ async def run_eval(agent: Agent, tasks: list[Task], make_env: EnvFactory, out_js
         async def one(task: Task, trial: int) -> None:
             async with sem:
                 try:
-                    rec = await run_episode(agent, make_env(task), task, trial, max_actions=max_actions)
+                    rec = await run_episode(agent, make_env(task), task, trial, max_actions=max_actions,
+                                            record_conversation=record_conversation)
                 except AgentUnavailable as e:
                     errors.append(f"{task.task_id} trial {trial}: {e}")
                     return

@@ -6,7 +6,8 @@ The loop only needs an object with
     metrics() -> dict[str, float]               # optional, about the last collect
 `collect.kind` picks the source: "synthetic" is the deterministic stand-in below;
 "actionopd" is the state-group collector (actionopd_jax.collect), reached through
-`actionopd_jax.collect.build_group_source(cfg, context)` once that adapter exists.
+`actionopd_jax.collect.build_group_source(cfg, context)` once that adapter exists;
+"kd" / "opd" and teacher.kind=self are the baselines (actionopd_jax.baselines.wiring).
 """
 
 from __future__ import annotations
@@ -125,6 +126,11 @@ def build_source(cfg: Config, ctx: SourceContext) -> GroupSource:
                                     num_candidates=cfg.collect.num_candidates,
                                     vocab_size=ctx.model_config.vocab_size,
                                     process_index=ctx.process_index, process_count=ctx.process_count)
+    if kind in ("kd", "opd") or (kind == "actionopd" and cfg.teacher.kind == "self"):
+        # the baselines of paper B.4/B.5 (offline KD, token-level OPD, Self-ActionOPD)
+        from actionopd_jax.baselines.wiring import build_baseline_source
+
+        return build_baseline_source(cfg, ctx)
     if kind == "actionopd":
         try:
             module = importlib.import_module("actionopd_jax.collect")

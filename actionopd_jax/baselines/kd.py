@@ -1,0 +1,334 @@
+"""Offline knowledge distillation (KD) baseline, paper B.4 "successful teacher-trajectory imitation".
+
+1. `teacher_trajectories`: run a teacher (any eval `Agent`: an OpenAI-compatible endpoint, a
+   backend in process, the privileged reference policy) through the environments with the
+   evaluation harness, recording each episode's public conversation; keep the successful ones
+   (reward >= 1). Outcome labels filter demonstrations; they are never a reward.
+2. `kd_examples`: every assistant turn of a kept trajectory is one example: the prompt is the
+   public history before it rendered with the chat template within the context budget (the
+   same `PromptBuilder` the collector uses, so KD prompts look exactly like ActionOPD states),
+   the target is the turn's own tokens as the student would generate them after that prompt:
+   reasoning (when thinking is on), the message / tool call, and the end-of-turn token. User
+   turns and tool observations are context only.
+3. `kd_train`: cross-entropy on target tokens through the trainer's own machinery
+   (`train.loop.Trainer` with `train.loss=kd`: same mesh, sharding, length buckets, microbatch
+   accumulation, optimizer, checkpoints); the loss is the mean over the target tokens of the
+   whole minibatch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from actionopd_jax.types import Candidate, ChatMessage, Message, StateGroup, Task, ToolSchema
+
+log = logging.getLogger(__name__)
+
+END_OF_TURN = "<|im_end|>"
+
+
+@dataclass(frozen=True)
+class KDExample:
+    """One demonstrated assistant turn: the student's prompt and the tokens to imitate."""
+
+    prompt_ids: np.ndarray  # int32, the rendered public history (ends with the generation prompt)
+    target_ids: np.ndarray  # int32, the turn's tokens up to and including the end-of-turn token
+    task_id: str = ""
+    trial: int = 0
+    message_index: int = 0  # index of the assistant message in the trajectory's conversation
+
+
+# --- 1. teacher trajectories --------------------------------------------------------------------
+
+def is_successful(record: dict[str, Any], min_reward: float = 1.0) -> bool:
+    reward = (record.get("score") or {}).get("reward")
+    return isinstance(reward, (int, float)) and float(reward) >= min_reward
+
+
+async def teacher_trajectories(agent: Any, tasks: Sequence[Task], make_env: Any, *, trials: int = 1,
+                               concurrency: int = 8, keep_successful: bool = True, min_reward: float = 1.0,
+                               max_actions: int = 200, out_jsonl: str | Path | None = None,
+                               progress: bool = False) -> list[dict[str, Any]]:
+    """Run `agent` on every (task, trial) and return the episode records with their public
+    conversations (`messages`, `tools`, `tool_sets`, `turns`; see `eval.runner.run_episode`),
+    in task order then trial order. With `keep_successful`, only episodes whose
+    score reward >= `min_reward` (paper: successful ones) are returned.
+
+    `out_jsonl`: keep the records there (resumable: finished episodes are not rerun);
+    default a temporary file. Episodes whose agent became unavailable are logged and skipped.
+    """
+    from actionopd_jax.eval.runner import run_eval
+
+    if trials < 1:
+        raise ValueError(f"trials must be >= 1, got {trials}")
+    with tempfile.TemporaryDirectory(prefix="kd-traj-") as tmp:
+        path = Path(out_jsonl) if out_jsonl is not None else Path(tmp) / "trajectories.jsonl"
+        records, errors = await run_eval(agent, list(tasks), make_env, path, trials=trials, concurrency=concurrency,
+                                         max_actions=max_actions, progress=progress, record_conversation=True)
+    for e in errors:
+        log.warning("teacher episode not finished: %s", e)
+    wanted = {(t.task_id, t.env): i for i, t in enumerate(tasks)}
+    records = [r for r in records if (r["task_id"], r["env"]) in wanted]
+    missing = [r["task_id"] for r in records if "messages" not in r]
+    if missing:
+        raise ValueError(f"{out_jsonl} holds episodes recorded without their conversation ({missing[:3]} ...); "
+                         "use a fresh file for teacher trajectories")
+    records.sort(key=lambda r: (wanted[(r["task_id"], r["env"])], r["trial"]))
+    kept = [r for r in records if is_successful(r, min_reward)] if keep_successful else records
+    log.info("teacher trajectories: %d episodes, %d kept (reward >= %s)", len(records), len(kept), min_reward)
+    return kept
+
+
+def load_trajectories(path: str | Path, *, keep_successful: bool = True, min_reward: float = 1.0) -> list[dict]:
+    """Trajectory records from a JSONL file (as written by `teacher_trajectories(out_jsonl=...)`)."""
+    from actionopd_jax.eval.runner import load_finished
+
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"KD trajectories file {p} does not exist")
+    records = [r for r in load_finished(p) if "messages" in r]
+    return [r for r in records if is_successful(r, min_reward)] if keep_successful else records
+
+
+# --- 2. examples --------------------------------------------------------------------------------
+
+def _assistant_turns(record: dict[str, Any]) -> list[tuple[int, list[ToolSchema]]]:
+    """(message index, tools seen) of each assistant turn that holds an action. Invalid
+    replies (an empty assistant turn: the raw text is not in the conversation) are skipped."""
+    messages = record["messages"]
+    if "turns" in record and "tool_sets" in record:
+        return [(t["index"], record["tool_sets"][t["tools"]]) for t in record["turns"] if t.get("kind") != "Invalid"]
+    tools = record.get("tools") or []
+    return [(i, tools) for i, m in enumerate(messages)
+            if m.get("role") == "assistant" and (m.get("content") or m.get("tool_calls"))]
+
+
+def _target_message(message: ChatMessage, enable_thinking: bool) -> ChatMessage:
+    out = dict(message)
+    if not enable_thinking:
+        # a student prompted without thinking starts after an empty reasoning block: the
+        # teacher's reasoning cannot be part of what it generates
+        out.pop("reasoning_content", None)
+    return out
+
+
+def kd_examples(trajectories: Sequence[dict[str, Any]], tokenizer: Any, *, max_prompt_tokens: int,
+                enable_thinking: bool = False, end_of_turn: str = END_OF_TURN) -> list[KDExample]:
+    """One example per assistant turn (see the module docstring). Turns whose protected
+    context does not fit `max_prompt_tokens` are skipped (counted in the log)."""
+    from actionopd_jax.chat import render_text
+    from actionopd_jax.collect.prompt import PromptBuilder
+
+    builder = PromptBuilder(tokenizer, max_prompt_tokens=max_prompt_tokens, enable_thinking=enable_thinking)
+    out: list[KDExample] = []
+    too_long = 0
+    for record in trajectories:
+        messages = record["messages"]
+        for index, tools in _assistant_turns(record):
+            prompt = builder.build(messages[:index], tools)
+            if prompt is None:
+                too_long += 1
+                continue
+            turn = _target_message(messages[index], enable_thinking)
+            prompt_text = render_text(tokenizer, prompt.messages, tools, add_generation_prompt=True,
+                                      enable_thinking=enable_thinking)
+            full_text = render_text(tokenizer, prompt.messages + [turn], tools, add_generation_prompt=False,
+                                    enable_thinking=enable_thinking)
+            if not full_text.startswith(prompt_text):
+                raise ValueError(
+                    f"{record['task_id']} message {index}: the chat template does not render the assistant turn "
+                    "as a continuation of the generation prompt, so its tokens are not what the student would "
+                    "generate; KD needs a template whose history rendering extends the prompt")
+            target_text = full_text[len(prompt_text):]
+            end = target_text.find(end_of_turn)
+            if end < 0:
+                raise ValueError(f"{record['task_id']} message {index}: rendered turn has no {end_of_turn!r}")
+            target_text = target_text[: end + len(end_of_turn)]
+            target = np.asarray(tokenizer.encode(target_text, add_special_tokens=False), np.int32)
+            out.append(KDExample(prompt_ids=np.asarray(prompt.ids, np.int32), target_ids=target,
+                                 task_id=record["task_id"], trial=int(record.get("trial", 0)), message_index=index))
+    if too_long:
+        log.warning("KD: %d assistant turn(s) skipped: protected context over %d tokens", too_long, max_prompt_tokens)
+    return out
+
+
+def save_examples(examples: Sequence[KDExample], path: str | Path) -> None:
+    with Path(path).open("w") as f:
+        for e in examples:
+            f.write(json.dumps({"prompt_ids": e.prompt_ids.tolist(), "target_ids": e.target_ids.tolist(),
+                                "task_id": e.task_id, "trial": e.trial, "message_index": e.message_index}) + "\n")
+
+
+def load_examples(path: str | Path) -> list[KDExample]:
+    out = []
+    with Path(path).open() as f:
+        for line in f:
+            if line.strip():
+                d = json.loads(line)
+                out.append(KDExample(np.asarray(d["prompt_ids"], np.int32), np.asarray(d["target_ids"], np.int32),
+                                     d.get("task_id", ""), int(d.get("trial", 0)), int(d.get("message_index", 0))))
+    return out
+
+
+# --- 3. training through the trainer --------------------------------------------------------------
+
+class KDGroupSource:
+    """`train.sources.GroupSource` over fixed KD examples: step s trains on positions
+    [s*E, (s+1)*E) of an endless stream of seeded per-epoch shuffles of the examples (E =
+    examples_per_step), so the data of a step depends on (seed, step) only and a resumed
+    run retraces an uninterrupted one. Each process takes every process_count-th example of
+    the step. An example is a one-candidate group whose candidate is the demonstration."""
+
+    def __init__(self, examples: Sequence[KDExample], *, examples_per_step: int, seed: int,
+                 process_index: int = 0, process_count: int = 1):
+        if not examples:
+            raise ValueError("KD needs at least one example (no successful teacher trajectory was kept?)")
+        if examples_per_step < 1:
+            raise ValueError(f"examples_per_step must be >= 1, got {examples_per_step}")
+        self.examples = list(examples)
+        self.per_step = int(examples_per_step)
+        self.seed = int(seed)
+        self.process_index, self.process_count = process_index, process_count
+        self.next_step = 0
+        self._last: dict[str, float] = {}
+
+    def _epoch_order(self, epoch: int) -> np.ndarray:
+        return np.random.default_rng([self.seed, epoch, 0x4B44]).permutation(len(self.examples))
+
+    def step_indices(self, step: int) -> list[int]:
+        """Example indices of `step` (all processes together)."""
+        n = len(self.examples)
+        out = []
+        for pos in range(step * self.per_step, (step + 1) * self.per_step):
+            out.append(int(self._epoch_order(pos // n)[pos % n]))
+        return out
+
+    def collect(self, step: int, policy: Any = None) -> list[StateGroup]:
+        mine = self.step_indices(step)[self.process_index::self.process_count]
+        groups = []
+        for i in mine:
+            ex = self.examples[i]
+            cand = Candidate(token_ids=ex.target_ids, logprobs=np.zeros(ex.target_ids.size, np.float32),
+                             text="", action=Message(""), reward=0.0)
+            groups.append(StateGroup(task_id=ex.task_id, decision_index=ex.message_index, prompt_ids=ex.prompt_ids,
+                                     candidates=[cand], teacher_samples=[], committed_index=0, retained=True))
+        self.next_step = step + 1
+        self._last = {"examples": float(len(groups)),
+                      "target_tokens": float(sum(self.examples[i].target_ids.size for i in mine))}
+        return groups
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"next_step": self.next_step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.next_step = int(state.get("next_step", 0))
+
+    def metrics(self) -> dict[str, float]:
+        return dict(self._last)
+
+
+def kd_config(cfg: Any, *, steps: int | None = None) -> Any:
+    """The run config KD trains under: loss kd, behaviour logprobs not recomputed (KD has no
+    ratio), the KD source."""
+    over: dict[str, Any] = {"train.loss": "kd", "train.old_logprobs": "sampler", "collect.kind": "kd"}
+    if steps is not None:
+        over["train.steps"] = int(steps)
+    return cfg.replace(**over)
+
+
+@dataclass
+class KDResult:
+    steps: int
+    metrics: list[dict[str, float]]  # one dict per training step (the trainer's step metrics)
+    params: Any  # trained pure-dict parameters on the run's mesh
+    graphdef: Any
+    model_config: Any  # actionopd_jax.model.Qwen3Config
+    run_dir: Path
+    hf_dir: Path | None = None
+    checkpoint_step: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def losses(self) -> list[float]:
+        return [m.get("loss", float("nan")) for m in self.metrics]
+
+    def model(self):
+        from flax import nnx
+
+        return nnx.merge(self.graphdef, self.params)
+
+
+def kd_train(cfg: Any, examples: Sequence[KDExample], *, run_dir: str | Path, steps: int | None = None,
+             examples_per_step: int | None = None, export_hf: str | Path | None = None,
+             tokenizer_dir: str | Path | None = None, save_checkpoint: bool = True) -> KDResult:
+    """Train the student of `cfg` (model, mesh, optimizer, batching sections) on `examples`
+    with the KD cross-entropy, `steps` steps (default cfg.train.steps) of `examples_per_step`
+    examples each (default cfg.kd.examples_per_step, else cfg.train.minibatch_rows: one
+    optimizer update per step). Each step is one pass of minibatch updates over its examples.
+
+    Writes metrics/TensorBoard to `run_dir`, an Orbax checkpoint of the final state there
+    (`save_checkpoint`), and with `export_hf` an HF directory (config.json + safetensors, plus
+    the tokenizer files of `tokenizer_dir`) that a later run can start from (model.hf_path).
+    """
+    import jax
+
+    from actionopd_jax.train.loop import Trainer
+
+    kcfg = kd_config(cfg, steps=steps)
+    per_step = examples_per_step or getattr(getattr(cfg, "kd", None), "examples_per_step", 0) or kcfg.train.minibatch_rows
+    source = KDGroupSource(examples, examples_per_step=per_step, seed=kcfg.run.seed,
+                           process_index=jax.process_index(), process_count=jax.process_count())
+    trainer = Trainer(kcfg, run_dir=run_dir, source=source)
+    history: list[dict[str, float]] = []
+    try:
+        while trainer.step < kcfg.train.steps:
+            metrics = trainer.train_step()
+            history.append(metrics)
+            trainer.writer.write(trainer.step, metrics)
+            log.info("KD step %d: loss %.4f over %d target tokens", trainer.step, metrics.get("loss", float("nan")),
+                     int(metrics.get("tokens", 0)))
+        if save_checkpoint:
+            trainer.save()
+        trainer.ckpt.wait()
+        result = KDResult(steps=trainer.step, metrics=history, params=trainer.state["params"],
+                          graphdef=trainer.graphdef, model_config=trainer.qcfg, run_dir=Path(run_dir),
+                          checkpoint_step=trainer.step if save_checkpoint else None)
+    finally:
+        trainer.close()
+    if export_hf is not None:
+        result.hf_dir = export_student(result, export_hf, tokenizer_dir=tokenizer_dir)
+    return result
+
+
+def export_student(result: KDResult, out_dir: str | Path, *, tokenizer_dir: str | Path | None = None) -> Path:
+    """Write the trained student as an HF directory (and copy the tokenizer files next to it)."""
+    import shutil
+
+    from actionopd_jax.model.weights import save_hf
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    save_hf(result.model(), result.model_config, out)
+    if tokenizer_dir is not None:
+        for f in Path(tokenizer_dir).iterdir():
+            if f.is_file() and f.name not in ("config.json",) and not f.name.endswith(".safetensors"):
+                shutil.copy2(f, out / f.name)
+    return out
+
+
+def collect_examples(agent: Any, tasks: Sequence[Task], make_env: Any, tokenizer: Any, *, max_prompt_tokens: int,
+                     trials: int = 1, concurrency: int = 8, enable_thinking: bool = False,
+                     out_jsonl: str | Path | None = None) -> tuple[list[dict], list[KDExample]]:
+    """teacher_trajectories + kd_examples in one call (synchronous)."""
+    records = asyncio.run(teacher_trajectories(agent, tasks, make_env, trials=trials, concurrency=concurrency,
+                                               out_jsonl=out_jsonl))
+    return records, kd_examples(records, tokenizer, max_prompt_tokens=max_prompt_tokens,
+                                enable_thinking=enable_thinking)

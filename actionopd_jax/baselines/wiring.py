@@ -1,0 +1,108 @@
+"""From the run config to a baseline's group source, for `actionopd train`:
+
+    collect.kind=kd  train.loss=kd         offline KD (kd.trajectories=FILE, or the teacher.* endpoint runs first)
+    collect.kind=opd train.loss=opd        token-level OPD (teacher.kind=local: teacher.model is an HF dir;
+                                           teacher.kind=openai: teacher.base_url scores through /v1/completions)
+    collect.kind=actionopd teacher.kind=self   Self-ActionOPD (current student weights + privileged context)
+    collect.reward=validity|binary, collect.commit=random   the ablations (plain ActionOPD source)
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from actionopd_jax.types import Task
+
+log = logging.getLogger(__name__)
+
+
+def _config_error(message: str) -> Exception:
+    from actionopd_jax.config import ConfigError
+
+    return ConfigError(message)
+
+
+def tasks_from_env(cfg: Any, *, limit: int = 0) -> list[Task]:
+    """Every task of the configured environment / domains / split (first `limit` of each, 0: all)."""
+    from actionopd_jax.envs.tasks import load_task_set
+
+    e = cfg.env
+    if e.name == "bfcl":
+        names = [("bfcl", d) for d in (e.domains or ("all",))]
+    elif e.name == "tau2":
+        if not e.domains:
+            raise _config_error("env.name=tau2 needs env.domains (airline, retail, telecom)")
+        names = [(f"tau2_{d}", e.split) for d in e.domains]
+    else:
+        raise _config_error(f"this baseline needs env.name bfcl or tau2, got {e.name!r}")
+    out: list[Task] = []
+    for env, split in names:
+        tasks = load_task_set(env, split)
+        out.extend(tasks[:limit] if limit else tasks)
+    return out
+
+
+def endpoint_agent(cfg: Any):
+    """The teacher of `teacher.*` as an eval agent (an OpenAI-compatible endpoint)."""
+    from actionopd_jax.eval.agents import EndpointAgent
+
+    t = cfg.teacher
+    if t.kind != "openai" or not t.base_url or not t.model:
+        raise _config_error("KD without kd.trajectories runs the teacher first: set teacher.kind=openai, "
+                            "teacher.base_url and teacher.model (or point kd.trajectories at recorded episodes)")
+    extra: dict[str, Any] = {"top_p": t.top_p, "chat_template_kwargs": {"enable_thinking": t.enable_thinking}}
+    if t.top_k:
+        extra["top_k"] = t.top_k
+    return EndpointAgent(t.base_url, t.model, api_key_env=t.api_key_env or None, temperature=t.temperature,
+                         max_tokens=t.max_tokens, extra_body=extra, timeout_s=t.timeout_s)
+
+
+def build_kd_source(cfg: Any, ctx: Any, *, tokenizer: Any = None, agent: Any = None):
+    import asyncio
+
+    from actionopd_jax.baselines.kd import KDGroupSource, kd_examples, load_trajectories, teacher_trajectories
+
+    if tokenizer is None:
+        tokenizer = _tokenizer(ctx)
+    k = cfg.kd
+    if k.trajectories:
+        records = load_trajectories(k.trajectories, min_reward=k.min_reward)
+    else:
+        from actionopd_jax.collect.source import env_factory_from
+
+        out = Path(ctx.run_dir) / "kd" / f"trajectories-p{ctx.process_index}.jsonl"
+        out.parent.mkdir(parents=True, exist_ok=True)
+        records = asyncio.run(teacher_trajectories(
+            agent or endpoint_agent(cfg), tasks_from_env(cfg, limit=k.max_tasks), env_factory_from(cfg),
+            trials=k.trials, concurrency=cfg.teacher.concurrency, min_reward=k.min_reward, out_jsonl=out,
+            progress=cfg.run.progress))
+    examples = kd_examples(records, tokenizer, max_prompt_tokens=cfg.collect.max_prompt_tokens,
+                           enable_thinking=cfg.collect.enable_thinking)
+    log.info("KD: %d successful trajectories -> %d examples", len(records), len(examples))
+    return KDGroupSource(examples, examples_per_step=k.examples_per_step or cfg.train.minibatch_rows,
+                         seed=cfg.run.seed, process_index=ctx.process_index, process_count=ctx.process_count)
+
+
+def _tokenizer(ctx: Any):
+    if not ctx.tokenizer_path:
+        raise _config_error("this baseline needs a tokenizer: set model.tokenizer (or model.hf_path)")
+    from actionopd_jax.chat import load_tokenizer
+
+    return load_tokenizer(ctx.tokenizer_path)
+
+
+def build_baseline_source(cfg: Any, ctx: Any):
+    kind = cfg.collect.kind
+    if kind == "kd":
+        return build_kd_source(cfg, ctx)
+    if kind == "opd":
+        from actionopd_jax.baselines.opd import build_opd_source
+
+        return build_opd_source(cfg, ctx)
+    if kind == "actionopd" and cfg.teacher.kind == "self":
+        from actionopd_jax.baselines.self_opd import build_self_source
+
+        return build_self_source(cfg, ctx)
+    raise _config_error(f"no baseline source for collect.kind={kind} with teacher.kind={cfg.teacher.kind}")
