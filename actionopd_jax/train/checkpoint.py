@@ -16,6 +16,7 @@ is reported and the next older step is tried.
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -121,6 +122,27 @@ class Checkpointer:
                     raise CheckpointError(msg + f"; readable alternatives may be among {steps}") from e
                 log.error("%s; falling back to the previous step", msg)
         raise CheckpointError("no readable checkpoint:\n  " + "\n  ".join(errors))
+
+    def set_aside_after(self, step: int) -> list[str]:
+        """Rename step directories newer than `step` (the unreadable ones a fallback skipped)
+        to `<step>.unreadable-<utc>`, so the run can save those steps again; the files stay
+        for inspection. Only process 0 renames; every process must call this."""
+        newer = [s for s in self.steps() if s > step]
+        moved = []
+        if newer and jax.process_index() == 0:
+            stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+            for s in newer:
+                src = self.directory / str(s)
+                dst = self.directory / f"{s}.unreadable-{stamp}"
+                src.rename(dst)
+                moved.append(str(dst))
+                log.error("set aside unreadable checkpoint %s -> %s", src, dst)
+        if newer and jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+
+            multihost_utils.sync_global_devices("actionopd_set_aside_checkpoints")
+        self.manager.reload()
+        return moved
 
     def _restore_step(self, step: int, abstract_state: dict | None, params_only: bool) -> Restored:
         def target(tree):

@@ -65,6 +65,9 @@ class Trainer:
         if saved_meta is not None:
             requested = None if resume == "latest" else int(resume)
             restored = self.ckpt.restore(self.step_fn.abstract_state(), requested)
+            # newer steps (skipped as unreadable, or an explicit older STEP) are set aside so
+            # the resumed run can save those step numbers again
+            self.ckpt.set_aside_after(restored.step)
             self.state = {"params": restored.params, "opt_state": restored.opt_state,
                           "step": jax.device_put(np.int32(restored.meta["updates"]), self.step_fn.replicated)}
             self.step = restored.step

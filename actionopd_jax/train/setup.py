@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 
 import jax
@@ -10,6 +11,8 @@ from flax import nnx
 from actionopd_jax.config import Config, ConfigError
 from actionopd_jax.model import PRESETS, Qwen3, Qwen3Config, make_mesh, param_shardings
 from actionopd_jax.train.step import StepSettings, TrainStep, make_optimizer, split_params
+
+log = logging.getLogger(__name__)
 
 
 def model_config(cfg: Config, saved_hf_dict: dict | None = None) -> Qwen3Config:
@@ -36,14 +39,21 @@ def mesh_shape(cfg: Config, device_count: int) -> dict[str, int]:
             raise ConfigError(f"{device_count} devices cannot be split into mesh {sizes}: "
                               f"the fixed axes multiply to {fixed}")
         sizes = {k: (device_count // fixed if v == -1 else v) for k, v in sizes.items()}
-    elif fixed != device_count:
-        raise ConfigError(f"mesh {sizes} needs {fixed} devices but {device_count} are available; "
+    elif fixed > device_count:
+        raise ConfigError(f"mesh {sizes} needs {fixed} devices but only {device_count} are available; "
                           f"set one axis to -1 or change the sizes")
     return sizes
 
 
 def build_mesh(cfg: Config):
-    return make_mesh(mesh_shape(cfg, jax.device_count()))
+    shape = mesh_shape(cfg, jax.device_count())
+    used = math.prod(shape.values())
+    if used < jax.device_count():
+        if jax.process_count() > 1:
+            raise ConfigError(f"mesh {shape} uses {used} of {jax.device_count()} devices; a multi-process "
+                              "run must use all of them (set one mesh axis to -1)")
+        log.warning("mesh %s uses %d of the %d devices", shape, used, jax.device_count())
+    return make_mesh(shape)
 
 
 def abstract_model(qcfg: Qwen3Config):
