@@ -98,7 +98,7 @@ def build_baseline_source(cfg: Any, ctx: Any):
     if kind == "kd":
         return build_kd_source(cfg, ctx)
     if kind == "opd":
-        from actionopd_jax.baselines.opd import build_opd_source
+        from actionopd_jax.baselines.opd_source import build_opd_source
 
         return build_opd_source(cfg, ctx)
     if kind == "actionopd" and cfg.teacher.kind == "self":

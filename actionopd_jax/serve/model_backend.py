@@ -76,6 +76,10 @@ class ModelBackend:
         self.enable_thinking = enable_thinking
         self.end_ids = set(int(i) for i in sampler.eos_ids)
         self.batcher = MicroBatcher(self._sample_batch, window_s=batch_window_s, max_items=max_batch_requests)
+        # /v1/completions echo scoring (token-level OPD teacher logprobs), serve/scoring.py
+        from actionopd_jax.serve.scoring import BackendScorer
+
+        self.score_tokens = BackendScorer(sampler, self.max_context, sampler.cfg.vocab_size)
 
     @property
     def device_calls(self) -> int:

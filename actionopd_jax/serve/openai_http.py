@@ -1,5 +1,8 @@
 """The OpenAI-compatible HTTP layer: request validation, response shape, errors, auth.
 
+`POST /v1/completions` serves one thing only: vLLM-style scoring of given token ids (echo,
+max_tokens 0) by a backend with `score_tokens` (serve/scoring.py).
+
 What answers a request is a `Backend` (a model on device, a scripted policy, a fault
 injector); this module only speaks the protocol. The server runs an aiohttp app on its own
 event loop in a background thread, so tests and the main job can start it next to their own
@@ -202,6 +205,7 @@ class OpenAIServer:
     def _app(self) -> web.Application:
         app = web.Application(client_max_size=MAX_BODY_BYTES)
         app.router.add_post("/v1/chat/completions", self._chat)
+        app.router.add_post("/v1/completions", self._completions)  # token scoring (serve/scoring.py)
         app.router.add_get("/v1/models", self._models)
         return app
 
@@ -248,6 +252,26 @@ class OpenAIServer:
             err = RequestError(500, f"backend error: {type(e).__name__}: {e}", "server_error")
             return web.json_response(err.body(), status=500)
         return web.json_response(completion_body(req, choices, prompt_tokens))
+
+    async def _completions(self, request: web.Request) -> web.Response:
+        """vLLM-style prompt scoring: token-id prompt, echo, max_tokens 0 (see serve/scoring.py)."""
+        from actionopd_jax.serve.scoring import handle_completion
+
+        if (denied := self._auth_error(request)) is not None:
+            return denied
+        try:
+            body = json.loads(await request.read())
+        except (ValueError, UnicodeDecodeError) as e:
+            return web.json_response(RequestError(400, f"request body is not valid JSON: {e}").body(), status=400)
+        try:
+            payload = await handle_completion(body, self.backends)
+            self.request_count += 1
+        except RequestError as e:
+            return web.json_response(e.body(), status=e.status)
+        except Exception as e:  # a backend bug is a 500 with a message, never a dropped connection
+            err = RequestError(500, f"backend error: {type(e).__name__}: {e}", "server_error")
+            return web.json_response(err.body(), status=500)
+        return web.json_response(payload)
 
     # --- lifecycle -------------------------------------------------------------------------
     async def _start_site(self) -> None:

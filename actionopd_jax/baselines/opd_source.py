@@ -1,0 +1,162 @@
+"""The trainer's group source for token-level OPD (`collect.kind=opd`, `train.loss=opd`).
+
+It reuses the collector's parts -- task stream, environment factory, prompt builder (context
+budget), candidate decoder, sampler worker (every ready state of every trajectory in one
+device call), behaviour-snapshot placement -- and adds only the OPD rollout (N independent
+trajectories per task start, one sample per state) and teacher scoring.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from actionopd_jax.baselines.opd import (EndpointScorer, LocalTeacherScorer, Scorer, StudentTrajectory,
+                                         groups_from_trajectories, run_student_trajectory)
+from actionopd_jax.types import StateGroup
+
+log = logging.getLogger(__name__)
+
+
+def _config_error(message: str) -> Exception:
+    from actionopd_jax.config import ConfigError
+
+    return ConfigError(message)
+
+
+def scorer_from_config(cfg: Any, ctx: Any) -> Scorer:
+    """teacher.kind=local: teacher.model is an HF directory of a Qwen3 sharing the student's
+    token space (loaded onto the run's mesh); teacher.kind=openai: teacher.base_url serves
+    echo scoring (vLLM, or `actionopd serve`)."""
+    t = cfg.teacher
+    if t.kind == "local":
+        if not t.model or not (Path(t.model) / "config.json").is_file():
+            raise _config_error("OPD with teacher.kind=local needs teacher.model = an HF checkpoint directory "
+                                f"(config.json + safetensors); got {t.model!r}")
+        from actionopd_jax.model.weights import load_hf
+
+        tcfg, model = load_hf(t.model, mesh=ctx.mesh)
+        if tcfg.vocab_size != ctx.model_config.vocab_size:
+            raise _config_error(f"OPD needs a shared token space: teacher vocab {tcfg.vocab_size} != student vocab "
+                                f"{ctx.model_config.vocab_size}")
+        return LocalTeacherScorer(model, mesh=ctx.mesh)
+    if t.kind == "openai":
+        if not t.base_url or not t.model:
+            raise _config_error("OPD with teacher.kind=openai needs teacher.base_url and teacher.model "
+                                "(a server answering /v1/completions echo scoring, e.g. vLLM)")
+        return EndpointScorer(t.base_url, t.model, api_key_env=t.api_key_env or None, concurrency=t.concurrency,
+                              timeout_s=t.timeout_s)
+    raise _config_error(f"OPD needs teacher log-probabilities: teacher.kind must be local or openai, got {t.kind!r}")
+
+
+class OPDGroupSource:
+    def __init__(self, cfg: Any, ctx: Any, *, scorer: Scorer | None = None, stream: Any = None,
+                 env_factory: Any = None, tokenizer: Any = None, buckets: Any = None):
+        from actionopd_jax.collect.prompt import CandidateDecoder, PromptBuilder
+        from actionopd_jax.collect.source import collector_config_from, env_factory_from, task_stream_from
+        from actionopd_jax.sampling import Sampler
+
+        self.cfg = collector_config_from(cfg)
+        self.ctx = ctx
+        self.trajectories_per_start = cfg.collect.num_candidates
+        if tokenizer is None:
+            if not ctx.tokenizer_path:
+                raise _config_error("collect.kind=opd needs a tokenizer: set model.tokenizer (or model.hf_path)")
+            from actionopd_jax.chat import load_tokenizer
+
+            tokenizer = load_tokenizer(ctx.tokenizer_path)
+        self.tokenizer = tokenizer
+        self.stream = stream if stream is not None else task_stream_from(cfg)
+        self.env_factory = env_factory or env_factory_from(cfg)
+        self.scorer = scorer if scorer is not None else scorer_from_config(cfg, ctx)
+        eos = int(tokenizer.convert_tokens_to_ids("<|im_end|>"))
+        self.sampler = Sampler(None, ctx.model_config, eos_ids=[eos], buckets=buckets)
+        self.prompts = PromptBuilder(tokenizer, max_prompt_tokens=self.cfg.max_prompt_tokens,
+                                     enable_thinking=self.cfg.enable_thinking)
+        self.decoder = CandidateDecoder(tokenizer, eos_ids=[eos], truncated_is_invalid=self.cfg.truncated_is_invalid)
+        self.last_trajectories: list[StudentTrajectory] = []
+        self._last: dict[str, float] = {}
+
+    def _sample_fn(self):
+        from actionopd_jax.collect.sampler_worker import SamplingSettings, sampler_fn
+
+        c = self.cfg
+        return sampler_fn(self.sampler, SamplingSettings(n=1, max_new_tokens=c.max_new_tokens,
+                                                         temperature=c.temperature, top_p=c.top_p, top_k=c.top_k))
+
+    async def _rollouts(self, starts, step: int) -> list[StudentTrajectory]:
+        from actionopd_jax.collect.sampler_worker import SamplerWorker
+
+        c = self.cfg
+        jobs = [(s, task, j) for s, task in starts for j in range(self.trajectories_per_start)]
+        async with SamplerWorker(self._sample_fn(), max_states_per_call=c.max_states_per_call,
+                                 max_queued=max(c.max_trajectories_in_flight, 1),
+                                 coalesce_s=c.sampler_coalesce_s, max_wait_s=c.sampler_max_wait_s) as worker:
+            sem = asyncio.Semaphore(c.max_trajectories_in_flight)
+
+            async def one(s, task, j):
+                async with sem:
+                    return await run_student_trajectory(
+                        task, s, j, step=step, seed=c.seed, worker=worker, prompts=self.prompts,
+                        decoder=self.decoder, env_factory=self.env_factory, limit=c.decision_limit(task.env),
+                        env_timeout_s=c.env_timeout_s)
+
+            return list(await asyncio.gather(*(one(*job) for job in jobs)))
+
+    def collect(self, step: int, policy: Any) -> list[StateGroup]:
+        from flax import nnx
+
+        from actionopd_jax.collect import local_task_starts
+        from actionopd_jax.collect.source import sampling_params
+
+        tasks = self.stream.next_step()
+        params, mesh = sampling_params(policy.params, self.ctx.model_config)
+        if mesh is not None:
+            import jax
+
+            from actionopd_jax.model.sharding import shard_model
+
+            model = shard_model(nnx.merge(policy.graphdef, jax.tree.map(np.asarray, params)), mesh)
+        else:
+            model, mesh = nnx.merge(policy.graphdef, params), self.ctx.mesh
+        self.sampler.model, self.sampler.mesh = model, mesh  # one behaviour snapshot for the step
+        starts = [(i, tasks[i]) for i in local_task_starts(len(tasks), self.ctx.process_index, self.ctx.process_count)]
+        trajectories = asyncio.run(self._rollouts(starts, step))
+        trajectories.sort(key=lambda t: (t.task_start, t.index))
+        states = [s for t in trajectories for s in t.states]
+        teacher = self.scorer.score([s.prompt_ids for s in states], [s.token_ids for s in states]) if states else []
+        groups = groups_from_trajectories(trajectories, teacher)
+        self.last_trajectories = trajectories
+        self._last = self._metrics(trajectories, groups)
+        return groups
+
+    @staticmethod
+    def _metrics(trajectories, groups) -> dict[str, float]:
+        cands = [g.candidates[0] for g in groups]
+        tokens = sum(c.token_ids.size for c in cands)
+        rewards = [t.score.get("reward") for t in trajectories if isinstance(t.score.get("reward"), (int, float))]
+        out = {"trajectories": float(len(trajectories)), "states": float(len(groups)), "tokens": float(tokens),
+               "episode_reward_mean": float(np.nanmean(rewards)) if rewards else 0.0}
+        if tokens:
+            student = float(sum(c.logprobs.sum() for c in cands))
+            teacher = float(sum(c.teacher_logprobs.sum() for c in cands))
+            out.update(student_logp_mean=student / tokens, teacher_logp_mean=teacher / tokens,
+                       reverse_kl_estimate=(student - teacher) / tokens)
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.stream.get_state()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.stream.set_state(state)
+
+    def metrics(self) -> dict[str, float]:
+        return dict(self._last)
+
+
+def build_opd_source(cfg: Any, ctx: Any) -> OPDGroupSource:
+    return OPDGroupSource(cfg, ctx)
