@@ -48,9 +48,12 @@ def assign_advantages(groups: Sequence[StateGroup], *, loss: str = "actionopd", 
         g.advantages = None if a is None else np.asarray(a, np.float32)
     kept = [g for g in groups if g.retained]
     all_r = np.concatenate([g.rewards for g in kept]) if kept else np.zeros(0)
+    # batch-wide counts (every process's groups)
+    counts = distributed.allgather(np.array([len(groups), len(kept), all_r.sum(), all_r.size],
+                                            np.float64)).sum(axis=0)
     return {
         "sigma": float(sigma),
-        "groups": float(len(groups)),
-        "groups_retained": float(len(kept)),
-        "reward_mean": float(all_r.mean()) if all_r.size else 0.0,
+        "groups": float(counts[0]),
+        "groups_retained": float(counts[1]),
+        "reward_mean": float(counts[2] / counts[3]) if counts[3] else 0.0,
     }

@@ -93,7 +93,8 @@ def train(cfg: Config, args) -> int:
     setup_logging(run_dir, primary=primary, process_index=jax.process_index())
     if primary:
         write_config(run_dir, cfg.to_yaml())
-    log.info("run directory %s", run_dir)
+    log.info("run directory %s; process %d of %d, %d local / %d global devices", run_dir,
+             jax.process_index(), jax.process_count(), jax.local_device_count(), jax.device_count())
     resume = None if args.resume is None else (args.resume if args.resume == "latest" else int(args.resume))
     trainer = Trainer(cfg, run_dir=run_dir, resume=resume, force=args.force)
     try:

@@ -205,7 +205,8 @@ class Trainer:
             widths[i] = (bucket_length(max(rows[j].length for j in chunk), t.bucket_multiple),
                          bucket_length(max(len(rows[j].response) for j in chunk), resp_multiple))
         widths = distributed.allgather(widths).max(axis=0)
-        stats = {"rows": float(len(rows)), "rows_too_long": float(len(too_long)), "updates": 0.0}
+        row_counts = distributed.allgather(np.array([len(rows), len(too_long)])).sum(axis=0)
+        stats = {"rows": float(row_counts[0]), "rows_too_long": float(row_counts[1]), "updates": 0.0}
         if n_global == 0:
             log.info("step %d: no active groups, update skipped (paper A.4)", step)
             return stats

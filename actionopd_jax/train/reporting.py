@@ -43,7 +43,9 @@ def setup_logging(run_dir: Path | None, *, primary: bool, process_index: int = 0
     """Process 0 logs INFO to stderr and run_dir/train.log; the others log warnings only."""
     root = logging.getLogger()
     for h in list(root.handlers):
-        if getattr(h, "_actionopd", False):
+        # ours from an earlier call, or the bare handler absl's first log line installs through
+        # logging.basicConfig (it would print every record a second time)
+        if getattr(h, "_actionopd", False) or type(h) is logging.StreamHandler:
             root.removeHandler(h)
     fmt = logging.Formatter(f"%(asctime)s p{process_index} %(levelname)s %(name)s: %(message)s")
     handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
