@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import os
 import random
@@ -38,7 +37,7 @@ from flax import nnx
 
 from actionopd_jax.chat import build_tiny_tokenizer, load_tokenizer
 from actionopd_jax.collect import Collector, CollectorConfig, SamplingSettings, sampler_fn
-from actionopd_jax.collect.naive import run_sequential
+from actionopd_jax.collect.naive import collect_sequential
 from actionopd_jax.matching.judge import JudgeConfig, LLMJudge
 from actionopd_jax.matching.matcher import Matcher
 from actionopd_jax.model import PRESETS, Qwen3
@@ -98,7 +97,8 @@ def _groups_equal(a, b) -> bool:
     if len(a.groups) != len(b.groups) or a.group_starts != b.group_starts:
         return False
     for ga, gb in zip(a.groups, b.groups):
-        if (ga.decision_index, ga.committed_index, ga.drop_reason) != (gb.decision_index, gb.committed_index, gb.drop_reason):
+        fields = ("decision_index", "committed_index", "drop_reason")
+        if [getattr(ga, f) for f in fields] != [getattr(gb, f) for f in fields]:
             return False
         for ca, cb in zip(ga.candidates, gb.candidates):
             if not np.array_equal(ca.token_ids, cb.token_ids) or ca.reward != cb.reward or ca.verdicts != cb.verdicts:
@@ -166,11 +166,17 @@ def main() -> int:
         return Collector(cfg, tokenizer=tokenizer, teacher=teacher, matcher=Matcher(judge), sample_fn=sample,
                          eos_ids=[eos], env_factory=lambda task: ChatterEnv())
 
+    async def both():
+        # One event loop for both runs: the HTTP clients stay bound to it.
+        starts = list(enumerate(tasks))
+        fast = await collector().collect_async(starts, step=1, progress=False)
+        naive = None if args.skip_naive else await collect_sequential(collector(), starts, step=1)
+        return fast, naive
+
     try:
         compiled_before = sampler.compile_count
-        fast = collector().collect(tasks, step=1, process_index=0, process_count=1)
+        fast, naive = asyncio.run(both())
         compiled_during = sampler.compile_count - compiled_before
-        naive = None if args.skip_naive else run_sequential(collector(), tasks, step=1)
     finally:
         server.stop()
 

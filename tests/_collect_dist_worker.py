@@ -35,17 +35,17 @@ def main() -> int:
     jax.distributed.initialize(coordinator_address=args.coordinator, num_processes=args.num_processes,
                                process_id=args.process_id, initialization_timeout=120)
     from actionopd_jax.chat import load_tokenizer
-    from tests._collect_fixtures import (collector_config, make_collector, make_matcher, make_teacher,
+    from tests._collect_fixtures import (collect_once, collector_config, make_collector, make_matcher, make_teacher,
                                          real_sample_fn, signature_json, tiny_sampler, toy_task)
 
     tokenizer = load_tokenizer(args.tokenizer)
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
     sampler = tiny_sampler(len(tokenizer), eos)  # sampling on this process's own default device
-    cfg = collector_config(max_trajectories_in_flight=4, max_prompt_tokens=1000)
+    cfg = collector_config(max_trajectories_in_flight=4, max_prompt_tokens=512, decision_limits=(("toy", 3),))
     collector = make_collector(cfg, tokenizer, make_teacher(args.base_url), make_matcher(args.base_url),
                                real_sample_fn(sampler, cfg))
     tasks = [toy_task(f"t{i}", f"dist{i % 3}") for i in range(args.tasks)]
-    result = collector.collect(tasks, step=2)  # process index/count from jax.distributed
+    result = collect_once(collector, tasks, step=2)  # process index/count from jax.distributed
     devices = {str(d.platform) for d in jax.local_devices()}
     with open(args.out, "w") as f:
         json.dump({"process_index": jax.process_index(), "process_count": jax.process_count(),

@@ -18,7 +18,6 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-import jax
 import numpy as np
 
 from actionopd_jax.collect import CollectorConfig, Collector, SamplingSettings, sampler_fn
@@ -32,7 +31,7 @@ from actionopd_jax.teacher.cache import PersistentCache
 from actionopd_jax.teacher.cached import CachedTeacher
 from actionopd_jax.teacher.openai_provider import OpenAITeacher, OpenAITeacherConfig
 from actionopd_jax.teacher.transport import RetryPolicy
-from actionopd_jax.types import Action, Invalid, Message, Observation, Task, ToolCall
+from actionopd_jax.types import Action, Message, Observation, Task, ToolCall
 
 ADD_TOOL = {"type": "function", "function": {
     "name": "add", "description": "Add two integers.",
@@ -137,7 +136,9 @@ def student_text(action) -> str:
         return f'<tool_call>\n{json.dumps({"name": action.name, "arguments": action.arguments})}\n</tool_call>'
     if isinstance(action, Message):
         return action.text
-    return '<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>\n<tool_call>\n{"name": "add"}\n</tool_call>'
+    # two tool calls in one reply: invalid for the student
+    return ('<tool_call>\n{"name": "add", "arguments": {"a": 1}}\n</tool_call>\n'
+            '<tool_call>\n{"name": "add"}\n</tool_call>')
 
 
 BAD = object()  # a reply that does not parse (invalid for teacher and student)
@@ -258,7 +259,8 @@ def tiny_sampler(vocab_size: int, eos_id: int, *, seed: int = 0):
     from actionopd_jax.sampling import Buckets, Sampler
 
     model = random_model(seed, vocab_size=vocab_size, max_position_embeddings=2048)
-    return Sampler(model, eos_ids=[eos_id], buckets=Buckets(prompt_len=(1024,), prompts=(8,), samples=(4,), max_new=(16,), max_rows=32))
+    buckets = Buckets(prompt_len=(512,), prompts=(8,), samples=(4,), max_new=(16,), max_rows=32)
+    return Sampler(model, eos_ids=[eos_id], buckets=buckets)
 
 
 def real_sample_fn(sampler, cfg: CollectorConfig):
@@ -277,6 +279,12 @@ def group_signature(result) -> list[tuple]:
                                          for c in g.candidates),
                     tuple((s.text, repr(s.action)) for s in g.teacher_samples)))
     return out
+
+
+def collect_once(collector, tasks, **kwargs):
+    """One collection, then the collector's event loop is closed."""
+    with collector:
+        return collector.collect(tasks, **kwargs)
 
 
 def logprobs_of(result) -> list[np.ndarray]:

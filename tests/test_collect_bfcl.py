@@ -17,7 +17,8 @@ from actionopd_jax.sampling import Generation
 from actionopd_jax.serve.reference_backend import MODEL_NAME, ReferenceBackend
 from actionopd_jax.types import Invalid, Message, ToolCall
 from tests._chat_fixtures import tiny_tokenizer, tiny_tokenizer_dir  # noqa: F401 (fixtures)
-from tests._collect_fixtures import BAD, collector_config, judge_backend, make_matcher, make_teacher, serve, student_text
+from tests._collect_fixtures import (BAD, collect_once, collector_config, judge_backend, make_matcher, make_teacher,
+                                     serve, student_text)
 
 REPLY = Message("I have finished what you asked.")
 
@@ -46,9 +47,9 @@ def test_bfcl_collection_with_the_reference_teacher(tiny_tokenizer):
     cfg = collector_config(n=2, max_prompt_tokens=12000, decision_limits=(("bfcl", None),), env_timeout_s=30.0)
     with serve(ReferenceBackend(tasks), judge_backend()) as server:
         collector = Collector(cfg, tokenizer=tiny_tokenizer, teacher=make_teacher(server, model=MODEL_NAME),
-                              matcher=make_matcher(server), sample_fn=constant_sample_fn(tiny_tokenizer, [REPLY, BAD], eos),
-                              eos_ids=[eos], env_factory=default_env_factory())
-        result = collector.collect(tasks, step=0, process_index=0, process_count=1)
+                              matcher=make_matcher(server), eos_ids=[eos], env_factory=default_env_factory(),
+                              sample_fn=constant_sample_fn(tiny_tokenizer, [REPLY, BAD], eos))
+        result = collect_once(collector, tasks, step=0, process_index=0, process_count=1)
     assert len(result.trajectories) == 3
     for rec in result.trajectories:
         # one decision per turn: the committed message ends each turn; the last one ends the episode

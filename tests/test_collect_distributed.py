@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from tests._chat_fixtures import tiny_tokenizer, tiny_tokenizer_dir  # noqa: F401 (fixtures)
-from tests._collect_fixtures import (Script, collector_config, judge_backend, make_collector, make_matcher,
-                                     make_teacher, real_sample_fn, serve, signature_json, teacher_backend,
+from tests._collect_fixtures import (Script, collect_once, collector_config, judge_backend, make_collector,
+                                     make_matcher, make_teacher, real_sample_fn, serve, signature_json, teacher_backend,
                                      tiny_sampler, toy_task)
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,7 +44,8 @@ def test_two_processes_collect_disjoint_shares_equal_to_one_process(tiny_tokeniz
     with serve(teacher_backend(Script({}, {})), judge_backend()) as server:
         procs = []
         for pid in range(2):
-            cmd = [sys.executable, str(REPO / "tests" / "_collect_dist_worker.py"), "--coordinator", f"127.0.0.1:{port}",
+            cmd = [sys.executable, str(REPO / "tests" / "_collect_dist_worker.py"),
+                   "--coordinator", f"127.0.0.1:{port}",
                    "--num-processes", "2", "--process-id", str(pid), "--base-url", server.base_url,
                    "--tokenizer", str(tiny_tokenizer_dir), "--tasks", str(N_TASKS),
                    "--out", str(tmp_path / f"p{pid}.json"), "--compile-cache", cache]
@@ -62,11 +63,11 @@ def test_two_processes_collect_disjoint_shares_equal_to_one_process(tiny_tokeniz
             assert p.returncode == 0, out[-4000:]
         # the same collection in one process (this one), over all task starts
         eos = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
-        cfg = collector_config(max_trajectories_in_flight=4, max_prompt_tokens=1000)
+        cfg = collector_config(max_trajectories_in_flight=4, max_prompt_tokens=512, decision_limits=(("toy", 3),))
         collector = make_collector(cfg, tiny_tokenizer, make_teacher(server), make_matcher(server),
                                    real_sample_fn(tiny_sampler(len(tiny_tokenizer), eos), cfg))
         tasks = [toy_task(f"t{i}", f"dist{i % 3}") for i in range(N_TASKS)]
-        single = signature_json(collector.collect(tasks, step=2, process_index=0, process_count=1))
+        single = signature_json(collect_once(collector, tasks, step=2, process_index=0, process_count=1))
 
     shares = [json.loads((tmp_path / f"p{pid}.json").read_text()) for pid in range(2)]
     for pid, share in enumerate(shares):

@@ -15,9 +15,9 @@ import pytest
 from actionopd_jax.collect import NO_COMMIT, CollectorConfig, commit_index, local_task_starts
 from actionopd_jax.collect import keys as collect_keys
 from actionopd_jax.rewards import RewardConfig
-from actionopd_jax.types import Invalid, Message, ToolCall
+from actionopd_jax.types import Invalid, ToolCall
 from tests._chat_fixtures import tiny_tokenizer, tiny_tokenizer_dir  # noqa: F401 (fixtures)
-from tests._collect_fixtures import (A, B, BAD, C, FINAL, Script, collector_config, fixed_text_sample_fn,
+from tests._collect_fixtures import (A, B, BAD, C, FINAL, collect_once, Script, collector_config, fixed_text_sample_fn,
                                      judge_backend, make_collector, make_matcher, make_teacher, serve,
                                      teacher_backend, toy_task)
 
@@ -66,7 +66,7 @@ def _collect(tokenizer, cfg, tasks, step=3):
         teacher, matcher = make_teacher(server), make_matcher(server)
         eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
         collector = make_collector(cfg, tokenizer, teacher, matcher, fixed_text_sample_fn(tokenizer, SCRIPT, eos))
-        return collector.collect(tasks, step=step, process_index=0, process_count=1)
+        return collect_once(collector, tasks, step=step, process_index=0, process_count=1)
 
 
 def _by_case(result):

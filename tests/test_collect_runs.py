@@ -10,15 +10,15 @@ from actionopd_jax.serve.faults import FaultInjector, FaultRates
 from actionopd_jax.teacher.transport import RetryPolicy
 from actionopd_jax.types import ToolCall
 from tests._chat_fixtures import tiny_tokenizer, tiny_tokenizer_dir  # noqa: F401 (fixtures)
-from tests._collect_fixtures import (A, B, BAD, C, Script, collector_config, fixed_text_sample_fn, group_signature,
-                                     judge_backend, logprobs_of, make_collector, make_matcher, make_teacher,
-                                     real_sample_fn, serve, teacher_backend, tiny_sampler, toy_task)
+from tests._collect_fixtures import (A, B, BAD, C, Script, collect_once, collector_config, fixed_text_sample_fn,
+                                     group_signature, judge_backend, logprobs_of, make_collector, make_matcher,
+                                     make_teacher, real_sample_fn, serve, teacher_backend, tiny_sampler, toy_task)
 
 pytestmark = pytest.mark.timeout(300)
 
 
 def _real_tasks():
-    return [toy_task(f"t{i}", f"real{i % 3}") for i in range(6)]
+    return [toy_task(f"t{i}", f"real{i % 3}") for i in range(5)]
 
 
 def test_cache_warm_reruns_produce_identical_groups(tiny_tokenizer, tmp_path):
@@ -29,15 +29,16 @@ def test_cache_warm_reruns_produce_identical_groups(tiny_tokenizer, tmp_path):
     script = Script(teacher={}, student={})
     results = []
     with serve(teacher_backend(script), judge_backend()) as server:
-        for run, in_flight in enumerate((6, 6, 2)):
-            cfg = collector_config(max_trajectories_in_flight=in_flight, max_prompt_tokens=1000)
+        for run, in_flight in enumerate((5, 5, 2)):
+            cfg = collector_config(max_trajectories_in_flight=in_flight, max_prompt_tokens=512,
+                                  decision_limits=(("toy", 3),))
             teacher = make_teacher(server, cache_path=tmp_path / "teacher.sqlite")
             collector = make_collector(cfg, tiny_tokenizer, teacher, make_matcher(server), real_sample_fn(sampler, cfg))
-            results.append(collector.collect(_real_tasks(), step=5, process_index=0, process_count=1))
+            results.append(collect_once(collector, _real_tasks(), step=5, process_index=0, process_count=1))
             teacher.cache.close()
     warm1, warm2 = results[1], results[2]
     assert results[1].metrics.teacher.http_calls == 0 and results[1].metrics.teacher.cache_hits > 0
-    assert len(warm1.groups) >= 6 and all(len(g.candidates) == 4 for g in warm1.groups)
+    assert len(warm1.groups) >= 5 and all(len(g.candidates) == 4 for g in warm1.groups)
     assert group_signature(warm1) == group_signature(warm2)
     for a, b in zip(logprobs_of(warm1), logprobs_of(warm2)):
         np.testing.assert_allclose(a, b, atol=1e-5)
@@ -48,10 +49,10 @@ def test_cache_warm_reruns_produce_identical_groups(tiny_tokenizer, tmp_path):
     assert warm2.metrics.sampler_states / warm2.metrics.sampler_calls <= 2
     # a different step draws different student samples from the same states
     with serve(teacher_backend(script), judge_backend()) as server:
-        cfg = collector_config(max_trajectories_in_flight=6, max_prompt_tokens=1000)
+        cfg = collector_config(max_trajectories_in_flight=5, max_prompt_tokens=512, decision_limits=(("toy", 3),))
         collector = make_collector(cfg, tiny_tokenizer, make_teacher(server), make_matcher(server),
                                    real_sample_fn(sampler, cfg))
-        other = collector.collect(_real_tasks(), step=6, process_index=0, process_count=1)
+        other = collect_once(collector, _real_tasks(), step=6, process_index=0, process_count=1)
     assert [c.token_ids.tolist() for c in other.groups[0].candidates] != \
            [c.token_ids.tolist() for c in warm1.groups[0].candidates]
 
@@ -75,10 +76,11 @@ def test_thirty_percent_teacher_and_judge_failures_are_masked_and_nothing_hangs(
         matcher = make_matcher(server, request_timeout_s=0.5, retry=RetryPolicy(max_attempts=1, max_total_s=5.0))
         collector = make_collector(cfg, tiny_tokenizer, teacher, matcher,
                                    fixed_text_sample_fn(tiny_tokenizer, FAULT_SCRIPT, eos))
-        result = collector.collect(tasks, step=0, process_index=0, process_count=1)
+        result = collect_once(collector, tasks, step=0, process_index=0, process_count=1)
     elapsed = time.perf_counter() - t0
     assert elapsed < 120
-    assert sum(injector.injected[k] for k in ("server_error", "rate_limit", "malformed", "hang", "invalid_tool_call")) > 10
+    kinds = ("server_error", "rate_limit", "malformed", "hang", "invalid_tool_call")
+    assert sum(injector.injected[k] for k in kinds) > 10
     injected_share = 1 - injector.injected["ok"] / injector.requests_seen
     assert 0.15 < injected_share < 0.45
     # every trajectory finished, with a reason

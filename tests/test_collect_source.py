@@ -12,7 +12,7 @@ from actionopd_jax.sampling import Buckets
 from actionopd_jax.train.advantages import assign_advantages
 from actionopd_jax.train.batching import rows_from_groups
 from tests._chat_fixtures import tiny_tokenizer, tiny_tokenizer_dir  # noqa: F401 (fixtures)
-from tests._collect_fixtures import (A, B, BAD, C, ListTaskStream, Script, ToyEnv, collector_config,
+from tests._collect_fixtures import (A, B, BAD, C, ListTaskStream, collect_once, Script, ToyEnv, collector_config,
                                      fixed_text_sample_fn, judge_backend, make_collector, make_matcher, make_teacher,
                                      serve, teacher_backend, toy_task)
 
@@ -59,10 +59,10 @@ def test_collected_groups_feed_the_trainer_batching(tiny_tokenizer):
     with serve(teacher_backend(SCRIPT), judge_backend()) as server:
         collector = make_collector(cfg, tiny_tokenizer, make_teacher(server), make_matcher(server),
                                    fixed_text_sample_fn(tiny_tokenizer, SCRIPT, eos))
-        result = collector.collect([toy_task(f"s{i}", f"src{i}") for i in range(2)], step=0,
+        result = collect_once(collector, [toy_task(f"s{i}", f"src{i}") for i in range(2)], step=0,
                                    process_index=0, process_count=1)
     groups = result.groups
-    assert len(groups) == 4 and all(g.retained for g in groups), [(g.task_id, g.decision_index, g.rewards) for g in groups]
+    assert len(groups) == 4 and all(g.retained for g in groups)
     stats = assign_advantages(groups)
     rows = rows_from_groups(groups)
     assert len(rows) == 16
@@ -90,7 +90,8 @@ def test_one_trainer_step_over_the_collector(tiny_tokenizer, tmp_path):
         source = ActionOPDGroupSource(cfg, ctx, teacher=make_teacher(server), matcher=make_matcher(server),
                                       stream=ListTaskStream(tasks, per_step=4), env_factory=lambda task: ToyEnv(),
                                       tokenizer=tiny_tokenizer,
-                                      buckets=Buckets(prompt_len=(1024,), prompts=(4,), samples=(4,), max_new=(16,), max_rows=16))
+                                      buckets=Buckets(prompt_len=(1024,), prompts=(4,), samples=(4,), max_new=(16,),
+                                                      max_rows=16))
         trainer = Trainer(cfg, run_dir=tmp_path / "run", source=source)
         metrics = trainer.train_step()
     assert trainer.step == 1

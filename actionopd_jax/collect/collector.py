@@ -39,7 +39,6 @@ from actionopd_jax.collect.metrics import StepMetrics, TrajectoryRecord
 from actionopd_jax.collect.prompt import CandidateDecoder, FitFn, Prompt, PromptBuilder
 from actionopd_jax.collect.sampler_worker import SampleFn, SamplerError, SamplerWorker
 from actionopd_jax.envs.base import Environment, make_environment
-from actionopd_jax.rewards import GroupScore
 from actionopd_jax.teacher.base import TeacherBatch, UsageReport
 from actionopd_jax.types import Candidate, Observation, StateGroup, Task, Verdict
 
@@ -113,6 +112,22 @@ class Collector:
         self.prompts = PromptBuilder(tokenizer, max_prompt_tokens=cfg.max_prompt_tokens,
                                      enable_thinking=cfg.enable_thinking, fit=context_fit)
         self.decoder = CandidateDecoder(tokenizer, eos_ids=list(eos_ids), truncated_is_invalid=cfg.truncated_is_invalid)
+        # One event loop for every step: HTTP clients and their pools are bound to a loop, so
+        # reusing it keeps connections alive across steps instead of rebuilding them.
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def close(self) -> None:
+        """Close the collector's event loop (the HTTP pools bound to it go with it)."""
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+            self._loop.close()
+        self._loop = None
+
+    def __enter__(self) -> "Collector":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
     # --- public entry points -----------------------------------------------------------------
 
@@ -127,7 +142,9 @@ class Collector:
             process_count = jax.process_count() if process_count is None else process_count
         starts = [(i, tasks[i]) for i in local_task_starts(len(tasks), process_index, process_count)]
         show = self.cfg.progress and process_index == 0
-        return asyncio.run(self.collect_async(starts, step=step, progress=show))
+        if self._loop is None or self._loop.is_closed():
+            self._loop = asyncio.new_event_loop()
+        return self._loop.run_until_complete(self.collect_async(starts, step=step, progress=show))
 
     async def collect_async(self, starts: Sequence[tuple[int, Task]], *, step: int,
                             progress: bool | None = None) -> CollectResult:
@@ -143,8 +160,8 @@ class Collector:
         bar = self._progress_bar(len(pending), progress)
         t0 = time.perf_counter()
         async with SamplerWorker(self.sample_fn, max_states_per_call=self.cfg.max_states_per_call,
-                                 max_queued=self.cfg.max_trajectories_in_flight,
-                                 coalesce_s=self.cfg.sampler_coalesce_s, max_wait_s=self.cfg.sampler_max_wait_s) as worker:
+                                 max_queued=self.cfg.max_trajectories_in_flight, coalesce_s=self.cfg.sampler_coalesce_s,
+                                 max_wait_s=self.cfg.sampler_max_wait_s) as worker:
 
             async def run_one_at_a_time() -> None:
                 # A fixed pool of runners pulling task starts: memory stays flat in the

@@ -70,7 +70,8 @@ class GroupOutcome:
 def verdicts_width_check(verdicts: Sequence[Sequence[Verdict]], n_candidates: int, n_teacher: int) -> None:
     if len(verdicts) != n_candidates or any(len(row) != n_teacher for row in verdicts):
         shape = [len(row) for row in verdicts]
-        raise ValueError(f"verdicts must be {n_candidates} rows of {n_teacher} (candidates x teacher samples), got rows {shape}")
+        raise ValueError(f"verdicts must be {n_candidates} rows of {n_teacher} (candidates x teacher samples), "
+                         f"got rows {shape}")
 
 
 def build_group(

@@ -21,7 +21,7 @@ import asyncio
 import concurrent.futures
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable
 
 import jax
 import numpy as np
