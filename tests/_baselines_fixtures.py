@@ -79,3 +79,43 @@ def direct_target_logprobs(model, prompt: np.ndarray, target: np.ndarray) -> np.
     lp = full_logprobs(model, seq)
     p = len(prompt)
     return lp[np.arange(p - 1, p - 1 + len(target)), target]
+
+
+def fit_student(examples, vocab_size: int, *, seed: int, steps: int, lr: float = 1e-2):
+    """A tiny Qwen3 (preset tiny) fitted to KD examples with a plain optax loop: a quick warm
+    start for tests that need a student whose samples are often valid actions (the KD path
+    itself is tested through the trainer in test_baselines_kd.py). Returns (model, losses)."""
+    import jax
+    import jax.numpy as jnp
+    import optax
+    from flax import nnx
+
+    from actionopd_jax.model import PRESETS, Qwen3
+
+    cfg = PRESETS["tiny"]
+    assert vocab_size <= cfg.vocab_size
+    length = max(e.prompt_ids.size + e.target_ids.size for e in examples)
+    tokens = np.zeros((len(examples), length), np.int32)
+    mask = np.zeros((len(examples), length), np.float32)
+    for i, e in enumerate(examples):
+        seq = np.concatenate([e.prompt_ids, e.target_ids])
+        tokens[i, : seq.size] = seq
+        mask[i, e.prompt_ids.size: seq.size] = 1.0  # loss on target tokens only
+    model = Qwen3(cfg, rngs=nnx.Rngs(seed))
+    opt = nnx.Optimizer(model, optax.adam(lr), wrt=nnx.Param)
+    positions = np.broadcast_to(np.arange(length), tokens.shape)
+
+    @nnx.jit
+    def step(model, opt, tokens, positions, mask):
+        def loss_fn(model):
+            hidden, _ = model(tokens[:, :-1], positions[:, :-1])
+            logp = jax.nn.log_softmax(model.logits(hidden).astype(jnp.float32), -1)
+            nll = -jnp.take_along_axis(logp, tokens[:, 1:, None], -1)[..., 0]
+            return (nll * mask[:, 1:]).sum() / mask[:, 1:].sum()
+
+        loss, grads = nnx.value_and_grad(loss_fn)(model)
+        opt.update(model, grads)
+        return loss
+
+    losses = [float(step(model, opt, tokens, positions, mask)) for _ in range(steps)]
+    return model, losses

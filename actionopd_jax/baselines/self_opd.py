@@ -1,0 +1,271 @@
+"""Self-ActionOPD (paper 3.6, B.5): the teacher is the CURRENT student weights, given privileged
+task information the student never sees.
+
+- Teacher and student share parameters but sample independently: at every collection step the
+  teacher samples from exactly the behaviour snapshot the student samples from (read from the
+  student's sampler at sampling time), so updated weights are used at the next step; teacher
+  samples and verdicts are fixed in the groups before the update (the collector's contract).
+- No teacher cache: every step asks the current weights again (the paper clears the
+  self-teacher cache at each collection step); the identity names the step ("self@step-N").
+- Privileged context (teacher-only) = guidance + the task's private information: an explicit
+  `payload["privileged_context"]`, BFCL reference calls per turn, or tau2's private user
+  scenario, reference actions and required information. It goes into the teacher's copy of the
+  system message (LocalTeacher); the student's prompt, the matcher and the training rows never
+  contain it. The teacher's prompt budget is the student's plus `TEACHER_EXTRA_TOKENS`.
+- Training uses the ActionOPD reward on student candidates only (teacher outputs never become
+  rows: `train.batching.rows_from_groups` reads candidates).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+from typing import Any, Callable, Sequence
+
+import jax
+import numpy as np
+
+from actionopd_jax.collect.source import ActionOPDGroupSource
+from actionopd_jax.types import Action, ChatMessage, Invalid, Task, ToolSchema
+
+log = logging.getLogger(__name__)
+
+TEACHER_EXTRA_TOKENS = 4096  # paper B.5: teacher prompts may be 4,096 tokens longer than the student's
+SELF_TEACHER_PURPOSE = 32  # fold_in constant: teacher keys are independent of student / commit keys
+
+GUIDANCE = (
+    "Privileged teacher notes (you see these; the assistant you are supervising does not). "
+    "Choose the single best next step for the assistant: one tool call or one message. Check "
+    "preconditions and the user's authorization before acting, ask when required information is "
+    "missing instead of guessing, and do not repeat a step that already succeeded. The facts below "
+    "are for deciding; still obtain any confirmation and evidence the conversation requires.")
+
+
+def _bfcl_context(task: Task) -> str:
+    from actionopd_jax.envs import bfcl_data
+
+    turns = bfcl_data.ground_truth(task.task_id)
+    lines = ["Reference tool calls for each user turn (in order):"]
+    for i, calls in enumerate(turns, 1):
+        lines.append(f"Turn {i}: " + ("; ".join(calls) if calls else "no call; the request cannot be completed with the tools"))
+    return "\n".join(lines)
+
+
+def _tau2_context(task: Task) -> str:
+    from actionopd_jax.envs.tau2_tasks import tau2_task
+
+    domain, tau2_id = task.payload.get("domain"), task.payload.get("tau2_id")
+    if domain is None or tau2_id is None:
+        domain, tau2_id = task.task_id.split("/", 1)
+    spec = tau2_task(domain, tau2_id)
+    lines = ["Private information about the user (goals, constraints, what they know and do not know):"]
+    scenario = getattr(spec, "user_scenario", None)
+    instructions = getattr(scenario, "instructions", None)
+    if hasattr(instructions, "model_dump"):
+        for key, value in instructions.model_dump().items():
+            if value and key != "domain":
+                lines.append(f"- {key.replace('_', ' ')}: {value}")
+    elif instructions:
+        lines.append(str(instructions))
+    criteria = getattr(spec, "evaluation_criteria", None)
+    actions = list(getattr(criteria, "actions", None) or [])
+    if actions:
+        lines.append("Reference actions (in order; 'user' ones are done by the user on their device):")
+        for a in actions:
+            lines.append(f"- [{a.requestor}] {a.name}({json.dumps(a.arguments, sort_keys=True)})")
+    info = list(getattr(criteria, "communicate_info", None) or [])
+    if info:
+        lines.append("Information the user must be told: " + "; ".join(str(x) for x in info))
+    return "\n".join(lines)
+
+
+def privileged_context(task: Task) -> str:
+    """The task's teacher-only information ('' when there is none)."""
+    explicit = task.payload.get("privileged_context")
+    if isinstance(explicit, str) and explicit:
+        return explicit
+    if task.env == "bfcl":
+        return _bfcl_context(task)
+    if task.env.startswith("tau2_"):
+        return _tau2_context(task)
+    return ""
+
+
+@dataclasses.dataclass(frozen=True)
+class SelfTeacherSettings:
+    temperature: float = 0.6
+    top_p: float = 0.95
+    top_k: int = 20
+    max_new_tokens: int = 4096
+    enable_thinking: bool = True
+    max_prompt_tokens: int = 32768  # the teacher's own budget (student's + TEACHER_EXTRA_TOKENS)
+    guidance: str = GUIDANCE
+
+
+class SelfTeacher:
+    """A `Teacher` over the student's current weights (see the module docstring).
+
+    `weights`: returns (model, mesh) the student samples with right now; it is read at every
+    teacher device call. `observe(step, model)`: optional hook called with the weights of
+    each step's first teacher call (tests check they are the current student weights)."""
+
+    def __init__(self, tokenizer: Any, model_config: Any, weights: Callable[[], tuple[Any, Any]], *, seed: int,
+                 eos_ids: Sequence[int], settings: SelfTeacherSettings, buckets: Any = None,
+                 observe: Callable[[int, Any], None] | None = None):
+        from actionopd_jax.collect.prompt import CandidateDecoder, PromptBuilder
+        from actionopd_jax.sampling import Sampler
+        from actionopd_jax.serve.batching import MicroBatcher
+        from actionopd_jax.teacher.local_provider import LocalTeacher, LocalTeacherConfig
+
+        self.settings = settings
+        self.seed = int(seed)
+        self.weights = weights
+        self.observe = observe
+        self.sampler = Sampler(None, model_config, eos_ids=list(eos_ids), buckets=buckets)
+        self.prompts = PromptBuilder(tokenizer, max_prompt_tokens=settings.max_prompt_tokens,
+                                     enable_thinking=settings.enable_thinking)
+        self.decoder = CandidateDecoder(tokenizer, eos_ids=list(eos_ids))
+        self.batcher = MicroBatcher(self._sample_batch, window_s=0.005, max_items=64)
+        decoding = {k: getattr(settings, k) for k in ("temperature", "top_p", "top_k", "max_new_tokens", "enable_thinking")}
+        self.local = LocalTeacher(self._generate, LocalTeacherConfig(model="self@step-0", decoding=decoding,
+                                                                     privileged_context=settings.guidance),
+                                  parse_text=self._parse)
+        self.step = 0
+        self._privileged: dict[str, str] = {}
+        self._truncated: set[str] = set()
+        self._calls: dict[str, int] = {}
+        self._observed_step = -1
+        self.teacher_prompts: list[list[ChatMessage]] = []  # this step's teacher conversations (with privileged text)
+
+    # --- per step ----------------------------------------------------------------------------
+    def begin_step(self, step: int, tasks: Sequence[Task]) -> None:
+        """New collection step: forget every earlier answer (no cache across weight versions)."""
+        self.step = int(step)
+        self.local.cfg = dataclasses.replace(self.local.cfg, model=f"self@step-{step}")
+        self._privileged = {t.task_id: privileged_context(t) for t in tasks}
+        self._truncated.clear()
+        self._calls.clear()
+        self.teacher_prompts = []
+
+    # --- Teacher protocol ---------------------------------------------------------------------
+    @property
+    def identity(self) -> dict[str, Any]:
+        return self.local.identity
+
+    @property
+    def usage(self):
+        return self.local.usage
+
+    async def sample_detailed(self, messages: list[ChatMessage], tools: list[ToolSchema], k: int, *,
+                              key_info: dict[str, Any] | None = None):
+        info = dict(key_info or {})
+        info["privileged_context"] = self._privileged.get(str(info.get("task_id")), "")
+        return await self.local.sample_detailed(messages, tools, k, key_info=info)
+
+    async def sample(self, messages, tools, k, *, key_info=None):
+        return (await self.sample_detailed(messages, tools, k, key_info=key_info)).samples
+
+    # --- generation ---------------------------------------------------------------------------
+    def _parse(self, text: str, tools: list[ToolSchema]) -> Action:
+        from actionopd_jax.chat import parse_teacher
+
+        if text in self._truncated:
+            return Invalid("teacher reply truncated at max_new_tokens")
+        return parse_teacher(text, tools)
+
+    def _key(self, prompt_ids: np.ndarray) -> jax.Array:
+        # from (seed, step, the teacher prompt, how often it was asked this step): never from
+        # the arrival order of async calls; a regeneration of the same state gets a fresh key
+        digest = hashlib.sha256(np.asarray(prompt_ids, np.int32).tobytes()).hexdigest()
+        count = self._calls.get(digest, 0)
+        self._calls[digest] = count + 1
+        key = jax.random.fold_in(jax.random.key(self.seed), SELF_TEACHER_PURPOSE)
+        for value in (self.step, int(digest[:7], 16), count):
+            key = jax.random.fold_in(key, value)
+        return key
+
+    async def _generate(self, messages: list[ChatMessage], tools: list[ToolSchema], n: int) -> list[str]:
+        prompt = self.prompts.build(messages, tools)
+        if prompt is None:
+            raise RuntimeError(f"the teacher prompt with privileged context exceeds its budget of "
+                               f"{self.settings.max_prompt_tokens} tokens")
+        self.teacher_prompts.append(prompt.messages)
+        generations = await self.batcher.submit((prompt.ids, n, self._key(prompt.ids)))
+        texts = []
+        for g in generations:
+            text = self.decoder.text(g.token_ids)
+            if g.finish_reason == "length":
+                self._truncated.add(text)
+            texts.append(text)
+        return texts
+
+    def _sample_batch(self, jobs):
+        model, mesh = self.weights()  # the student's current snapshot, shared, never copied
+        if model is None:
+            raise RuntimeError("the student's weights are not set: Self-ActionOPD samples only during collection")
+        self.sampler.model, self.sampler.mesh = model, mesh
+        if self.observe is not None and self._observed_step != self.step:
+            self._observed_step = self.step
+            self.observe(self.step, model)
+        s = self.settings
+        result = self.sampler.sample([j[0] for j in jobs], n=[j[1] for j in jobs], max_new_tokens=s.max_new_tokens,
+                                     temperature=s.temperature, top_p=s.top_p, top_k=s.top_k, key=[j[2] for j in jobs])
+        return result.generations
+
+
+class _StepTasks:
+    """The task stream, telling the teacher which tasks (hence which privileged context) a
+    step has as soon as the step draws them."""
+
+    def __init__(self, stream: Any, on_step: Callable[[list[Task]], None]):
+        self.stream, self.on_step = stream, on_step
+
+    def next_step(self) -> list[Task]:
+        tasks = self.stream.next_step()
+        self.on_step(tasks)
+        return tasks
+
+    def get_state(self):
+        return self.stream.get_state()
+
+    def set_state(self, state) -> None:
+        self.stream.set_state(state)
+
+
+class SelfActionOPDGroupSource(ActionOPDGroupSource):
+    """The ActionOPD group source with the SelfTeacher in place of an external teacher."""
+
+    def __init__(self, cfg: Any, ctx: Any, *, matcher: Any = None, stream: Any = None, env_factory: Any = None,
+                 tokenizer: Any = None, buckets: Any = None, teacher_buckets: Any = None,
+                 observe: Callable[[int, Any], None] | None = None):
+        from actionopd_jax.collect.source import task_stream_from
+
+        if tokenizer is None:
+            from actionopd_jax.baselines.wiring import _tokenizer
+
+            tokenizer = _tokenizer(ctx)
+        t = cfg.teacher
+        settings = SelfTeacherSettings(temperature=t.temperature, top_p=t.top_p, top_k=t.top_k,
+                                       max_new_tokens=t.max_tokens, enable_thinking=t.enable_thinking,
+                                       max_prompt_tokens=cfg.collect.max_prompt_tokens + TEACHER_EXTRA_TOKENS)
+        eos = int(tokenizer.convert_tokens_to_ids("<|im_end|>"))
+        self.self_teacher = SelfTeacher(tokenizer, ctx.model_config, self._student_weights, seed=cfg.run.seed,
+                                        eos_ids=[eos], settings=settings, buckets=teacher_buckets, observe=observe)
+        self._step = 0
+        stream = _StepTasks(stream if stream is not None else task_stream_from(cfg),
+                            lambda tasks: self.self_teacher.begin_step(self._step, tasks))
+        super().__init__(cfg, ctx, teacher=self.self_teacher, matcher=matcher, stream=stream,
+                         env_factory=env_factory, tokenizer=tokenizer, buckets=buckets)
+
+    def _student_weights(self) -> tuple[Any, Any]:
+        return self.sampler.model, self.sampler.mesh
+
+    def collect(self, step: int, policy: Any):
+        self._step = step
+        return super().collect(step, policy)
+
+
+def build_self_source(cfg: Any, ctx: Any) -> SelfActionOPDGroupSource:
+    return SelfActionOPDGroupSource(cfg, ctx)
