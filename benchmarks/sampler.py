@@ -99,22 +99,22 @@ def bench_ours(model, C, reps: int) -> dict:
     return res
 
 
-def bench_compiles(model, seed: int = 0, calls: int = 12) -> dict:
-    """A collector-like stream of calls: ragged prompt lengths, varying n, max_new and
-    settings. Reports programs compiled and the time spent compiling them."""
+def bench_compiles(model, buckets=None, seed: int = 0, calls: int = 12) -> dict:
+    """A collector-like stream of calls: 1-8 ready states of ragged prompt length (20-900
+    tokens), N=4 samples, a fixed reply budget, sampling settings changing from call to call.
+    Reports the programs compiled and the time spent compiling them."""
     import jax
 
     from actionopd_jax.sampling import Sampler
 
     rng = np.random.default_rng(seed)
-    sampler = Sampler(model, eos_ids=[151645])
+    sampler = Sampler(model, eos_ids=[151645], buckets=buckets)
     t0 = time.perf_counter()
     for i in range(calls):
         n_prompts = int(rng.integers(1, 9))
-        prompts = [rng.integers(0, 151643, int(rng.integers(20, 600))).astype(np.int32) for _ in range(n_prompts)]
-        sampler.sample(prompts, n=int(rng.choice([1, 4])), max_new_tokens=int(rng.integers(8, 100)),
-                       temperature=float(rng.choice([0.0, 0.6, 1.0])), top_k=int(rng.choice([0, 20])),
-                       top_p=float(rng.choice([0.95, 1.0])), key=jax.random.key(i))
+        prompts = [rng.integers(0, 151643, int(rng.integers(20, 900))).astype(np.int32) for _ in range(n_prompts)]
+        sampler.sample(prompts, n=4, max_new_tokens=48, temperature=float(rng.choice([0.0, 0.6, 1.0])),
+                       top_k=int(rng.choice([0, 20])), top_p=float(rng.choice([0.95, 1.0])), key=jax.random.key(i))
     return dict(calls=calls, compiled_programs=sampler.stats.programs,
                 compile_s=round(sampler.stats.seconds, 2), total_s=round(time.perf_counter() - t0, 2),
                 programs=[list(map(str, s)) for s in sampler.stats.shapes])
@@ -173,11 +173,16 @@ def main(argv=None) -> int:
             r = _run_peer(name, peer_dir, a.config, "sample", a.reps)
             if r is not None and "sample" in r:
                 peers[name] = r
-    compiles = None if a.skip_compile_workload else bench_compiles(model)
+    compiles = None
+    if not a.skip_compile_workload:
+        from actionopd_jax.sampling import Buckets
+        compiles = {"default_buckets": bench_compiles(model),
+                    # what a collector would configure: always pad to 8 states
+                    "prompts_fixed_8": bench_compiles(model, Buckets(prompts=(8,)))}
     print(_table(a.config, ours, peers))
-    if compiles:
-        print(f"\nmixed-length workload: {compiles['calls']} calls -> {compiles['compiled_programs']} compiled "
-              f"programs, {compiles['compile_s']} s compiling (of {compiles['total_s']} s)")
+    for name, c in (compiles or {}).items():
+        print(f"mixed-length workload, {name}: {c['calls']} calls -> {c['compiled_programs']} compiled "
+              f"programs, {c['compile_s']} s compiling (of {c['total_s']} s)")
     result = dict(system="actionopd_jax", config=a.config, jax=jax.__version__, load_s=round(load_s, 2),
                   max_logit_diff=diff, sample=ours, compile_workload=compiles, **C.machine(),
                   peers={k: v["sample"] for k, v in peers.items()},

@@ -1,6 +1,9 @@
 """Shape buckets: a run compiles one program per bucket combination, not one per length.
 
 Plain data so a recipe can tune them (e.g. long contexts for tau2, short replies for tests).
+A job that always samples the same n with the same max_new (the collector: N candidates per
+state) meets only (prompts, prompt_len) combinations; fixing `prompts` to one size (padding
+batches up to it) leaves just the prompt-length buckets.
 """
 
 from __future__ import annotations
@@ -15,10 +18,11 @@ def _powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class Buckets:
-    prompt_len: tuple[int, ...] = _powers_of_two(64, 32768)   # padded prompt length
+    prompt_len: tuple[int, ...] = _powers_of_two(128, 32768)  # padded prompt length
     prompts: tuple[int, ...] = _powers_of_two(1, 64)          # prompts prefilled together
     samples: tuple[int, ...] = _powers_of_two(1, 64)          # sequences per prompt (n)
-    max_new: tuple[int, ...] = _powers_of_two(16, 16384)      # decode buffer length
+    # decode buffer length: coarse (x4), since the loop exits early when every row is done
+    max_new: tuple[int, ...] = (64, 256, 1024, 4096, 16384)
     max_rows: int = 256                                       # prompts x samples decoded together
 
     def __post_init__(self):

@@ -51,6 +51,7 @@ class SampleResult:
 class CompileStats:
     programs: int = 0
     seconds: float = 0.0
+    # (kind, prompt rows, prompt length, samples per prompt, max_new, compile seconds)
     shapes: list[tuple] = dataclasses.field(default_factory=list)
 
 
@@ -114,9 +115,10 @@ class Sampler:
             t0 = time.perf_counter()
             jitted = jax.jit(functools.partial(fn, **static), static_argnums=(0,), donate_argnums=donate)
             program = jitted.lower(*args).compile()
+            seconds = time.perf_counter() - t0
             self.stats.programs += 1
-            self.stats.seconds += time.perf_counter() - t0
-            self.stats.shapes.append((kind, *label))
+            self.stats.seconds += seconds
+            self.stats.shapes.append((kind, *label, round(seconds, 2)))
             self._programs[key] = program
         return program
 

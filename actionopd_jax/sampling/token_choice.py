@@ -19,7 +19,9 @@ a CPU (transformers spends most of its decode time there). `lax.top_k(logits, ca
 few ms and is exact whenever the kept set lies inside the top `cap` tokens: always for
 1 <= top_k <= cap, and for top_k = 0 whenever the top-`cap` probability mass reaches top_p.
 Rows outside that (top_k > cap, pure temperature sampling, or a nucleus wider than `cap`)
-take an exact full-vocabulary path, run only when some row needs it (`lax.cond`).
+take an exact full-vocabulary path, run only when some row needs it (`lax.cond`). That path
+never sorts either: it finds the top-k and top-p thresholds by radix select over the float
+bits (32 masked sums each) and draws by a two-level inverse CDF (no vocabulary-sized noise).
 """
 
 from __future__ import annotations
@@ -30,10 +32,38 @@ import jax.numpy as jnp
 DEFAULT_CAP = 64
 
 
-def _gumbel_rows(keys: jax.Array, width: int) -> jax.Array:
-    """Independent Gumbel noise per row from that row's own key: a row's draw does not
-    depend on which other rows share the batch."""
-    return jax.vmap(lambda k: jax.random.gumbel(k, (width,), jnp.float32))(keys)
+_BLOCK = 256  # full-vocabulary sampling: pick a block of this many ids, then an id in it
+
+
+def _uniform_rows(keys: jax.Array, width: int) -> jax.Array:
+    """Independent U[0, 1) draws per row from that row's own key: a row's draw does not
+    depend on which other rows share the batch. One draw per row per step serves both paths
+    (one PRNG hash in the program, not one per path)."""
+    tiny = jnp.finfo(jnp.float32).tiny
+    return jax.vmap(lambda k: jax.random.uniform(k, (width,), jnp.float32, minval=tiny))(keys)
+
+
+def _first_crossing(cumulative: jax.Array, target: jax.Array, mass: jax.Array) -> jax.Array:
+    """Per row, the first index whose cumulative mass exceeds target (inverse CDF), never an
+    index with zero mass (float rounding can push target to the total)."""
+    index = (cumulative <= target[:, None]).sum(-1)
+    last_nonzero = mass.shape[-1] - 1 - jnp.argmax((mass > 0)[:, ::-1], axis=-1)
+    return jnp.minimum(index, last_nonzero)
+
+
+def _inverse_cdf(weights: jax.Array, u_block: jax.Array, u_inner: jax.Array) -> jax.Array:
+    """Exact categorical draw proportional to weights [B, V] (not normalised) from two
+    uniforms per row: a block of _BLOCK ids by its mass, then an id within it. Only one pass
+    over the vocabulary plus work on [B, V / _BLOCK] and [B, _BLOCK]."""
+    b, vocab = weights.shape
+    n_blocks = -(-vocab // _BLOCK)
+    blocks = jnp.pad(weights, ((0, 0), (0, n_blocks * _BLOCK - vocab))).reshape(b, n_blocks, _BLOCK)
+    block_mass = blocks.sum(-1)
+    block = _first_crossing(jnp.cumsum(block_mass, -1), u_block * block_mass.sum(-1), block_mass)
+    inner = jnp.take_along_axis(blocks, block[:, None, None], axis=1)[:, 0]
+    chosen_mass = jnp.take_along_axis(block_mass, block[:, None], axis=1)[:, 0]
+    offset = _first_crossing(jnp.cumsum(inner, -1), u_inner * chosen_mass, inner)
+    return (block * _BLOCK + offset).astype(jnp.int32)
 
 
 def _nucleus_keep(probs_desc: jax.Array, k_eff: jax.Array, top_p: jax.Array,
@@ -47,35 +77,60 @@ def _nucleus_keep(probs_desc: jax.Array, k_eff: jax.Array, top_p: jax.Array,
     if mass_k is None:
         mass_k = kept_probs.sum(-1)
     above = jnp.cumsum(kept_probs, axis=-1) - kept_probs  # mass ranked strictly above
-    return in_k & ((above < top_p[:, None] * mass_k[:, None]) | (rank == 0))
+    # top_p >= 1 keeps the whole top-k set even when float rounding of the cumulative sum
+    # would put the last tokens' "mass above" at the total
+    return in_k & ((above < top_p[:, None] * mass_k[:, None]) | (rank == 0) | (top_p[:, None] >= 1.0))
 
 
-def _sample_sorted(vals_desc, idx_desc, keep, keys, greedy):
+def _sample_sorted(vals_desc, idx_desc, keep, uniforms, greedy):
     """Gumbel-max over the kept entries of a descending list; greedy rows take rank 0."""
-    noise = _gumbel_rows(keys, vals_desc.shape[-1])
+    noise = -jnp.log(-jnp.log(uniforms))
     choice = jnp.argmax(jnp.where(keep, vals_desc + noise, -jnp.inf), axis=-1)
     choice = jnp.where(greedy, 0, choice)
     return jnp.take_along_axis(idx_desc, choice[:, None], axis=-1)[:, 0]
 
 
-def _full_vocab_choice(scaled, lse, keys, k_eff, top_p, greedy):
-    """Exact path over the whole vocabulary. A full sort only when some row truncates
-    (top-k > cap or a wide nucleus); pure temperature rows need just Gumbel-max."""
+def _sortable_bits(x: jax.Array) -> jax.Array:
+    """uint32 keys with the same order as the float32 values (radix-select on them is exact)."""
+    bits = jax.lax.bitcast_convert_type(x.astype(jnp.float32), jnp.int32)
+    bits = jnp.where(bits < 0, bits ^ 0x7FFFFFFF, bits)  # negatives: reverse their order
+    return jax.lax.bitcast_convert_type(bits, jnp.uint32) ^ jnp.uint32(0x80000000)
+
+
+def _radix_select(keys: jax.Array, weights: jax.Array, target: jax.Array) -> jax.Array:
+    """Per row, the largest u with sum(weights[keys >= u]) >= target, built bit by bit from
+    the top: 32 masked sums over the vocabulary, no sort. keys u32[B, V]; target [B]."""
+
+    def one_bit(i, best):
+        trial = best | (jnp.uint32(1) << (31 - i).astype(jnp.uint32))
+        mass = jnp.where(keys >= trial[:, None], weights, 0).sum(-1)
+        return jnp.where(mass >= target, trial, best)
+
+    return jax.lax.fori_loop(0, 32, one_bit, jnp.zeros(keys.shape[:1], jnp.uint32))
+
+
+def _full_vocab_choice(scaled, lse, u_block, u_inner, k_eff, top_p, greedy):
+    """Exact path over the whole vocabulary, without sorting it: top-k's threshold is the
+    k-th largest value (radix select on counts); top-p's is the smallest value whose mass
+    strictly above is < top_p * mass(top-k) (radix select on probability mass). A token is
+    kept iff its value is >= both thresholds; then an inverse-CDF draw over the kept mass."""
     vocab = scaled.shape[-1]
-    truncating = (k_eff < vocab) | (top_p < 1.0)
+    sort_keys = _sortable_bits(scaled)
+    truncating = ((k_eff < vocab) | (top_p < 1.0)) & ~greedy
 
-    def by_sort(_):
-        order = jnp.broadcast_to(jnp.arange(vocab, dtype=jnp.int32), scaled.shape)
-        neg_sorted, idx = jax.lax.sort_key_val(-scaled, order, dimension=-1)
-        vals = -neg_sorted
-        keep = _nucleus_keep(jnp.exp(vals - lse[:, None]), k_eff, top_p)
-        return _sample_sorted(vals, idx, keep, keys, greedy)
+    def thresholds(_):
+        kth = jnp.where(k_eff < vocab, _radix_select(sort_keys, jnp.ones((), jnp.float32), k_eff.astype(jnp.float32)),
+                        jnp.uint32(0))
+        in_k = sort_keys >= kth[:, None]
+        probs = jnp.where(in_k, jnp.exp(scaled - lse[:, None]), 0.0)
+        nucleus = _radix_select(sort_keys, probs, top_p * probs.sum(-1))
+        nucleus = jnp.where(top_p >= 1.0, jnp.uint32(0), nucleus)
+        return jnp.maximum(kth, nucleus)
 
-    def by_gumbel(_):
-        noise = _gumbel_rows(keys, vocab)
-        return jnp.argmax(scaled + noise, axis=-1).astype(jnp.int32)
-
-    return jax.lax.cond(jnp.any(truncating & ~greedy), by_sort, by_gumbel, None)
+    floor = jax.lax.cond(jnp.any(truncating), thresholds,
+                         lambda _: jnp.zeros(scaled.shape[:1], jnp.uint32), None)
+    kept_probs = jnp.where(sort_keys >= floor[:, None], jnp.exp(scaled - lse[:, None]), 0.0)
+    return _inverse_cdf(kept_probs, u_block, u_inner)
 
 
 def choose_tokens(logits: jax.Array, keys: jax.Array, temperature: jax.Array, top_k: jax.Array,
@@ -109,7 +164,8 @@ def choose_tokens(logits: jax.Array, keys: jax.Array, temperature: jax.Array, to
     cand_mass_k = jnp.where(k_eff == vocab, 1.0,
                             jnp.where(jnp.arange(cap)[None, :] < in_cap_k[:, None], cand_probs, 0.0).sum(-1))
     keep = _nucleus_keep(cand_probs, in_cap_k, top_p, cand_mass_k)
-    cand_tokens = _sample_sorted(cand_vals, cand_idx, keep, keys, greedy)
+    uniforms = _uniform_rows(keys, cap + 2)
+    cand_tokens = _sample_sorted(cand_vals, cand_idx, keep, uniforms[:, :cap], greedy)
 
     needs_full = ~exact_in_cap
     if active is not None:
@@ -117,7 +173,8 @@ def choose_tokens(logits: jax.Array, keys: jax.Array, temperature: jax.Array, to
     tokens = jax.lax.cond(
         jnp.any(needs_full),
         lambda _: jnp.where(exact_in_cap, cand_tokens,
-                            _full_vocab_choice(scaled, lse, keys, k_eff, top_p, greedy)),
+                            _full_vocab_choice(scaled, lse, uniforms[:, cap], uniforms[:, cap + 1],
+                                               k_eff, top_p, greedy)),
         lambda _: cand_tokens,
         None,
     ).astype(jnp.int32)
