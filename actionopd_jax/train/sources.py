@@ -24,7 +24,11 @@ from actionopd_jax.types import Candidate, Invalid, Message, StateGroup
 
 @dataclass
 class Policy:
-    """The behaviour snapshot a source samples from (one per collection step)."""
+    """The behaviour snapshot a source samples from (one per collection step).
+
+    `params` live on the training mesh and are DONATED to the update that follows `collect`:
+    use (or reshard/copy) them inside `collect`, never keep them for later steps.
+    """
 
     graphdef: Any
     params: Any  # pure-dict parameters on the training mesh
