@@ -244,9 +244,11 @@ class Collector:
         except _EnvFailure as err:
             rec.end_reason = err.reason
             log.warning("task start %d (%s): %s", start, task.task_id, err)
+            _safe_end(env, err.reason)
         except Exception as err:  # noqa: BLE001 - one broken trajectory must not sink the step
             rec.end_reason = f"error:{type(err).__name__}"
             log.exception("task start %d (%s) failed", start, task.task_id)
+            _safe_end(env, rec.end_reason)
         if env is not None:
             rec.score = _safe_score(env, rec.end_reason)
         return rec, groups
@@ -367,6 +369,17 @@ class _EnvFailure(Exception):
 
 def _usage_delta(before: UsageReport, after: UsageReport) -> UsageReport:
     return UsageReport(**{k: v - getattr(before, k) for k, v in after.as_dict().items()})
+
+
+def _safe_end(env: Environment | None, reason: str) -> None:
+    # Tell the environment the episode is over so its score names the reason; an
+    # environment broken enough to fail here is scored as it stands.
+    if env is None:
+        return
+    try:
+        env.end(reason)
+    except Exception as err:  # noqa: BLE001
+        log.debug("env.end(%r) failed: %s", reason, err)
 
 
 def _safe_score(env: Environment, end_reason: str) -> dict[str, Any]:

@@ -99,6 +99,7 @@ class StepMetrics:
 
     @property
     def match_rate(self) -> float:
+        """Share of the candidates of scored groups (invalid ones included) with c > 0."""
         return self.matched_candidates / self.scored_candidates if self.scored_candidates else 0.0
 
     @property
