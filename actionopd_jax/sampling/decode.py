@@ -152,7 +152,8 @@ def decode(graphdef: nnx.GraphDef, params: Any, state: DecodeState, rows: RowSet
     n_prompts, samples, _, max_new, _ = state.gen_k[0].shape
     n_rows = n_prompts * samples
     layer_def, layer_state = nnx.split(model.layers)
-    # one module per layer, sliced once per call (loop-invariant), not once per step
+    # one module per layer, sliced once per call (loop-invariant), not once per step: a
+    # temporary copy of the layer weights (not of the embedding / LM head) for the call
     layers = [nnx.merge(layer_def, jax.tree.map(lambda x, i=i: x[i], layer_state))
               for i in range(cfg.num_hidden_layers)]
     prompt = state.prompt
