@@ -1,0 +1,99 @@
+"""`actionopd train --check` for the main job: validate the config and print the job's plan,
+offline (no network, no devices beyond the visible ones, nothing written).
+
+An API-key variable that is not set is reported (by name) but does not fail the check: a plan
+is made on a machine that may not hold the secrets. The run itself stops at once, naming the
+variable (experiment/teacher.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from actionopd_jax.config import Config
+
+
+def _student_config(cfg: Config, notes: list[str]):
+    from actionopd_jax.experiment.assets import random_student_config
+    from actionopd_jax.model import Qwen3Config
+
+    m = cfg.model
+    if m.hf_path:
+        if (Path(m.hf_path) / "config.json").is_file():
+            return Qwen3Config.from_hf_json(m.hf_path, dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat), \
+                f"checkpoint {m.hf_path}"
+        from actionopd_jax.model import PRESETS
+
+        notes.append(f"note: {m.hf_path}/config.json not found; planned with preset {m.preset!r} "
+                     "(the run needs the checkpoint)")
+        return PRESETS[m.preset].replace(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat), \
+            f"checkpoint {m.hf_path} (not on this machine)"
+    vocab = cfg.experiment.tokenizer_vocab
+    if m.tokenizer:
+        from actionopd_jax.chat import load_tokenizer
+
+        vocab = len(load_tokenizer(m.tokenizer))
+    q = random_student_config(cfg.experiment, vocab, dtype=m.dtype, param_dtype=m.param_dtype)
+    return q, "random init"
+
+
+def check_main_job(cfg: Config, devices: int = 0) -> int:
+    import jax
+
+    from actionopd_jax.experiment import teacher as teacher_lib
+    from actionopd_jax.experiment.phases import context_overrides
+    from actionopd_jax.experiment.tasks import job_tasks
+    from actionopd_jax.train.plan import describe
+    from actionopd_jax.train.setup import mesh_shape
+
+    exp, c = cfg.experiment, cfg.collect
+    notes: list[str] = []
+    teacher_lib.check_endpoint_settings(cfg)
+    split = job_tasks(exp)
+    mode = teacher_lib.teacher_mode(cfg)
+    if mode == "reference":
+        teacher = (f"{teacher_lib.REFERENCE_LABEL} (embedded server on 127.0.0.1, reference policy of the "
+                   f"{len(split.train)} training tasks; rules-only matching)")
+    else:
+        t = cfg.teacher
+        teacher = f"remote {t.model} at {t.base_url} (key from ${t.api_key_env or '<none>'}), matcher {cfg.matcher.kind}"
+        notes += [f"warning: environment variable {name} is not set; the run will stop until it is exported"
+                  for name in teacher_lib.missing_secrets(cfg)]
+    qcfg, student = _student_config(cfg, notes)
+    ctx = context_overrides(cfg)
+    # the ActionOPD phase as it will run (experiment/phases.py derives the same keys)
+    phase = {**ctx, "collect.task_starts_per_step": len(split.train), "train.lr": exp.opd_lr or cfg.train.lr,
+             "collect.kind": "actionopd", "train.loss": "actionopd", "env.name": "bfcl",
+             "env.domains": [exp.bfcl_category], "model.hf_path": cfg.model.hf_path or "<random-init student>"}
+    if mode == "reference":
+        from actionopd_jax.serve.reference_backend import MODEL_NAME
+
+        phase.update({"teacher.kind": "openai", "teacher.model": MODEL_NAME, "teacher.base_url": "<embedded>",
+                      "matcher.kind": "rules"})
+    plan_cfg = cfg.replace(**phase)
+    sizes = [cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor]
+    n = devices or jax.device_count()
+    if not devices and -1 not in sizes and int(sizes[0] * sizes[1] * sizes[2]) != n:
+        n = int(sizes[0] * sizes[1] * sizes[2])
+        notes.append(f"note: planned for the mesh's {n} devices (this machine has {jax.device_count()})")
+    mem = cfg.mesh.device_memory_gb or None
+    text, fits = describe(plan_cfg, qcfg, mesh_shape(plan_cfg, n), device_memory_gb=mem)
+    lines = [
+        "main job (experiment.enabled=true): KD warm start -> ActionOPD -> held-out evaluation",
+        f"tasks      BFCL {exp.bfcl_category} using only {'+'.join(exp.bfcl_classes)}: {split.pool_size} tasks, "
+        f"{len(split.train)} training, {len(split.heldout)} held out (sha256 split)",
+        f"teacher    {teacher}",
+        f"student    {student}: hidden {qcfg.hidden_size}, {qcfg.num_hidden_layers} layers, "
+        f"{qcfg.num_attention_heads} head(s) x {qcfg.head_dim}, vocab {qcfg.vocab_size}",
+        f"KD         {exp.kd_epochs} epoch(s) over the successful teacher trajectories, lr {exp.kd_lr:g}, "
+        f"{exp.kd_examples_per_step} turns per update" if exp.kd_epochs else "KD         skipped (kd_epochs=0)",
+        f"ActionOPD  {cfg.train.steps} step(s) x {len(split.train)} task starts, N={c.num_candidates}, "
+        f"K={c.teacher_samples}, lambda={c.freq_bonus}, lr {plan_cfg.train.lr:g}, context budget "
+        f"{ctx['collect.max_prompt_tokens']} + {c.max_response_tokens} new tokens",
+        f"eval       {len(split.heldout)} held-out tasks, greedy, {exp.eval_max_new_tokens} new tokens, before and "
+        "after ActionOPD",
+        text,
+    ]
+    print("\n".join(lines + notes))
+    print("config OK" + ("" if fits else " (but the estimate exceeds device memory)"))
+    return 0

@@ -1,0 +1,241 @@
+"""The two training phases of the main job, each a run of the ordinary trainer.
+
+The config of each phase is derived from the job's config by a few explicit replacements
+(`kd_phase_config`, `opd_phase_config`) and written next to its outputs, so what ran is on
+disk. Everything else (N, K, lambda, clip, optimizer, batching, checkpoints) is the job's
+train.* / collect.* as configured.
+
+- KD warm start: the baselines KD API (teacher trajectories through the eval harness, one
+  example per assistant turn, the KD cross-entropy through `train.loop.Trainer`), run dir
+  `<run>/kd/`, the result exported as an HF directory the ActionOPD phase starts from.
+- ActionOPD: `Trainer` over the state-group collector (`collect.ActionOPDGroupSource`) fed
+  with the job's training tasks, in the run directory itself (metrics.jsonl, tb/,
+  checkpoints/). `JobSource` records, per step, the mean reward, match rate and invalid
+  rate of the step's candidates for the report.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from actionopd_jax.config import Config
+from actionopd_jax.types import Invalid, StateGroup, Task
+
+log = logging.getLogger(__name__)
+
+
+def context_overrides(cfg: Config) -> dict[str, Any]:
+    budget = cfg.experiment.max_prompt_tokens or cfg.collect.max_prompt_tokens
+    need = budget + cfg.collect.max_response_tokens
+    return {"collect.max_prompt_tokens": budget, "train.max_seq_len": max(cfg.train.max_seq_len, need)}
+
+
+def kd_phase_config(cfg: Config, *, student_dir: Path, tokenizer_dir: Path, run_dir: Path, steps: int) -> Config:
+    from actionopd_jax.baselines.kd import kd_config
+
+    per_step = cfg.experiment.kd_examples_per_step
+    micro = math.gcd(per_step, cfg.train.microbatch_rows)
+    over = {"model.hf_path": str(student_dir), "model.tokenizer": str(tokenizer_dir), "train.lr": cfg.experiment.kd_lr,
+            "train.minibatch_rows": per_step, "train.microbatch_rows": micro, "kd.examples_per_step": per_step,
+            "run.dir": str(run_dir), "checkpoint.dir": "", "checkpoint.every_steps": 0,
+            "experiment.enabled": False, **context_overrides(cfg)}
+    return kd_config(cfg.replace(**over), steps=steps)
+
+
+def opd_phase_config(cfg: Config, *, student_dir: Path, tokenizer_dir: Path, run_dir: Path, n_train_tasks: int,
+                     teacher: dict[str, Any]) -> Config:
+    over = {"model.hf_path": str(student_dir), "model.tokenizer": str(tokenizer_dir),
+            "collect.kind": "actionopd", "train.loss": "actionopd", "env.name": "bfcl",
+            "env.domains": [cfg.experiment.bfcl_category], "collect.task_starts_per_step": n_train_tasks,
+            "run.dir": str(run_dir), "experiment.enabled": False, **context_overrides(cfg), **teacher}
+    if cfg.experiment.opd_lr > 0:
+        over["train.lr"] = cfg.experiment.opd_lr
+    return cfg.replace(**over)
+
+
+def write_phase_config(cfg: Config, path: Path, note: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"# {note}\n# Written by the main job (actionopd_jax/experiment); a record of what ran.\n"
+                    + cfg.to_yaml())
+
+
+def sampler_buckets(cfg: Config, samples: int, max_new: int):
+    from actionopd_jax.sampling.buckets import Buckets
+
+    prompts = (1, 2, 4, 8)
+    s = 1 << (max(1, samples) - 1).bit_length()
+    return Buckets(prompt_len=tuple(cfg.experiment.prompt_buckets), prompts=prompts, samples=(s,),
+                   max_new=(max_new,), max_rows=prompts[-1] * s)
+
+
+# --- KD warm start -------------------------------------------------------------------------------
+
+def kd_warm_start(cfg: Config, *, agent: Any, tasks: list[Task], tokenizer: Any, tokenizer_dir: Path,
+                  student_dir: Path, run_dir: Path, progress: bool) -> dict[str, Any]:
+    """Teacher trajectories on `tasks` -> KD examples -> KD training -> HF directory.
+    Returns {"hf_dir", "trajectories", "kept", "examples", "steps", "losses"}."""
+    import asyncio
+
+    from actionopd_jax.baselines.kd import KDResult, export_student, kd_examples, teacher_trajectories
+    from actionopd_jax.envs.base import make_environment
+    from actionopd_jax.train.loop import Trainer
+
+    exp = cfg.experiment
+    run_dir.mkdir(parents=True, exist_ok=True)
+    all_records = asyncio.run(teacher_trajectories(
+        agent, tasks, lambda task: make_environment(task.env), concurrency=exp.eval_concurrency,
+        keep_successful=False, out_jsonl=run_dir / "teacher_trajectories.jsonl", progress=progress))
+    kept = [r for r in all_records if float(r["score"].get("reward", 0.0)) >= 1.0]
+    budget = context_overrides(cfg)["collect.max_prompt_tokens"]
+    examples = kd_examples(kept, tokenizer, max_prompt_tokens=budget, enable_thinking=cfg.collect.enable_thinking)
+    if not examples:
+        raise RuntimeError(f"KD warm start: none of the {len(all_records)} teacher trajectories succeeded, so there "
+                           "is nothing to imitate; check the teacher, or set experiment.kd_epochs=0")
+    steps = exp.kd_epochs * math.ceil(len(examples) / exp.kd_examples_per_step)
+    kcfg = kd_phase_config(cfg, student_dir=student_dir, tokenizer_dir=tokenizer_dir, run_dir=run_dir, steps=steps)
+    write_phase_config(kcfg, run_dir / "config.yaml", f"KD warm start: {len(examples)} examples, {steps} steps")
+    from actionopd_jax.baselines.kd import KDGroupSource
+
+    source = KDGroupSource(examples, examples_per_step=exp.kd_examples_per_step, seed=kcfg.run.seed)
+    trainer = Trainer(kcfg, run_dir=run_dir, source=source)
+    try:
+        trainer.run()  # progress bar, metrics.jsonl / TensorBoard under <run>/kd, final checkpoint
+        result = KDResult(steps=trainer.step, metrics=[], params=trainer.state["params"], graphdef=trainer.graphdef,
+                          model_config=trainer.qcfg, run_dir=run_dir, checkpoint_step=trainer.step)
+        hf_dir = export_student(result, run_dir / "student_hf", tokenizer_dir=tokenizer_dir)
+    finally:
+        trainer.close()
+    losses = read_metric(run_dir / "metrics.jsonl", "loss")
+    return {"hf_dir": hf_dir, "trajectories": len(all_records), "kept": len(kept), "examples": len(examples),
+            "target_tokens": int(sum(e.target_ids.size for e in examples)), "steps": steps, "losses": losses,
+            "teacher_success": float(np.mean([float(r["score"].get("reward", 0.0)) for r in all_records]))}
+
+
+def read_metric(path: Path, key: str) -> list[float]:
+    import json
+
+    if not path.is_file():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            rec = json.loads(line)
+            if key in rec:
+                out.append(float(rec[key]))
+    return out
+
+
+# --- ActionOPD -------------------------------------------------------------------------------------
+
+def step_stats(groups: list[StateGroup]) -> dict[str, float]:
+    """Per-step numbers of the report, over the candidates of every group whose supervision
+    was usable (masked "unavailable" groups carry no reward):
+    reward_mean   mean r_lambda of all candidates (invalid -1, valid no match 0, matches >= 1);
+    match_rate    fraction of candidates matching at least one teacher sample;
+    invalid_rate  fraction of candidates that are not one valid action;
+    committed_reward_mean  mean reward of the committed (environment-advancing) candidates."""
+    scored = [g for g in groups if g.drop_reason != "unavailable"]
+    cands = [c for g in scored for c in g.candidates]
+    committed = [g.candidates[g.committed_index].reward for g in scored if g.committed_index >= 0]
+    n = max(len(cands), 1)
+    return {
+        "groups": float(len(groups)),
+        "groups_retained": float(sum(g.retained for g in groups)),
+        "candidates": float(len(cands)),
+        "reward_mean": float(sum(c.reward for c in cands) / n) if cands else float("nan"),
+        "match_rate": float(sum(any(v == "match" for v in c.verdicts) for c in cands) / n) if cands else float("nan"),
+        "invalid_rate": float(sum(isinstance(c.action, Invalid) for c in cands) / n) if cands else float("nan"),
+        "committed_reward_mean": float(np.mean(committed)) if committed else float("nan"),
+    }
+
+
+class JobSource:
+    """The collector source with the job's per-step statistics (`history`, one dict per
+    collection, in step order) added to the trainer's metrics under job/."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+        self.history: list[dict[str, float]] = []
+
+    def collect(self, step: int, policy: Any) -> list[StateGroup]:
+        groups = self.inner.collect(step, policy)
+        stats = {"step": float(step), **step_stats(groups)}
+        last = getattr(self.inner, "last", None)
+        if last is not None and last.trajectories:
+            rewards = [float(t.score.get("reward", 0.0)) for t in last.trajectories]
+            stats["episode_success"] = float(np.nanmean(rewards))
+            stats["decisions_per_episode"] = float(np.mean([t.decisions for t in last.trajectories]))
+        self.history.append(stats)
+        log.info("ActionOPD collection at step %d: reward %.3f, match %.3f, invalid %.3f over %d candidates",
+                 step, stats["reward_mean"], stats["match_rate"], stats["invalid_rate"], int(stats["candidates"]))
+        return groups
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.inner.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.inner.load_state_dict(state)
+
+    def metrics(self) -> dict[str, float]:
+        out = dict(self.inner.metrics())
+        if self.history:
+            out.update({f"job/{k}": v for k, v in self.history[-1].items() if k != "step"})
+        return out
+
+    def close(self) -> None:
+        collector = getattr(self.inner, "collector", None)
+        if collector is not None and hasattr(collector, "close"):
+            collector.close()
+
+
+def actionopd_phase(pcfg: Config, *, train_tasks: list[Task], run_dir: Path, progress: bool) -> dict[str, Any]:
+    """ActionOPD steps with the collector, then one more collection with the final policy (no
+    update) so the curve ends with the trained student. Returns {"history", "checkpoint_step",
+    "checkpoint_dir"}."""
+    import jax
+
+    from actionopd_jax.collect.source import ActionOPDGroupSource
+    from actionopd_jax.envs.tasks import TaskSource, TaskStream
+    from actionopd_jax.train.loop import Trainer
+    from actionopd_jax.train.setup import build_mesh, model_config
+    from actionopd_jax.train.sources import Policy, SourceContext
+
+    qcfg = model_config(pcfg)
+    ctx = SourceContext(model_config=qcfg, run_dir=str(run_dir), tokenizer_path=pcfg.model.tokenizer,
+                        process_index=0, process_count=1, mesh=build_mesh(pcfg))
+    stream = TaskStream([(TaskSource("bfcl:job-train", train_tasks), len(train_tasks))], seed=pcfg.run.seed)
+    inner = ActionOPDGroupSource(pcfg, ctx, stream=stream,
+                                 buckets=sampler_buckets(pcfg, pcfg.collect.num_candidates,
+                                                         pcfg.collect.max_response_tokens))
+    source = JobSource(inner)
+    trainer = Trainer(pcfg, run_dir=run_dir, source=source)
+    try:
+        code = trainer.run()
+        if code != 0:
+            raise RuntimeError(f"the ActionOPD trainer stopped early (exit code {code})")
+        final = Policy(trainer.graphdef, trainer.state["params"], trainer.qcfg, trainer.step,
+                       key=jax.random.fold_in(trainer.base_key, trainer.step))
+        source.collect(trainer.step, final)  # measurement only: no update follows
+        return {"history": source.history, "checkpoint_step": trainer.step,
+                "checkpoint_dir": str(trainer.ckpt.directory)}
+    finally:
+        trainer.close()
+        source.close()
+
+
+def export_final_student(run_dir: Path, step: int, out_dir: Path, tokenizer_dir: Path) -> Path:
+    """The ActionOPD checkpoint (read back from disk) as an HF directory with its tokenizer."""
+    import shutil
+
+    from actionopd_jax.train.export_cli import export
+
+    export(run_dir, out_dir, step)
+    for f in Path(tokenizer_dir).iterdir():
+        if f.is_file() and f.name != "config.json" and not f.name.endswith(".safetensors"):
+            shutil.copy2(f, out_dir / f.name)
+    return out_dir

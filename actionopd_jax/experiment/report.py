@@ -1,0 +1,180 @@
+"""The main job's report: report.md, PNG plots and the summary table printed at the end."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+CURVES = (("reward_mean", "mean reward r_lambda"), ("match_rate", "match rate"), ("invalid_rate", "invalid rate"))
+HELDOUT = (("bfcl_accuracy", "BFCL accuracy (official checker)"),
+           ("episode_valid_rate", "valid actions in own episodes"),
+           ("valid_rate", "valid at reference states"),
+           ("same_tool_rate", "same tool as reference"),
+           ("agreement_rate", "agrees with reference action"))
+
+
+def _fmt(v: Any, pct: bool = False) -> str:
+    if not isinstance(v, (int, float)) or (isinstance(v, float) and math.isnan(v)):
+        return "n/a"
+    return f"{100 * v:.1f}%" if pct else f"{v:.3f}"
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def plot_curves(history: list[dict[str, float]], path: Path, *, final_is_probe: bool) -> None:
+    plt = _plt()
+    steps = [int(h["step"]) for h in history]
+    fig, axes = plt.subplots(1, 3, figsize=(11, 3.4))
+    for ax, (key, title) in zip(axes, CURVES):
+        values = [h.get(key, float("nan")) for h in history]
+        ax.plot(steps, values, marker="o", color="#4C72B0")
+        if values:
+            ax.axhline(values[0], color="#999999", linestyle="--", linewidth=1, label="KD-only start (step 0)")
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("ActionOPD step (policy after that many updates)")
+        ax.set_xticks(steps)
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7, loc="best")
+    note = " (last point: final policy, measured without an update)" if final_is_probe else ""
+    fig.suptitle(f"ActionOPD collection on the training tasks{note}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_kd_loss(losses: list[float], path: Path) -> None:
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(5, 3.2))
+    ax.plot(range(1, len(losses) + 1), losses, color="#DD8452")
+    ax.set_xlabel("KD step")
+    ax.set_ylabel("cross-entropy per target token")
+    ax.set_title("KD warm start", fontsize=10)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def plot_heldout(before: dict[str, float], after: dict[str, float], path: Path) -> None:
+    plt = _plt()
+    import numpy as np
+
+    labels = [title for _, title in HELDOUT]
+    b = [100 * float(before.get(k, float("nan"))) for k, _ in HELDOUT]
+    a = [100 * float(after.get(k, float("nan"))) for k, _ in HELDOUT]
+    x = np.arange(len(labels))
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    ax.bar(x - 0.2, b, 0.4, label="before ActionOPD (after KD)", color="#8C8C8C")
+    ax.bar(x + 0.2, a, 0.4, label="after ActionOPD", color="#4C72B0")
+    for i, (vb, va) in enumerate(zip(b, a)):
+        ax.text(i - 0.2, (0 if math.isnan(vb) else vb) + 1, "n/a" if math.isnan(vb) else f"{vb:.1f}", ha="center", fontsize=7)
+        ax.text(i + 0.2, (0 if math.isnan(va) else va) + 1, "n/a" if math.isnan(va) else f"{va:.1f}", ha="center", fontsize=7)
+    ax.set_xticks(x, labels, fontsize=7)
+    ax.set_ylim(0, 105)
+    ax.set_ylabel("% (held-out tasks)")
+    ax.legend(fontsize=7)
+    ax.set_title("Held-out evaluation (greedy)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def curve_table(history: list[dict[str, float]]) -> str:
+    lines = ["| step | policy | candidates | mean reward | match rate | invalid rate | committed reward | groups kept |",
+             "|---|---|---|---|---|---|---|---|"]
+    last = len(history) - 1
+    for i, h in enumerate(history):
+        who = "KD only" if i == 0 else ("final (no update)" if i == last else f"after {int(h['step'])} update step(s)")
+        lines.append(f"| {int(h['step'])} | {who} | {int(h.get('candidates', 0))} | {_fmt(h.get('reward_mean'))} | "
+                     f"{_fmt(h.get('match_rate'), True)} | {_fmt(h.get('invalid_rate'), True)} | "
+                     f"{_fmt(h.get('committed_reward_mean'))} | {int(h.get('groups_retained', 0))}/{int(h.get('groups', 0))} |")
+    return "\n".join(lines)
+
+
+def heldout_table(before: dict[str, float], after: dict[str, float]) -> str:
+    lines = ["| held-out metric | before (after KD) | after ActionOPD |", "|---|---|---|"]
+    for key, title in HELDOUT:
+        lines.append(f"| {title} | {_fmt(before.get(key), True)} | {_fmt(after.get(key), True)} |")
+    lines.append(f"| decisions at reference states | {int(before.get('decisions', 0))} | {int(after.get('decisions', 0))} |")
+    lines.append(f"| episodes | {int(before.get('episodes', 0))} | {int(after.get('episodes', 0))} |")
+    return "\n".join(lines)
+
+
+def summary_text(s: dict[str, Any]) -> str:
+    """The plain-text summary printed at the end of the job."""
+    h = s["actionopd"]["history"]
+    first, last = h[0], h[-1]
+    rows = [("teacher", s["teacher"]["label"]),
+            ("tasks (train / held-out)", f"{len(s['tasks']['train'])} / {len(s['tasks']['heldout'])} "
+                                         f"BFCL {s['tasks']['category']} {'+'.join(s['tasks']['classes'])}"),
+            ("student", s["student"]["description"]),
+            ("KD warm start", s["kd"]["summary"] if s.get("kd") else "skipped"),
+            ("ActionOPD mean reward", f"{_fmt(first['reward_mean'])} (KD only) -> {_fmt(last['reward_mean'])} (final)"),
+            ("ActionOPD match rate", f"{_fmt(first['match_rate'], True)} -> {_fmt(last['match_rate'], True)}"),
+            ("ActionOPD invalid rate", f"{_fmt(first['invalid_rate'], True)} -> {_fmt(last['invalid_rate'], True)}")]
+    b, a = s["eval"]["before"], s["eval"]["after"]
+    for key, title in HELDOUT:
+        rows.append((f"held-out {title}", f"{_fmt(b.get(key), True)} -> {_fmt(a.get(key), True)}"))
+    rows.append(("run time", " + ".join(f"{k} {v:.0f}s" for k, v in s["timings"].items() if k != "total")
+                 + f" = {s['timings']['total']:.0f}s"))
+    rows.append(("run directory", s["run_dir"]))
+    width = max(len(k) for k, _ in rows)
+    bar = "=" * (width + 60)
+    return "\n".join([bar, "main job summary", bar] + [f"{k:<{width}}  {v}" for k, v in rows] + [bar])
+
+
+def write_report(run_dir: Path, s: dict[str, Any]) -> dict[str, Path]:
+    out = run_dir / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"markdown": run_dir / "report.md", "json": out / "summary.json",
+             "curves": out / "actionopd_curves.png", "heldout": out / "heldout_before_after.png"}
+    history = s["actionopd"]["history"]
+    plot_curves(history, paths["curves"], final_is_probe=True)
+    plot_heldout(s["eval"]["before"], s["eval"]["after"], paths["heldout"])
+    kd = s.get("kd")
+    if kd and kd.get("losses"):
+        paths["kd_loss"] = out / "kd_loss.png"
+        plot_kd_loss(kd["losses"], paths["kd_loss"])
+    paths["json"].write_text(json.dumps(s, indent=2, default=str))
+    privileged = s["teacher"]["privileged"]
+    md = [f"# Main job report: {Path(s['run_dir']).name}", "",
+          f"Teacher: **{s['teacher']['label']}**" + (
+              " — it answers with the BFCL ground truth of the training tasks. It is a privileged stand-in that "
+              "lets the whole pipeline run offline; its numbers are not those of any real teacher." if privileged else ""),
+          f"Matching: {s['teacher']['matching']}", "",
+          f"Student: {s['student']['description']}", "",
+          f"Tasks: BFCL {s['tasks']['category']} tasks using only {', '.join(s['tasks']['classes'])}: "
+          f"{len(s['tasks']['train'])} training, {len(s['tasks']['heldout'])} held out (split by sha256 of the task id).",
+          f"- training: {', '.join(s['tasks']['train'])}", f"- held out: {', '.join(s['tasks']['heldout'])}", ""]
+    if kd:
+        md += ["## KD warm start", "", kd["summary"], "", "![KD loss](report/kd_loss.png)" if kd.get("losses") else "", ""]
+    md += ["## ActionOPD steps (training tasks)", "",
+           "Each row is one collection over every training task with the policy after that many update steps; "
+           "step 0 is the KD-only starting point and the last row is the final policy, measured without an update. "
+           "Mean reward is over all candidates (invalid -1, valid non-matching 0, matching 1 + lambda (c-1)/(K-1)); "
+           "match rate: candidates matching at least one teacher sample; invalid rate: candidates that are not one "
+           "valid action.", "", curve_table(history), "", "![ActionOPD curves](report/actionopd_curves.png)", "",
+           "## Held-out evaluation (greedy), before and after ActionOPD", "",
+           "BFCL accuracy uses the official multi-turn checker on the student's own episodes. The finer metrics "
+           "ask the student for its next action at every state of the reference path (same states for both "
+           "students): *valid* = one valid action, *same tool* = same tool name (or both messages), *agrees* = "
+           "matches the reference action under the matching rules.", "",
+           heldout_table(s["eval"]["before"], s["eval"]["after"]), "",
+           "![held-out](report/heldout_before_after.png)", "",
+           "## Run", "", "| phase | seconds |", "|---|---|"]
+    md += [f"| {k} | {v:.1f} |" for k, v in s["timings"].items()]
+    md += ["", f"Checkpoint: `{s['actionopd']['checkpoint_dir']}` (step {s['actionopd']['checkpoint_step']}); "
+               f"final student as an HF directory: `{s['actionopd']['final_student']}`.",
+           "Logs: `train.log`, metrics: `metrics.jsonl` (ActionOPD) and `kd/metrics.jsonl`, TensorBoard: `tb/` and "
+           "`kd/tb/`, resolved config: `config.yaml` (phase configs: `kd/config.yaml`, `actionopd_config.yaml`).", ""]
+    paths["markdown"].write_text("\n".join(md))
+    return paths

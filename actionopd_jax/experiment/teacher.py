@@ -1,0 +1,131 @@
+"""The main job's teacher: the embedded privileged reference teacher, or a real endpoint.
+
+Reference mode (the default, teacher.kind=none): our OpenAI-compatible server on 127.0.0.1
+answers with the environment's reference policy (serve/reference_backend.py). It reads the
+ground truth of the tasks it serves -- it is PRIVILEGED, and it is labelled so in the logs,
+the report and the notes. It serves the training tasks only (held-out tasks are never
+answerable by it), and recognises a task by its first user message, which must therefore be
+unique among them (checked). The judge: matching is rules-only in this mode. A judge model
+would have to be the same privileged server, and a reference policy can only say what the
+next action is, not whether two different actions are equivalent, so an LLM judge adds
+nothing here; rules-only matching means "match" = same tool and canonically equal arguments
+(or a normalised-equal message).
+
+Endpoint mode (teacher.kind=openai): teacher.base_url / teacher.model, the API key read from
+the environment variable named by teacher.api_key_env (never from the config, never logged).
+Missing variables are reported before anything starts, naming the variable.
+
+Either way the job then talks to the teacher only through the real HTTP client path
+(`teacher.openai_provider.OpenAITeacher` behind the persistent cache, and the eval harness's
+`EndpointAgent` for KD trajectories).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+from actionopd_jax.config import Config, ConfigError
+from actionopd_jax.types import Task
+
+log = logging.getLogger(__name__)
+
+REFERENCE_LABEL = "privileged reference teacher"
+
+
+def teacher_mode(cfg: Config) -> str:
+    """"reference" (embedded privileged server) or "endpoint" (teacher.* section)."""
+    mode = cfg.experiment.teacher
+    if mode == "auto":
+        return "reference" if cfg.teacher.kind == "none" else "endpoint"
+    return mode
+
+
+def missing_secrets(cfg: Config) -> list[str]:
+    """Environment variables the endpoint mode needs but that are not set (names only)."""
+    if teacher_mode(cfg) != "endpoint":
+        return []
+    wanted = [("teacher.api_key_env", cfg.teacher.api_key_env)]
+    if cfg.matcher.kind == "rules+llm":
+        wanted.append(("matcher.api_key_env", cfg.matcher.api_key_env))
+    return [f"{var} ({key})" for key, var in wanted if var and not os.environ.get(var)]
+
+
+def check_endpoint_settings(cfg: Config) -> None:
+    """Offline validation of the endpoint mode's settings (no network, no secret values)."""
+    if teacher_mode(cfg) != "endpoint":
+        return
+    t = cfg.teacher
+    if t.kind != "openai":
+        raise ConfigError(f"the main job talks to a remote teacher over the OpenAI-compatible API: set "
+                          f"teacher.kind=openai (got {t.kind!r}), or teacher.kind=none for the embedded "
+                          "privileged reference teacher")
+    if not t.base_url or not t.model:
+        raise ConfigError("teacher.kind=openai needs teacher.base_url and teacher.model")
+    if not t.base_url.startswith(("http://", "https://")):
+        raise ConfigError(f"teacher.base_url={t.base_url!r} must be an http(s) URL ending in /v1")
+    m = cfg.matcher
+    if m.kind == "rules+llm" and (not m.base_url or not m.model):
+        raise ConfigError("matcher.kind=rules+llm needs matcher.base_url and matcher.model (the LLM judge); "
+                          "set them, or matcher.kind=rules for rules-only matching")
+
+
+def require_secrets(cfg: Config) -> None:
+    missing = missing_secrets(cfg)
+    if missing:
+        raise ConfigError("environment variable(s) not set: " + ", ".join(missing) +
+                          ". Export the API key(s) before running, e.g. `export NAME=...`; "
+                          "the key is read from the environment only, never from the config")
+
+
+@dataclass
+class TeacherEndpoint:
+    base_url: str
+    model: str
+    api_key_env: str
+    privileged: bool
+    label: str
+    server: Any = None  # the embedded OpenAIServer (reference mode)
+
+    @property
+    def requests(self) -> int:
+        return self.server.request_count if self.server is not None else -1
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+
+def start_teacher(cfg: Config, train_tasks: list[Task]) -> TeacherEndpoint:
+    """Start (reference mode) or describe (endpoint mode) the job's teacher."""
+    if teacher_mode(cfg) == "endpoint":
+        check_endpoint_settings(cfg)
+        require_secrets(cfg)
+        t = cfg.teacher
+        return TeacherEndpoint(base_url=t.base_url, model=t.model, api_key_env=t.api_key_env, privileged=False,
+                               label=f"remote teacher {t.model} at {t.base_url}")
+    from actionopd_jax.experiment.tasks import opening_collisions
+    from actionopd_jax.serve.openai_http import OpenAIServer
+    from actionopd_jax.serve.reference_backend import MODEL_NAME, ReferenceBackend
+
+    shared = opening_collisions(train_tasks)
+    if shared:
+        raise ConfigError(f"training tasks share their first user message ({shared[:3]}); the reference teacher "
+                          "could not tell them apart: choose other experiment.bfcl_classes")
+    server = OpenAIServer(ReferenceBackend(train_tasks, model_name=MODEL_NAME), host="127.0.0.1", port=0)
+    url = server.start()
+    log.warning("%s: embedded OpenAI-compatible server at %s answering with the reference policy of %d "
+                "training tasks (it reads their ground truth)", REFERENCE_LABEL.upper(), url, len(train_tasks))
+    return TeacherEndpoint(base_url=url, model=MODEL_NAME, api_key_env="", privileged=True,
+                           label=f"{REFERENCE_LABEL} (embedded, {len(train_tasks)} training tasks)", server=server)
+
+
+def teacher_overrides(cfg: Config, endpoint: TeacherEndpoint) -> dict[str, Any]:
+    """Config keys that point the trainer's teacher/matcher sections at `endpoint`."""
+    if not endpoint.privileged:
+        return {}
+    return {"teacher.kind": "openai", "teacher.base_url": endpoint.base_url, "teacher.model": endpoint.model,
+            "teacher.api_key_env": "", "teacher.enable_thinking": False, "matcher.kind": "rules"}
