@@ -81,7 +81,7 @@ def test_echo_scoring_endpoint_matches_log_softmax_of_a_full_forward(teacher, te
 
 
 def test_local_and_endpoint_scorers_give_the_teachers_logprobs_at_the_students_tokens(
-        teacher, teacher_server, tok, tmp_path):
+        teacher, teacher_server, tok, tok_dir, tmp_path):
     rng = np.random.default_rng(1)
     prompts = [rng.integers(0, len(tok), n).astype(np.int32) for n in (30, 90, 5)]
     responses = [rng.integers(0, len(tok), n).astype(np.int32) for n in (12, 1, 40)]
@@ -109,6 +109,16 @@ def test_local_and_endpoint_scorers_give_the_teachers_logprobs_at_the_students_t
                                          process_index=0, process_count=1, mesh=ctx.mesh))
     with pytest.raises(ConfigError, match="teacher.kind must be local or openai"):
         scorer_from_config(cfg.replace(**{"teacher.kind": "none"}), ctx)
+    # `actionopd train collect.kind=opd ...` builds this source through the trainer's factory
+    from actionopd_jax.train.sources import build_source
+
+    cli_cfg = cfg.replace(**{"env.name": "bfcl", "env.domains": ["base"], "collect.task_starts_per_step": 1,
+                             "model.tokenizer": str(tok_dir)})
+    source = build_source(cli_cfg, SourceContext(model_config=model_config(cli_cfg), run_dir=str(tmp_path),
+                                                 tokenizer_path=str(tok_dir), process_index=0, process_count=1,
+                                                 mesh=ctx.mesh))
+    assert isinstance(source, OPDGroupSource) and isinstance(source.scorer, LocalTeacherScorer)
+    assert source.stream.next_step()[0].env == "bfcl" and source.trajectories_per_start == 4
 
 
 @pytest.mark.slow
