@@ -34,6 +34,11 @@ def scorer_from_config(cfg: Any, ctx: Any) -> Scorer:
     echo scoring (vLLM, or `actionopd serve`)."""
     t = cfg.teacher
     if t.kind == "local":
+        if ctx.process_count > 1:
+            # each process scores its own rows (different counts): a teacher sharded over the
+            # global mesh would need lockstep calls; serve it and score over HTTP instead
+            raise _config_error("OPD with teacher.kind=local runs on one process only; with several hosts serve "
+                                "the teacher (vLLM or `actionopd serve`) and set teacher.kind=openai")
         if not t.model or not (Path(t.model) / "config.json").is_file():
             raise _config_error("OPD with teacher.kind=local needs teacher.model = an HF checkpoint directory "
                                 f"(config.json + safetensors); got {t.model!r}")
