@@ -109,3 +109,36 @@ def test_eval_cli_writes_json_markdown_and_png(tmp_path, capsys):
     assert (out / "scores.png").read_bytes()[:4] == b"\x89PNG"
     assert "| bfcl | base | 2 |" in (out / "report.md").read_text()
     assert "| bfcl | base |" in capsys.readouterr().out
+
+
+def test_eval_cli_on_a_tiny_hf_student(tmp_path):
+    """A (random, tiny) student checkpoint through the in-process model backend: the harness
+    runs it greedily, records every episode and scores it (a random model scores 0)."""
+    from actionopd_jax.sampling.loading import build_tiny_demo
+
+    model_dir, tok_dir = build_tiny_demo(tmp_path / "tiny", seed=3)
+    common = ["--hf", str(model_dir), "--tokenizer", str(tok_dir), "--bench", "bfcl:base", "--limit", "1",
+              "--max-new-tokens", "8", "--no-progress"]
+    # the demo model's own context is shorter than a BFCL prompt: the episode ends, nothing is fabricated
+    assert eval_cli.main(common + ["--out", str(tmp_path / "short")]) == 0
+    (rec,) = load_finished(tmp_path / "short" / "episodes.jsonl")
+    assert rec["actions"] == 0 and rec["end_reason"] == "context_budget" and rec["score"]["official"] == 0.0
+
+
+    # a task whose prompt fits the demo model's context runs greedily to a score
+    from actionopd_jax.chat import load_tokenizer, render_ids
+    from actionopd_jax.eval.agents import BackendAgent
+
+    tok = load_tokenizer(tok_dir)
+    short = next(t for t in select_tasks("bfcl:base")
+                 if len(render_ids(tok, *_opening(t))) < 3500)
+    args = eval_cli.build_parser().parse_args(common + ["--out", str(tmp_path / "unused")])
+    agent = BackendAgent(eval_cli.model_backend(args), max_tokens=8)
+    records, errors = asyncio.run(run_eval(agent, [short], _make_env, tmp_path / "fit.jsonl", progress=False))
+    assert errors == [] and records[0]["actions"] >= 1 and records[0]["end_reason"] != "context_budget"
+    assert records[0]["score"]["official"] == 0.0  # random weights
+
+
+def _opening(task):
+    obs = asyncio.run(_make_env(task).reset(task))
+    return obs.messages, obs.tools

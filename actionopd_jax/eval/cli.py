@@ -26,7 +26,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="model name at --endpoint")
     p.add_argument("--api-key-env", help="environment variable holding the endpoint's API key")
     p.add_argument("--tokenizer", help="tokenizer directory (default: next to the weights)")
-    p.add_argument("--step", type=int, help="checkpoint step (default: latest)")
     p.add_argument("--bench", action="append", required=True,
                    help="bfcl[:base,miss_func,miss_param,long_context] or tau2_<domain>[:split]; repeatable")
     p.add_argument("--limit", type=int, help="first N tasks of each benchmark")
@@ -50,10 +49,21 @@ def make_agent(args: argparse.Namespace) -> Agent:
             raise SystemExit("actionopd eval: --endpoint needs --model")
         return EndpointAgent(args.endpoint, args.model, api_key_env=args.api_key_env,
                              temperature=args.temperature, max_tokens=args.max_new_tokens)
-    from actionopd_jax.serve.cli import load_model_backend
+    return BackendAgent(model_backend(args), temperature=args.temperature, max_tokens=args.max_new_tokens)
 
-    backend = load_model_backend(hf=args.hf, checkpoint=args.checkpoint, step=args.step, tokenizer=args.tokenizer)
-    return BackendAgent(backend, temperature=args.temperature, max_tokens=args.max_new_tokens)
+
+def model_backend(args: argparse.Namespace):
+    """The in-process model backend for --hf / --checkpoint (same code path as `actionopd serve`)."""
+    from actionopd_jax.chat import load_tokenizer
+    from actionopd_jax.sampling import Sampler
+    from actionopd_jax.sampling.loading import end_token_ids, load_model
+    from actionopd_jax.serve.model_backend import ModelBackend
+
+    cfg, model, model_dir = load_model(hf=args.hf, checkpoint=args.checkpoint)
+    tokenizer = load_tokenizer(Path(args.tokenizer) if args.tokenizer else model_dir)
+    sampler = Sampler(model, cfg, eos_ids=end_token_ids(tokenizer))
+    return ModelBackend(sampler, tokenizer, model_name=Path(args.hf or args.checkpoint).resolve().name,
+                        default_max_tokens=args.max_new_tokens)
 
 
 def env_factory(args: argparse.Namespace):

@@ -10,6 +10,8 @@ METRIC_ORDER = ("accuracy", "strict_accuracy", "pass^1", "pass^2", "pass^3", "pa
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
+    if not rows:
+        return "No episode has finished yet.\n"
     metrics = [m for m in METRIC_ORDER if any(m in r for r in rows)]
     head = "| benchmark | group | episodes | " + " | ".join(metrics) + " |"
     sep = "|---|---|---|" + "---|" * len(metrics)
