@@ -162,7 +162,8 @@ def evaluate_student(student_dir: Path, tokenizer_dir: Path, tasks: list[Task], 
     sampler = Sampler(model, qcfg, eos_ids=end_token_ids(tokenizer),
                       buckets=sampler_buckets(cfg, 1, exp.eval_max_new_tokens))
     backend = ModelBackend(sampler, tokenizer, model_name=label, max_context=qcfg.max_position_embeddings,
-                           default_max_tokens=exp.eval_max_new_tokens, max_batch_requests=8)
+                           default_max_tokens=exp.eval_max_new_tokens, max_batch_requests=8,
+                           enable_thinking=cfg.collect.enable_thinking)
     agent = StudentAgent(backend, max_tokens=exp.eval_max_new_tokens)
     out_dir.mkdir(parents=True, exist_ok=True)
     episodes_path = out_dir / "episodes.jsonl"

@@ -1,0 +1,271 @@
+"""The main job's parts (actionopd_jax/experiment): task split, reference-teacher preconditions,
+per-step statistics (hand-computed), logits only where needed, the report, the remote-teacher
+switch (offline, real loopback server and client), and `--check` on every shipped config."""
+
+import asyncio
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from actionopd_jax.config import ConfigError, load_config
+from actionopd_jax.experiment import teacher as teacher_lib
+from actionopd_jax.experiment.phases import step_stats
+from actionopd_jax.experiment.tasks import job_tasks, opening_collisions, split_tasks, subset_tasks
+from actionopd_jax.types import Candidate, Invalid, Message, StateGroup, Task, ToolCall
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+
+
+# --- tasks ---------------------------------------------------------------------------------------
+
+def test_split_is_deterministic_by_task_id_and_disjoint():
+    cfg = load_config(None)
+    a, b = job_tasks(cfg.experiment), job_tasks(cfg.experiment)
+    assert [t.task_id for t in a.train] == [t.task_id for t in b.train]
+    assert a.pool_size == 20  # the 20 BFCL base tasks that use only TradingBot
+    assert len(a.heldout) == 7 and len(a.train) == 8  # round(0.33 * 20) held out; max_train_tasks 8
+    assert not {t.task_id for t in a.train} & {t.task_id for t in a.heldout}
+    # the split depends on the ids only, not on the order they come in
+    pool = subset_tasks("base", ("TradingBot",))
+    shuffled = [pool[i] for i in np.random.default_rng(3).permutation(len(pool))]
+    s1, s2 = split_tasks(pool, 0.33), split_tasks(shuffled, 0.33)
+    assert {t.task_id for t in s1.heldout} == {t.task_id for t in s2.heldout}
+    assert len(s1.train) == 13 and {t.task_id for t in s1.train} >= {t.task_id for t in a.train}
+
+
+def test_subset_and_split_errors_say_what_to_do():
+    with pytest.raises(ValueError, match="exactly the classes"):
+        subset_tasks("base", ("NoSuchAPI",))
+    with pytest.raises(ValueError, match="heldout_fraction"):
+        split_tasks([Task("a", "bfcl"), Task("b", "bfcl")], 1.0)
+    with pytest.raises(ConfigError, match="experiment.heldout_fraction must be in"):
+        load_config(None, ["experiment.heldout_fraction=0"])
+    with pytest.raises(ConfigError, match="experiment.teacher="):
+        load_config(None, ["experiment.teacher=oracle"])
+
+
+def test_reference_teacher_can_tell_the_job_tasks_apart():
+    split = job_tasks(load_config(None).experiment)
+    assert opening_collisions(split.train + split.heldout) == []
+    t = split.train[0]
+    assert opening_collisions([t, Task(t.task_id, "bfcl", payload=dict(t.payload))]) == [[t.task_id, t.task_id]]
+
+
+# --- per-step statistics -----------------------------------------------------------------------
+
+def _cand(action, reward, verdicts):
+    c = Candidate(token_ids=np.ones(2, np.int32), logprobs=np.zeros(2, np.float32), text="", action=action,
+                  reward=reward)
+    c.verdicts = list(verdicts)
+    return c
+
+
+def test_step_stats_by_hand():
+    call = ToolCall("get_watchlist", {})
+    # K=3, lambda=0.5: 2 of 3 teacher samples match -> 1.25; valid no match 0; invalid -1
+    g1 = StateGroup("t", 0, np.ones(3, np.int32), [
+        _cand(call, 1.25, ["match", "match", "no_match"]), _cand(Message("hi"), 0.0, ["no_match"] * 3),
+        _cand(Invalid("bad json"), -1.0, ["no_match"] * 3), _cand(call, 1.25, ["match", "match", "no_match"])],
+        [], committed_index=0)
+    g2 = StateGroup("t", 1, np.ones(3, np.int32), [_cand(Message("x"), 0.0, ["no_match"])] * 4, [],
+                    committed_index=2, retained=False, drop_reason="equal_rewards")
+    masked = StateGroup("t", 2, np.ones(3, np.int32), [_cand(call, 0.0, ["unavailable"])] * 4, [],
+                        committed_index=-1, retained=False, drop_reason="unavailable")
+    s = step_stats([g1, g2, masked])
+    assert s["candidates"] == 8  # the masked group has no rewards and is not counted
+    assert s["reward_mean"] == pytest.approx((1.25 + 0 - 1 + 1.25) / 8)
+    assert s["match_rate"] == pytest.approx(2 / 8)
+    assert s["invalid_rate"] == pytest.approx(1 / 8)
+    assert s["committed_reward_mean"] == pytest.approx((1.25 + 0.0) / 2)
+    assert (s["groups"], s["groups_retained"]) == (3, 1)
+
+
+# --- logits only at the positions that need them ------------------------------------------------
+
+def _all_shapes(jaxpr) -> list[tuple[int, ...]]:
+    """Shapes of every value a (closed) jaxpr and its sub-jaxprs produce."""
+    inner = getattr(jaxpr, "jaxpr", jaxpr)
+    out = []
+    for eqn in inner.eqns:
+        out += [tuple(v.aval.shape) for v in eqn.outvars if hasattr(v.aval, "shape")]
+        for value in eqn.params.values():
+            for sub in (value if isinstance(value, (list, tuple)) else [value]):
+                if hasattr(sub, "eqns") or hasattr(getattr(sub, "jaxpr", None), "eqns"):
+                    out += _all_shapes(sub)
+    return out
+
+
+def test_logits_only_for_generated_tokens_and_the_last_prompt_position():
+    from flax import nnx
+
+    from actionopd_jax.model import PRESETS, Qwen3, make_mesh
+    from actionopd_jax.sampling import decode
+    from actionopd_jax.train.batching import Row, pack_minibatch
+    from actionopd_jax.train.step import StepSettings, TrainStep, make_optimizer, split_params
+
+    cfg = PRESETS["tiny"]
+    V, T, R, P = cfg.vocab_size, 96, 16, 80
+    graphdef, params = split_params(Qwen3(cfg, rngs=nnx.Rngs(0)))
+    mesh = make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
+    step = TrainStep(graphdef, params, mesh, make_optimizer(lr=1e-3), StepSettings())
+    rows = [Row(np.arange(70, dtype=np.int32) % V, np.arange(10, dtype=np.int32), 1.0, np.zeros(10, np.float32))]
+    batch = pack_minibatch(rows, [0], microbatches=1, microbatch_rows=1, seq_len=T, resp_len=R).arrays
+    batch["old_logp"] = batch["sampler_logp"]
+    state = jax.eval_shape(step._init_impl, params)
+    shapes = _all_shapes(jax.make_jaxpr(step._update_impl)(state, batch))
+    assert any(V in s and R in s for s in shapes)  # the response positions are scored ...
+    assert not any(V in s and T in s for s in shapes)  # ... and never the whole sequence
+
+    rows_s = decode.RowSettings(keys=jax.random.split(jax.random.key(0), 2), temperature=jnp.ones(2),
+                                top_k=jnp.zeros(2, jnp.int32), top_p=jnp.ones(2), max_new=jnp.full(2, 8))
+    model_params = nnx.state(nnx.merge(graphdef, params))
+    sampler_graphdef = nnx.graphdef(nnx.merge(graphdef, params))
+    jaxpr = jax.make_jaxpr(lambda p, t, m, r: decode.prefill(sampler_graphdef, p, t, m, r, jnp.array([1]),
+                                                            samples=2, max_new=8, cap=64))(
+        model_params, jnp.ones((1, P), jnp.int32), jnp.ones((1, P), bool), rows_s)
+    shapes = _all_shapes(jaxpr)
+    assert any(V in s for s in shapes) and not any(V in s and P in s for s in shapes)
+
+
+# --- report ----------------------------------------------------------------------------------------
+
+def _summary(run_dir: Path) -> dict:
+    h = [{"step": 0.0, "reward_mean": -0.5, "match_rate": 0.1, "invalid_rate": 0.5, "candidates": 40,
+          "groups": 10, "groups_retained": 6, "committed_reward_mean": 0.2},
+         {"step": 1.0, "reward_mean": 0.25, "match_rate": 0.4, "invalid_rate": 0.1, "candidates": 40,
+          "groups": 10, "groups_retained": 5, "committed_reward_mean": 0.9}]
+    ev = {"bfcl_accuracy": 0.0, "episode_valid_rate": 0.5, "valid_rate": 0.6, "same_tool_rate": 0.3,
+          "agreement_rate": 0.1, "decisions": 20, "episodes": 2}
+    return {"run_dir": str(run_dir),
+            "teacher": {"label": "privileged reference teacher (embedded, 2 training tasks)", "privileged": True,
+                        "matching": "rules only"},
+            "tasks": {"category": "base", "classes": ["TradingBot"], "train": ["a", "b"], "heldout": ["c"]},
+            "student": {"description": "random-init Qwen3"},
+            "kd": {"summary": "2/2 teacher trajectories", "losses": [7.0, 5.0, 3.0]},
+            "actionopd": {"history": h, "checkpoint_dir": str(run_dir / "checkpoints"), "checkpoint_step": 1,
+                          "final_student": str(run_dir / "student_final")},
+            "eval": {"before": ev, "after": {**ev, "agreement_rate": 0.2}},
+            "timings": {"setup": 1.0, "kd": 2.0, "total": 3.0}}
+
+
+def test_report_shows_curves_and_before_after(tmp_path):
+    from actionopd_jax.experiment.report import summary_text, write_report
+
+    paths = write_report(tmp_path, _summary(tmp_path))
+    md = paths["markdown"].read_text()
+    assert "privileged" in md and "| 1 | final (no update) | 40 | 0.250 | 40.0% | 10.0% |" in md
+    assert "| agrees with reference action | 10.0% | 20.0% |" in md
+    for key in ("curves", "heldout", "kd_loss"):
+        assert paths[key].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    text = summary_text(_summary(tmp_path))
+    assert "-0.500 (KD only) -> 0.250 (final)" in text and "10.0% -> 40.0%" in text
+
+
+# --- remote teacher switch (offline) -------------------------------------------------------------
+
+def _remote_cfg(base_url="https://teacher.example/v1", key_env="ACTIONOPD_TEST_TEACHER_KEY", *extra):
+    return load_config(ROOT / "configs" / "main_remote_teacher.yaml",
+                       [f"teacher.base_url={base_url}", f"teacher.api_key_env={key_env}", *extra])
+
+
+def test_remote_teacher_missing_key_names_the_variable(monkeypatch):
+    monkeypatch.delenv("ACTIONOPD_TEST_TEACHER_KEY", raising=False)
+    monkeypatch.setenv("DEEPSEEK_API_KEY", "x")
+    cfg = _remote_cfg()
+    assert teacher_lib.teacher_mode(cfg) == "endpoint"
+    with pytest.raises(ConfigError, match=r"ACTIONOPD_TEST_TEACHER_KEY \(teacher.api_key_env\)") as e:
+        teacher_lib.require_secrets(cfg)
+    assert "DEEPSEEK_API_KEY" not in str(e.value)
+    with pytest.raises(ConfigError, match="matcher.kind=rules"):
+        teacher_lib.check_endpoint_settings(cfg.replace(**{"matcher.base_url": ""}))
+    with pytest.raises(ConfigError, match="teacher.base_url and teacher.model"):
+        teacher_lib.check_endpoint_settings(cfg.replace(**{"teacher.model": ""}))
+
+
+def test_remote_teacher_runs_through_the_real_client_with_the_key_from_env(monkeypatch):
+    """Endpoint mode against a loopback server of ours that requires a bearer key: the job's
+    KD agent reads the key from the variable the config names (the server stands in for a
+    remote provider; it serves the reference policy so the episode can succeed)."""
+    from actionopd_jax.baselines.kd import teacher_trajectories
+    from actionopd_jax.baselines.wiring import endpoint_agent
+    from actionopd_jax.envs.base import make_environment
+    from actionopd_jax.serve.openai_http import OpenAIServer
+    from actionopd_jax.serve.reference_backend import ReferenceBackend
+
+    task = job_tasks(load_config(None).experiment).train[0]
+    monkeypatch.setenv("ACTIONOPD_TEST_SERVER_KEY", "s3cret")
+    with OpenAIServer(ReferenceBackend([task], model_name="remote-model"),
+                      api_key_env="ACTIONOPD_TEST_SERVER_KEY") as server:
+        url = server.start()
+        cfg = _remote_cfg(url, "ACTIONOPD_TEST_TEACHER_KEY", "teacher.model=remote-model", "matcher.kind=rules")
+        monkeypatch.setenv("ACTIONOPD_TEST_TEACHER_KEY", "s3cret")
+        endpoint = teacher_lib.start_teacher(cfg, [task])
+        assert not endpoint.privileged and endpoint.base_url == url
+        assert teacher_lib.teacher_overrides(cfg, endpoint) == {}  # the trainer uses teacher.* as configured
+
+        def run():
+            return asyncio.run(teacher_trajectories(endpoint_agent(cfg), [task], lambda t: make_environment(t.env),
+                                                    keep_successful=False))
+        (record,) = run()
+        assert record["score"]["reward"] == 1.0 and server.request_count > 0
+        monkeypatch.setenv("ACTIONOPD_TEST_TEACHER_KEY", "wrong")
+        assert run() == []  # 401: the episode cannot finish, nothing is recorded
+
+
+def test_reference_teacher_is_labelled_and_serves_training_tasks_only():
+    import openai
+
+    cfg = load_config(None)
+    split = job_tasks(cfg.experiment)
+    endpoint = teacher_lib.start_teacher(cfg, split.train[:2])
+    try:
+        assert endpoint.privileged and "privileged reference teacher" in endpoint.label
+        over = teacher_lib.teacher_overrides(cfg, endpoint)
+        assert over["matcher.kind"] == "rules" and over["teacher.base_url"] == endpoint.base_url
+        client = openai.OpenAI(base_url=endpoint.base_url, api_key="unused")
+        from actionopd_jax.envs.bfcl_data import load_entry
+
+        held = load_entry(split.heldout[0].task_id)["question"][0]
+        with pytest.raises(openai.BadRequestError, match="does not recognise"):
+            client.chat.completions.create(model=endpoint.model, messages=held)
+    finally:
+        endpoint.close()
+
+
+# --- --check on every shipped config, on a 1-device CPU ------------------------------------------
+
+def _one_device_env():
+    env = dict(os.environ)
+    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
+    for name in ("DASHSCOPE_API_KEY", "DEEPSEEK_API_KEY", "TEACHER_API_KEY", "MATCHER_API_KEY"):
+        env.pop(name, None)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def test_check_passes_for_every_shipped_config(tmp_path):
+    procs = {p.name: subprocess.Popen([sys.executable, "-m", "actionopd_jax.cli", "train", "--check", "--config",
+                                       str(p)], cwd=tmp_path, env=_one_device_env(), stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True) for p in CONFIGS}
+    assert {"tiny_cpu.yaml", "main_remote_teacher.yaml", "qwen3_8b_tpu.yaml"} <= set(procs)
+    for name, proc in procs.items():
+        out, _ = proc.communicate(timeout=600)
+        assert proc.returncode == 0, f"{name}:\n{out[-3000:]}"
+        assert "config OK" in out, f"{name}:\n{out[-3000:]}"
+    assert not list(tmp_path.iterdir())  # a check writes nothing
+
+
+def test_remote_config_run_without_key_stops_at_once_naming_it(tmp_path):
+    r = subprocess.run([sys.executable, "-m", "actionopd_jax.cli", "train", "--config",
+                        str(ROOT / "configs" / "main_remote_teacher.yaml")], cwd=tmp_path, env=_one_device_env(),
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert r.returncode == 2, r.stdout[-2000:]
+    assert "DASHSCOPE_API_KEY (teacher.api_key_env)" in r.stdout and "DEEPSEEK_API_KEY (matcher.api_key_env)" in r.stdout
+    assert not (tmp_path / "runs").exists()  # nothing was started
