@@ -155,7 +155,7 @@ def test_kd_through_actionopd_train_cli(tok_dir, tmp_path):
     args = ["model.preset=tiny", f"model.tokenizer={tok_dir}", "train.steps=2", "train.minibatch_rows=8",
             "train.microbatch_rows=8", "train.lr=1e-3", "train.max_seq_len=1024", "collect.kind=kd", "train.loss=kd",
             f"kd.trajectories={tmp_path / 'traj.jsonl'}", "kd.examples_per_step=4", "run.progress=false",
-            "run.tensorboard=false", "--run-dir", str(run)]
+            "run.tensorboard=false", "experiment.enabled=false", "--run-dir", str(run)]
     assert cli.main(args) == 0
     lines = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in lines] == [1, 2] and all(x["loss"] > 0 and x["updates"] == 1 for x in lines)

@@ -22,7 +22,7 @@ import asyncio
 import json
 import logging
 import tempfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -254,7 +254,6 @@ class KDResult:
     run_dir: Path
     hf_dir: Path | None = None
     checkpoint_step: int | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @property
     def losses(self) -> list[float]:
