@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from actionopd_jax.config import Config
 from actionopd_jax.train.checkpoint import Checkpointer
 
 pytestmark = pytest.mark.slow
@@ -22,6 +23,8 @@ pytestmark = pytest.mark.slow
 ARGS = ["checkpoint.every_steps=1", "mesh.data=2", "mesh.fsdp=2", "train.microbatch_rows=4",
         "train.minibatch_rows=8", "collect.synthetic.groups_per_step=3", "run.progress=false",
         "run.tensorboard=false"]
+if "experiment" in Config().to_dict():  # the defaults may run the main job: ask for the plain trainer
+    ARGS.append("experiment.enabled=false")
 
 
 def _free_port() -> int:
