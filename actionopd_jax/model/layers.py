@@ -88,9 +88,9 @@ class Attention(nnx.Module):
 
     def project_qkv(self, x, cos, sin):
         dt = self.dtype
-        q = jnp.einsum("btd,dhk->bthk", x, self.q_proj[...].astype(dt))
-        k = jnp.einsum("btd,dhk->bthk", x, self.k_proj[...].astype(dt))
-        v = jnp.einsum("btd,dhk->bthk", x, self.v_proj[...].astype(dt))
+        q = dense(x, self.q_proj[...].astype(dt), in_dims=1)
+        k = dense(x, self.k_proj[...].astype(dt), in_dims=1)
+        v = dense(x, self.v_proj[...].astype(dt), in_dims=1)
         q = apply_rope(self.q_norm(q), cos, sin)
         k = apply_rope(self.k_norm(k), cos, sin)
         return q, k, v
@@ -98,11 +98,25 @@ class Attention(nnx.Module):
     def output(self, attn_out: jax.Array) -> jax.Array:
         b, t = attn_out.shape[:2]
         attn_out = attn_out.reshape(b, t, self.num_kv_heads * self.groups, -1)
-        return jnp.einsum("bthk,hkd->btd", attn_out, self.o_proj[...].astype(self.dtype))
+        return dense(attn_out, self.o_proj[...].astype(self.dtype), in_dims=2)
 
     def group_queries(self, q: jax.Array) -> jax.Array:
         b, t, _, dh = q.shape
         return q.reshape(b, t, self.num_kv_heads, self.groups, dh)
+
+
+def dense(x: jax.Array, w: jax.Array, *, in_dims: int) -> jax.Array:
+    """Contract the last `in_dims` axes of x with the first `in_dims` axes of w, as ONE 2-D
+    matmul over the flattened rows. Same result as the einsum; written this way because CPU
+    XLA's weight-gradient matmuls for [batch, time, ...] operands ran ~2.5x slower than for
+    [rows, ...] ones in the train step's backward (measured on the trainer benchmark)."""
+    lead, contract = x.shape[: x.ndim - in_dims], x.shape[x.ndim - in_dims:]
+    k = 1
+    for n in contract:
+        k *= n
+    out_shape = w.shape[in_dims:]
+    y = x.reshape(-1, k) @ w.reshape(k, -1)
+    return y.reshape(*lead, *out_shape)
 
 
 class MLP(nnx.Module):
@@ -118,9 +132,9 @@ class MLP(nnx.Module):
 
     def __call__(self, x: jax.Array) -> jax.Array:
         dt = self.dtype
-        gate = x @ self.gate_proj[...].astype(dt)
-        up = x @ self.up_proj[...].astype(dt)
-        return (jax.nn.silu(gate) * up) @ self.down_proj[...].astype(dt)
+        gate = dense(x, self.gate_proj[...].astype(dt), in_dims=1)
+        up = dense(x, self.up_proj[...].astype(dt), in_dims=1)
+        return dense(jax.nn.silu(gate) * up, self.down_proj[...].astype(dt), in_dims=1)
 
 
 class DecoderLayer(nnx.Module):
