@@ -23,6 +23,8 @@ from typing import Any
 
 import yaml
 
+from actionopd_jax.experiment.settings import ExperimentConfig, validate_experiment
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -203,6 +205,7 @@ class Config:
     matcher: MatcherConfig = field(default_factory=MatcherConfig)
     env: EnvConfig = field(default_factory=EnvConfig)
     kd: KDConfig = field(default_factory=KDConfig)
+    experiment: ExperimentConfig = field(default_factory=ExperimentConfig)  # the main job (actionopd_jax/experiment)
     eval: EvalConfig = field(default_factory=EvalConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     run: RunConfig = field(default_factory=RunConfig)
@@ -413,6 +416,7 @@ def validate(cfg: Config) -> None:
     if not (0 < s.prompt_tokens_min <= s.prompt_tokens_max and 0 < s.response_tokens_min <= s.response_tokens_max):
         raise ConfigError("collect.synthetic: need 0 < *_tokens_min <= *_tokens_max")
     _validate_method(cfg)
+    validate_experiment(cfg.experiment, ConfigError)
     if cfg.checkpoint.every_steps < 0:
         raise ConfigError(f"checkpoint.every_steps must be >= 0, got {cfg.checkpoint.every_steps}")
 

@@ -22,7 +22,8 @@ pytestmark = pytest.mark.slow
 STEPS = 8
 ARGS = [f"train.steps={STEPS}", "checkpoint.every_steps=1", "checkpoint.keep=20", "mesh.fsdp=2",
         "train.microbatch_rows=4", "train.minibatch_rows=8", "train.lr=1e-3", "train.adam_eps=1e-3",
-        "collect.synthetic.groups_per_step=4", "run.progress=false", "run.tensorboard=false"]
+        "collect.synthetic.groups_per_step=4", "run.progress=false", "run.tensorboard=false",
+        "experiment.enabled=false"]  # the plain trainer, not the main job of the defaults
 
 
 def _env():

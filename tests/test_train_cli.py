@@ -1,6 +1,8 @@
 """`actionopd train` end to end through the real command (a subprocess): --smoke, a plain
 run with its run directory, and --resume. The groups come from the synthetic source, which
-stands in for the collector until `collect.kind=actionopd` is wired."""
+stands in for the collector until `collect.kind=actionopd` is wired. With the embedded defaults
+`actionopd train` runs the main job (tests/test_experiment_main_job.py), so the plain trainer runs
+here pass experiment.enabled=false (--smoke always runs the plain trainer)."""
 
 import json
 import os
@@ -34,7 +36,7 @@ def test_smoke_then_run_then_resume(tmp_path):
     assert "smoke OK: 1 step(s) trained, checkpoint 1 restored identically" in smoke.stdout
     (smoke_dir,) = list((tmp_path / "runs").glob("*-tiny_cpu-smoke"))
 
-    first = _train("train.steps=2", "run.progress=false", cwd=tmp_path)
+    first = _train("train.steps=2", "run.progress=false", "experiment.enabled=false", cwd=tmp_path)
     assert first.returncode == 0, first.stdout[-3000:]
     (run_dir,) = [p for p in (tmp_path / "runs").iterdir() if p != smoke_dir]
     assert run_dir.name.endswith("-tiny_cpu")
@@ -45,10 +47,10 @@ def test_smoke_then_run_then_resume(tmp_path):
     assert steps == [1, 2]
 
     # --resume finds the newest runs/*-tiny_cpu directory and continues it
-    resumed = _train("train.steps=3", "run.progress=false", "--resume", cwd=tmp_path)
+    resumed = _train("train.steps=3", "run.progress=false", "experiment.enabled=false", "--resume", cwd=tmp_path)
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     assert "resumed from step 2" in resumed.stdout
     steps = [json.loads(x)["step"] for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3]
-    bad = _train("train.steps=4", "train.lr=1e-5", "--resume", cwd=tmp_path)
+    bad = _train("train.steps=4", "train.lr=1e-5", "experiment.enabled=false", "--resume", cwd=tmp_path)
     assert bad.returncode == 2 and "train.lr: 1e-06 -> 1e-05" in bad.stdout and "--force" in bad.stdout

@@ -81,7 +81,8 @@ def kd_warm_start(cfg: Config, *, agent: Any, tasks: list[Task], tokenizer: Any,
     Returns {"hf_dir", "trajectories", "kept", "examples", "steps", "losses"}."""
     import asyncio
 
-    from actionopd_jax.baselines.kd import KDResult, export_student, kd_examples, teacher_trajectories
+    from actionopd_jax.baselines.kd import (KDGroupSource, KDResult, export_student, kd_examples,
+                                            teacher_trajectories)
     from actionopd_jax.envs.base import make_environment
     from actionopd_jax.train.loop import Trainer
 
@@ -99,8 +100,6 @@ def kd_warm_start(cfg: Config, *, agent: Any, tasks: list[Task], tokenizer: Any,
     steps = exp.kd_epochs * math.ceil(len(examples) / exp.kd_examples_per_step)
     kcfg = kd_phase_config(cfg, student_dir=student_dir, tokenizer_dir=tokenizer_dir, run_dir=run_dir, steps=steps)
     write_phase_config(kcfg, run_dir / "config.yaml", f"KD warm start: {len(examples)} examples, {steps} steps")
-    from actionopd_jax.baselines.kd import KDGroupSource
-
     source = KDGroupSource(examples, examples_per_step=exp.kd_examples_per_step, seed=kcfg.run.seed)
     trainer = Trainer(kcfg, run_dir=run_dir, source=source)
     try:

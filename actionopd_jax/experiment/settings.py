@@ -26,8 +26,8 @@ class StudentShape:
     hidden size). The vocabulary is the tokenizer's size, rounded up to a multiple of 64.
     """
 
-    hidden_size: int = 64
-    intermediate_size: int = 192
+    hidden_size: int = 128
+    intermediate_size: int = 384
     num_hidden_layers: int = 2
     num_attention_heads: int = 1
     num_key_value_heads: int = 1
@@ -55,9 +55,9 @@ class ExperimentConfig:
     cache_dir: str = ""  # tokenizer / random student cache (default ~/.cache/actionopd_jax/main_job)
     student: StudentShape = field(default_factory=StudentShape)
     # KD warm start on teacher trajectories of the training tasks (0 epochs: no warm start).
-    kd_epochs: int = 4
+    kd_epochs: int = 6
     kd_lr: float = 3e-3
-    kd_examples_per_step: int = 8  # demonstrated turns per KD update
+    kd_examples_per_step: int = 2  # demonstrated turns per KD update (small: more updates per FLOP)
     # ActionOPD phase. opd_lr replaces train.lr for this job (0: use train.lr). The paper's
     # 1e-6 is for a pretrained 4B student; a random-init tiny student does not move with it.
     opd_lr: float = 1e-3

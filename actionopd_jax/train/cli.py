@@ -40,15 +40,27 @@ SMOKE_OVERRIDES = ("train.steps=1", "checkpoint.every_steps=1", "collect.task_st
 
 
 def check(cfg: Config, devices: int = 0) -> int:
+    import math
+
     import jax
 
     from actionopd_jax.train.plan import describe
     from actionopd_jax.train.setup import mesh_shape, model_config
 
+    if cfg.experiment.enabled:  # the main job (actionopd_jax/experiment) prints its own plan
+        from actionopd_jax.experiment.check import check_main_job
+
+        return check_main_job(cfg, devices)
     n = devices or jax.device_count()
     kind = "" if devices else jax.devices()[0].device_kind
+    sizes = (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
+    mesh_note = ""
+    if not devices and -1 not in sizes and math.prod(sizes) != n:
+        # a fixed mesh names its device count: plan for it (a plan must not need the devices)
+        n, kind = math.prod(sizes), ""
+        mesh_note = f"note: planned for the mesh's {n} devices (this machine has {jax.device_count()})"
     mem = cfg.mesh.device_memory_gb or None
-    if mem is None and not devices:
+    if mem is None and not devices and not mesh_note:
         stats = jax.devices()[0].memory_stats() or {}
         if stats.get("bytes_limit"):
             mem = stats["bytes_limit"] / 1024**3
@@ -59,8 +71,9 @@ def check(cfg: Config, devices: int = 0) -> int:
         cfg = cfg.replace(**{"model.hf_path": ""})
     text, fits = describe(cfg, model_config(cfg), mesh_shape(cfg, n), device_memory_gb=mem, device_kind=kind)
     print(text)
-    if note:
-        print(note)
+    for line in (note, mesh_note):
+        if line:
+            print(line)
     print("config OK" + ("" if fits else " (but the estimate exceeds device memory)"))
     return 0
 
@@ -81,6 +94,10 @@ def _run_dir(cfg: Config, args) -> Path:
 
 
 def train(cfg: Config, args) -> int:
+    if cfg.experiment.enabled and not args.smoke:  # the main job: KD -> ActionOPD -> evaluation
+        from actionopd_jax.experiment.job import run_main_job
+
+        return run_main_job(cfg, args)
     from actionopd_jax.train import distributed
     from actionopd_jax.train.loop import Trainer
     from actionopd_jax.train.reporting import setup_logging, write_config
