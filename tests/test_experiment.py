@@ -3,6 +3,7 @@ per-step statistics (hand-computed), logits only where needed, the report, the r
 switch (offline, real loopback server and client), and `--check` on every shipped config."""
 
 import asyncio
+import dataclasses
 import os
 import subprocess
 import sys
@@ -30,7 +31,7 @@ def test_split_is_deterministic_by_task_id_and_disjoint():
     a, b = job_tasks(cfg.experiment), job_tasks(cfg.experiment)
     assert [t.task_id for t in a.train] == [t.task_id for t in b.train]
     assert a.pool_size == 20  # the 20 BFCL base tasks that use only TradingBot
-    assert len(a.heldout) == 7 and len(a.train) == 8  # round(0.33 * 20) held out; max_train_tasks 8
+    assert len(a.heldout) == 7 and len(a.train) == 13  # round(0.33 * 20) held out, the rest trains
     assert not {t.task_id for t in a.train} & {t.task_id for t in a.heldout}
     # the split depends on the ids only, not on the order they come in
     pool = subset_tasks("base", ("TradingBot",))
@@ -56,6 +57,24 @@ def test_reference_teacher_can_tell_the_job_tasks_apart():
     assert opening_collisions(split.train + split.heldout) == []
     t = split.train[0]
     assert opening_collisions([t, Task(t.task_id, "bfcl", payload=dict(t.payload))]) == [[t.task_id, t.task_id]]
+
+
+def test_schema_tokens_keep_every_schema_verbatim_at_one_token_per_tool(tmp_path):
+    from actionopd_jax.chat import load_tokenizer, render_ids, render_text
+    from actionopd_jax.experiment import assets
+
+    exp = load_config(None, [f"experiment.cache_dir={tmp_path}"]).experiment
+    split = job_tasks(exp)
+    tools = assets.job_tool_schemas(split.train + split.heldout)
+    plain = load_tokenizer(assets.build_job_tokenizer(dataclasses.replace(exp, schema_tokens=False), split.train))
+    tok = load_tokenizer(assets.build_job_tokenizer(exp, split.train))
+    assert len(tools) == 20 and len(tok) == len(plain) + 20
+    messages = [{"role": "user", "content": "What is on my watchlist?"}]
+    ids, plain_ids = render_ids(tok, messages, tools), render_ids(plain, messages, tools)
+    assert tok.decode(ids.tolist(), skip_special_tokens=False) == render_text(plain, messages, tools)
+    schema_ids = set(range(len(plain), len(tok)))
+    assert sum(int(i) in schema_ids for i in ids) == 20  # each tool line is one token ...
+    assert len(ids) < 400 < 2000 < len(plain_ids)  # ... instead of ~120
 
 
 # --- per-step statistics -----------------------------------------------------------------------
@@ -148,7 +167,8 @@ def _summary(run_dir: Path) -> dict:
                         "matching": "rules only"},
             "tasks": {"category": "base", "classes": ["TradingBot"], "train": ["a", "b"], "heldout": ["c"]},
             "student": {"description": "random-init Qwen3"},
-            "kd": {"summary": "2/2 teacher trajectories", "losses": [7.0, 5.0, 3.0]},
+            "warm_start": {"summary": "2/2 teacher trajectories", "pretrain": {"losses": [7.0, 5.0]},
+                           "kd": {"losses": [3.0, 2.0]}},
             "actionopd": {"history": h, "checkpoint_dir": str(run_dir / "checkpoints"), "checkpoint_step": 1,
                           "final_student": str(run_dir / "student_final")},
             "eval": {"before": ev, "after": {**ev, "agreement_rate": 0.2}},
@@ -162,10 +182,10 @@ def test_report_shows_curves_and_before_after(tmp_path):
     md = paths["markdown"].read_text()
     assert "privileged" in md and "| 1 | final (no update) | 40 | 0.250 | 40.0% | 10.0% |" in md
     assert "| agrees with reference action | 10.0% | 20.0% |" in md
-    for key in ("curves", "heldout", "kd_loss"):
+    for key in ("curves", "heldout", "warm_start"):
         assert paths[key].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = summary_text(_summary(tmp_path))
-    assert "-0.500 (KD only) -> 0.250 (final)" in text and "10.0% -> 40.0%" in text
+    assert "-0.500 (warm start only) -> 0.250 (final)" in text and "10.0% -> 40.0%" in text
 
 
 # --- remote teacher switch (offline) -------------------------------------------------------------

@@ -1,5 +1,5 @@
 """The main job end to end through the real command (`actionopd train` in a subprocess),
-shortened: one training and one held-out task, one KD epoch, one ActionOPD step, a smaller
+shortened: one training and one held-out task, one epoch of pretraining and of KD, one ActionOPD step, a smaller
 student. Everything real: the embedded privileged reference teacher over HTTP, the collector,
 the trainer, Orbax checkpoints, the eval harness, the report."""
 
@@ -17,6 +17,7 @@ pytestmark = pytest.mark.slow
 
 ROOT = Path(__file__).resolve().parents[1]
 SHORT = ["experiment.max_train_tasks=1", "experiment.max_heldout_tasks=1", "experiment.kd_epochs=1",
+         "experiment.pretrain_epochs=1",
          "train.steps=1", "collect.max_decisions=3", "collect.max_response_tokens=32",
          "experiment.eval_max_new_tokens=32", "experiment.student.hidden_size=32",
          "experiment.student.intermediate_size=64", "experiment.student.head_dim=32", "run.progress=false"]
@@ -55,7 +56,9 @@ def test_short_main_job_through_the_cli(tmp_path):
     phase = yaml.safe_load((run / "actionopd_config.yaml").read_text())
     assert phase["collect"]["kind"] == "actionopd" and phase["matcher"]["kind"] == "rules"
     assert phase["teacher"]["base_url"].startswith("http://127.0.0.1:") and phase["train"]["lr"] == 1e-3
-    assert yaml.safe_load((run / "kd" / "config.yaml").read_text())["train"]["loss"] == "kd"
+    for stage in ("pretrain", "kd"):
+        assert yaml.safe_load((run / "warm_start" / stage / "config.yaml").read_text())["train"]["loss"] == "kd"
+        assert (run / "warm_start" / stage / "metrics.jsonl").read_text().strip()
     assert "PRIVILEGED REFERENCE TEACHER" in (run / "train.log").read_text()
 
     # trainer outputs: metrics with the job's per-step numbers, TensorBoard, the checkpoint
@@ -64,10 +67,10 @@ def test_short_main_job_through_the_cli(tmp_path):
     # an update (and its loss) happens exactly when some group kept a learning signal
     assert ("loss" in steps[0]) == (steps[0]["collect/job/groups_retained"] > 0)
     assert list((run / "tb").iterdir()) and (run / "checkpoints" / "1").is_dir()
-    assert (run / "kd" / "metrics.jsonl").read_text().strip()
 
     # the students: KD moved the random init, ActionOPD's checkpoint exported with its tokenizer
-    init, kd, final = _tensors(run / "student_init"), _tensors(run / "kd" / "student_hf"), _tensors(run / "student_final")
+    init, kd = _tensors(run / "student_init"), _tensors(run / "warm_start" / "kd" / "student_hf")
+    final = _tensors(run / "student_final")
     assert set(init) == set(kd) == set(final)
     assert any(not np.array_equal(init[k], kd[k]) for k in init)
     assert (run / "student_final" / "tokenizer.json").is_file()
@@ -75,14 +78,14 @@ def test_short_main_job_through_the_cli(tmp_path):
     # evaluations and the report
     summary = json.loads((run / "report" / "summary.json").read_text())
     history = summary["actionopd"]["history"]
-    assert [h["step"] for h in history] == [0.0, 1.0]  # KD-only start, then the final policy
+    assert [h["step"] for h in history] == [0.0, 1.0]  # warm-start-only start, then the final policy
     for h in history:
         assert h["candidates"] > 0 and -1.0 <= h["reward_mean"] <= 1.5 and 0 <= h["invalid_rate"] <= 1
     for side in ("before", "after"):
         ev = json.loads((run / "eval" / side / "summary.json").read_text())
         assert ev["episodes"] == 1 and ev["decisions"] > 0 and 0 <= ev["agreement_rate"] <= 1
     md = (run / "report.md").read_text()
-    assert "privileged" in md and "KD only" in md and "agrees with reference action" in md
-    for png in ("actionopd_curves.png", "heldout_before_after.png", "kd_loss.png"):
+    assert "privileged" in md and "warm start only" in md and "agrees with reference action" in md
+    for png in ("actionopd_curves.png", "heldout_before_after.png", "warm_start_loss.png"):
         assert (run / "report" / png).read_bytes()[:4] == b"\x89PNG"
-    assert set(summary["timings"]) >= {"setup", "kd", "eval_before", "actionopd", "eval_after", "total"}
+    assert set(summary["timings"]) >= {"setup", "warm_start", "eval_before", "actionopd", "eval_after", "total"}

@@ -2,13 +2,21 @@
 
 - Tokenizer: model.tokenizer, else the tokenizer next to model.hf_path, else a tiny byte-level
   BPE (`chat.build_tiny_tokenizer`) trained on the package corpus plus the job's tool schemas
-  rendered with the chat template. The schemas are shared by every task of the job's classes
-  (no task text, nothing held out), and they make up ~90% of every prompt: BPE merges learned
-  on them cut the prompt from ~2.8k to ~2.5k tokens, and attention cost grows with its square.
-  Cached under experiment.cache_dir (reused when its inputs are unchanged).
+  rendered with the chat template (shared by every task of the job's classes: no task text,
+  nothing held out). Cached under experiment.cache_dir (reused when its inputs are unchanged).
+  With experiment.schema_tokens, each tool's schema line -- exactly as the chat template
+  renders it in every prompt -- is also one added token. The prompt still holds every schema
+  verbatim (it decodes to the same text), but costs ~1 token per tool instead of ~120: a
+  TradingBot prompt drops from ~2.6k to ~350-600 tokens. Why (measured, notes/main_job.md):
+  with the schemas as text, a random-init student affordable on 2 CPU cores (dense attention
+  over 2.6k tokens dominates the cost) learned one reply for every state -- the same
+  first-token distribution at every state after 180 KD updates -- because the few tokens that
+  say what to do next are diluted among ~2.5k identical schema tokens. The price: this
+  student cannot read inside a schema; it learns the tools from the demonstrations. A real
+  student (model.hf_path) uses its own tokenizer and reads the schemas as text.
 - Student: model.hf_path when set (a real checkpoint), else a random-init Qwen3 of
   experiment.student's shape written as an HF directory in the run directory, so that every
-  phase (KD, ActionOPD, evaluation) starts from a directory, like a real student.
+  phase (warm start, ActionOPD, evaluation) starts from a directory, like a real student.
 """
 
 from __future__ import annotations
@@ -40,6 +48,41 @@ def job_tool_schemas(tasks: list[Task]) -> list[dict]:
     return list(seen.values())
 
 
+def schema_lines(tokenizer: Any, tools: list[dict]) -> list[str]:
+    """The rendered tool block of the chat template, one JSON line per tool (exactly as it
+    appears in every prompt of the job)."""
+    from actionopd_jax.chat import render_text
+
+    text = render_text(tokenizer, [{"role": "user", "content": ""}], tools)
+    start, end = text.find("\n<tools>\n"), text.find("\n</tools>\n")
+    lines = text[start + len("\n<tools>\n"):end].split("\n") if 0 <= start < end else []
+    if len(lines) != len(tools) or not all(line.startswith("{") for line in lines):
+        raise ValueError("the chat template's tool block is not one JSON line per tool inside <tools>...</tools>; "
+                         "set experiment.schema_tokens=false")
+    return lines
+
+
+def add_schema_tokens(src: Path, dst: Path, lines: list[str]) -> Path:
+    """Copy the tokenizer in `src` to `dst` with one added (non-special) token per tool line."""
+    import hashlib
+    import json
+    import shutil
+
+    from tokenizers import AddedToken, Tokenizer
+
+    stamp = hashlib.sha256(json.dumps([str(src), lines]).encode()).hexdigest()[:16]
+    marker = dst / "schema_tokens.sha"
+    if marker.is_file() and marker.read_text() == stamp:
+        return dst
+    shutil.rmtree(dst, ignore_errors=True)
+    shutil.copytree(src, dst)
+    tok = Tokenizer.from_file(str(dst / "tokenizer.json"))
+    tok.add_tokens([AddedToken(line, normalized=False, special=False, single_word=False) for line in lines])
+    tok.save(str(dst / "tokenizer.json"))
+    marker.write_text(stamp)
+    return dst
+
+
 def build_job_tokenizer(exp: Any, tasks: list[Task]) -> Path:
     """The tiny tokenizer of the job (see the module docstring); returns its directory."""
     from actionopd_jax.chat import build_tiny_tokenizer, load_tokenizer, render_text
@@ -47,11 +90,16 @@ def build_job_tokenizer(exp: Any, tasks: list[Task]) -> Path:
 
     root = cache_root(exp) / "tokenizers"
     base = load_tokenizer(build_tiny_tokenizer(root / f"tiny-{exp.tokenizer_vocab}", vocab_size=exp.tokenizer_vocab))
-    schema_text = render_text(base, [{"role": "user", "content": ""}], job_tool_schemas(tasks))
+    tools = job_tool_schemas(tasks)
+    schema_text = render_text(base, [{"role": "user", "content": ""}], tools)
     name = "-".join(sorted(exp.bfcl_classes))
     corpus = builtin_corpus() + [schema_text] * SCHEMA_COPIES
-    return build_tiny_tokenizer(root / f"tiny-{exp.tokenizer_vocab}-{name}", vocab_size=exp.tokenizer_vocab,
+    path = build_tiny_tokenizer(root / f"tiny-{exp.tokenizer_vocab}-{name}", vocab_size=exp.tokenizer_vocab,
                                 corpus=corpus)
+    if not exp.schema_tokens:
+        return path
+    return add_schema_tokens(path, root / f"tiny-{exp.tokenizer_vocab}-{name}-schema-tokens",
+                             schema_lines(load_tokenizer(path), tools))
 
 
 def tokenizer_dir(cfg: Any, tasks: list[Task]) -> Path:

@@ -85,8 +85,9 @@ def check_main_job(cfg: Config, devices: int = 0) -> int:
         f"teacher    {teacher}",
         f"student    {student}: hidden {qcfg.hidden_size}, {qcfg.num_hidden_layers} layers, "
         f"{qcfg.num_attention_heads} head(s) x {qcfg.head_dim}, vocab {qcfg.vocab_size}",
-        f"KD         {exp.kd_epochs} epoch(s) over the successful teacher trajectories, lr {exp.kd_lr:g}, "
-        f"{exp.kd_examples_per_step} turns per update" if exp.kd_epochs else "KD         skipped (kd_epochs=0)",
+        f"warm start {exp.pretrain_epochs} epoch(s) of next-token pretraining on the teacher's successful "
+        f"conversations, then {exp.kd_epochs} epoch(s) of KD on its turns; lr {exp.kd_lr:g}, "
+        f"{exp.kd_examples_per_step} examples per update",
         f"ActionOPD  {cfg.train.steps} step(s) x {len(split.train)} task starts, N={c.num_candidates}, "
         f"K={c.teacher_samples}, lambda={c.freq_bonus}, lr {plan_cfg.train.lr:g}, context budget "
         f"{ctx['collect.max_prompt_tokens']} + {c.max_response_tokens} new tokens",

@@ -3,14 +3,15 @@
 1. setup: the task subset and its train / held-out split, the tokenizer, the starting
    student (random init, or model.hf_path), and the teacher: the embedded privileged
    reference teacher (teacher.kind=none) or the configured remote endpoint;
-2. KD warm start on teacher trajectories of the training tasks (experiment.kd_epochs > 0);
+2. warm start on the teacher's trajectories of the training tasks: next-token pretraining on
+   the whole conversations, then KD on the teacher's turns (experiment/warm_start.py);
 3. evaluation of the warm-started student on the held-out tasks ("before");
 4. ActionOPD steps on the training tasks, then one collection with the final policy;
 5. evaluation of the final student (exported from the ActionOPD checkpoint) ("after");
 6. report.md + PNG plots, and a summary table printed at the end.
 
 Run directory `runs/<utc>-<name>/`: config.yaml (resolved), train.log, metrics.jsonl + tb/ +
-checkpoints/ (ActionOPD), actionopd_config.yaml, kd/ (the KD run), eval/before, eval/after,
+checkpoints/ (ActionOPD), actionopd_config.yaml, warm_start/ (pretrain/ and kd/ runs), eval/,
 report.md, report/*.png, report/summary.json.
 """
 
@@ -27,7 +28,7 @@ from actionopd_jax.config import Config, ConfigError
 
 log = logging.getLogger("actionopd_jax.main_job")
 
-PHASES = ("setup", "KD warm start", "evaluation before ActionOPD", "ActionOPD", "evaluation after ActionOPD",
+PHASES = ("setup", "warm start (pretraining + KD)", "evaluation before ActionOPD", "ActionOPD", "evaluation after ActionOPD",
           "report")
 
 
@@ -67,6 +68,17 @@ def student_description(cfg: Config, student_dir: Path) -> str:
     if cfg.model.hf_path:
         return f"checkpoint {cfg.model.hf_path} ({shape})"
     return f"random-init Qwen3 ({shape}; init seed {cfg.experiment.student.init_seed})"
+
+
+def warm_start_summary(ws: dict[str, Any], exp: Any) -> str:
+    parts = [f"{ws['kept']}/{ws['trajectories']} teacher trajectories succeeded"]
+    for key, what in (("pretrain", "conversations"), ("kd", "teacher turns")):
+        stage = ws.get(key)
+        if stage:
+            losses = stage["losses"]
+            parts.append(f"{'pretraining' if key == 'pretrain' else 'KD'}: {stage['examples']} {what}, "
+                         f"{stage['steps']} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}" if losses else key)
+    return "; ".join(parts) + f" (lr {exp.kd_lr:g}, {exp.kd_examples_per_step} examples per update)"
 
 
 def run_main_job(cfg: Config, args: Any) -> int:
@@ -141,25 +153,23 @@ def _run_phases(cfg: Config, run_dir: Path, timings: dict[str, float], opened: l
     teacher_cfg = cfg.replace(**teacher_lib.teacher_overrides(cfg, endpoint))
     timings["setup"] = time.perf_counter() - t0
 
-    # 2. KD warm start
+    # 2. warm start: pretraining + KD on the teacher's trajectories of the training tasks
     _phase(1)
     t0 = time.perf_counter()
-    if exp.kd_epochs > 0:
+    if exp.kd_epochs > 0 or exp.pretrain_epochs > 0:
         from actionopd_jax.baselines.wiring import endpoint_agent
+        from actionopd_jax.experiment.warm_start import warm_start
 
-        kd = phases.kd_warm_start(teacher_cfg, agent=endpoint_agent(teacher_cfg), tasks=split.train,
-                                  tokenizer=tokenizer, tokenizer_dir=tok_dir, student_dir=student_dir,
-                                  run_dir=run_dir / "kd", progress=progress)
-        kd["summary"] = (f"{kd['kept']}/{kd['trajectories']} teacher trajectories succeeded -> {kd['examples']} "
-                         f"examples ({kd['target_tokens']} target tokens), {kd['steps']} KD steps "
-                         f"({exp.kd_epochs} epochs, lr {exp.kd_lr:g}); loss "
-                         f"{kd['losses'][0]:.3f} -> {kd['losses'][-1]:.3f}" if kd["losses"] else "")
-        summary["kd"] = {k: (str(v) if isinstance(v, Path) else v) for k, v in kd.items()}
-        start_dir = Path(kd["hf_dir"])
+        ws = warm_start(teacher_cfg, agent=endpoint_agent(teacher_cfg), tasks=split.train, tokenizer=tokenizer,
+                        tokenizer_dir=tok_dir, student_dir=student_dir, run_dir=run_dir / "warm_start",
+                        progress=progress)
+        ws["summary"] = warm_start_summary(ws, exp)
+        summary["warm_start"] = ws
+        start_dir = Path(ws["hf_dir"])
     else:
-        summary["kd"] = None
+        summary["warm_start"] = None
         start_dir = student_dir
-    timings["kd"] = time.perf_counter() - t0
+    timings["warm_start"] = time.perf_counter() - t0
 
     # 3. held-out evaluation before ActionOPD
     _phase(2)

@@ -5,9 +5,8 @@ The config of each phase is derived from the job's config by a few explicit repl
 disk. Everything else (N, K, lambda, clip, optimizer, batching, checkpoints) is the job's
 train.* / collect.* as configured.
 
-- KD warm start: the baselines KD API (teacher trajectories through the eval harness, one
-  example per assistant turn, the KD cross-entropy through `train.loop.Trainer`), run dir
-  `<run>/kd/`, the result exported as an HF directory the ActionOPD phase starts from.
+- warm start (warm_start.py): next-token pretraining and KD on the teacher's trajectories, run
+  dir `<run>/kd/`, the result exported as an HF directory the ActionOPD phase starts from.
 - ActionOPD: `Trainer` over the state-group collector (`collect.ActionOPDGroupSource`) fed
   with the job's training tasks, in the run directory itself (metrics.jsonl, tb/,
   checkpoints/). `JobSource` records, per step, the mean reward, match rate and invalid
@@ -71,48 +70,6 @@ def sampler_buckets(cfg: Config, samples: int, max_new: int):
     s = 1 << (max(1, samples) - 1).bit_length()
     return Buckets(prompt_len=tuple(cfg.experiment.prompt_buckets), prompts=prompts, samples=(s,),
                    max_new=(max_new,), max_rows=prompts[-1] * s)
-
-
-# --- KD warm start -------------------------------------------------------------------------------
-
-def kd_warm_start(cfg: Config, *, agent: Any, tasks: list[Task], tokenizer: Any, tokenizer_dir: Path,
-                  student_dir: Path, run_dir: Path, progress: bool) -> dict[str, Any]:
-    """Teacher trajectories on `tasks` -> KD examples -> KD training -> HF directory.
-    Returns {"hf_dir", "trajectories", "kept", "examples", "steps", "losses"}."""
-    import asyncio
-
-    from actionopd_jax.baselines.kd import (KDGroupSource, KDResult, export_student, kd_examples,
-                                            teacher_trajectories)
-    from actionopd_jax.envs.base import make_environment
-    from actionopd_jax.train.loop import Trainer
-
-    exp = cfg.experiment
-    run_dir.mkdir(parents=True, exist_ok=True)
-    all_records = asyncio.run(teacher_trajectories(
-        agent, tasks, lambda task: make_environment(task.env), concurrency=exp.eval_concurrency,
-        keep_successful=False, out_jsonl=run_dir / "teacher_trajectories.jsonl", progress=progress))
-    kept = [r for r in all_records if float(r["score"].get("reward", 0.0)) >= 1.0]
-    budget = context_overrides(cfg)["collect.max_prompt_tokens"]
-    examples = kd_examples(kept, tokenizer, max_prompt_tokens=budget, enable_thinking=cfg.collect.enable_thinking)
-    if not examples:
-        raise RuntimeError(f"KD warm start: none of the {len(all_records)} teacher trajectories succeeded, so there "
-                           "is nothing to imitate; check the teacher, or set experiment.kd_epochs=0")
-    steps = exp.kd_epochs * math.ceil(len(examples) / exp.kd_examples_per_step)
-    kcfg = kd_phase_config(cfg, student_dir=student_dir, tokenizer_dir=tokenizer_dir, run_dir=run_dir, steps=steps)
-    write_phase_config(kcfg, run_dir / "config.yaml", f"KD warm start: {len(examples)} examples, {steps} steps")
-    source = KDGroupSource(examples, examples_per_step=exp.kd_examples_per_step, seed=kcfg.run.seed)
-    trainer = Trainer(kcfg, run_dir=run_dir, source=source)
-    try:
-        trainer.run()  # progress bar, metrics.jsonl / TensorBoard under <run>/kd, final checkpoint
-        result = KDResult(steps=trainer.step, metrics=[], params=trainer.state["params"], graphdef=trainer.graphdef,
-                          model_config=trainer.qcfg, run_dir=run_dir, checkpoint_step=trainer.step)
-        hf_dir = export_student(result, run_dir / "student_hf", tokenizer_dir=tokenizer_dir)
-    finally:
-        trainer.close()
-    losses = read_metric(run_dir / "metrics.jsonl", "loss")
-    return {"hf_dir": hf_dir, "trajectories": len(all_records), "kept": len(kept), "examples": len(examples),
-            "target_tokens": int(sum(e.target_ids.size for e in examples)), "steps": steps, "losses": losses,
-            "teacher_success": float(np.mean([float(r["score"].get("reward", 0.0)) for r in all_records]))}
 
 
 def read_metric(path: Path, key: str) -> list[float]:

@@ -38,7 +38,7 @@ def plot_curves(history: list[dict[str, float]], path: Path, *, final_is_probe: 
         values = [h.get(key, float("nan")) for h in history]
         ax.plot(steps, values, marker="o", color="#4C72B0")
         if values:
-            ax.axhline(values[0], color="#999999", linestyle="--", linewidth=1, label="KD-only start (step 0)")
+            ax.axhline(values[0], color="#999999", linestyle="--", linewidth=1, label="warm start only (step 0)")
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("ActionOPD step (policy after that many updates)")
         ax.set_xticks(steps)
@@ -51,13 +51,21 @@ def plot_curves(history: list[dict[str, float]], path: Path, *, final_is_probe: 
     plt.close(fig)
 
 
-def plot_kd_loss(losses: list[float], path: Path) -> None:
+def plot_warm_start(ws: dict[str, Any], path: Path) -> None:
+    """Loss per update of the warm start's stages, one after the other."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(5, 3.2))
-    ax.plot(range(1, len(losses) + 1), losses, color="#DD8452")
-    ax.set_xlabel("KD step")
+    fig, ax = plt.subplots(figsize=(6, 3.2))
+    offset = 0
+    for key, label, color in (("pretrain", "next-token pretraining (conversations)", "#55A868"),
+                              ("kd", "KD (teacher turns)", "#DD8452")):
+        losses = (ws.get(key) or {}).get("losses") or []
+        if losses:
+            ax.plot(range(offset + 1, offset + len(losses) + 1), losses, color=color, label=label)
+            offset += len(losses)
+    ax.set_xlabel("update")
     ax.set_ylabel("cross-entropy per target token")
-    ax.set_title("KD warm start", fontsize=10)
+    ax.set_title("warm start", fontsize=10)
+    ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -93,7 +101,7 @@ def curve_table(history: list[dict[str, float]]) -> str:
              "|---|---|---|---|---|---|---|---|"]
     last = len(history) - 1
     for i, h in enumerate(history):
-        who = "KD only" if i == 0 else ("final (no update)" if i == last else f"after {int(h['step'])} update step(s)")
+        who = "warm start only" if i == 0 else ("final (no update)" if i == last else f"after {int(h['step'])} update step(s)")
         lines.append(f"| {int(h['step'])} | {who} | {int(h.get('candidates', 0))} | {_fmt(h.get('reward_mean'))} | "
                      f"{_fmt(h.get('match_rate'), True)} | {_fmt(h.get('invalid_rate'), True)} | "
                      f"{_fmt(h.get('committed_reward_mean'))} | {int(h.get('groups_retained', 0))}/{int(h.get('groups', 0))} |")
@@ -117,8 +125,8 @@ def summary_text(s: dict[str, Any]) -> str:
             ("tasks (train / held-out)", f"{len(s['tasks']['train'])} / {len(s['tasks']['heldout'])} "
                                          f"BFCL {s['tasks']['category']} {'+'.join(s['tasks']['classes'])}"),
             ("student", s["student"]["description"]),
-            ("KD warm start", s["kd"]["summary"] if s.get("kd") else "skipped"),
-            ("ActionOPD mean reward", f"{_fmt(first['reward_mean'])} (KD only) -> {_fmt(last['reward_mean'])} (final)"),
+            ("warm start", s["warm_start"]["summary"] if s.get("warm_start") else "skipped"),
+            ("ActionOPD mean reward", f"{_fmt(first['reward_mean'])} (warm start only) -> {_fmt(last['reward_mean'])} (final)"),
             ("ActionOPD match rate", f"{_fmt(first['match_rate'], True)} -> {_fmt(last['match_rate'], True)}"),
             ("ActionOPD invalid rate", f"{_fmt(first['invalid_rate'], True)} -> {_fmt(last['invalid_rate'], True)}")]
     b, a = s["eval"]["before"], s["eval"]["after"]
@@ -140,10 +148,10 @@ def write_report(run_dir: Path, s: dict[str, Any]) -> dict[str, Path]:
     history = s["actionopd"]["history"]
     plot_curves(history, paths["curves"], final_is_probe=True)
     plot_heldout(s["eval"]["before"], s["eval"]["after"], paths["heldout"])
-    kd = s.get("kd")
-    if kd and kd.get("losses"):
-        paths["kd_loss"] = out / "kd_loss.png"
-        plot_kd_loss(kd["losses"], paths["kd_loss"])
+    ws = s.get("warm_start")
+    if ws and (ws.get("pretrain") or ws.get("kd")):
+        paths["warm_start"] = out / "warm_start_loss.png"
+        plot_warm_start(ws, paths["warm_start"])
     paths["json"].write_text(json.dumps(s, indent=2, default=str))
     privileged = s["teacher"]["privileged"]
     md = [f"# Main job report: {Path(s['run_dir']).name}", "",
@@ -155,11 +163,15 @@ def write_report(run_dir: Path, s: dict[str, Any]) -> dict[str, Path]:
           f"Tasks: BFCL {s['tasks']['category']} tasks using only {', '.join(s['tasks']['classes'])}: "
           f"{len(s['tasks']['train'])} training, {len(s['tasks']['heldout'])} held out (split by sha256 of the task id).",
           f"- training: {', '.join(s['tasks']['train'])}", f"- held out: {', '.join(s['tasks']['heldout'])}", ""]
-    if kd:
-        md += ["## KD warm start", "", kd["summary"], "", "![KD loss](report/kd_loss.png)" if kd.get("losses") else "", ""]
+    if ws:
+        md += ["## Warm start (training tasks)", "",
+               "Teacher trajectories through the eval harness; the successful ones are kept. Next-token "
+               "pretraining on each whole conversation (a random student's stand-in for pretraining: it learns to "
+               "use its context), then KD on each teacher turn after its own prompt.", "", ws["summary"], "",
+               "![warm start loss](report/warm_start_loss.png)" if "warm_start" in paths else "", ""]
     md += ["## ActionOPD steps (training tasks)", "",
            "Each row is one collection over every training task with the policy after that many update steps; "
-           "step 0 is the KD-only starting point and the last row is the final policy, measured without an update. "
+           "step 0 is the starting point after the warm start (pretraining + KD) only and the last row is the final policy, measured without an update. "
            "Mean reward is over all candidates (invalid -1, valid non-matching 0, matching 1 + lambda (c-1)/(K-1)); "
            "match rate: candidates matching at least one teacher sample; invalid rate: candidates that are not one "
            "valid action.", "", curve_table(history), "", "![ActionOPD curves](report/actionopd_curves.png)", "",
@@ -174,7 +186,8 @@ def write_report(run_dir: Path, s: dict[str, Any]) -> dict[str, Path]:
     md += [f"| {k} | {v:.1f} |" for k, v in s["timings"].items()]
     md += ["", f"Checkpoint: `{s['actionopd']['checkpoint_dir']}` (step {s['actionopd']['checkpoint_step']}); "
                f"final student as an HF directory: `{s['actionopd']['final_student']}`.",
-           "Logs: `train.log`, metrics: `metrics.jsonl` (ActionOPD) and `kd/metrics.jsonl`, TensorBoard: `tb/` and "
-           "`kd/tb/`, resolved config: `config.yaml` (phase configs: `kd/config.yaml`, `actionopd_config.yaml`).", ""]
+           "Logs: `train.log`; metrics: `metrics.jsonl` (ActionOPD), `warm_start/{pretrain,kd}/metrics.jsonl`; "
+           "TensorBoard: `tb/`, `warm_start/*/tb/`; resolved config: `config.yaml` (what each phase ran with: "
+           "`warm_start/*/config.yaml`, `actionopd_config.yaml`).", ""]
     paths["markdown"].write_text("\n".join(md))
     return paths

@@ -18,20 +18,17 @@ TEACHER_MODES = ("auto", "reference", "endpoint")
 
 @dataclass(frozen=True)
 class StudentShape:
-    """Shape of the random-init student, used when model.hf_path is empty.
-
-    One attention head of width 64: on CPU, dense attention over the ~2.5k-token BFCL
-    prompts costs most of the time, and it grows with the number of heads (measured on this
-    machine: 4 heads x 16 is about 4x slower per training row than 1 head x 64 at the same
-    hidden size). The vocabulary is the tokenizer's size, rounded up to a multiple of 64.
-    """
+    """Shape of the random-init student, used when model.hf_path is empty. The vocabulary is
+    the tokenizer's size, rounded up to a multiple of 64. On CPU, dense attention costs most
+    of the time and grows with heads x prompt length^2; with the schema tokens (prompts of
+    ~350-1000 tokens) four heads are affordable and, unlike one, learn to read the state."""
 
     hidden_size: int = 128
     intermediate_size: int = 384
     num_hidden_layers: int = 2
-    num_attention_heads: int = 1
-    num_key_value_heads: int = 1
-    head_dim: int = 64
+    num_attention_heads: int = 4
+    num_key_value_heads: int = 2
+    head_dim: int = 32
     max_position_embeddings: int = 4096
     init_seed: int = 0
 
@@ -47,20 +44,26 @@ class ExperimentConfig:
     bfcl_category: str = "base"
     bfcl_classes: tuple[str, ...] = ("TradingBot",)
     heldout_fraction: float = 0.33
-    max_train_tasks: int = 8  # 0: every training task (ActionOPD starts each of them every step)
+    max_train_tasks: int = 0  # 0: every training task (ActionOPD starts each of them every step)
     max_heldout_tasks: int = 0  # 0: every held-out task
     # Tiny tokenizer (when model.tokenizer and model.hf_path are empty): byte-level BPE of this
     # size, trained on the package corpus plus the job's tool schemas (never on held-out text).
     tokenizer_vocab: int = 2048
+    # One added token per tool-schema line of the tiny tokenizer (experiment/assets.py): the
+    # prompt keeps every schema verbatim at ~1 token per tool. No effect with a real student.
+    schema_tokens: bool = True
     cache_dir: str = ""  # tokenizer / random student cache (default ~/.cache/actionopd_jax/main_job)
     student: StudentShape = field(default_factory=StudentShape)
-    # KD warm start on teacher trajectories of the training tasks (0 epochs: no warm start).
-    kd_epochs: int = 6
+    # Warm start on the teacher's trajectories of the training tasks (experiment/warm_start.py):
+    # next-token pretraining on the whole conversations, then KD on the teacher's turns
+    # (0 epochs: that stage is skipped). Both use kd_lr and kd_examples_per_step.
+    pretrain_epochs: int = 15
+    kd_epochs: int = 12
     kd_lr: float = 3e-3
-    kd_examples_per_step: int = 2  # demonstrated turns per KD update (small: more updates per FLOP)
+    kd_examples_per_step: int = 4  # examples per warm-start update
     # ActionOPD phase. opd_lr replaces train.lr for this job (0: use train.lr). The paper's
     # 1e-6 is for a pretrained 4B student; a random-init tiny student does not move with it.
-    opd_lr: float = 1e-3
+    opd_lr: float = 3e-4
     # Context budget of the job's prompts (0: collect.max_prompt_tokens). train.max_seq_len is
     # raised to budget + collect.max_response_tokens when smaller.
     max_prompt_tokens: int = 3072
@@ -68,7 +71,7 @@ class ExperimentConfig:
     eval_max_new_tokens: int = 64
     eval_concurrency: int = 4
     # Shape buckets of the job's sampler (prompt lengths): few programs to compile.
-    prompt_buckets: tuple[int, ...] = (2560, 3072, 3584, 4096)
+    prompt_buckets: tuple[int, ...] = (512, 1024, 2048, 3072)
 
 
 def validate_experiment(exp: ExperimentConfig, error: type[Exception] = ValueError) -> None:
@@ -80,7 +83,7 @@ def validate_experiment(exp: ExperimentConfig, error: type[Exception] = ValueErr
         raise error(f"experiment.heldout_fraction must be in (0, 1), got {exp.heldout_fraction}")
     if not exp.bfcl_classes:
         raise error("experiment.bfcl_classes must name at least one BFCL class (e.g. [TradingBot])")
-    for key in ("max_train_tasks", "max_heldout_tasks", "kd_epochs", "max_prompt_tokens"):
+    for key in ("max_train_tasks", "max_heldout_tasks", "pretrain_epochs", "kd_epochs", "max_prompt_tokens"):
         if getattr(exp, key) < 0:
             raise error(f"experiment.{key} must be >= 0, got {getattr(exp, key)}")
     for key in ("kd_examples_per_step", "eval_max_new_tokens", "eval_concurrency", "tokenizer_vocab"):
