@@ -55,7 +55,7 @@ def test_short_main_job_through_the_cli(tmp_path):
     assert resolved["experiment"]["enabled"] is True and resolved["experiment"]["max_train_tasks"] == 1
     phase = yaml.safe_load((run / "actionopd_config.yaml").read_text())
     assert phase["collect"]["kind"] == "actionopd" and phase["matcher"]["kind"] == "rules"
-    assert phase["teacher"]["base_url"].startswith("http://127.0.0.1:") and phase["train"]["lr"] == 1e-3
+    assert phase["teacher"]["base_url"].startswith("http://127.0.0.1:") and phase["train"]["lr"] == resolved["experiment"]["opd_lr"]
     for stage in ("pretrain", "kd"):
         assert yaml.safe_load((run / "warm_start" / stage / "config.yaml").read_text())["train"]["loss"] == "kd"
         assert (run / "warm_start" / stage / "metrics.jsonl").read_text().strip()
