@@ -65,6 +65,9 @@ class TrainConfig:
     bucket_multiple: int = 64  # sequence widths are rounded up to buckets of this granularity
     max_seq_len: int = 2048  # prompt + response tokens of one row
     logits_chunk: int = 0  # score response tokens in chunks of this many (0: all at once)
+    # >0: fused LM head + log-softmax over this many vocabulary rows at a time; never holds the
+    # [tokens, vocab] logits (train/head_logprobs.py). Wins on CPU; 0 keeps the plain head.
+    vocab_chunk: int = 0
     old_logprobs: str = "recompute"  # "recompute" (trainer forward) | "sampler"
 
 
@@ -403,6 +406,8 @@ def validate(cfg: Config) -> None:
         raise ConfigError(f"train.dual_clip must be > 1 (paper: 3), got {t.dual_clip}")
     if t.logits_chunk < 0:
         raise ConfigError(f"train.logits_chunk must be >= 0, got {t.logits_chunk}")
+    if t.vocab_chunk < 0:
+        raise ConfigError(f"train.vocab_chunk must be >= 0 (0: plain LM head), got {t.vocab_chunk}")
     if cfg.collect.temperature <= 0:
         raise ConfigError("collect.temperature must be > 0: the loss scores tokens under "
                           "softmax(logits / T); greedy rollouts cannot be trained on")
@@ -443,7 +448,7 @@ def _validate_method(cfg: Config) -> None:
 RESUME_SAFE_PREFIXES: tuple[str, ...] = (
     "mesh.", "checkpoint.", "eval.", "run.name", "run.root", "run.dir", "run.log_every",
     "run.tensorboard", "run.wandb_project", "run.progress", "run.distributed.",
-    "train.steps", "train.microbatch_rows", "train.logits_chunk", "model.remat", "model.hf_path",
+    "train.steps", "train.microbatch_rows", "train.logits_chunk", "train.vocab_chunk", "model.remat", "model.hf_path",
     "model.tokenizer", "collect.concurrency", "teacher.base_url", "teacher.api_key_env",
     "teacher.cache_dir", "teacher.timeout_s", "teacher.concurrency", "matcher.base_url",
     "matcher.api_key_env", "matcher.cache_dir", "matcher.timeout_s", "matcher.concurrency",

@@ -77,8 +77,8 @@ def test_plan_minibatches_sorted_by_length_and_seeded():
 # ---- logits only at response positions ----------------------------------------------------
 
 
-@pytest.mark.parametrize("chunk", [0, 4])
-def test_response_logprobs_equal_full_logits_at_those_positions(chunk):
+@pytest.mark.parametrize("chunk, vocab_chunk", [(0, 0), (4, 0), (0, 7)])
+def test_response_logprobs_equal_full_logits_at_those_positions(chunk, vocab_chunk):
     graphdef, params = tiny_params()
     rows = random_rows(3, seed=2)
     a = packed(rows, seq_len=32, resp_len=8).arrays
@@ -86,7 +86,7 @@ def test_response_logprobs_equal_full_logits_at_those_positions(chunk):
     tok, pos, att = (jnp.asarray(a[k][0]) for k in ("tokens", "positions", "attention_mask"))
     hidden, _ = model(tok, pos, attention_mask=att)
     got = response_logprobs(model, hidden, jnp.asarray(a["resp_index"][0]), jnp.asarray(a["resp_tokens"][0]),
-                            0.7, chunk)
+                            0.7, chunk, vocab_chunk)
     full = jax.nn.log_softmax(model.logits(hidden) / 0.7, axis=-1)  # every position: the slow way
     for j, row in enumerate(rows):
         p, n = len(row.prompt), len(row.response)
@@ -132,10 +132,11 @@ def _reference_sums(graphdef, params, rows, old, settings):
     return total
 
 
-@pytest.mark.parametrize("loss", ["actionopd", "opd", "kd"])
-def test_update_equals_independent_loss_gradient_and_adamw(loss):
+@pytest.mark.parametrize("loss, vocab_chunk", [("actionopd", 0), ("opd", 0), ("kd", 0), ("actionopd", 50)])
+def test_update_equals_independent_loss_gradient_and_adamw(loss, vocab_chunk):
+    """vocab_chunk > 0: the fused LM head (a custom VJP) must give the same update."""
     graphdef, params = tiny_params(seed=3)
-    settings = StepSettings(loss=loss, temperature=0.7)
+    settings = StepSettings(loss=loss, temperature=0.7, vocab_chunk=vocab_chunk)
     rows = _same_length_rows(5, seed=4)
     # behaviour logprobs near the model's own, so that some ratios leave [0.8, 1.2]
     rng = np.random.default_rng(5)
@@ -191,15 +192,17 @@ def test_accumulation_over_unequal_microbatches_equals_one_batch():
         assert max_abs_diff(p, p0) < 1e-6
 
 
-@pytest.mark.parametrize("shape", [{"data": 2, "fsdp": 2, "tensor": 2}, {"fsdp": 8}, {"data": 4, "tensor": 2},
-                                   ])
-def test_sharded_step_equals_single_device(shape):
+@pytest.mark.parametrize("shape, vocab_chunk", [({"data": 2, "fsdp": 2, "tensor": 2}, 0), ({"fsdp": 8}, 0),
+                                                ({"data": 4, "tensor": 2}, 0),
+                                                ({"data": 2, "fsdp": 2, "tensor": 2}, 64)])
+def test_sharded_step_equals_single_device(shape, vocab_chunk):
     graphdef, params = tiny_params(seed=8)
     rows = random_rows(14, seed=9)
     arrays = packed(rows, microbatches=2, microbatch_rows=8).arrays
+    settings = StepSettings(vocab_chunk=vocab_chunk)
 
     def two_updates(mesh_shape):
-        ts = train_step(graphdef, params, mesh_shape, grad_clip=1.0)
+        ts = train_step(graphdef, params, mesh_shape, grad_clip=1.0, settings=settings)
         state = ts.init_state(device_params(params))
         batch = ts.put_batch(arrays)
         batch["old_logp"], _ = ts.old_logprobs(state["params"], batch)

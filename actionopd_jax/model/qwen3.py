@@ -118,9 +118,13 @@ class Qwen3(nnx.Module):
         h = h + layer.mlp(layer.post_attention_layernorm(h))
         return constrain(h, _ACT)
 
+    def head_weight(self) -> jax.Array:
+        """The LM head [V, D]: the tied embedding or the separate lm_head."""
+        return (self.embed_tokens if self.lm_head is None else self.lm_head)[...]
+
     def logits(self, hidden: jax.Array) -> jax.Array:
         """LM head in float32 accumulation; call it only on positions that need logits."""
-        w = (self.embed_tokens if self.lm_head is None else self.lm_head)[...]
+        w = self.head_weight()
         return jnp.einsum("...d,vd->...v", hidden.astype(w.dtype), w, preferred_element_type=jnp.float32)
 
 

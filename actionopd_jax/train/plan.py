@@ -62,8 +62,9 @@ def estimate_memory(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int]) -> Mem
         activations = layers * tokens * per_token_layer + scores_peak
     else:  # everything kept, including every layer's attention probabilities
         activations = layers * (tokens * per_token_layer + score_elems * abytes) + scores_peak
-    resp = t.logits_chunk if t.logits_chunk > 0 else cfg.collect.max_response_tokens
-    logits = 3 * rows * min(resp, seq) * qcfg.vocab_size / tp * 4  # logits, softmax, gradient (f32)
+    resp = t.logits_chunk if t.logits_chunk > 0 and t.vocab_chunk == 0 else cfg.collect.max_response_tokens
+    vocab = min(t.vocab_chunk, qcfg.vocab_size) if t.vocab_chunk > 0 else qcfg.vocab_size / tp
+    logits = 3 * rows * min(resp, seq) * vocab * 4  # logits, softmax, gradient (f32)
     return MemoryEstimate(params, grads, optimizer, activations, scores_peak, logits)
 
 
@@ -113,8 +114,8 @@ def describe(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *, device_mem
             hints = []
             if qcfg.remat == "none":
                 hints.append("model.remat=full")
-            if est.logits > 0.2 * est.total and t.logits_chunk == 0:
-                hints.append("train.logits_chunk=512")
+            if est.logits > 0.2 * est.total and t.logits_chunk == 0 and t.vocab_chunk == 0:
+                hints.append("train.vocab_chunk=8192")
             if est.attention_scores > 0.3 * est.total:
                 hints.append("fewer train.microbatch_rows or a shorter train.max_seq_len "
                              "(dense attention scores grow with T^2)")

@@ -84,7 +84,8 @@ def initial_params(cfg: Config, qcfg: Qwen3Config, mesh) -> dict:
 def step_settings(cfg: Config) -> StepSettings:
     t = cfg.train
     return StepSettings(loss=t.loss, temperature=cfg.collect.temperature, clip_eps=t.clip_eps,
-                        dual_clip=t.dual_clip, logits_chunk=t.logits_chunk)
+                        dual_clip=t.dual_clip, logits_chunk=t.logits_chunk,
+                        vocab_chunk=t.vocab_chunk)
 
 
 def optimizer(cfg: Config):

@@ -23,6 +23,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from actionopd_jax.model import LOGICAL_AXIS_RULES, param_shardings
 from actionopd_jax.model.sharding import constrain
 from actionopd_jax.train import losses as L
+from actionopd_jax.train.head_logprobs import head_logprobs
 
 ROW_AXES = ("data", "fsdp")
 LOSS_KINDS = ("actionopd", "kd", "opd")
@@ -37,12 +38,16 @@ class StepSettings:
     clip_eps: float = 0.2
     dual_clip: float = 3.0
     logits_chunk: int = 0  # score response positions in chunks of this many (0: all at once)
+    vocab_chunk: int = 0  # >0: fused LM head + log-softmax over vocabulary chunks (head_logprobs.py)
 
     def __post_init__(self):
         if self.loss not in LOSS_KINDS:
             raise ValueError(f"loss must be one of {LOSS_KINDS}, got {self.loss!r}")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.vocab_chunk < 0 or self.logits_chunk < 0:
+            raise ValueError(f"vocab_chunk and logits_chunk must be >= 0, got {self.vocab_chunk}, "
+                             f"{self.logits_chunk}")
 
 
 def make_optimizer(*, lr: float, weight_decay: float = 0.0, b1: float = 0.9, b2: float = 0.999,
@@ -65,11 +70,15 @@ def split_params(model: nnx.Module) -> tuple[Any, dict]:
 
 
 def response_logprobs(model, hidden: jax.Array, resp_index: jax.Array, resp_tokens: jax.Array,
-                      temperature: float, chunk: int = 0) -> jax.Array:
+                      temperature: float, chunk: int = 0, vocab_chunk: int = 0) -> jax.Array:
     """log pi(resp_tokens) [b, R] from hidden states [b, T, D]: gather the positions that
-    predict response tokens, then the LM head on those only (never on prompt positions)."""
+    predict response tokens, then the LM head on those only (never on prompt positions).
+    vocab_chunk > 0 scores them with the fused head (never materialises [b, R, V] logits);
+    otherwise `chunk` > 0 scores response positions `chunk` at a time."""
     h = jnp.take_along_axis(hidden, resp_index[..., None].astype(jnp.int32), axis=1)  # [b, R, D]
     h = constrain(h, ("batch", "length", "act_embed"))
+    if vocab_chunk > 0:
+        return head_logprobs(h, model.head_weight(), resp_tokens, temperature, chunk=vocab_chunk)
 
     def score(hh, tt):
         return L.token_logprobs(model.logits(hh), tt, temperature)
@@ -160,7 +169,7 @@ class TrainStep:
         hidden, _ = model(mb["tokens"], mb["positions"], attention_mask=mb["attention_mask"])
         s = self.settings
         return response_logprobs(model, hidden, mb["resp_index"], mb["resp_tokens"], s.temperature,
-                                 s.logits_chunk)
+                                 s.logits_chunk, s.vocab_chunk)
 
     def _microbatch_sums(self, params, mb) -> tuple[jax.Array, L.LossSums]:
         s = self.settings
