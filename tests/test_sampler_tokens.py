@@ -151,3 +151,24 @@ def test_same_key_same_draw_and_row_independence():
     # a row's draw depends only on its own key: the first 8 rows alone give the same tokens
     d, _ = _jitted(logits[:8], keys[:8], *(x[:8] for x in args), cap=CAP)
     assert np.array_equal(np.asarray(a)[:8], np.asarray(d))
+
+
+@pytest.mark.parametrize("vocab,cap", [(1037, 8), (4096, 64), (20_011, 64)])
+@pytest.mark.parametrize("kind", ["normal", "ties-at-top", "few-values", "half-masked"])
+def test_candidate_search_equals_lax_top_k(vocab, cap, kind):
+    """The grouped candidate search returns exactly lax.top_k's values and ids, ties to the
+    lower id included (equal logits force its exact fallback)."""
+    from actionopd_jax.sampling.token_choice import _top_candidates
+
+    rng = np.random.default_rng(vocab + cap)
+    x = rng.normal(size=(6, vocab)).astype(np.float32)
+    if kind == "ties-at-top":
+        x[:, ::7] = x.max() + 1.0      # many equal maxima spread over the groups
+    elif kind == "few-values":
+        x = rng.integers(0, 5, size=(6, vocab)).astype(np.float32)
+    elif kind == "half-masked":
+        x[:, : vocab // 2] = -np.inf
+    values, ids = jax.jit(_top_candidates, static_argnums=1)(jnp.asarray(x), cap)
+    ref_values, ref_ids = jax.lax.top_k(jnp.asarray(x), cap)
+    np.testing.assert_array_equal(np.asarray(ids), np.asarray(ref_ids))
+    np.testing.assert_array_equal(np.asarray(values), np.asarray(ref_values))

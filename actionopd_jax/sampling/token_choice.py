@@ -82,12 +82,12 @@ def _nucleus_keep(probs_desc: jax.Array, k_eff: jax.Array, top_p: jax.Array,
     return in_k & ((above < top_p[:, None] * mass_k[:, None]) | (rank == 0) | (top_p[:, None] >= 1.0))
 
 
-def _sample_sorted(vals_desc, idx_desc, keep, uniforms, greedy):
-    """Gumbel-max over the kept entries of a descending list; greedy rows take rank 0."""
+def _sample_rank(vals_desc, keep, uniforms, greedy):
+    """Gumbel-max over the kept entries of a descending list -> the chosen rank; greedy rows
+    take rank 0."""
     noise = -jnp.log(-jnp.log(uniforms))
     choice = jnp.argmax(jnp.where(keep, vals_desc + noise, -jnp.inf), axis=-1)
-    choice = jnp.where(greedy, 0, choice)
-    return jnp.take_along_axis(idx_desc, choice[:, None], axis=-1)[:, 0]
+    return jnp.where(greedy, 0, choice)
 
 
 def _sortable_bits(x: jax.Array) -> jax.Array:
@@ -133,6 +133,49 @@ def _full_vocab_choice(scaled, lse, u_block, u_inner, k_eff, top_p, greedy):
     return _inverse_cdf(kept_probs, u_block, u_inner)
 
 
+_STRIDE_GROUPS = 16  # candidate search: groups of this many ids, strided across the vocabulary
+
+
+def _top_candidates(logits: jax.Array, cap: int) -> tuple[jax.Array, jax.Array]:
+    """Exactly `lax.top_k(logits, cap)` (same values, same ids, ties to the lower id), with
+    less work on the vocabulary: split the ids into groups of _STRIDE_GROUPS strided ids
+    (group j = {j, j + n, j + 2n, ...}), take each group's maximum (one cheap pass), keep
+    the cap + 1 best groups, then top_k over their members only.
+
+    Why exact: if the cap-th best group maximum is strictly above the (cap+1)-th (which is
+    >= every dropped group's), every dropped id has `cap` kept ids strictly above it, so the
+    true top `cap` lie in the kept groups. The members are laid out in increasing id order
+    (sorted group ids; member r of group j is r * n + j), so top_k's tie rule (lower
+    position first) is the lower-id rule. When those two maxima tie (only with exactly equal
+    logits), the plain `lax.top_k` runs instead (`lax.cond`: free when not taken)."""
+    rows, vocab = logits.shape
+    n = vocab // _STRIDE_GROUPS
+    if n <= cap + 1:  # small vocabulary: nothing to gain
+        return jax.lax.top_k(logits, cap)
+    body = logits[:, :n * _STRIDE_GROUPS].reshape(rows, _STRIDE_GROUPS, n)
+    # keep cap + 1 groups; never slice a top_k result: XLA then rewrites the top_k as a full
+    # sort of its operand (measured: +80 ms here, +1.2 s on the vocabulary)
+    group_max, groups = jax.lax.top_k(body.max(axis=1), cap + 1)
+    kept = groups.shape[-1]
+    # exact iff the cap-th best kept maximum is strictly above the last kept one (>= every
+    # dropped group's): i.e. the smallest kept maximum is unique
+    boundary_tie = jnp.any((group_max == group_max.min(-1, keepdims=True)).sum(-1) > 1)
+
+    def from_groups(_):
+        order = jnp.sort(groups, axis=-1)
+        members = jnp.take_along_axis(body, jnp.broadcast_to(order[:, None, :], (rows, _STRIDE_GROUPS, kept)), axis=2)
+        member_ids = jnp.arange(_STRIDE_GROUPS, dtype=jnp.int32)[None, :, None] * n + order[:, None, :]
+        # ids past the last full stride (fewer than _STRIDE_GROUPS of them) are always candidates
+        tail_ids = jnp.arange(n * _STRIDE_GROUPS, vocab, dtype=jnp.int32)
+        pool = jnp.concatenate([members.reshape(rows, -1), logits[:, n * _STRIDE_GROUPS:]], axis=-1)
+        pool_ids = jnp.concatenate([member_ids.reshape(rows, -1), jnp.broadcast_to(tail_ids, (rows, tail_ids.size))],
+                                   axis=-1)
+        values, at = jax.lax.top_k(pool, cap)
+        return values, jnp.take_along_axis(pool_ids, at, axis=-1)
+
+    return jax.lax.cond(boundary_tie, lambda _: tuple(jax.lax.top_k(logits, cap)), from_groups, None)
+
+
 def choose_tokens(logits: jax.Array, keys: jax.Array, temperature: jax.Array, top_k: jax.Array,
                   top_p: jax.Array, *, cap: int = DEFAULT_CAP,
                   active: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
@@ -142,18 +185,28 @@ def choose_tokens(logits: jax.Array, keys: jax.Array, temperature: jax.Array, to
     temperature f32[B] (0 = greedy); top_k i32[B] (0 = off); top_p f32[B] in (0, 1];
     active bool[B] (rows that still need a token: finished rows never force the slow path).
     Returns (tokens i32[B], logprobs f32[B]).
+
+    Vocabulary-sized work on the common path is one `lax.top_k` and one fused exp-sum pass
+    (the normaliser): the candidates come from the raw logits (dividing by T > 0 keeps their
+    order) and the row maximum is the first candidate, so no tempered copy of the logits and
+    no separate max pass exist unless the full-vocabulary branch runs.
     """
     vocab = logits.shape[-1]
     cap = min(cap, vocab)
     logits = logits.astype(jnp.float32)
     greedy = temperature <= 0.0
     temp = jnp.where(greedy, 1.0, temperature).astype(jnp.float32)
-    scaled = logits / temp[:, None]
-    lse = jax.nn.logsumexp(scaled, axis=-1)
+
+    cand_logits, cand_idx = _top_candidates(logits, cap)
+    # the row maximum; a max over the candidates, not a slice of them: XLA rewrites a sliced
+    # top_k into a full sort of the vocabulary (measured: 1.2 s per call)
+    top = cand_logits.max(-1, keepdims=True)
+    # log-normaliser of logits / T, shifted by the row maximum: lse = top / T + log_norm
+    log_norm = jnp.log(jnp.exp((logits - top) / temp[:, None]).sum(-1))
+    cand_vals = (cand_logits - top) / temp[:, None]           # tempered, shifted: cand_vals[:, 0] == 0
+    cand_probs = jnp.exp(cand_vals - log_norm[:, None])
 
     k_eff = jnp.where((top_k <= 0) | (top_k >= vocab), vocab, top_k).astype(jnp.int32)
-    cand_vals, cand_idx = jax.lax.top_k(scaled, cap)
-    cand_probs = jnp.exp(cand_vals - lse[:, None])
     # candidate path is exact iff the kept set provably lies in the top `cap` tokens
     nucleus_fits = (k_eff == vocab) & (top_p < 1.0) & (cand_probs.sum(-1) >= top_p)
     exact_in_cap = greedy | (k_eff <= cap) | nucleus_fits
@@ -165,18 +218,22 @@ def choose_tokens(logits: jax.Array, keys: jax.Array, temperature: jax.Array, to
                             jnp.where(jnp.arange(cap)[None, :] < in_cap_k[:, None], cand_probs, 0.0).sum(-1))
     keep = _nucleus_keep(cand_probs, in_cap_k, top_p, cand_mass_k)
     uniforms = _uniform_rows(keys, cap + 2)
-    cand_tokens = _sample_sorted(cand_vals, cand_idx, keep, uniforms[:, :cap], greedy)
+    choice = _sample_rank(cand_vals, keep, uniforms[:, :cap], greedy)
+    cand_tokens = jnp.take_along_axis(cand_idx, choice[:, None], axis=-1)[:, 0]
+    cand_logprobs = jnp.take_along_axis(cand_vals, choice[:, None], axis=-1)[:, 0] - log_norm
 
     needs_full = ~exact_in_cap
     if active is not None:
         needs_full = needs_full & active
-    tokens = jax.lax.cond(
-        jnp.any(needs_full),
-        lambda _: jnp.where(exact_in_cap, cand_tokens,
-                            _full_vocab_choice(scaled, lse, uniforms[:, cap], uniforms[:, cap + 1],
-                                               k_eff, top_p, greedy)),
-        lambda _: cand_tokens,
-        None,
-    ).astype(jnp.int32)
-    logprobs = jnp.take_along_axis(scaled, tokens[:, None], axis=-1)[:, 0] - lse
-    return tokens, logprobs
+
+    def full_path(_):
+        # rare: rebuild the tempered logits only here (the branch costs nothing when not taken)
+        scaled = logits / temp[:, None]
+        lse = top[:, 0] / temp + log_norm
+        full_tokens = _full_vocab_choice(scaled, lse, uniforms[:, cap], uniforms[:, cap + 1], k_eff, top_p, greedy)
+        full_logprobs = jnp.take_along_axis(scaled, full_tokens[:, None], axis=-1)[:, 0] - lse
+        return (jnp.where(exact_in_cap, cand_tokens, full_tokens),
+                jnp.where(exact_in_cap, cand_logprobs, full_logprobs))
+
+    tokens, logprobs = jax.lax.cond(jnp.any(needs_full), full_path, lambda _: (cand_tokens, cand_logprobs), None)
+    return tokens.astype(jnp.int32), logprobs
