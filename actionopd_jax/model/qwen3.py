@@ -12,7 +12,7 @@ from flax import nnx
 
 from actionopd_jax.model.cache import KVCache
 from actionopd_jax.model.config import Qwen3Config
-from actionopd_jax.model.layers import DecoderLayer, RMSNorm, _param, attend, rope_cos_sin
+from actionopd_jax.model.layers import DecoderLayer, RMSNorm, _param, attend, causal_attend, rope_cos_sin
 from actionopd_jax.model.sharding import constrain
 
 _ACT = ("batch", "length", "act_embed")
@@ -69,14 +69,11 @@ class Qwen3(nnx.Module):
         graphdef, layer_state = nnx.split(self.layers)
 
         if cache is None:
-            causal = jnp.tril(jnp.ones((t, t), bool))
-            mask = causal[None] & attention_mask[:, None, :]
-
             def body(h, one_layer):
                 layer = nnx.merge(graphdef, one_layer)
                 attn = layer.self_attn
                 q, k, v = attn.project_qkv(layer.input_layernorm(h), cos, sin)
-                out = attend(attn.group_queries(q), k, v, mask, dt)
+                out = causal_attend(attn.group_queries(q), k, v, attention_mask, dt)
                 return self._finish_block(layer, h, out), None
 
             if cfg.remat != "none":
