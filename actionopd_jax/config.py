@@ -34,6 +34,7 @@ class ModelConfig:
     dtype: str = "float32"  # compute dtype ("bfloat16": bf16 compute, master weights stay param_dtype)
     param_dtype: str = "float32"  # master weights
     remat: str = "none"  # "none" | "full" | "dots": per-layer rematerialisation
+    scan_unroll: int = 1  # layers per layer-scan iteration (0: all; 1: compile time flat in depth)
     init_seed: int = 0  # random init when there is no hf_path
 
 
@@ -387,6 +388,8 @@ def validate(cfg: Config) -> None:
     for key, allowed in CHOICES.items():
         if flat[key] not in allowed:
             raise ConfigError(f"{key}={flat[key]!r}; expected one of {allowed}")
+    if cfg.model.scan_unroll < 0:
+        raise ConfigError(f"model.scan_unroll must be >= 0 (0: unroll every layer), got {cfg.model.scan_unroll}")
     t = cfg.train
     positive = {"train.minibatch_rows": t.minibatch_rows, "train.microbatch_rows": t.microbatch_rows,
                 "train.max_seq_len": t.max_seq_len, "train.bucket_multiple": t.bucket_multiple,
@@ -448,7 +451,7 @@ def _validate_method(cfg: Config) -> None:
 RESUME_SAFE_PREFIXES: tuple[str, ...] = (
     "mesh.", "checkpoint.", "eval.", "run.name", "run.root", "run.dir", "run.log_every",
     "run.tensorboard", "run.wandb_project", "run.progress", "run.distributed.",
-    "train.steps", "train.microbatch_rows", "train.logits_chunk", "train.vocab_chunk", "model.remat", "model.hf_path",
+    "train.steps", "train.microbatch_rows", "train.logits_chunk", "train.vocab_chunk", "model.remat", "model.scan_unroll", "model.hf_path",
     "model.tokenizer", "collect.concurrency", "teacher.base_url", "teacher.api_key_env",
     "teacher.cache_dir", "teacher.timeout_s", "teacher.concurrency", "matcher.base_url",
     "matcher.api_key_env", "matcher.cache_dir", "matcher.timeout_s", "matcher.concurrency",

@@ -1,6 +1,7 @@
 """Train-step speed on the fixed peer_bench workload, next to the peers, in one run.
 
     python benchmarks/train_step.py --config bench-tiny [--reps 3] [--skip-peers] [--micro 8]
+        [--vocab-chunk 8192] [--scan-unroll 0] [--bf16-compute]
 
 Workload (../shared/peer_bench/common.py): 32 rows of 512 prompt + 128 response ids, the
 clipped-ratio loss on response tokens only (logits / 0.6, token mean, no KL), forward +
@@ -12,6 +13,11 @@ them as detach(new) inside the step), and that extra forward is reported separat
 The peers (transformers in /tmp/peer_hf_venv, Tunix in /tmp/peer_tunix_venv) and the JAX
 matmul peak run in subprocesses, one at a time. %-of-peak counts only the FLOPs the step
 needs: causal attention, and the LM head at the 128 response positions only.
+--vocab-chunk N (default 8192) scores response tokens with the fused LM head (online
+log-sum-exp over N vocabulary rows at a time; 0: plain logits). --scan-unroll (default 0:
+all layers; the config key model.scan_unroll) unrolls the layer scan. --bf16-compute also times
+bfloat16 compute with float32 master weights (the peers run float32: that row is labelled and
+not used for the headline ratios).
 Last stdout line: `ANCHOR_BENCH_JSON {...}`.
 """
 
@@ -71,14 +77,15 @@ def needed_flops(cfg, C) -> float:
     return body + head
 
 
-def bench_ours(model_dir: Path, C, reps: int, micro: int, chunk: int) -> dict:
+def bench_ours(model_dir: Path, C, reps: int, micro: int, chunk: int, vocab_chunk: int, unroll: int,
+               dtype: str = "float32") -> dict:
     import jax
 
     from actionopd_jax.model.weights import load_hf
     from actionopd_jax.train.batching import Row, pack_minibatch
     from actionopd_jax.train.step import StepSettings, TrainStep, make_optimizer, split_params
 
-    cfg, model = load_hf(model_dir)
+    cfg, model = load_hf(model_dir, cfg_overrides={"dtype": dtype, "scan_unroll": unroll})
     graphdef, params = split_params(model)
     prompts, responses, adv = C.train_batch()
     rows = [Row(p, r, float(a)) for p, r, a in zip(prompts, responses, adv)]
@@ -87,7 +94,7 @@ def bench_ours(model_dir: Path, C, reps: int, micro: int, chunk: int) -> dict:
     tx = make_optimizer(lr=C.LR, weight_decay=0.0, grad_clip=0.0)
     mesh = jax.make_mesh((1,), ("data",), axis_types=(jax.sharding.AxisType.Auto,), devices=jax.devices()[:1])
     step = TrainStep(graphdef, params, mesh, tx, StepSettings(temperature=C.TEMPERATURE, clip_eps=0.2,
-                                                              logits_chunk=chunk))
+                                                              logits_chunk=chunk, vocab_chunk=vocab_chunk))
     state = step.init_state(params)
     batch = step.put_batch(mb.arrays)
 
@@ -116,7 +123,8 @@ def bench_ours(model_dir: Path, C, reps: int, micro: int, chunk: int) -> dict:
         print(f"ours train rep {i}: {s:.3f} s, loss {loss:.5f}", flush=True)
     res = C.train_summary(times, warm)
     res.update(loss_first=loss0, old_logprobs_s=round(old_s, 4), old_logprobs_first_s=round(old_first, 3),
-               micro_rows=micro, logits_chunk=chunk)
+               micro_rows=micro, logits_chunk=chunk, vocab_chunk=vocab_chunk, compute_dtype=dtype,
+               scan_unroll=unroll)
     return res, cfg
 
 
@@ -126,6 +134,9 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--micro", type=int, default=8, help="rows per microbatch (32 = no accumulation)")
     ap.add_argument("--logits-chunk", type=int, default=0, help="response positions scored per chunk (0: all)")
+    ap.add_argument("--vocab-chunk", type=int, default=8192, help="fused LM head chunk (0: plain logits)")
+    ap.add_argument("--scan-unroll", type=int, default=0, help="layers per scan iteration (0: all)")
+    ap.add_argument("--bf16-compute", action="store_true", help="also time bf16 compute (f32 master weights)")
     ap.add_argument("--skip-peers", action="store_true")
     ap.add_argument("--peer-bench", default=str(Path(__file__).resolve().parents[2] / "shared" / "peer_bench"))
     a = ap.parse_args(argv)
@@ -155,7 +166,11 @@ def main(argv=None) -> int:
         print("our logits do not match the harness's reference: not benchmarking", file=sys.stderr)
         return 1
 
-    ours, cfg = bench_ours(model_dir, C, a.reps, a.micro, a.logits_chunk)
+    ours, cfg = bench_ours(model_dir, C, a.reps, a.micro, a.logits_chunk, a.vocab_chunk, a.scan_unroll)
+    bf16 = None
+    if a.bf16_compute:
+        bf16, _ = bench_ours(model_dir, C, a.reps, a.micro, a.logits_chunk, a.vocab_chunk, a.scan_unroll,
+                             "bfloat16")
     flops = needed_flops(cfg, C)
     peers = {}
     if not a.skip_peers:
@@ -174,6 +189,10 @@ def main(argv=None) -> int:
     for name, r in peers.items():
         ratios[name] = round(r["step_s"] / ours["step_s"], 2)
         print(f"{name:<24}{r['step_s']:>10.3f}{r['resp_tok_per_s']:>12.1f}{ratios[name]:>15.2f}")
+    if bf16:
+        print(f"{'ours, bf16 compute *':<24}{bf16['step_s']:>10.3f}{bf16['resp_tok_per_s']:>12.1f}"
+              f"{ours['step_s'] / bf16['step_s']:>14.2f}x vs ours f32")
+        print("  * bfloat16 matmul operands, float32 accumulation and master weights; the peers run float32")
     pct = None
     if peak_gflops:
         pct = round(100 * achieved / peak_gflops, 1)
@@ -181,6 +200,7 @@ def main(argv=None) -> int:
               f"({peak_gflops} GFLOP/s measured in this run)")
     print(f"old-logprob recompute (extra forward, not in step_s): {ours['old_logprobs_s']} s")
     C.emit(dict(system="actionopd_jax", config=a.config, jax=jax.__version__, max_logit_diff=diff, train=ours,
+                train_bf16_compute=bf16,
                 needed_tflop=round(flops / 1e12, 4), achieved_gflops=round(achieved, 1),
                 matmul_peak_gflops=peak_gflops, pct_of_peak=pct, peers=peers, ratios=ratios, **C.machine()))
     return 0

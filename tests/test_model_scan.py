@@ -68,6 +68,30 @@ def test_remat_gives_same_loss_and_gradients():
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=1e-5)
 
 
+def test_scan_unroll_gives_same_loss_and_gradients_and_unrolls_the_program():
+    tokens = jnp.asarray(np.random.default_rng(2).integers(0, 256, (2, 12)), jnp.int32)
+    results = {}
+    for unroll in (1, 2, 0):  # 2 does not divide 3 layers: lax.scan handles the remainder
+        cfg = tiny_config(num_hidden_layers=3, scan_unroll=unroll)
+        model = Qwen3(cfg, rngs=nnx.Rngs(params=jax.random.key(1)))
+        loss, grads = nnx.jit(nnx.value_and_grad(_loss))(model, tokens)
+        results[unroll] = (float(loss), jax.tree.leaves(nnx.to_pure_dict(grads)))
+    for unroll in (2, 0):
+        assert results[unroll][0] == pytest.approx(results[1][0], abs=1e-6)
+        for a, b in zip(results[1][1], results[unroll][1]):
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=1e-5)
+    # the layer scan carries the unroll factor to XLA (0 = every layer)
+    for unroll, want in ((0, 4), (3, 3), (9, 4)):
+        cfg = tiny_config(num_hidden_layers=4, scan_unroll=unroll)
+        model = nnx.eval_shape(lambda cfg=cfg: Qwen3(cfg, rngs=nnx.Rngs(params=jax.random.key(0))))
+        graphdef, state = nnx.split(model)
+        jaxpr = jax.make_jaxpr(lambda st, t: nnx.merge(graphdef, st)(t, t)[0])(state, jnp.zeros((1, 4), jnp.int32))
+        scans = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "scan"]
+        assert [e.params["unroll"] for e in scans] == [want]
+    with pytest.raises(ValueError, match="scan_unroll must be >= 0"):
+        tiny_config(scan_unroll=-1)
+
+
 def test_remat_changes_the_backward_program():
     """The checkpoint is really applied: the 'full' policy recomputes the layer in the backward pass."""
     def grad_eqns(policy):

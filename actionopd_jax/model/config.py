@@ -28,6 +28,9 @@ class Qwen3Config:
     param_dtype: str = "float32"  # "float32" | "bfloat16": storage dtype of the parameters
     dtype: str = "float32"  # compute dtype of activations
     remat: str = "none"  # "none" | "full" | "dots": per-layer jax.checkpoint policy
+    # layers per iteration of the layer scan (0: all). 1 keeps compile time flat in depth; more
+    # removes loop overhead (on CPU the backward of a 4-layer scan ran 1.5x faster unrolled)
+    scan_unroll: int = 1
 
     def __post_init__(self):
         for name in ("param_dtype", "dtype"):
@@ -35,6 +38,8 @@ class Qwen3Config:
                 raise ValueError(f"Qwen3Config.{name}={getattr(self, name)!r}; expected one of {_DTYPES}")
         if self.remat not in _REMAT:
             raise ValueError(f"Qwen3Config.remat={self.remat!r}; expected one of {_REMAT}")
+        if int(self.scan_unroll) < 0:
+            raise ValueError(f"Qwen3Config.scan_unroll must be >= 0 (0: unroll all layers), got {self.scan_unroll}")
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                      "num_attention_heads", "num_key_value_heads", "head_dim"):
             if int(getattr(self, name)) <= 0:
@@ -48,6 +53,10 @@ class Qwen3Config:
 
     def replace(self, **kw) -> "Qwen3Config":
         return dataclasses.replace(self, **kw)
+
+    @property
+    def layers_per_scan_step(self) -> int:
+        return self.num_hidden_layers if self.scan_unroll == 0 else min(self.scan_unroll, self.num_hidden_layers)
 
     # ---- Hugging Face config.json --------------------------------------------------------
     @classmethod

@@ -78,7 +78,7 @@ class Qwen3(nnx.Module):
 
             if cfg.remat != "none":
                 body = jax.checkpoint(body, policy=_REMAT_POLICIES[cfg.remat])
-            h, _ = jax.lax.scan(body, h, layer_state)
+            h, _ = jax.lax.scan(body, h, layer_state, unroll=cfg.layers_per_scan_step)
             return self.norm(h), None
 
         if cache.k.shape[:2] != (cfg.num_hidden_layers, b):
@@ -105,7 +105,8 @@ class Qwen3(nnx.Module):
             return (self._finish_block(layer, h, out), k_all, v_all), None
 
         layer_ids = jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32)
-        (h, k_all, v_all), _ = jax.lax.scan(cached_body, (h, cache.k, cache.v), (layer_state, layer_ids))
+        (h, k_all, v_all), _ = jax.lax.scan(cached_body, (h, cache.k, cache.v), (layer_state, layer_ids),
+                                            unroll=cfg.layers_per_scan_step)
         new_cache = KVCache(k=k_all, v=v_all, valid=valid, index=(start + t).astype(jnp.int32))
         return self.norm(h), new_cache
 
