@@ -4,6 +4,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 from actionopd_jax.sampling import Buckets, Sampler
 from tests._sampler_fixtures import next_token_logits, random_model
@@ -162,3 +163,31 @@ def test_bfloat16_model_samples():
         np.testing.assert_allclose(gen.logprobs, ref, atol=0.1)
         agree.append((logits.argmax(-1) == gen.token_ids).mean())
     assert np.mean(agree) >= 0.75
+
+
+@nnx.jit
+def _full_hidden(model, tokens):
+    positions = jnp.broadcast_to(jnp.arange(tokens.shape[1]), tokens.shape)
+    return model(tokens, positions)[0]
+
+
+def test_bfloat16_lm_head_is_an_explicit_opt_in(model, sampler):
+    """Sampler(lm_head_dtype="bfloat16") samples from the head rounded to bf16 (hidden and
+    weights, float32 accumulation): its greedy tokens and logprobs follow those rounded
+    logits. The default sampler keeps the exact float32 head."""
+    assert sampler.lm_head_dtype is None
+    with pytest.raises(ValueError, match="lm_head_dtype"):
+        Sampler(model, eos_ids=[], lm_head_dtype="float16")
+    prompts = _prompts([4, 19], seed=11)
+    out = Sampler(model, eos_ids=[], buckets=BUCKETS, lm_head_dtype="bfloat16").sample(
+        prompts, max_new_tokens=8, temperature=0.0, key=jax.random.key(0))
+    w = (model.embed_tokens if model.lm_head is None else model.lm_head)[...].astype(jnp.bfloat16)
+    agree = []
+    for prompt, (gen,) in zip(prompts, out.generations):
+        seq = np.concatenate([prompt, gen.token_ids]).astype(np.int32)[None, :-1]
+        hidden = _full_hidden(model, jnp.asarray(seq))[0, prompt.size - 1:]
+        rounded = jnp.einsum("td,vd->tv", hidden.astype(jnp.bfloat16), w, preferred_element_type=jnp.float32)
+        ref = np.asarray(jax.nn.log_softmax(rounded, -1))[np.arange(8), gen.token_ids]
+        np.testing.assert_allclose(gen.logprobs, ref, atol=5e-3)
+        agree.append((np.asarray(rounded).argmax(-1) == gen.token_ids).mean())
+    assert np.mean(agree) >= 0.9

@@ -89,16 +89,23 @@ class Sampler:
     model: a `Qwen3` (its current parameters are read at every call, so a trainer can keep
     updating the same module); eos_ids: token ids that end a sequence; cap: candidates kept
     per step for top-k/top-p (top_k above it takes the slower exact path); mesh: when the
-    parameters are sharded, the mesh to trace under (activations follow the model's rules).
+    parameters are sharded, the mesh to trace under (activations follow the model's rules);
+    lm_head_dtype: None (default) samples from the model's exact float32 logits; "bfloat16"
+    is an explicit opt-in for speed (LM head in bfloat16 with float32 accumulation: logits
+    and logprobs are then those of the rounded head, not of the float32 model).
     """
 
     def __init__(self, model, cfg=None, *, eos_ids: Sequence[int], buckets: Buckets | None = None,
-                 cap: int = DEFAULT_CAP, mesh: jax.sharding.Mesh | None = None):
+                 cap: int = DEFAULT_CAP, mesh: jax.sharding.Mesh | None = None,
+                 lm_head_dtype: str | None = None):
         self.model = model
         self.cfg = cfg if cfg is not None else model.cfg
         self.eos_ids = np.asarray(sorted(set(int(i) for i in eos_ids)) or [-1], np.int32)
         self.buckets = buckets or Buckets()
         self.cap = int(cap)
+        if lm_head_dtype not in (None, "bfloat16"):
+            raise ValueError(f"lm_head_dtype must be None (exact float32) or 'bfloat16', got {lm_head_dtype!r}")
+        self.lm_head_dtype = lm_head_dtype
         self.mesh = mesh
         self.stats = CompileStats()
         self._programs: dict[tuple, Any] = {}
@@ -239,12 +246,13 @@ class Sampler:
         with self._mesh_context():
             t0 = time.perf_counter()
             state = self._run("prefill", decode_lib.prefill, (graphdef, params, tokens, mask, rows, self.eos_ids),
-                              {"samples": samples, "max_new": max_new, "cap": self.cap},
+                              {"samples": samples, "max_new": max_new, "cap": self.cap,
+                               "head_dtype": self.lm_head_dtype},
                               label=(n_prompt_rows, prompt_len, samples, max_new))
             jax.block_until_ready(state.done)
             t1 = time.perf_counter()
             state = self._run("decode", decode_lib.decode, (graphdef, params, state, rows, self.eos_ids),
-                              {"cap": self.cap}, donate=(2,), label=(n_prompt_rows, prompt_len, samples, max_new))
+                              {"cap": self.cap, "head_dtype": self.lm_head_dtype}, donate=(2,), label=(n_prompt_rows, prompt_len, samples, max_new))
             out_tokens, out_logprobs, lengths, stopped, steps = jax.device_get(
                 (state.tokens, state.logprobs, state.lengths, state.stopped, state.step))
             t2 = time.perf_counter()
