@@ -59,6 +59,19 @@ class CollectResult:
     def retained_groups(self) -> list[StateGroup]:
         return [g for g in self.groups if g.retained]
 
+    @classmethod
+    def assemble(cls, step: int, outcomes: Sequence[tuple[int, StateGroup, np.ndarray | None]],
+                 records: list[TrajectoryRecord], metrics: StepMetrics) -> "CollectResult":
+        """The step's result from its (task start, group, counts) outcomes and trajectory
+        records, already in order; adds them to `metrics`. Shared with the sequential baseline
+        so both report groups and metrics the same way."""
+        for _, group, counts in outcomes:
+            metrics.add_group(group, counts)
+        for rec in records:
+            metrics.add_trajectory(rec)
+        return cls(step=step, groups=[o[1] for o in outcomes], group_starts=[o[0] for o in outcomes],
+                   trajectories=records, metrics=metrics)
+
 
 def local_task_starts(num_starts: int, process_index: int, process_count: int) -> list[int]:
     """The global task-start indices this process collects: every process_count-th one,
@@ -196,12 +209,7 @@ class Collector:
         metrics.matcher = {k: v - usage_before.matcher.get(k, 0) for k, v in usage_after.matcher.items()}
         outcomes.sort(key=lambda o: (o[0], o[1].decision_index))
         records.sort(key=lambda r: r.task_start)
-        for _, group, counts in outcomes:
-            metrics.add_group(group, counts)
-        for rec in records:
-            metrics.add_trajectory(rec)
-        return CollectResult(step=step, groups=[o[1] for o in outcomes], group_starts=[o[0] for o in outcomes],
-                             trajectories=records, metrics=metrics)
+        return CollectResult.assemble(step, outcomes, records, metrics)
 
     # --- one trajectory ------------------------------------------------------------------------
 
@@ -215,17 +223,8 @@ class Collector:
             obs = await self._env_call(env.reset(task), rec)
             limit = self.cfg.decision_limit(task.env)
             while True:
-                if obs.done:
-                    rec.end_reason = "env_done"
-                    break
-                if limit is not None and rec.decisions >= limit:
-                    rec.end_reason = "decision_limit"
-                    env.end("decision_limit")
-                    break
-                prompt = self.prompts.build(obs.messages, obs.tools)
+                prompt = self.next_prompt(obs, env, limit, rec)
                 if prompt is None:
-                    rec.end_reason = "context_overflow"
-                    env.end("context_overflow")
                     break
                 decision = await self._decide(task, start, step, rec.decisions, prompt, worker, rec)
                 rec.decisions += 1
@@ -252,6 +251,24 @@ class Collector:
         if env is not None:
             rec.score = _safe_score(env, rec.end_reason)
         return rec, groups
+
+    def next_prompt(self, obs: Observation, env: Environment, limit: int | None,
+                    rec: TrajectoryRecord) -> Prompt | None:
+        """The prompt of the trajectory's next decision, or None when it ends here (then
+        `rec.end_reason` says why and the environment has been told). One rule for when a
+        trajectory stops, shared with the sequential baseline (naive.py)."""
+        if obs.done:
+            rec.end_reason = "env_done"
+            return None
+        if limit is not None and rec.decisions >= limit:
+            rec.end_reason = "decision_limit"
+        else:
+            prompt = self.prompts.build(obs.messages, obs.tools)
+            if prompt is not None:
+                return prompt
+            rec.end_reason = "context_overflow"
+        env.end(rec.end_reason)
+        return None
 
     async def _env_call(self, coro, rec: TrajectoryRecord) -> Observation:
         t0 = time.perf_counter()
@@ -285,6 +302,16 @@ class Collector:
             teacher_call.cancel()
             student_call.cancel()
             raise
+        outcome = await self.group_outcome(task, start, step, decision, prompt, generations, batch, rec)
+        rec.state_s += time.perf_counter() - t_state
+        end = outcome.drop_reason if outcome.committed == NO_COMMIT else ""
+        return _Decision(outcome=outcome, end_reason=end)
+
+    async def group_outcome(self, task: Task, start: int, step: int, decision: int, prompt: Prompt,
+                            generations: Sequence[Any], batch: TeacherBatch, rec: TrajectoryRecord) -> GroupOutcome:
+        """Parse the student's generations into candidates, match them against the teacher
+        samples and build the group (rewards, retention, seeded commit). Shared with the
+        sequential baseline so both schedules produce the same groups."""
         candidates = []
         for gen in generations:
             text = self.decoder.text(gen.token_ids)
@@ -293,13 +320,11 @@ class Collector:
                                         action=self.decoder.action(text, prompt.tools, gen.finish_reason),
                                         finish_reason=gen.finish_reason))
         verdicts = await self._verdicts(candidates, batch, prompt, rec)
-        outcome = build_group(task_id=task.task_id, decision_index=decision, prompt_ids=prompt.ids,
-                              candidates=candidates, teacher_samples=batch.samples, verdicts=verdicts,
-                              reward_cfg=cfg.reward, commit_mode=cfg.commit,
-                              key=keys.commit_key(cfg.seed, step, start, decision))
-        rec.state_s += time.perf_counter() - t_state
-        end = outcome.drop_reason if outcome.committed == NO_COMMIT else ""
-        return _Decision(outcome=outcome, end_reason=end)
+        cfg = self.cfg
+        return build_group(task_id=task.task_id, decision_index=decision, prompt_ids=prompt.ids,
+                           candidates=candidates, teacher_samples=batch.samples, verdicts=verdicts,
+                           reward_cfg=cfg.reward, commit_mode=cfg.commit,
+                           key=keys.commit_key(cfg.seed, step, start, decision))
 
     async def _teacher_samples(self, task: Task, prompt: Prompt, rec: TrajectoryRecord
                                ) -> tuple[TeacherBatch, str]:

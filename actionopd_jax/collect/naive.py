@@ -15,9 +15,9 @@ import numpy as np
 
 from actionopd_jax.collect import keys
 from actionopd_jax.collect.collector import Collector, CollectResult, _safe_score
-from actionopd_jax.collect.group import NO_COMMIT, build_group
+from actionopd_jax.collect.group import NO_COMMIT
 from actionopd_jax.collect.metrics import StepMetrics, TrajectoryRecord
-from actionopd_jax.types import Candidate, StateGroup, Task
+from actionopd_jax.types import StateGroup, Task
 
 
 async def collect_sequential(collector: Collector, starts: Sequence[tuple[int, Task]], *, step: int) -> CollectResult:
@@ -32,17 +32,8 @@ async def collect_sequential(collector: Collector, starts: Sequence[tuple[int, T
         obs = await env.reset(task)
         limit = cfg.decision_limit(task.env)
         while True:
-            if obs.done:
-                rec.end_reason = "env_done"
-                break
-            if limit is not None and rec.decisions >= limit:
-                rec.end_reason = "decision_limit"
-                env.end("decision_limit")
-                break
-            prompt = collector.prompts.build(obs.messages, obs.tools)
+            prompt = collector.next_prompt(obs, env, limit, rec)
             if prompt is None:
-                rec.end_reason = "context_overflow"
-                env.end("context_overflow")
                 break
             decision = rec.decisions
             rec.decisions += 1
@@ -58,18 +49,7 @@ async def collect_sequential(collector: Collector, starts: Sequence[tuple[int, T
             metrics.sampler_calls += 1
             metrics.sampler_states += 1
             rec.sampler_wait_s += busy
-            candidates = []
-            for gen in generations:
-                text = collector.decoder.text(gen.token_ids)
-                candidates.append(Candidate(token_ids=np.asarray(gen.token_ids, np.int32),
-                                            logprobs=np.asarray(gen.logprobs, np.float32), text=text,
-                                            action=collector.decoder.action(text, prompt.tools, gen.finish_reason),
-                                            finish_reason=gen.finish_reason))
-            verdicts = await collector._verdicts(candidates, batch, prompt, rec)
-            outcome = build_group(task_id=task.task_id, decision_index=decision, prompt_ids=prompt.ids,
-                                  candidates=candidates, teacher_samples=batch.samples, verdicts=verdicts,
-                                  reward_cfg=cfg.reward, commit_mode=cfg.commit,
-                                  key=keys.commit_key(cfg.seed, step, start, decision))
+            outcome = await collector.group_outcome(task, start, step, decision, prompt, generations, batch, rec)
             if outcome.group is not None:
                 outcomes.append((start, outcome.group, outcome.score.counts))
                 rec.groups += 1
@@ -83,12 +63,7 @@ async def collect_sequential(collector: Collector, starts: Sequence[tuple[int, T
         rec.score = _safe_score(env, rec.end_reason)
         records.append(rec)
     metrics.wall_s = time.perf_counter() - t0
-    for start, group, counts in outcomes:
-        metrics.add_group(group, counts)
-    for rec in records:
-        metrics.add_trajectory(rec)
-    return CollectResult(step=step, groups=[o[1] for o in outcomes], group_starts=[o[0] for o in outcomes],
-                         trajectories=records, metrics=metrics)
+    return CollectResult.assemble(step, outcomes, records, metrics)
 
 
 def run_sequential(collector: Collector, tasks: Sequence[Task], *, step: int) -> CollectResult:
