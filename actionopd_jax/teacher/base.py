@@ -41,6 +41,13 @@ class UsageReport:
     def add(self, other: "UsageReport") -> "UsageReport":
         return UsageReport(**{k: v + getattr(other, k) for k, v in asdict(self).items()})
 
+    def count_batch(self, batch: "TeacherBatch") -> None:
+        """Add what one state's sampling cost beyond its requests (regenerations, invalid
+        replies, slots lost to transport), so every HTTP provider reports them alike."""
+        self.regenerations += batch.regenerations
+        self.invalid_replies += batch.invalid_replies
+        self.transport_failures += batch.transport_failures
+
 
 @dataclass
 class TeacherBatch:
@@ -124,6 +131,19 @@ async def sample_with_regeneration(
         pending = still_invalid
     batch.samples = [s for s in slots if s is not None]
     return batch
+
+
+async def batched_or_single_replies(request: Callable[[int], Awaitable[list[TeacherSample]]], m: int, *,
+                                    batched: bool) -> list[TeacherSample | BaseException]:
+    """m replies to one prompt: with `batched` (the API takes n / candidate_count) one request
+    for m, topped up with single requests when the server returned fewer; else m single
+    requests. Shared by the HTTP providers so a server that ignores n is handled the same."""
+    if m > 1 and batched:
+        got: list[TeacherSample | BaseException] = list((await request(m))[:m])
+        if len(got) < m:
+            got += await gather_replies(lambda: request(1), m - len(got))
+        return got
+    return await gather_replies(lambda: request(1), m)
 
 
 async def gather_replies(one: Callable[[], Awaitable[list[TeacherSample]]], m: int) -> list[TeacherSample | BaseException]:

@@ -17,7 +17,7 @@ from actionopd_jax.teacher.base import (
     MAX_REGENERATIONS,
     TeacherBatch,
     UsageReport,
-    gather_replies,
+    batched_or_single_replies,
     sample_with_regeneration,
 )
 from actionopd_jax.teacher.endpoint import PROVIDERS, ChatEndpoint, check_settings
@@ -124,20 +124,14 @@ class OpenAITeacher:
 
     async def _generate(self, messages: list[ChatMessage], tools: list[ToolSchema], m: int
                         ) -> list[TeacherSample | BaseException]:
-        if m > 1 and self.endpoint.supports_n:
-            got: list[TeacherSample | BaseException] = list((await self._request(messages, tools, m))[:m])
-            if len(got) < m:  # the server ignored n: top up with single requests
-                got += await gather_replies(lambda: self._request(messages, tools, 1), m - len(got))
-            return got
-        return await gather_replies(lambda: self._request(messages, tools, 1), m)
+        return await batched_or_single_replies(lambda n: self._request(messages, tools, n), m,
+                                               batched=self.endpoint.supports_n)
 
     async def sample_detailed(self, messages: list[ChatMessage], tools: list[ToolSchema], k: int, *,
                               key_info: dict[str, Any] | None = None) -> TeacherBatch:
         batch = await sample_with_regeneration(lambda m: self._generate(messages, tools, m), k,
                                                max_regenerations=self.cfg.max_regenerations)
-        self._usage.regenerations += batch.regenerations
-        self._usage.invalid_replies += batch.invalid_replies
-        self._usage.transport_failures += batch.transport_failures
+        self._usage.count_batch(batch)
         return batch
 
     async def sample(self, messages: list[ChatMessage], tools: list[ToolSchema], k: int, *,

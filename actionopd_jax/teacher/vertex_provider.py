@@ -20,7 +20,8 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from actionopd_jax.teacher.base import MAX_REGENERATIONS, TeacherBatch, UsageReport, gather_replies, sample_with_regeneration
+from actionopd_jax.teacher.base import (MAX_REGENERATIONS, TeacherBatch, UsageReport, batched_or_single_replies,
+                                        sample_with_regeneration)
 from actionopd_jax.teacher.endpoint import read_api_key
 from actionopd_jax.teacher.openai_provider import reply_text
 from actionopd_jax.teacher.transport import RetryPolicy, RetryStats, call_with_retries, classify
@@ -246,20 +247,14 @@ class VertexTeacher:
         return samples
 
     async def _generate(self, messages, tools, m: int) -> list[TeacherSample | BaseException]:
-        if m > 1 and self.cfg.use_candidate_count:
-            got: list[TeacherSample | BaseException] = list((await self._request(messages, tools, m))[:m])
-            if len(got) < m:
-                got += await gather_replies(lambda: self._request(messages, tools, 1), m - len(got))
-            return got
-        return await gather_replies(lambda: self._request(messages, tools, 1), m)
+        return await batched_or_single_replies(lambda n: self._request(messages, tools, n), m,
+                                               batched=self.cfg.use_candidate_count)
 
     async def sample_detailed(self, messages: list[ChatMessage], tools: list[ToolSchema], k: int, *,
                               key_info: dict[str, Any] | None = None) -> TeacherBatch:
         batch = await sample_with_regeneration(lambda m: self._generate(messages, tools, m), k,
                                                max_regenerations=self.cfg.max_regenerations)
-        self._usage.regenerations += batch.regenerations
-        self._usage.invalid_replies += batch.invalid_replies
-        self._usage.transport_failures += batch.transport_failures
+        self._usage.count_batch(batch)
         return batch
 
     async def sample(self, messages: list[ChatMessage], tools: list[ToolSchema], k: int, *,
