@@ -26,19 +26,11 @@ def _config_error(message: str) -> Exception:
 
 def tasks_from_env(cfg: Any, *, limit: int = 0) -> list[Task]:
     """Every task of the configured environment / domains / split (first `limit` of each, 0: all)."""
+    from actionopd_jax.collect.source import task_set_names
     from actionopd_jax.envs.tasks import load_task_set
 
-    e = cfg.env
-    if e.name == "bfcl":
-        names = [("bfcl", d) for d in (e.domains or ("all",))]
-    elif e.name == "tau2":
-        if not e.domains:
-            raise _config_error("env.name=tau2 needs env.domains (airline, retail, telecom)")
-        names = [(f"tau2_{d}", e.split) for d in e.domains]
-    else:
-        raise _config_error(f"this baseline needs env.name bfcl or tau2, got {e.name!r}")
     out: list[Task] = []
-    for env, split in names:
+    for env, split in task_set_names(cfg, needed_by="this baseline"):
         tasks = load_task_set(env, split)
         out.extend(tasks[:limit] if limit else tasks)
     return out

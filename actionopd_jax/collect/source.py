@@ -83,19 +83,26 @@ def judge_spec(cfg: Any) -> dict[str, Any] | None:
             "max_concurrency": m.concurrency}
 
 
+def task_set_names(cfg: Any, *, needed_by: str) -> list[tuple[str, str]]:
+    """The (environment, split) task sets the `env` section names: BFCL categories or tau2
+    domains. One reading of env.* for the collector and the baselines; `needed_by` names the
+    caller in the error for an unsupported env.name."""
+    e = cfg.env
+    if e.name == "bfcl":
+        return [("bfcl", d) for d in (e.domains or ("all",))]
+    if e.name == "tau2":
+        if not e.domains:
+            raise _config_error("env.name=tau2 needs env.domains (airline, retail, telecom)")
+        return [(f"tau2_{d}", e.split) for d in e.domains]
+    raise _config_error(f"{needed_by} needs env.name bfcl or tau2, got {e.name!r}")
+
+
 def task_stream_from(cfg: Any):
     """Every process builds the same stream (same seed): the same global list per step."""
     from actionopd_jax.envs.tasks import TaskSource, TaskStream, load_task_set
 
-    e, per_step = cfg.env, cfg.collect.task_starts_per_step
-    if e.name == "bfcl":
-        names = [("bfcl", d) for d in (e.domains or ("all",))]
-    elif e.name == "tau2":
-        if not e.domains:
-            raise _config_error("env.name=tau2 needs env.domains (airline, retail, telecom)")
-        names = [(f"tau2_{d}", e.split) for d in e.domains]
-    else:
-        raise _config_error(f"collect.kind=actionopd needs env.name bfcl or tau2, got {e.name!r}")
+    per_step = cfg.collect.task_starts_per_step
+    names = task_set_names(cfg, needed_by="collect.kind=actionopd")
     if per_step < len(names):
         raise _config_error(f"collect.task_starts_per_step={per_step} is smaller than the {len(names)} task sources")
     quotas = [per_step // len(names) + (i < per_step % len(names)) for i in range(len(names))]
