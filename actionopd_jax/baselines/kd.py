@@ -28,6 +28,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from actionopd_jax.train.sources import StepIndexedSource
 from actionopd_jax.types import Candidate, ChatMessage, Message, StateGroup, Task, ToolSchema
 
 log = logging.getLogger(__name__)
@@ -180,7 +181,7 @@ def load_examples(path: str | Path) -> list[KDExample]:
 
 # --- 3. training through the trainer --------------------------------------------------------------
 
-class KDGroupSource:
+class KDGroupSource(StepIndexedSource):
     """`train.sources.GroupSource` over fixed KD examples: step s trains on positions
     [s*E, (s+1)*E) of an endless stream of seeded per-epoch shuffles of the examples (E =
     examples_per_step), so the data of a step depends on (seed, step) only and a resumed
@@ -196,9 +197,8 @@ class KDGroupSource:
         self.examples = list(examples)
         self.per_step = int(examples_per_step)
         self.seed = int(seed)
+        super().__init__()
         self.process_index, self.process_count = process_index, process_count
-        self.next_step = 0
-        self._last: dict[str, float] = {}
 
     def _epoch_order(self, epoch: int) -> np.ndarray:
         return np.random.default_rng([self.seed, epoch, 0x4B44]).permutation(len(self.examples))
@@ -224,15 +224,6 @@ class KDGroupSource:
         self._last = {"examples": float(len(groups)),
                       "target_tokens": float(sum(self.examples[i].target_ids.size for i in mine))}
         return groups
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"next_step": self.next_step}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.next_step = int(state.get("next_step", 0))
-
-    def metrics(self) -> dict[str, float]:
-        return dict(self._last)
 
 
 def kd_config(cfg: Any, *, steps: int | None = None) -> Any:

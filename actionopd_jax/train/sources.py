@@ -58,7 +58,26 @@ class GroupSource(Protocol):
     def load_state_dict(self, state: dict[str, Any]) -> None: ...
 
 
-class SyntheticGroupSource:
+class StepIndexedSource:
+    """Base of the sources whose data is a function of (seed, step) alone (synthetic, KD):
+    resuming needs only the next step to collect, and metrics() reports the last collect.
+    Shared so those sources save and restore the same JSON state."""
+
+    def __init__(self) -> None:
+        self.next_step = 0
+        self._last: dict[str, float] = {}
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"next_step": self.next_step}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.next_step = int(state.get("next_step", 0))
+
+    def metrics(self) -> dict[str, float]:
+        return dict(self._last)
+
+
+class SyntheticGroupSource(StepIndexedSource):
     """Deterministic state groups from (seed, step, process): random prompt/response ids,
     rewards drawn from the reward values of eq. 6 (-1, 0, 1, 1.25, 1.5), and sampler/teacher
     logprobs that are placeholders, not scores of any model.
@@ -72,14 +91,13 @@ class SyntheticGroupSource:
 
     def __init__(self, cfg: SyntheticConfig, *, seed: int, num_candidates: int, vocab_size: int,
                  process_index: int = 0, process_count: int = 1):
+        super().__init__()
         self.cfg = cfg
         self.seed = int(seed)
         self.n = int(num_candidates)
         self.vocab = int(vocab_size)
         self.process_index = process_index
         self.process_count = process_count
-        self.next_step = 0
-        self._last: dict[str, float] = {}
 
     def _rng(self, step: int, group: int) -> np.random.Generator:
         return np.random.default_rng([self.seed, step, self.process_index, group])
@@ -111,15 +129,6 @@ class SyntheticGroupSource:
         self.next_step = step + 1
         self._last = {"groups": float(len(groups)), "groups_retained": float(sum(g.retained for g in groups))}
         return groups
-
-    def state_dict(self) -> dict[str, Any]:
-        return {"next_step": self.next_step}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.next_step = int(state.get("next_step", 0))
-
-    def metrics(self) -> dict[str, float]:
-        return dict(self._last)
 
 
 def build_source(cfg: Config, ctx: SourceContext) -> GroupSource:
