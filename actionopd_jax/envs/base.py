@@ -65,6 +65,17 @@ def check_action(action: Any) -> Action:
     return action
 
 
+def check_step(action: Any, *, started: bool, done: bool) -> Action:
+    """The preconditions of `Environment.step`, one wording for every environment: a valid
+    action type, an episode begun by reset(task), and not yet over."""
+    check_action(action)
+    if not started:
+        raise EnvError("call reset(task) before step()")
+    if done:
+        raise EnvError("the episode has ended; call reset(task) for a new one")
+    return action
+
+
 def make_environment(env_name: str, **options: Any) -> Environment:
     """Build a fresh environment for `Task.env` names: "bfcl", "tau2_airline", "tau2_retail",
     "tau2_telecom". tau2 environments need `user_sim=` (a `UserSimulator`)."""

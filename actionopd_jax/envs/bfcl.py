@@ -20,7 +20,7 @@ import dataclasses
 from typing import Any
 
 from actionopd_jax.envs import bfcl_data
-from actionopd_jax.envs.base import EnvError, assistant_message, check_action, tool_message
+from actionopd_jax.envs.base import EnvError, assistant_message, check_step, tool_message
 from actionopd_jax.envs.bfcl_exec import BFCLInstances, call_string
 from actionopd_jax.envs.bfcl_score import score_bfcl
 from actionopd_jax.envs.tool_args import check_tool_call
@@ -76,11 +76,7 @@ class BFCLEnv:
         return self._observation()
 
     async def step(self, action: Action) -> tuple[Observation, bool]:
-        check_action(action)
-        if self._task is None:
-            raise EnvError("call reset(task) before step()")
-        if self._done:
-            raise EnvError("the episode has ended; call reset(task) for a new one")
+        check_step(action, started=self._task is not None, done=self._done)
         if isinstance(action, ToolCall):
             self._tool_step(action)
         else:

@@ -24,7 +24,7 @@ import copy
 import dataclasses
 from typing import Any
 
-from actionopd_jax.envs.base import EnvError, assistant_message, check_action, tool_message
+from actionopd_jax.envs.base import EnvError, assistant_message, check_step, tool_message
 from actionopd_jax.envs.tau2_score import score_tau2
 from actionopd_jax.envs.tau2_tasks import DOMAINS, environment_constructor, env_name, tau2_task
 from actionopd_jax.envs.tool_args import check_tool_call
@@ -92,11 +92,7 @@ class Tau2Env:
         return self._observation()
 
     async def step(self, action: Action) -> tuple[Observation, bool]:
-        check_action(action)
-        if self._task is None:
-            raise EnvError("call reset(task) before step()")
-        if self._done:
-            raise EnvError("the episode has ended; call reset(task) for a new one")
+        check_step(action, started=self._task is not None, done=self._done)
         self._decisions += 1
         if isinstance(action, ToolCall):
             self._agent_tool_call(action)
