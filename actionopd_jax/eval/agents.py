@@ -70,6 +70,22 @@ class EndpointAgent:
         return action, reasoning if isinstance(reasoning, str) else ""
 
 
+async def backend_choice(backend: Any, model: str, obs: Observation, *, temperature: float, max_tokens: int,
+                         seed: int) -> Any:
+    """The first choice of one chat request for `obs` to an in-process backend, its errors
+    mapped to the agent errors (ContextTooLong, AgentUnavailable). Shared by every agent that
+    calls a backend, so they ask and fail the same way."""
+    req = ChatRequest(model=model, messages=obs.messages, tools=obs.tools or None, tool_choice="auto",
+                      temperature=temperature, max_tokens=max_tokens, seed=seed)
+    try:
+        choices, _ = await backend.complete(req)
+    except RequestError as e:
+        if "context" in e.message.lower():
+            raise ContextTooLong(e.message) from e
+        raise AgentUnavailable(e.message) from e
+    return choices[0]
+
+
 class BackendAgent:
     """A backend (e.g. the model backend over a checkpoint) called in process."""
 
@@ -82,15 +98,8 @@ class BackendAgent:
         return (await self.act_detailed(obs, task=task, trial=trial))[0]
 
     async def act_detailed(self, obs: Observation, *, task: Task, trial: int) -> tuple[Action, str]:
-        req = ChatRequest(model=self.name, messages=obs.messages, tools=obs.tools or None, tool_choice="auto",
-                          temperature=self._temperature, max_tokens=self._max_tokens, seed=trial)
-        try:
-            choices, _ = await self._backend.complete(req)
-        except RequestError as e:
-            if "context" in e.message.lower():
-                raise ContextTooLong(e.message) from e
-            raise AgentUnavailable(e.message) from e
-        c = choices[0]
+        c = await backend_choice(self._backend, self.name, obs, temperature=self._temperature,
+                                 max_tokens=self._max_tokens, seed=trial)
         message = {"role": "assistant", "content": c.content, "tool_calls": c.tool_calls}
         return action_from_openai_message(message, obs.tools, role="student"), c.reasoning_content or ""
 

@@ -111,18 +111,10 @@ class StudentAgent:
 
     async def act(self, obs: Observation, *, task: Task, trial: int) -> Action:
         from actionopd_jax.chat import action_from_openai_message
-        from actionopd_jax.eval.agents import AgentUnavailable, ContextTooLong
-        from actionopd_jax.serve.openai_http import ChatRequest, RequestError
+        from actionopd_jax.eval.agents import backend_choice
 
-        req = ChatRequest(model=self.name, messages=obs.messages, tools=obs.tools or None, tool_choice="auto",
-                          temperature=0.0, max_tokens=self._max_tokens, seed=trial)
-        try:
-            choices, _ = await self._backend.complete(req)
-        except RequestError as e:
-            if "context" in e.message.lower():
-                raise ContextTooLong(e.message) from e
-            raise AgentUnavailable(e.message) from e
-        choice = choices[0]
+        choice = await backend_choice(self._backend, self.name, obs, temperature=0.0, max_tokens=self._max_tokens,
+                                      seed=trial)
         if choice.finish_reason == "length":
             return Invalid(f"reply cut at max_tokens={self._max_tokens}")
         message = {"role": "assistant", "content": choice.content, "tool_calls": choice.tool_calls}
