@@ -41,13 +41,6 @@ class UsageReport:
     def add(self, other: "UsageReport") -> "UsageReport":
         return UsageReport(**{k: v + getattr(other, k) for k, v in asdict(self).items()})
 
-    def count_batch(self, batch: "TeacherBatch") -> None:
-        """Add what one state's sampling cost beyond its requests (regenerations, invalid
-        replies, slots lost to transport), so every HTTP provider reports them alike."""
-        self.regenerations += batch.regenerations
-        self.invalid_replies += batch.invalid_replies
-        self.transport_failures += batch.transport_failures
-
 
 @dataclass
 class TeacherBatch:
@@ -131,6 +124,34 @@ async def sample_with_regeneration(
         pending = still_invalid
     batch.samples = [s for s in slots if s is not None]
     return batch
+
+
+class RegeneratingSampler:
+    """The `Teacher` sampling methods of the HTTP providers (OpenAI-compatible, Vertex): the
+    slot/regeneration rule over the provider's `_generate(messages, tools, m)`, with what it
+    cost (regenerations, invalid replies, slots lost to transport) added to the provider's
+    usage. One copy so both providers count alike. The provider sets `cfg.max_regenerations`
+    and `_usage` (a UsageReport)."""
+
+    cfg: Any
+    _usage: UsageReport
+
+    async def _generate(self, messages: list[ChatMessage], tools: list[ToolSchema], m: int
+                        ) -> list[TeacherSample | BaseException]:
+        raise NotImplementedError
+
+    async def sample_detailed(self, messages: list[ChatMessage], tools: list[ToolSchema], k: int, *,
+                              key_info: dict[str, Any] | None = None) -> TeacherBatch:
+        batch = await sample_with_regeneration(lambda m: self._generate(messages, tools, m), k,
+                                               max_regenerations=self.cfg.max_regenerations)
+        self._usage.regenerations += batch.regenerations
+        self._usage.invalid_replies += batch.invalid_replies
+        self._usage.transport_failures += batch.transport_failures
+        return batch
+
+    async def sample(self, messages: list[ChatMessage], tools: list[ToolSchema], k: int, *,
+                     key_info: dict[str, Any] | None = None) -> list[TeacherSample]:
+        return (await self.sample_detailed(messages, tools, k, key_info=key_info)).samples
 
 
 async def batched_or_single_replies(request: Callable[[int], Awaitable[list[TeacherSample]]], m: int, *,

@@ -15,10 +15,9 @@ from typing import Any, Callable
 
 from actionopd_jax.teacher.base import (
     MAX_REGENERATIONS,
-    TeacherBatch,
+    RegeneratingSampler,
     UsageReport,
     batched_or_single_replies,
-    sample_with_regeneration,
 )
 from actionopd_jax.teacher.endpoint import PROVIDERS, ChatEndpoint, check_settings
 from actionopd_jax.teacher.transport import RetryPolicy
@@ -69,7 +68,7 @@ def _default_parser(message: dict[str, Any], tools: list[ToolSchema]) -> Action:
     return action_from_openai_message(message, tools, role="teacher")
 
 
-class OpenAITeacher:
+class OpenAITeacher(RegeneratingSampler):
     """`Teacher` over an OpenAI-compatible endpoint. One instance per provider endpoint: its
     semaphore is the provider's concurrency limit."""
 
@@ -126,17 +125,6 @@ class OpenAITeacher:
                         ) -> list[TeacherSample | BaseException]:
         return await batched_or_single_replies(lambda n: self._request(messages, tools, n), m,
                                                batched=self.endpoint.supports_n)
-
-    async def sample_detailed(self, messages: list[ChatMessage], tools: list[ToolSchema], k: int, *,
-                              key_info: dict[str, Any] | None = None) -> TeacherBatch:
-        batch = await sample_with_regeneration(lambda m: self._generate(messages, tools, m), k,
-                                               max_regenerations=self.cfg.max_regenerations)
-        self._usage.count_batch(batch)
-        return batch
-
-    async def sample(self, messages: list[ChatMessage], tools: list[ToolSchema], k: int, *,
-                     key_info: dict[str, Any] | None = None) -> list[TeacherSample]:
-        return (await self.sample_detailed(messages, tools, k, key_info=key_info)).samples
 
 
 __all__ = ["OpenAITeacher", "OpenAITeacherConfig", "PROVIDERS", "reply_text"]

@@ -20,8 +20,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from actionopd_jax.teacher.base import (MAX_REGENERATIONS, TeacherBatch, UsageReport, batched_or_single_replies,
-                                        sample_with_regeneration)
+from actionopd_jax.teacher.base import MAX_REGENERATIONS, RegeneratingSampler, UsageReport, batched_or_single_replies
 from actionopd_jax.teacher.endpoint import read_api_key
 from actionopd_jax.teacher.openai_provider import reply_text
 from actionopd_jax.teacher.transport import RetryPolicy, RetryStats, call_with_retries, classify
@@ -166,7 +165,7 @@ def _default_parser(message: dict[str, Any], tools: list[ToolSchema]) -> Action:
     return action_from_openai_message(message, tools, role="teacher")
 
 
-class VertexTeacher:
+class VertexTeacher(RegeneratingSampler):
     def __init__(self, cfg: VertexTeacherConfig, *, client: Any = None, rng: random.Random | None = None,
                  parse_message: Callable[[dict[str, Any], list[ToolSchema]], Action] | None = None):
         """`client`: a google.genai.Client; built lazily from the config when None."""
@@ -249,14 +248,3 @@ class VertexTeacher:
     async def _generate(self, messages, tools, m: int) -> list[TeacherSample | BaseException]:
         return await batched_or_single_replies(lambda n: self._request(messages, tools, n), m,
                                                batched=self.cfg.use_candidate_count)
-
-    async def sample_detailed(self, messages: list[ChatMessage], tools: list[ToolSchema], k: int, *,
-                              key_info: dict[str, Any] | None = None) -> TeacherBatch:
-        batch = await sample_with_regeneration(lambda m: self._generate(messages, tools, m), k,
-                                               max_regenerations=self.cfg.max_regenerations)
-        self._usage.count_batch(batch)
-        return batch
-
-    async def sample(self, messages: list[ChatMessage], tools: list[ToolSchema], k: int, *,
-                     key_info: dict[str, Any] | None = None) -> list[TeacherSample]:
-        return (await self.sample_detailed(messages, tools, k, key_info=key_info)).samples
