@@ -62,18 +62,15 @@ class OPDGroupSource:
     def __init__(self, cfg: Any, ctx: Any, *, scorer: Scorer | None = None, stream: Any = None,
                  env_factory: Any = None, tokenizer: Any = None, buckets: Any = None):
         from actionopd_jax.collect.prompt import CandidateDecoder, PromptBuilder
-        from actionopd_jax.collect.source import collector_config_from, env_factory_from, task_stream_from
+        from actionopd_jax.collect.source import (collector_config_from, env_factory_from, task_stream_from,
+                                                  tokenizer_from)
         from actionopd_jax.sampling import Sampler
 
         self.cfg = collector_config_from(cfg)
         self.ctx = ctx
         self.trajectories_per_start = cfg.collect.num_candidates
         if tokenizer is None:
-            if not ctx.tokenizer_path:
-                raise _config_error("collect.kind=opd needs a tokenizer: set model.tokenizer (or model.hf_path)")
-            from actionopd_jax.chat import load_tokenizer
-
-            tokenizer = load_tokenizer(ctx.tokenizer_path)
+            tokenizer = tokenizer_from(ctx, needed_by="collect.kind=opd")
         self.tokenizer = tokenizer
         self.stream = stream if stream is not None else task_stream_from(cfg)
         self.env_factory = env_factory or env_factory_from(cfg)
@@ -113,22 +110,11 @@ class OPDGroupSource:
             return list(await asyncio.gather(*(one(*job) for job in jobs)))
 
     def collect(self, step: int, policy: Any) -> list[StateGroup]:
-        from flax import nnx
-
         from actionopd_jax.collect import local_task_starts
-        from actionopd_jax.collect.source import sampling_params
+        from actionopd_jax.collect.source import behaviour_model
 
         tasks = self.stream.next_step()
-        params, mesh = sampling_params(policy.params, self.ctx.model_config)
-        if mesh is not None:
-            import jax
-
-            from actionopd_jax.model.sharding import shard_model
-
-            model = shard_model(nnx.merge(policy.graphdef, jax.tree.map(np.asarray, params)), mesh)
-        else:
-            model, mesh = nnx.merge(policy.graphdef, params), self.ctx.mesh
-        self.sampler.model, self.sampler.mesh = model, mesh  # one behaviour snapshot for the step
+        self.sampler.model, self.sampler.mesh = behaviour_model(policy, self.ctx)  # one snapshot for the step
         starts = [(i, tasks[i]) for i in local_task_starts(len(tasks), self.ctx.process_index, self.ctx.process_count)]
         trajectories = asyncio.run(self._rollouts(starts, step))
         trajectories.sort(key=lambda t: (t.task_start, t.index))

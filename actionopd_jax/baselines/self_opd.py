@@ -240,12 +240,10 @@ class SelfActionOPDGroupSource(ActionOPDGroupSource):
     def __init__(self, cfg: Any, ctx: Any, *, matcher: Any = None, stream: Any = None, env_factory: Any = None,
                  tokenizer: Any = None, buckets: Any = None, teacher_buckets: Any = None,
                  observe: Callable[[int, Any], None] | None = None):
-        from actionopd_jax.collect.source import task_stream_from
+        from actionopd_jax.collect.source import task_stream_from, tokenizer_from
 
         if tokenizer is None:
-            from actionopd_jax.baselines.wiring import _tokenizer
-
-            tokenizer = _tokenizer(ctx)
+            tokenizer = tokenizer_from(ctx, needed_by="this baseline")
         t = cfg.teacher
         settings = SelfTeacherSettings(temperature=t.temperature, top_p=t.top_p, top_k=t.top_k,
                                        max_new_tokens=t.max_tokens, enable_thinking=t.enable_thinking,

@@ -57,7 +57,9 @@ def build_kd_source(cfg: Any, ctx: Any, *, tokenizer: Any = None, agent: Any = N
     from actionopd_jax.baselines.kd import KDGroupSource, kd_examples, load_trajectories, teacher_trajectories
 
     if tokenizer is None:
-        tokenizer = _tokenizer(ctx)
+        from actionopd_jax.collect.source import tokenizer_from
+
+        tokenizer = tokenizer_from(ctx, needed_by="this baseline")
     k = cfg.kd
     if k.trajectories:
         records = load_trajectories(k.trajectories, min_reward=k.min_reward)
@@ -75,14 +77,6 @@ def build_kd_source(cfg: Any, ctx: Any, *, tokenizer: Any = None, agent: Any = N
     log.info("KD: %d successful trajectories -> %d examples", len(records), len(examples))
     return KDGroupSource(examples, examples_per_step=k.examples_per_step or cfg.train.minibatch_rows,
                          seed=cfg.run.seed, process_index=ctx.process_index, process_count=ctx.process_count)
-
-
-def _tokenizer(ctx: Any):
-    if not ctx.tokenizer_path:
-        raise _config_error("this baseline needs a tokenizer: set model.tokenizer (or model.hf_path)")
-    from actionopd_jax.chat import load_tokenizer
-
-    return load_tokenizer(ctx.tokenizer_path)
 
 
 def build_baseline_source(cfg: Any, ctx: Any):

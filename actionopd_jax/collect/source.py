@@ -142,6 +142,30 @@ def sampling_params(params: Any, model_config: Any) -> tuple[Any, Any]:
     return host, mesh
 
 
+def tokenizer_from(ctx: Any, *, needed_by: str) -> Any:
+    """The run's tokenizer (ctx.tokenizer_path), with one clear error when none is configured;
+    shared by the collector's and the baselines' sources. `needed_by` names the caller."""
+    if not ctx.tokenizer_path:
+        raise _config_error(f"{needed_by} needs a tokenizer: set model.tokenizer (or model.hf_path)")
+    from actionopd_jax.chat import load_tokenizer
+
+    return load_tokenizer(ctx.tokenizer_path)
+
+
+def behaviour_model(policy: Any, ctx: Any) -> tuple[Any, Any]:
+    """(the step's behaviour snapshot as a model this process can sample with, the mesh to
+    trace under): the training placement on one host, else the gathered parameters re-placed
+    over the local devices (see sampling_params). Shared by every source that samples the student."""
+    from flax import nnx
+
+    params, mesh = sampling_params(policy.params, ctx.model_config)
+    if mesh is None:
+        return nnx.merge(policy.graphdef, params), ctx.mesh
+    from actionopd_jax.model.sharding import shard_model
+
+    return shard_model(nnx.merge(policy.graphdef, jax.tree.map(np.asarray, params)), mesh), mesh
+
+
 class ActionOPDGroupSource:
     """`train.sources.GroupSource` over the collector."""
 
@@ -154,11 +178,7 @@ class ActionOPDGroupSource:
         self.cfg = collector_config_from(cfg)
         self.ctx = ctx
         if tokenizer is None:
-            if not ctx.tokenizer_path:
-                raise _config_error("collect.kind=actionopd needs a tokenizer: set model.tokenizer (or model.hf_path)")
-            from actionopd_jax.chat import load_tokenizer
-
-            tokenizer = load_tokenizer(ctx.tokenizer_path)
+            tokenizer = tokenizer_from(ctx, needed_by="collect.kind=actionopd")
         self.tokenizer = tokenizer
         run_dir = Path(ctx.run_dir)
         if teacher is None:
@@ -185,19 +205,9 @@ class ActionOPDGroupSource:
         self.last: CollectResult | None = None
 
     def collect(self, step: int, policy: Any) -> list[StateGroup]:
-        from flax import nnx
-
         tasks = self.stream.next_step()
-        params, mesh = sampling_params(policy.params, self.ctx.model_config)
-        if mesh is not None:
-            from actionopd_jax.model.sharding import shard_model
-
-            model = shard_model(nnx.merge(policy.graphdef, jax.tree.map(np.asarray, params)), mesh)
-        else:
-            model = nnx.merge(policy.graphdef, params)
-            mesh = self.ctx.mesh
         # One behaviour snapshot for the whole step: the sampler reads this model only.
-        self.sampler.model, self.sampler.mesh = model, mesh
+        self.sampler.model, self.sampler.mesh = behaviour_model(policy, self.ctx)
         self.last = self.collector.collect(tasks, step=step, process_index=self.ctx.process_index,
                                            process_count=self.ctx.process_count)
         return self.last.groups
