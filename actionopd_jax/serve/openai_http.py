@@ -167,6 +167,14 @@ def completion_body(req: ChatRequest, choices: list[ChatChoice], prompt_tokens: 
     }
 
 
+def _error_response(err: Exception) -> web.Response:
+    """A route's failure as an HTTP error: a RequestError with its own status, anything else
+    (a backend bug) as a 500 with a message, never a dropped connection."""
+    if not isinstance(err, RequestError):
+        err = RequestError(500, f"backend error: {type(err).__name__}: {err}", "server_error")
+    return web.json_response(err.body(), status=err.status)
+
+
 class OpenAIServer:
     """`POST /v1/chat/completions` and `GET /v1/models` over one or more backends.
 
@@ -218,6 +226,17 @@ class OpenAIServer:
             return web.json_response(err.body(), status=401)
         return None
 
+    async def _json_body(self, request: web.Request) -> tuple[Any, web.Response | None]:
+        """(the request's JSON body, None), or (None, the error response to send instead): 401
+        for a missing/wrong bearer token, 400 for a body that is not JSON. One gate for every
+        POST route, so they authenticate and reject bad bodies alike."""
+        if (denied := self._auth_error(request)) is not None:
+            return None, denied
+        try:
+            return json.loads(await request.read()), None
+        except (ValueError, UnicodeDecodeError) as e:
+            return None, web.json_response(RequestError(400, f"request body is not valid JSON: {e}").body(), status=400)
+
     async def _models(self, request: web.Request) -> web.Response:
         if (denied := self._auth_error(request)) is not None:
             return denied
@@ -225,12 +244,9 @@ class OpenAIServer:
         return web.json_response({"object": "list", "data": data})
 
     async def _chat(self, request: web.Request) -> web.Response:
-        if (denied := self._auth_error(request)) is not None:
-            return denied
-        try:
-            body = json.loads(await request.read())
-        except (ValueError, UnicodeDecodeError) as e:
-            return web.json_response(RequestError(400, f"request body is not valid JSON: {e}").body(), status=400)
+        body, rejected = await self._json_body(request)
+        if rejected is not None:
+            return rejected
         if self.middleware is not None:
             injected = await self.middleware(body)
             if injected is not None:
@@ -246,31 +262,22 @@ class OpenAIServer:
                                    code="model_not_found")
             self.request_count += 1
             choices, prompt_tokens = await backend.complete(req)
-        except RequestError as e:
-            return web.json_response(e.body(), status=e.status)
-        except Exception as e:  # a backend bug is a 500 with a message, never a dropped connection
-            err = RequestError(500, f"backend error: {type(e).__name__}: {e}", "server_error")
-            return web.json_response(err.body(), status=500)
+        except Exception as e:  # noqa: BLE001 - mapped to an HTTP error below
+            return _error_response(e)
         return web.json_response(completion_body(req, choices, prompt_tokens))
 
     async def _completions(self, request: web.Request) -> web.Response:
         """vLLM-style prompt scoring: token-id prompt, echo, max_tokens 0 (see serve/scoring.py)."""
         from actionopd_jax.serve.scoring import handle_completion
 
-        if (denied := self._auth_error(request)) is not None:
-            return denied
-        try:
-            body = json.loads(await request.read())
-        except (ValueError, UnicodeDecodeError) as e:
-            return web.json_response(RequestError(400, f"request body is not valid JSON: {e}").body(), status=400)
+        body, rejected = await self._json_body(request)
+        if rejected is not None:
+            return rejected
         try:
             payload = await handle_completion(body, self.backends)
             self.request_count += 1
-        except RequestError as e:
-            return web.json_response(e.body(), status=e.status)
-        except Exception as e:  # a backend bug is a 500 with a message, never a dropped connection
-            err = RequestError(500, f"backend error: {type(e).__name__}: {e}", "server_error")
-            return web.json_response(err.body(), status=500)
+        except Exception as e:  # noqa: BLE001 - mapped to an HTTP error below
+            return _error_response(e)
         return web.json_response(payload)
 
     # --- lifecycle -------------------------------------------------------------------------
