@@ -15,9 +15,9 @@ Rules (the same as HF transformers and vLLM):
   policy's full tempered softmax. Greedy rows report it at T = 1.
 
 Why candidates: sorting the 151k-token vocabulary at every decode step costs ~1 s per step on
-a CPU (transformers spends most of its decode time there). `lax.top_k(logits, cap)` costs a
-few ms and is exact whenever the kept set lies inside the top `cap` tokens: always for
-1 <= top_k <= cap, and for top_k = 0 whenever the top-`cap` probability mass reaches top_p.
+a CPU (transformers spends most of its decode time there). The top `cap` candidates
+(`_top_candidates`, exactly `lax.top_k`) cost a few ms and are exact whenever the kept set
+lies inside the top `cap` tokens: always for 1 <= top_k <= cap, and for top_k = 0 whenever the top-`cap` probability mass reaches top_p.
 Rows outside that (top_k > cap, pure temperature sampling, or a nucleus wider than `cap`)
 take an exact full-vocabulary path, run only when some row needs it (`lax.cond`). That path
 never sorts either: it finds the top-k and top-p thresholds by radix select over the float
@@ -196,10 +196,11 @@ def choose_tokens(logits: jax.Array, keys: jax.Array, temperature: jax.Array, to
     active bool[B] (rows that still need a token: finished rows never force the slow path).
     Returns (tokens i32[B], logprobs f32[B]).
 
-    Vocabulary-sized work on the common path is one `lax.top_k` and one fused exp-sum pass
-    (the normaliser): the candidates come from the raw logits (dividing by T > 0 keeps their
-    order) and the row maximum is the first candidate, so no tempered copy of the logits and
-    no separate max pass exist unless the full-vocabulary branch runs.
+    Vocabulary-sized work on the common path is two passes: the group maxima of the
+    candidate search (`_top_candidates`) and one fused exp-sum (the normaliser). Candidates
+    come from the raw logits (dividing by T > 0 keeps their order) and the row maximum is the
+    best candidate, so no tempered copy of the logits and no separate max pass exist unless
+    the full-vocabulary branch runs.
     """
     vocab = logits.shape[-1]
     cap = min(cap, vocab)
