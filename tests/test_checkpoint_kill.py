@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from actionopd_jax.train.checkpoint import Checkpointer
+from tests._subprocess_fixtures import cli_env
 from tests._train_fixtures import max_abs_diff, to_host
 
 pytestmark = pytest.mark.slow
@@ -26,18 +27,9 @@ ARGS = [f"train.steps={STEPS}", "checkpoint.every_steps=1", "checkpoint.keep=20"
         "experiment.enabled=false"]  # the plain trainer, not the main job of the defaults
 
 
-def _env():
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
-    env["JAX_PLATFORMS"] = "cpu"
-    env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.expanduser("~/.cache/actionopd_jax/jax_test_cache"))
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
-
-
 def _start(run_dir, *extra):
     cmd = [sys.executable, "-m", "actionopd_jax.cli", "train", "--run-dir", str(run_dir), *ARGS, *extra]
-    return subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return subprocess.Popen(cmd, env=cli_env(devices=2), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
 def _finish(proc, timeout=600):

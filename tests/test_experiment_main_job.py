@@ -4,7 +4,6 @@ student. Everything real: the embedded privileged reference teacher over HTTP, t
 the trainer, Orbax checkpoints, the eval harness, the report."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,22 +12,15 @@ import numpy as np
 import pytest
 import yaml
 
+from tests._subprocess_fixtures import cli_env
+
 pytestmark = pytest.mark.slow
 
-ROOT = Path(__file__).resolve().parents[1]
 SHORT = ["experiment.max_train_tasks=1", "experiment.max_heldout_tasks=1", "experiment.kd_epochs=1",
          "experiment.pretrain_epochs=1",
          "train.steps=1", "collect.max_decisions=3", "collect.max_response_tokens=32",
          "experiment.eval_max_new_tokens=32", "experiment.student.hidden_size=32",
          "experiment.student.intermediate_size=64", "experiment.student.head_dim=32", "run.progress=false"]
-
-
-def _env():
-    env = dict(os.environ)
-    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
-    env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.expanduser("~/.cache/actionopd_jax/jax_test_cache"))
-    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
 
 
 def _tensors(path: Path) -> dict[str, np.ndarray]:
@@ -39,8 +31,8 @@ def _tensors(path: Path) -> dict[str, np.ndarray]:
 
 def test_short_main_job_through_the_cli(tmp_path):
     cmd = [sys.executable, "-m", "actionopd_jax.cli", "train", *SHORT, f"experiment.cache_dir={tmp_path / 'cache'}"]
-    r = subprocess.run(cmd, cwd=tmp_path, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                       timeout=1800)
+    r = subprocess.run(cmd, cwd=tmp_path, env=cli_env(devices=1), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                       text=True, timeout=1800)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]
     (run,) = list((tmp_path / "runs").glob("*-tiny_cpu"))
 

@@ -7,16 +7,15 @@ collector (seeded by (seed, step, process index), as the collector shares task s
 """
 
 import json
-import os
 import socket
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from actionopd_jax.config import Config
 from actionopd_jax.train.checkpoint import Checkpointer
+from tests._subprocess_fixtures import cli_env
 
 pytestmark = pytest.mark.slow
 
@@ -33,15 +32,6 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _env(devices: int):
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-    env["JAX_PLATFORMS"] = "cpu"
-    env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.expanduser("~/.cache/actionopd_jax/jax_test_cache"))
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
-
-
 def _cmd(run_dir, *extra):
     return [sys.executable, "-m", "actionopd_jax.cli", "train", "--run-dir", str(run_dir), *ARGS, *extra]
 
@@ -52,7 +42,7 @@ def _two_processes(run_dir, *extra, timeout=900):
     for pid in range(2):
         dist = [f"run.distributed.coordinator_address=127.0.0.1:{port}", "run.distributed.num_processes=2",
                 f"run.distributed.process_id={pid}", "run.distributed.initialization_timeout_s=120"]
-        procs.append(subprocess.Popen(_cmd(run_dir, *dist, *extra), env=_env(2), stdout=subprocess.PIPE,
+        procs.append(subprocess.Popen(_cmd(run_dir, *dist, *extra), env=cli_env(devices=2), stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
     outs = []
     try:
@@ -89,7 +79,7 @@ def test_two_process_training_checkpoint_and_resume(tmp_path):
 
     # the two-process checkpoint resumes in ONE process on a different device count
     single = subprocess.run(_cmd(tmp_path, "train.steps=4", "mesh.data=1", "mesh.fsdp=-1", "--resume"),
-                            env=_env(4), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=cli_env(devices=4), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             timeout=900)
     assert single.returncode == 0, single.stdout[-5000:]
     assert "resumed from step 3" in single.stdout

@@ -5,29 +5,21 @@ stands in for the collector until `collect.kind=actionopd` is wired. With the em
 here pass experiment.enabled=false (--smoke always runs the plain trainer)."""
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
+from tests._subprocess_fixtures import cli_env
+
 pytestmark = pytest.mark.slow
 
 
-def _env():
-    env = dict(os.environ)
-    env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=1"
-    env["JAX_PLATFORMS"] = "cpu"
-    env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.expanduser("~/.cache/actionopd_jax/jax_test_cache"))
-    env["PYTHONPATH"] = str(Path(__file__).resolve().parents[1]) + os.pathsep + env.get("PYTHONPATH", "")
-    return env
-
-
 def _train(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "actionopd_jax.cli", "train", *args], cwd=cwd, env=_env(),
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=900)
+    return subprocess.run([sys.executable, "-m", "actionopd_jax.cli", "train", *args], cwd=cwd,
+                          env=cli_env(devices=1), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=900)
 
 
 def test_smoke_then_run_then_resume(tmp_path):
