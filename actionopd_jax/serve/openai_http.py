@@ -60,11 +60,7 @@ class ChatRequest:
     @classmethod
     def from_json(cls, body: Any) -> "ChatRequest":
         """Validate a decoded JSON body; every problem is a 400 that names the field."""
-        if not isinstance(body, dict):
-            raise RequestError(400, "request body must be a JSON object")
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            raise RequestError(400, "'model' is required and must be a non-empty string")
+        model = requested_model(body)
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages:
             raise RequestError(400, "'messages' is required and must be a non-empty list")
@@ -109,6 +105,17 @@ class ChatRequest:
             top_logprobs=_number(body, "top_logprobs", int, 0, lo=0, hi=20),
             raw=body,
         )
+
+
+def requested_model(body: Any) -> str:
+    """The 'model' of a decoded request body, or a 400 when the body is not an object or names
+    no model. Shared by the chat and the scoring routes so both reject such bodies alike."""
+    if not isinstance(body, dict):
+        raise RequestError(400, "request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise RequestError(400, "'model' is required and must be a non-empty string")
+    return model
 
 
 def _number(body: dict, key: str, kind: type, default, *, lo, hi):

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from actionopd_jax.serve.openai_http import RequestError
+from actionopd_jax.serve.openai_http import RequestError, requested_model
 
 POSITION_CHUNK = 128  # positions per LM-head chunk: [rows, chunk, vocab] logits at a time
 
@@ -116,11 +116,7 @@ class ScoreRequest:
 
     @classmethod
     def from_json(cls, body: Any) -> "ScoreRequest":
-        if not isinstance(body, dict):
-            raise RequestError(400, "request body must be a JSON object")
-        model = body.get("model")
-        if not isinstance(model, str) or not model:
-            raise RequestError(400, "'model' is required and must be a non-empty string")
+        model = requested_model(body)
         prompt = body.get("prompt")
         if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], list):
             prompt = prompt[0]  # a batch of one token list
