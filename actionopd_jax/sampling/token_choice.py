@@ -17,7 +17,8 @@ Rules (the same as HF transformers and vLLM):
 Why candidates: sorting the 151k-token vocabulary at every decode step costs ~1 s per step on
 a CPU (transformers spends most of its decode time there). The top `cap` candidates
 (`_top_candidates`, exactly `lax.top_k`) cost a few ms and are exact whenever the kept set
-lies inside the top `cap` tokens: always for 1 <= top_k <= cap, and for top_k = 0 whenever the top-`cap` probability mass reaches top_p.
+lies inside the top `cap` tokens: always for 1 <= top_k <= cap, and for top_k = 0 whenever
+the top-`cap` probability mass reaches top_p.
 Rows outside that (top_k > cap, pure temperature sampling, or a nucleus wider than `cap`)
 take an exact full-vocabulary path, run only when some row needs it (`lax.cond`). That path
 never sorts either: it finds the top-k and top-p thresholds by radix select over the float
