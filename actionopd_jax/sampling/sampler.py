@@ -252,7 +252,8 @@ class Sampler:
             jax.block_until_ready(state.done)
             t1 = time.perf_counter()
             state = self._run("decode", decode_lib.decode, (graphdef, params, state, rows, self.eos_ids),
-                              {"cap": self.cap, "head_dtype": self.lm_head_dtype}, donate=(2,), label=(n_prompt_rows, prompt_len, samples, max_new))
+                              {"cap": self.cap, "head_dtype": self.lm_head_dtype}, donate=(2,),
+                              label=(n_prompt_rows, prompt_len, samples, max_new))
             out_tokens, out_logprobs, lengths, stopped, steps = jax.device_get(
                 (state.tokens, state.logprobs, state.lengths, state.stopped, state.step))
             t2 = time.perf_counter()
