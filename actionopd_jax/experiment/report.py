@@ -40,7 +40,7 @@ def plot_curves(history: list[dict[str, float]], path: Path, *, final_is_probe: 
         if values:
             ax.axhline(values[0], color="#999999", linestyle="--", linewidth=1, label="warm start only (step 0)")
         ax.set_title(title, fontsize=10)
-        ax.set_xlabel("ActionOPD step (policy after that many updates)")
+        ax.set_xlabel("policy after n ActionOPD updates")
         ax.set_xticks(steps)
         ax.grid(alpha=0.3)
     axes[0].legend(fontsize=7, loc="best")
