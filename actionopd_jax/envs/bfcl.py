@@ -51,6 +51,7 @@ class BFCLEnv:
         if self.config.max_steps_per_turn < 1:
             raise ValueError("max_steps_per_turn must be >= 1")
         self._task: Task | None = None
+        self._done = False
 
     # --- episode control ---------------------------------------------------------------------
 

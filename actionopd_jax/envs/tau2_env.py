@@ -63,6 +63,7 @@ class Tau2Env:
         self.user_sim = user_sim
         self.config = dataclasses.replace(config or Tau2Config(), **overrides)
         self._task: Task | None = None
+        self._done = False
 
     # --- episode control ---------------------------------------------------------------------
 
