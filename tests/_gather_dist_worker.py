@@ -12,8 +12,6 @@ import os
 import sys
 from types import SimpleNamespace
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 SEED = 11
@@ -87,4 +85,7 @@ def main() -> int:
 
 
 if __name__ == "__main__":
+    # only as a script: the test process imports build/greedy_tokens and keeps its own settings
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
     sys.exit(main())
