@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -18,3 +19,20 @@ def cli_env(devices: int) -> dict[str, str]:
     env.setdefault("JAX_COMPILATION_CACHE_DIR", os.path.expanduser("~/.cache/actionopd_jax/jax_test_cache"))
     env["PYTHONPATH"] = str(REPO) + os.pathsep + env.get("PYTHONPATH", "")
     return env
+
+
+def finish_all(procs: list[subprocess.Popen], timeout: float) -> list[str]:
+    """Each process's combined output once all have exited; every process still running is
+    killed if one of them times out (a multi-process group cannot finish without its peers).
+    Asserts that every process exited with 0, showing the failing one's output tail."""
+    outs = []
+    try:
+        for p in procs:
+            outs.append(p.communicate(timeout=timeout)[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    for p, out in zip(procs, outs):
+        assert p.returncode == 0, out[-5000:]
+    return outs

@@ -15,7 +15,7 @@ import pytest
 from flax import nnx
 
 from tests._gather_dist_worker import build, greedy_tokens
-from tests._subprocess_fixtures import cli_env
+from tests._subprocess_fixtures import cli_env, finish_all
 
 pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
@@ -34,16 +34,7 @@ def test_two_processes_gather_the_sharded_policy_and_sample_locally(tmp_path):
                                "--out", str(tmp_path / f"p{pid}.json")],
                               env=cli_env(devices=2), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for pid in range(2)]
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=600)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for p, out in zip(procs, outs):
-        assert p.returncode == 0, out[-4000:]
+    finish_all(procs, timeout=600)
     shares = [json.loads((tmp_path / f"p{pid}.json").read_text()) for pid in range(2)]
 
     # the same weights sampled by this process on a 2-device tensor mesh (the worker's local layout)

@@ -15,7 +15,7 @@ import pytest
 
 from actionopd_jax.config import Config
 from actionopd_jax.train.checkpoint import Checkpointer
-from tests._subprocess_fixtures import cli_env
+from tests._subprocess_fixtures import cli_env, finish_all
 
 pytestmark = pytest.mark.slow
 
@@ -44,17 +44,7 @@ def _two_processes(run_dir, *extra, timeout=900):
                 f"run.distributed.process_id={pid}", "run.distributed.initialization_timeout_s=120"]
         procs.append(subprocess.Popen(_cmd(run_dir, *dist, *extra), env=cli_env(devices=2), stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True))
-    outs = []
-    try:
-        for p in procs:
-            outs.append(p.communicate(timeout=timeout)[0])
-    finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill()
-    for p, out in zip(procs, outs):
-        assert p.returncode == 0, out[-5000:]
-    return outs
+    return finish_all(procs, timeout)
 
 
 def test_two_process_training_checkpoint_and_resume(tmp_path):

@@ -109,7 +109,7 @@ def causal_attend(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array,
         scores = jnp.where(visible[:, None, None], scores, _MASK_VALUE)
         probs = jax.nn.softmax(scores, axis=-1).astype(dtype).reshape(b, kvh, g * blk, keys)
         outs.append(jnp.matmul(probs, vh[:, :, :keys]).reshape(b, kvh, g, blk, dh))
-    out = outs[0] if n == 1 else jnp.concatenate(outs, axis=3)
+    out = jnp.concatenate(outs, axis=3)
     return out.transpose(0, 3, 1, 2, 4).astype(dtype)
 
 

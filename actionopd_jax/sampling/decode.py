@@ -78,8 +78,7 @@ def lm_head_weights(model, head_dtype: str | None) -> jax.Array | None:
     decode loop), or None for the default: the model's own float32 head (exact logits)."""
     if head_dtype is None:
         return None
-    w = model.embed_tokens if model.lm_head is None else model.lm_head
-    return w[...].astype(head_dtype)
+    return model.head_weight().astype(head_dtype)
 
 
 def _logits(model, hidden: jax.Array, head_w: jax.Array | None) -> jax.Array:

@@ -29,12 +29,13 @@ import jax.numpy as jnp
 _NEG = -1e30  # finite "minus infinity" for padded vocabulary slots (keeps exp() at exactly 0)
 
 
-def _chunks(w: jax.Array, chunk: int) -> tuple[jax.Array, int]:
-    """[V, D] -> [n, chunk, D] padded with zero rows, and V."""
+def _chunks(w: jax.Array, chunk: int) -> tuple[jax.Array, jax.Array, int]:
+    """[V, D] -> ([n, chunk, D] padded with zero rows, its transpose [n, D, chunk] (the
+    canonical right operand of h @ W_chunk^T), V)."""
     vocab, dim = w.shape
     n = -(-vocab // chunk)
-    w = jnp.pad(w, ((0, n * chunk - vocab), (0, 0)))
-    return w.reshape(n, chunk, dim), vocab
+    w_chunks = jnp.pad(w, ((0, n * chunk - vocab), (0, 0))).reshape(n, chunk, dim)
+    return w_chunks, jnp.swapaxes(w_chunks, 1, 2), vocab
 
 
 def _scaled_chunk_logits(h, w_t_chunk, start, vocab, temperature, dot_dtype):
@@ -75,23 +76,17 @@ def _head_logprobs(h, w, targets, temperature, chunk, dot_dtype):
 
 
 def _forward(h, w, targets, temperature, chunk, dot_dtype):
-    w_chunks, vocab = _chunks(w, chunk)
-    w_t = jnp.swapaxes(w_chunks, 1, 2)                      # [n, D, chunk]: canonical right operand
+    _, w_t, vocab = _chunks(w, chunk)
     lse = _lse(h, w_t, vocab, temperature, dot_dtype)
     logp = _target_logits(h, w, targets, temperature, dot_dtype) - lse
     return logp, (h, w, targets, lse)
-
-
-def _fwd(h, w, targets, temperature, chunk, dot_dtype):
-    return _forward(h, w, targets, temperature, chunk, dot_dtype)
 
 
 def _bwd(temperature, chunk, dot_dtype, res, g):
     """d logp_n / d z_{n,j} = delta(j, t_n) - p_{n,j}, with z = h W^T / T. With a = g / T:
     dh = a * W[t] - sum_j (a p)_j W_j,   dW_j = scatter(a h at t) - sum_n (a p)_{n,j} h_n."""
     h, w, targets, lse = res
-    w_chunks, vocab = _chunks(w, chunk)
-    w_t = jnp.swapaxes(w_chunks, 1, 2)
+    w_chunks, w_t, vocab = _chunks(w, chunk)
     a = g.astype(jnp.float32) * (1.0 / temperature)
     h_t = h.T                                                # [D, N], for canonical dW^T matmuls
 
@@ -112,7 +107,7 @@ def _bwd(temperature, chunk, dot_dtype, res, g):
     return dh.astype(h.dtype), dw.astype(w.dtype), None
 
 
-_head_logprobs.defvjp(_fwd, _bwd)
+_head_logprobs.defvjp(_forward, _bwd)
 
 
 def head_logprobs(hidden: jax.Array, weight: jax.Array, targets: jax.Array, temperature: float,
