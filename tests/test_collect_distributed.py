@@ -17,6 +17,7 @@ from tests._chat_fixtures import tiny_tokenizer, tiny_tokenizer_dir  # noqa: F40
 from tests._collect_fixtures import (Script, collect_once, collector_config, judge_backend, make_collector,
                                      make_matcher, make_teacher, real_sample_fn, serve, signature_json, teacher_backend,
                                      tiny_sampler, toy_task)
+from tests._subprocess_fixtures import finish_all
 
 REPO = Path(__file__).resolve().parents[1]
 N_TASKS = 6
@@ -50,17 +51,7 @@ def test_two_processes_collect_disjoint_shares_equal_to_one_process(tiny_tokeniz
                    "--tokenizer", str(tiny_tokenizer_dir), "--tasks", str(N_TASKS),
                    "--out", str(tmp_path / f"p{pid}.json"), "--compile-cache", cache]
             procs.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-        outputs = []
-        for p in procs:
-            try:
-                out, _ = p.communicate(timeout=420)
-            except subprocess.TimeoutExpired:
-                for q in procs:
-                    q.kill()
-                raise
-            outputs.append(out)
-        for p, out in zip(procs, outputs):
-            assert p.returncode == 0, out[-4000:]
+        finish_all(procs, timeout=420)
         # the same collection in one process (this one), over all task starts
         eos = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
         cfg = collector_config(max_trajectories_in_flight=4, max_prompt_tokens=512, decision_limits=(("toy", 3),))
