@@ -1,7 +1,7 @@
 """Sampler speed on the fixed peer_bench workload, next to the peers, in one run.
 
     python benchmarks/sampler.py --config bench-tiny [--reps 3] [--skip-peers] [--peer-bench DIR]
-                                 [--bf16-lm-head]
+                                 [--lm-head checked,float32,bfloat16]
 
 Workload (../shared/peer_bench/common.py): 8 prompts x 512 ids, 4 samples each, exactly 128
 new tokens (no end token), T=0.6, top-k 20, top-p 0.95, on the shared checkpoint written by
@@ -9,9 +9,9 @@ peer_bench/hf_bench.py (our logits are checked against its ref_logits.npy first)
 peers (transformers in /tmp/peer_hf_venv, Tunix in /tmp/peer_tunix_venv) run the same
 workload in subprocesses, one at a time, and a table with ratios is printed. Last, a
 mixed-length workload reports how many programs the bucketing compiles, and how long that takes.
-`--bf16-lm-head` also times the opt-in bfloat16 LM head (Sampler(lm_head_dtype="bfloat16"))
-as a separate, labelled row; the ratios and the JSON `sample` are always the default exact
-float32 sampler. Last stdout line: `ANCHOR_BENCH_JSON {...}` (our numbers and the ratios).
+`--lm-head` lists the Sampler(lm_head=...) modes to time, each a labelled row; the first
+(default: "checked", the Sampler's default) gives the ratios and the JSON `sample`. Modes run
+with the same keys, so the table also reports how far their logprobs are from the first's. Last stdout line: `ANCHOR_BENCH_JSON {...}` (our numbers and the ratios).
 """
 
 from __future__ import annotations
@@ -71,13 +71,14 @@ def check_weights(model, C, model_dir: Path) -> float:
     return float(np.max(np.abs(ours - ref)))
 
 
-def bench_ours(model, C, reps: int, lm_head_dtype: str | None = None) -> dict:
+def bench_ours(model, C, reps: int, lm_head: str = "checked") -> dict:
     import jax
 
     from actionopd_jax.sampling import Sampler
 
-    sampler = Sampler(model, eos_ids=[], lm_head_dtype=lm_head_dtype)  # no end token: exactly NEW_TOKENS per row
-    label = "ours" if lm_head_dtype is None else f"ours ({lm_head_dtype} LM head, opt-in)"
+    sampler = Sampler(model, eos_ids=[], lm_head=lm_head)  # no end token: exactly NEW_TOKENS per row
+    label = f"ours (lm_head={lm_head})"
+    fallbacks = []
     prompts = list(C.prompts())
     kw = dict(n=C.N_SAMPLES, max_new_tokens=C.NEW_TOKENS, temperature=C.TEMPERATURE, top_k=C.TOP_K, top_p=C.TOP_P)
 
@@ -86,6 +87,7 @@ def bench_ours(model, C, reps: int, lm_head_dtype: str | None = None) -> dict:
         out = sampler.sample(prompts, key=jax.random.key(seed), **kw)
         total = time.perf_counter() - t0
         assert all(len(g.token_ids) == C.NEW_TOKENS for gens in out.generations for g in gens)
+        fallbacks.append(out.head_fallback_steps)
         return dict(prefill_s=out.prefill_s, decode_s=total - out.prefill_s, total_s=total), out
 
     t = time.perf_counter()
@@ -100,6 +102,9 @@ def bench_ours(model, C, reps: int, lm_head_dtype: str | None = None) -> dict:
     res["distinct_rows"] = len({tuple(g.token_ids.tolist()) for gens in out.generations for g in gens})
     res["compiled_programs"] = sampler.stats.programs
     res["compile_s"] = round(sampler.stats.seconds, 2)
+    res["lm_head"] = lm_head
+    res["head_fallback_steps"] = fallbacks[1:]  # per timed call
+    res["decode_steps_per_call"] = C.NEW_TOKENS - 1
     return res
 
 
@@ -124,10 +129,9 @@ def bench_compiles(model, buckets=None, seed: int = 0, calls: int = 12) -> dict:
                 programs=[list(map(str, s)) for s in sampler.stats.shapes])
 
 
-def _table(config: str, ours: dict, peers: dict[str, dict], ours_bf16: dict | None = None) -> str:
-    rows = [("actionopd_jax (ours)", ours)]
-    if ours_bf16 is not None:
-        rows.append(("ours, bf16 LM head*", ours_bf16))
+def _table(config: str, ours: dict, peers: dict[str, dict], extra: dict[str, dict]) -> str:
+    """ours: the default sampler (the ratios); extra: other lm_head modes, by name."""
+    rows = [(f"ours ({ours['lm_head']})", ours)] + [(f"ours ({name})", r) for name, r in extra.items()]
     rows += [(name, r["sample"]) for name, r in peers.items()]
     lines = [f"\n{config}: 8 prompts x 512, 4 samples, 128 new tokens (medians)",
              f"{'system':<22}{'prefill s':>11}{'decode tok/s':>14}{'total s':>10}{'e2e tok/s':>11}",
@@ -135,16 +139,20 @@ def _table(config: str, ours: dict, peers: dict[str, dict], ours_bf16: dict | No
     for name, r in rows:
         lines.append(f"{name:<22}{r['prefill_s']:>11.3f}{r['decode_tok_per_s']:>14.1f}{r['total_s']:>10.2f}"
                      f"{r['e2e_gen_tok_per_s']:>11.1f}")
-    compared = [("ours", ours)] + ([("ours bf16*", ours_bf16)] if ours_bf16 is not None else [])
+    compared = [(f"ours ({ours['lm_head']})", ours)] + [(f"ours ({name})", r) for name, r in extra.items()]
     for label, mine in compared:
         for name, r in peers.items():
             p = r["sample"]
             lines.append(f"{label} vs {name}: decode x{mine['decode_tok_per_s'] / p['decode_tok_per_s']:.2f}, "
                          f"prefill x{p['prefill_s'] / mine['prefill_s']:.2f} faster, "
                          f"end-to-end x{mine['e2e_gen_tok_per_s'] / p['e2e_gen_tok_per_s']:.2f}")
-    if ours_bf16 is not None:
-        lines.append("* opt-in Sampler(lm_head_dtype='bfloat16'): LM head rounded to bfloat16 (float32 "
-                     "accumulation); its logprobs are not the float32 model's. Default = exact float32.")
+    for name, r in rows[:1 + len(extra)]:
+        if r.get("lm_head") == "checked":
+            lines.append(f"{name}: decode steps that fell back to the float32 head, per call: "
+                         f"{r['head_fallback_steps']} of {r['decode_steps_per_call']}")
+    if "bfloat16" in extra or ours["lm_head"] == "bfloat16":
+        lines.append("bfloat16: opt-in head rounded to bfloat16 (float32 accumulation); its samples and "
+                     "logprobs are the rounded head's, not the float32 model's.")
     return "\n".join(lines)
 
 
@@ -154,8 +162,9 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--skip-peers", action="store_true")
     ap.add_argument("--skip-compile-workload", action="store_true")
-    ap.add_argument("--bf16-lm-head", action="store_true",
-                    help="also time the opt-in bfloat16 LM head (a separate, labelled row)")
+    ap.add_argument("--lm-head", default="checked,float32",
+                    help="comma-separated Sampler lm_head modes to time (checked, float32, bfloat16); the "
+                         "first is the one the ratios use (default: checked, the Sampler's default)")
     ap.add_argument("--peer-bench", default=str(Path(__file__).resolve().parents[2] / "shared" / "peer_bench"),
                     help="directory of the peer_bench harness")
     a = ap.parse_args(argv)
@@ -180,8 +189,9 @@ def main(argv=None) -> int:
     if diff > 1e-3:
         print("our logits do not match the harness's reference: not benchmarking", file=sys.stderr)
         return 1
-    ours = bench_ours(model, C, a.reps)
-    ours_bf16 = bench_ours(model, C, a.reps, lm_head_dtype="bfloat16") if a.bf16_lm_head else None
+    modes = [m.strip() for m in a.lm_head.split(",") if m.strip()]
+    ours = bench_ours(model, C, a.reps, modes[0])
+    extra = {m: bench_ours(model, C, a.reps, m) for m in modes[1:]}
     peers = {}
     if not a.skip_peers:
         for name in PEERS:
@@ -194,13 +204,13 @@ def main(argv=None) -> int:
         compiles = {"default_buckets": bench_compiles(model),
                     # what a collector would configure: always pad to 8 states
                     "prompts_fixed_8": bench_compiles(model, Buckets(prompts=(8,)))}
-    print(_table(a.config, ours, peers, ours_bf16))
+    print(_table(a.config, ours, peers, extra))
     for name, c in (compiles or {}).items():
         print(f"mixed-length workload, {name}: {c['calls']} calls -> {c['compiled_programs']} compiled "
               f"programs, {c['compile_s']} s compiling (of {c['total_s']} s)")
     result = dict(system="actionopd_jax", config=a.config, jax=jax.__version__, load_s=round(load_s, 2),
                   max_logit_diff=diff, sample=ours, compile_workload=compiles, **C.machine(),
-                  sample_bf16_lm_head_opt_in=ours_bf16,
+                  sample_other_lm_heads=extra,
                   peers={k: v["sample"] for k, v in peers.items()},
                   ratios={k: dict(decode=round(ours["decode_tok_per_s"] / v["sample"]["decode_tok_per_s"], 2),
                                   prefill_speedup=round(v["sample"]["prefill_s"] / ours["prefill_s"], 2),

@@ -172,14 +172,14 @@ def _full_hidden(model, tokens):
 
 
 def test_bfloat16_lm_head_is_an_explicit_opt_in(model, sampler):
-    """Sampler(lm_head_dtype="bfloat16") samples from the head rounded to bf16 (hidden and
+    """Sampler(lm_head="bfloat16") samples from the head rounded to bf16 (hidden and
     weights, float32 accumulation): its greedy tokens and logprobs follow those rounded
-    logits. The default sampler keeps the exact float32 head."""
-    assert sampler.lm_head_dtype is None
-    with pytest.raises(ValueError, match="lm_head_dtype"):
-        Sampler(model, eos_ids=[], lm_head_dtype="float16")
+    logits. The default sampler keeps the float32 model's choices ("checked")."""
+    assert sampler.lm_head == "checked"
+    with pytest.raises(ValueError, match="lm_head"):
+        Sampler(model, eos_ids=[], lm_head="float16")
     prompts = _prompts([4, 19], seed=11)
-    out = Sampler(model, eos_ids=[], buckets=BUCKETS, lm_head_dtype="bfloat16").sample(
+    out = Sampler(model, eos_ids=[], buckets=BUCKETS, lm_head="bfloat16").sample(
         prompts, max_new_tokens=8, temperature=0.0, key=jax.random.key(0))
     w = (model.embed_tokens if model.lm_head is None else model.lm_head)[...].astype(jnp.bfloat16)
     agree = []

@@ -32,6 +32,7 @@ from flax import nnx
 
 from actionopd_jax.model import KVCache, left_pad_positions
 from actionopd_jax.model.layers import rope_cos_sin
+from actionopd_jax.sampling.checked_head import checked_head, choose_tokens_checked
 from actionopd_jax.sampling.token_choice import choose_tokens
 
 _MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite: a fully masked row stays NaN-free
@@ -71,24 +72,53 @@ class DecodeState:
     done: jax.Array          # bool[R]
     stopped: jax.Array       # bool[R]: finished on an end token (else: length)
     step: jax.Array          # i32[]: index of the next token to produce
+    head_fallbacks: jax.Array  # i32[]: decode steps where the "checked" head ran the float32 head
 
 
-def lm_head_weights(model, head_dtype: str | None) -> jax.Array | None:
-    """The LM head's weights in the opt-in reduced dtype (cast once per program, outside the
-    decode loop), or None for the default: the model's own float32 head (exact logits)."""
-    if head_dtype is None:
-        return None
-    return model.head_weight().astype(head_dtype)
+HEAD_MODES = ("checked", "float32", "bfloat16")
+
+
+def lm_head_weights(model, head: str) -> jax.Array | None:
+    """The LM head's weights for the "bfloat16" mode (cast once per program, outside the
+    decode loop), or None: the model's own head (`model.logits`)."""
+    return model.head_weight().astype(jnp.bfloat16) if head == "bfloat16" else None
 
 
 def _logits(model, hidden: jax.Array, head_w: jax.Array | None) -> jax.Array:
     """Next-token logits f32[R, V]. Default: `model.logits` (the trainer's exact float32 head).
-    Opt-in (Sampler(lm_head_dtype="bfloat16")): hidden and weights rounded to bfloat16, float32
-    accumulation; about 2.5x faster on AMX CPUs, but then the logits (and so the reported
-    logprobs) are those of the rounded head, no longer the float32 model's."""
+    "bfloat16" mode (Sampler(lm_head="bfloat16")): hidden and weights rounded to bfloat16,
+    float32 accumulation; the logits (and so the reported logprobs and the samples) are then
+    those of the rounded head, no longer the float32 model's."""
     if head_w is None:
         return model.logits(hidden)
     return jnp.einsum("bd,vd->bv", hidden.astype(head_w.dtype), head_w, preferred_element_type=jnp.float32)
+
+
+def token_chooser(model, head: str, *, cap: int):
+    """(hidden [R, D] (final-normed), keys, rows, active) -> (tokens, logprobs, fell_back) for
+    one step (fell_back: the "checked" mode needed the float32 head this step).
+
+    "checked" (default): a bfloat16 head whose candidates are checked against float32
+    (checked_head.py): the float32 model's tokens at about a third of the head's cost. It
+    needs a float32 head; a model whose head is already bfloat16 uses its own head (same
+    logits either way). "float32": `model.logits` and `choose_tokens`. "bfloat16": the head
+    rounded to bfloat16 (samples from the rounded model)."""
+    if head not in HEAD_MODES:
+        raise ValueError(f"lm_head must be one of {HEAD_MODES}, got {head!r}")
+    if head == "checked" and model.head_weight().dtype == jnp.float32:
+        checked = checked_head(model.head_weight())  # loop-invariant: built once per call
+
+        def choose(hidden, keys, rows: RowSettings, active):
+            return choose_tokens_checked(checked, hidden, model.logits, keys, rows.temperature, rows.top_k,
+                                         rows.top_p, cap=cap, active=active)
+        return choose
+    head_w = lm_head_weights(model, head)
+
+    def choose(hidden, keys, rows: RowSettings, active):
+        tokens, logprobs = choose_tokens(_logits(model, hidden, head_w), keys, rows.temperature, rows.top_k,
+                                         rows.top_p, cap=cap, active=active)
+        return tokens, logprobs, jnp.zeros((), bool)
+    return choose
 
 
 def _is_end(tokens: jax.Array, end_ids: jax.Array) -> jax.Array:
@@ -114,7 +144,7 @@ def _record(state: DecodeState, tok, logp, rows: RowSettings, end_ids) -> Decode
 
 def prefill(graphdef: nnx.GraphDef, params: Any, prompt_tokens: jax.Array, prompt_mask: jax.Array,
             rows: RowSettings, end_ids: jax.Array, *, samples: int, max_new: int, cap: int,
-            head_dtype: str | None = None) -> DecodeState:
+            head: str = "checked") -> DecodeState:
     """Prompts [P_rows, P] (left-padded, mask True on real tokens) -> state after token 0 of
     each of the P_rows * samples rows."""
     model = nnx.merge(graphdef, params)
@@ -122,7 +152,9 @@ def prefill(graphdef: nnx.GraphDef, params: Any, prompt_tokens: jax.Array, promp
     n_prompts, prompt_len = prompt_tokens.shape
     cache = KVCache.init(cfg, n_prompts, prompt_len)
     hidden, cache = model(prompt_tokens, left_pad_positions(prompt_mask), attention_mask=prompt_mask, cache=cache)
-    logits = _logits(model, hidden[:, -1], lm_head_weights(model, head_dtype))  # left padding: last position is real
+    # the first token from the float32 head (a once-per-call cost) unless the rounded
+    # "bfloat16" mode was asked for; left padding: the last position is real
+    logits = _logits(model, hidden[:, -1], lm_head_weights(model, head))
     layers = range(cfg.num_hidden_layers)
     prompt = PromptCache(k=tuple(cache.k[i].transpose(0, 2, 3, 1) for i in layers),
                          v=tuple(cache.v[i].transpose(0, 2, 1, 3) for i in layers), valid=prompt_mask)
@@ -140,6 +172,7 @@ def prefill(graphdef: nnx.GraphDef, params: Any, prompt_tokens: jax.Array, promp
         done=rows.max_new <= 0,
         stopped=jnp.zeros((n_rows,), bool),
         step=jnp.zeros((), jnp.int32),
+        head_fallbacks=jnp.zeros((), jnp.int32),
     )
     tok, logp = choose_tokens(jnp.repeat(logits, samples, axis=0), _step_keys(rows.keys, state.step),
                               rows.temperature, rows.top_k, rows.top_p, cap=cap, active=~state.done)
@@ -174,7 +207,7 @@ def _shared_prefix_attention(q, prompt_k, prompt_v, prompt_valid, gen_k, gen_v, 
 
 
 def decode(graphdef: nnx.GraphDef, params: Any, state: DecodeState, rows: RowSettings,
-           end_ids: jax.Array, *, cap: int, head_dtype: str | None = None) -> DecodeState:
+           end_ids: jax.Array, *, cap: int, head: str = "checked") -> DecodeState:
     """Generate until all rows are done or the token buffer is full (early exit)."""
     model = nnx.merge(graphdef, params)
     cfg = model.cfg
@@ -187,7 +220,7 @@ def decode(graphdef: nnx.GraphDef, params: Any, state: DecodeState, rows: RowSet
     layers = [nnx.merge(layer_def, jax.tree.map(lambda x, i=i: x[i], layer_state))
               for i in range(cfg.num_hidden_layers)]
     prompt = state.prompt
-    head_w = lm_head_weights(model, head_dtype)  # loop-invariant: cast once per call
+    choose = token_chooser(model, head, cap=cap)
 
     def keep_going(s: DecodeState):
         return (s.step < max_new) & ~jnp.all(s.done)
@@ -214,10 +247,9 @@ def decode(graphdef: nnx.GraphDef, params: Any, state: DecodeState, rows: RowSet
             out = out.transpose(0, 2, 1, 3, 4).reshape(n_rows, 1, kvh, *out.shape[3:])
             h = h + attn.output(out)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
-        logits = _logits(model, model.norm(h)[:, 0], head_w)
-        tok, logp = choose_tokens(logits, _step_keys(rows.keys, s.step), rows.temperature, rows.top_k,
-                                  rows.top_p, cap=cap, active=~s.done)
-        s = s.replace(gen_k=tuple(gen_k), gen_v=tuple(gen_v), next_pos=s.next_pos + 1)
+        tok, logp, fell_back = choose(model.norm(h)[:, 0], _step_keys(rows.keys, s.step), rows, ~s.done)
+        s = s.replace(gen_k=tuple(gen_k), gen_v=tuple(gen_v), next_pos=s.next_pos + 1,
+                      head_fallbacks=s.head_fallbacks + fell_back.astype(jnp.int32))
         return _record(s, tok, logp, rows, end_ids)
 
     return jax.lax.while_loop(keep_going, one_token, state)

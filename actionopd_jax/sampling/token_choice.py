@@ -27,6 +27,7 @@ bits (32 masked sums each) and draws by a two-level inverse CDF (no vocabulary-s
 
 from __future__ import annotations
 
+import flax.struct
 import jax
 import jax.numpy as jnp
 
@@ -206,8 +207,7 @@ def choose_tokens(logits: jax.Array, keys: jax.Array, temperature: jax.Array, to
     vocab = logits.shape[-1]
     cap = min(cap, vocab)
     logits = logits.astype(jnp.float32)
-    greedy = temperature <= 0.0
-    temp = jnp.where(greedy, 1.0, temperature).astype(jnp.float32)
+    greedy, temp = greedy_and_temperature(temperature)
 
     cand_logits, cand_idx = _top_candidates(logits, cap)
     # the row maximum; a max over the candidates, not a slice of them: XLA rewrites a sliced
@@ -217,7 +217,50 @@ def choose_tokens(logits: jax.Array, keys: jax.Array, temperature: jax.Array, to
     # (one fused exp-sum pass, ~4-6 ms at 32 x 151669; splitting it into an exp pass and a sum,
     # two-stage sums or a hand-written exp did not beat it measurably)
     log_norm = jnp.log(jnp.exp((logits - top) / temp[:, None]).sum(-1))
-    cand_vals = (cand_logits - top) / temp[:, None]           # tempered, shifted: cand_vals[:, 0] == 0
+    pick = pick_from_candidates(cand_logits, cand_idx, top, log_norm, keys, temp, greedy, top_k, top_p, vocab)
+
+    needs_full = ~pick.exact
+    if active is not None:
+        needs_full = needs_full & active
+
+    def full_path(_):
+        # rare: rebuild the tempered logits only here (the branch costs nothing when not taken)
+        scaled = logits / temp[:, None]
+        lse = top[:, 0] / temp + log_norm
+        full_tokens = _full_vocab_choice(scaled, lse, pick.uniforms[:, cap], pick.uniforms[:, cap + 1], pick.k_eff,
+                                         top_p, greedy)
+        full_logprobs = jnp.take_along_axis(scaled, full_tokens[:, None], axis=-1)[:, 0] - lse
+        return (jnp.where(pick.exact, pick.tokens, full_tokens),
+                jnp.where(pick.exact, pick.logprobs, full_logprobs))
+
+    tokens, logprobs = jax.lax.cond(jnp.any(needs_full), full_path, lambda _: (pick.tokens, pick.logprobs), None)
+    return tokens.astype(jnp.int32), logprobs
+
+
+def greedy_and_temperature(temperature: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(greedy rows, the temperature each row's logprob is reported at: 1 for greedy rows)."""
+    greedy = temperature <= 0.0
+    return greedy, jnp.where(greedy, 1.0, temperature).astype(jnp.float32)
+
+
+@flax.struct.dataclass
+class CandidatePick:
+    tokens: jax.Array      # i32[B]
+    logprobs: jax.Array    # f32[B]: log_softmax(logits / T) at the token, full vocabulary
+    exact: jax.Array       # bool[B]: the kept set provably lies in the candidates (else: full path)
+    k_eff: jax.Array       # i32[B]: top-k with 0 / >= V mapped to V
+    uniforms: jax.Array    # f32[B, cap + 2]: the row's draws (the full path uses the last two)
+
+
+def pick_from_candidates(cand_logits, cand_idx, top, log_norm, keys, temp, greedy, top_k, top_p,
+                         vocab: int) -> CandidatePick:
+    """Top-k, top-p and the draw over the `cap` best tokens of each row.
+
+    cand_logits/cand_idx [B, cap]: the row's best logits, descending, and their ids; top [B, 1]:
+    the row maximum; log_norm [B]: log sum_v exp((logit_v - top) / T) over the whole
+    vocabulary. The draw is exact for rows in `exact`; the caller redoes the others."""
+    cap = cand_logits.shape[-1]
+    cand_vals = (cand_logits - top) / temp[:, None]           # tempered, shifted: the best is 0
     cand_probs = jnp.exp(cand_vals - log_norm[:, None])
 
     k_eff = jnp.where((top_k <= 0) | (top_k >= vocab), vocab, top_k).astype(jnp.int32)
@@ -226,28 +269,13 @@ def choose_tokens(logits: jax.Array, keys: jax.Array, temperature: jax.Array, to
     exact_in_cap = greedy | (k_eff <= cap) | nucleus_fits
     # top-p renormalises over the top-k set: its mass is known from the candidates when
     # k <= cap, and is the whole distribution (1) when there is no top-k. Rows with
-    # cap < k < V get a placeholder here; their candidate result is discarded below.
+    # cap < k < V get a placeholder here; their candidate result is discarded by the caller.
     in_cap_k = jnp.minimum(k_eff, cap)
     cand_mass_k = jnp.where(k_eff == vocab, 1.0,
                             jnp.where(jnp.arange(cap)[None, :] < in_cap_k[:, None], cand_probs, 0.0).sum(-1))
     keep = _nucleus_keep(cand_probs, in_cap_k, top_p, cand_mass_k)
     uniforms = _uniform_rows(keys, cap + 2)
     choice = _sample_rank(cand_vals, keep, uniforms[:, :cap], greedy)
-    cand_tokens = jnp.take_along_axis(cand_idx, choice[:, None], axis=-1)[:, 0]
-    cand_logprobs = jnp.take_along_axis(cand_vals, choice[:, None], axis=-1)[:, 0] - log_norm
-
-    needs_full = ~exact_in_cap
-    if active is not None:
-        needs_full = needs_full & active
-
-    def full_path(_):
-        # rare: rebuild the tempered logits only here (the branch costs nothing when not taken)
-        scaled = logits / temp[:, None]
-        lse = top[:, 0] / temp + log_norm
-        full_tokens = _full_vocab_choice(scaled, lse, uniforms[:, cap], uniforms[:, cap + 1], k_eff, top_p, greedy)
-        full_logprobs = jnp.take_along_axis(scaled, full_tokens[:, None], axis=-1)[:, 0] - lse
-        return (jnp.where(exact_in_cap, cand_tokens, full_tokens),
-                jnp.where(exact_in_cap, cand_logprobs, full_logprobs))
-
-    tokens, logprobs = jax.lax.cond(jnp.any(needs_full), full_path, lambda _: (cand_tokens, cand_logprobs), None)
-    return tokens.astype(jnp.int32), logprobs
+    tokens = jnp.take_along_axis(cand_idx, choice[:, None], axis=-1)[:, 0]
+    logprobs = jnp.take_along_axis(cand_vals, choice[:, None], axis=-1)[:, 0] - log_norm
+    return CandidatePick(tokens=tokens, logprobs=logprobs, exact=exact_in_cap, k_eff=k_eff, uniforms=uniforms)
