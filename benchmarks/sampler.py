@@ -105,7 +105,7 @@ def bench_ours(model, C, reps: int, lm_head: str = "checked") -> dict:
     res["lm_head"] = lm_head
     res["head_fallback_steps"] = fallbacks[1:]  # per timed call
     res["decode_steps_per_call"] = C.NEW_TOKENS - 1
-    return res
+    return res, out
 
 
 def bench_compiles(model, buckets=None, seed: int = 0, calls: int = 12) -> dict:
@@ -146,6 +146,10 @@ def _table(config: str, ours: dict, peers: dict[str, dict], extra: dict[str, dic
             lines.append(f"{label} vs {name}: decode x{mine['decode_tok_per_s'] / p['decode_tok_per_s']:.2f}, "
                          f"prefill x{p['prefill_s'] / mine['prefill_s']:.2f} faster, "
                          f"end-to-end x{mine['e2e_gen_tok_per_s'] / p['e2e_gen_tok_per_s']:.2f}")
+    for name, r in extra.items():
+        v = r["vs_first"]
+        lines.append(f"ours ({name}) vs ours ({ours['lm_head']}), same keys: {v['same_tokens']:.0%} of rows with "
+                     f"identical tokens, max |logprob difference| {v['max_logprob_diff']:.2e}")
     for name, r in rows[:1 + len(extra)]:
         if r.get("lm_head") == "checked":
             lines.append(f"{name}: decode steps that fell back to the float32 head, per call: "
@@ -190,8 +194,15 @@ def main(argv=None) -> int:
         print("our logits do not match the harness's reference: not benchmarking", file=sys.stderr)
         return 1
     modes = [m.strip() for m in a.lm_head.split(",") if m.strip()]
-    ours = bench_ours(model, C, a.reps, modes[0])
-    extra = {m: bench_ours(model, C, a.reps, m) for m in modes[1:]}
+    ours, first = bench_ours(model, C, a.reps, modes[0])
+    extra = {}
+    for m in modes[1:]:
+        extra[m], other = bench_ours(model, C, a.reps, m)
+        # the same seeds: same tokens expected from checked vs float32, logprobs close
+        pairs = [(g1, g2) for gs1, gs2 in zip(first.generations, other.generations) for g1, g2 in zip(gs1, gs2)]
+        extra[m]["vs_first"] = dict(
+            same_tokens=float(np.mean([np.array_equal(g1.token_ids, g2.token_ids) for g1, g2 in pairs])),
+            max_logprob_diff=float(max(np.abs(g1.logprobs - g2.logprobs).max() for g1, g2 in pairs)))
     peers = {}
     if not a.skip_peers:
         for name in PEERS:

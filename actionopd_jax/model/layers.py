@@ -128,14 +128,25 @@ class Attention(nnx.Module):
         self.rope_theta = cfg.rope_theta
         self.dtype = jnp.dtype(cfg.dtype)
 
-    def project_qkv(self, x, cos, sin):
+    def project_qkv(self, x, cos, sin, qkv_weight: jax.Array | None = None):
+        """q, k, v [B, T, heads, Dh] with q/k-norm and RoPE. qkv_weight: `fused_qkv_weight()`
+        built once by a caller that projects many times (decode): one matmul instead of three."""
         dt = self.dtype
-        q = dense(x, self.q_proj[...].astype(dt), in_dims=1)
-        k = dense(x, self.k_proj[...].astype(dt), in_dims=1)
-        v = dense(x, self.v_proj[...].astype(dt), in_dims=1)
+        if qkv_weight is None:
+            q = dense(x, self.q_proj[...].astype(dt), in_dims=1)
+            k = dense(x, self.k_proj[...].astype(dt), in_dims=1)
+            v = dense(x, self.v_proj[...].astype(dt), in_dims=1)
+        else:
+            h, kv = self.num_kv_heads * self.groups, self.num_kv_heads
+            qkv = dense(x, qkv_weight, in_dims=1)
+            q, k, v = qkv[..., :h, :], qkv[..., h:h + kv, :], qkv[..., h + kv:, :]
         q = apply_rope(self.q_norm(q), cos, sin)
         k = apply_rope(self.k_norm(k), cos, sin)
         return q, k, v
+
+    def fused_qkv_weight(self) -> jax.Array:
+        """[D, heads + 2 kv_heads, Dh]: q, k and v projections side by side, compute dtype."""
+        return jnp.concatenate([self.q_proj[...], self.k_proj[...], self.v_proj[...]], axis=1).astype(self.dtype)
 
     def output(self, attn_out: jax.Array) -> jax.Array:
         b, t = attn_out.shape[:2]
@@ -172,11 +183,21 @@ class MLP(nnx.Module):
         self.down_proj = _param(rngs, (i, d), pd, ("mlp", "embed"))
         self.dtype = jnp.dtype(cfg.dtype)
 
-    def __call__(self, x: jax.Array) -> jax.Array:
+    def __call__(self, x: jax.Array, gate_up_weight: jax.Array | None = None) -> jax.Array:
+        """gate_up_weight: `fused_gate_up_weight()` built once by a caller that applies the MLP
+        many times (decode): one matmul for gate and up instead of two."""
         dt = self.dtype
-        gate = dense(x, self.gate_proj[...].astype(dt), in_dims=1)
-        up = dense(x, self.up_proj[...].astype(dt), in_dims=1)
+        if gate_up_weight is None:
+            gate = dense(x, self.gate_proj[...].astype(dt), in_dims=1)
+            up = dense(x, self.up_proj[...].astype(dt), in_dims=1)
+        else:
+            gate_up = dense(x, gate_up_weight, in_dims=1)
+            gate, up = jnp.split(gate_up, 2, axis=-1)
         return dense(jax.nn.silu(gate) * up, self.down_proj[...].astype(dt), in_dims=1)
+
+    def fused_gate_up_weight(self) -> jax.Array:
+        """[D, 2 I]: gate and up projections side by side, compute dtype."""
+        return jnp.concatenate([self.gate_proj[...], self.up_proj[...]], axis=1).astype(self.dtype)
 
 
 class DecoderLayer(nnx.Module):

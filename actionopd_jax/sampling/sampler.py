@@ -78,6 +78,21 @@ def _signature(tree) -> tuple:
     return (treedef, tuple((x.shape, x.dtype, getattr(x, "sharding", None)) for x in leaves))
 
 
+@functools.cache
+def _compiler_options() -> dict:
+    """XLA options for the sampler's programs. On AVX-512 CPUs: 512-bit vectors (XLA's CPU
+    default is 256). The decode step's vocabulary-wide exp-sum and maxima are vector-bound;
+    measured on bench-tiny (2-core Xeon): decode 1270 -> 1385 tok/s. Other backends: none."""
+    if jax.default_backend() != "cpu":
+        return {}
+    try:
+        with open("/proc/cpuinfo") as f:
+            avx512 = " avx512f" in f.read()
+    except OSError:
+        avx512 = False
+    return {"xla_cpu_prefer_vector_width": 512} if avx512 else {}
+
+
 @jax.jit
 def _row_keys(prompt_keys, row_prompt, sample_index):
     """Key of sample j of prompt p: fold_in(prompt key, j), whatever the batch layout."""
@@ -127,7 +142,7 @@ class Sampler:
         if program is None:
             t0 = time.perf_counter()
             jitted = jax.jit(functools.partial(fn, **static), static_argnums=(0,), donate_argnums=donate)
-            program = jitted.lower(*args).compile()
+            program = jitted.lower(*args).compile(compiler_options=_compiler_options())
             seconds = time.perf_counter() - t0
             self.stats.programs += 1
             self.stats.seconds += seconds
