@@ -8,14 +8,15 @@ different model. This module keeps the float32 model's choice instead:
 1. approximate logits l~ = bf16(h) . bf16(W_v), float32 accumulation, for the whole vocabulary;
 2. a rigorous per-row bound `delta >= |l_v - l~_v|` for every v, where l is the float32
    logit (module docstring of `error_bound`);
-3. the `search` best ids of l~, and their float32 logits recomputed exactly (a gather of
-   `search` rows of W and a small matmul);
+3. the `search` best ids of l~ (the set R), and their float32 logits recomputed exactly (a
+   gather of `search` rows of W and a small matmul);
 4. a row is *checked* when the ranks the draw can use (the top-k set; rank 0 for greedy) are
-   provably inside the searched ids: l~ at rank k minus l~ at the last searched rank exceeds
-   2 delta. Then the float32 top-`cap` order, top-k, top-p and the draw come from the exact
-   logits of the searched ids, with the row's own uniforms: the token is the one the float32
-   head would pick (`token_choice.choose_tokens` on `model.logits`), up to the last-bit
-   rounding differences between two float32 matmul kernels.
+   provably inside R: the k-th best float32 logit in R exceeds B + delta, where B = l~ at the
+   last rank of R bounds l~ outside R, so every id outside R has l <= B + delta. Then the
+   float32 top-`cap` order, top-k, top-p and the draw come from the exact logits of R, with
+   the row's own uniforms: the token is the one the float32 head would pick
+   (`token_choice.choose_tokens` on `model.logits`), up to the last-bit rounding differences
+   between two float32 matmul kernels.
 5. rows that are not checked (top-k off or above `cap`, or a gap below 2 delta) take the
    float32 path: the full float32 head and `choose_tokens`, in a `lax.cond` branch that costs
    nothing when no active row needs it.
@@ -45,7 +46,7 @@ import jax.numpy as jnp
 from actionopd_jax.sampling.token_choice import (DEFAULT_CAP, _top_candidates, choose_tokens,
                                                  greedy_and_temperature, pick_from_candidates)
 
-DEFAULT_SEARCH = 128  # ids whose float32 logits are recomputed per row per step
+DEFAULT_SEARCH = DEFAULT_CAP  # ids whose float32 logits are recomputed per row per step
 
 _ROUND_BF16 = 2.0 ** -8   # unit roundoff of bfloat16 (8-bit significand, round to nearest)
 _ROUND_F32 = 2.0 ** -24
@@ -100,7 +101,7 @@ def choose_tokens_checked(head: CheckedHead, hidden: jax.Array, exact_logits: Ca
     own `logits`), run only in the fallback branch. Other arguments as `choose_tokens`.
     Returns (tokens, logprobs, fell_back: bool[] whether the float32 branch ran)."""
     vocab = head.w.shape[0]
-    search = min(search, vocab)
+    search = min(max(search, cap), vocab)
     cap = min(cap, search)
     h = hidden.astype(jnp.float32)
     h16 = h.astype(jnp.bfloat16)
@@ -108,18 +109,18 @@ def choose_tokens_checked(head: CheckedHead, hidden: jax.Array, exact_logits: Ca
     delta = error_bound(head, h, h16)
     greedy, temp = greedy_and_temperature(temperature)
 
-    a_vals, a_ids = _top_candidates(approx, search)          # descending; never sliced (see there)
-    k_eff = jnp.where((top_k <= 0) | (top_k >= vocab), vocab, top_k).astype(jnp.int32)
-    need = jnp.where(greedy, 1, jnp.minimum(k_eff, search))  # ranks the draw can use
-    kth = jnp.take_along_axis(a_vals, (need - 1)[:, None], axis=-1)[:, 0]
-    checked = (greedy | (k_eff <= cap)) & (kth - a_vals.min(-1) > 2.0 * delta)
-
-    # exact float32 logits of the searched ids, laid out in increasing id order so that
-    # top_k's tie rule (lower position first) is choose_tokens' lower-id rule
+    a_vals, a_ids = _top_candidates(approx, search)          # R; never sliced (see there)
+    # exact float32 logits of R, laid out in increasing id order so that top_k's tie rule
+    # (lower position first) is choose_tokens' lower-id rule
     ids = jnp.sort(a_ids, axis=-1)
     exact = jnp.einsum("bd,bsd->bs", h, jnp.take(head.w, ids, axis=0), preferred_element_type=jnp.float32)
     cand_logits, at = jax.lax.top_k(exact, cap)
     cand_idx = jnp.take_along_axis(ids, at, axis=-1)
+    k_eff = jnp.where((top_k <= 0) | (top_k >= vocab), vocab, top_k).astype(jnp.int32)
+    need = jnp.where(greedy, 1, jnp.minimum(k_eff, cap))    # ranks the draw can use
+    kth = jnp.take_along_axis(cand_logits, (need - 1)[:, None], axis=-1)[:, 0]
+    outside = a_vals.min(-1)                                 # >= l~ of every id outside R
+    checked = (greedy | (k_eff <= cap)) & (kth > outside + delta)
     top = cand_logits.max(-1, keepdims=True)                 # the row maximum when checked
     # normaliser: bf16 values everywhere, swapped for the exact ones on the searched ids
     approx_at_ids = jnp.take_along_axis(approx, ids, axis=-1)
