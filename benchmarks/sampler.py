@@ -11,7 +11,8 @@ workload in subprocesses, one at a time, and a table with ratios is printed. Las
 mixed-length workload reports how many programs the bucketing compiles, and how long that takes.
 `--lm-head` lists the Sampler(lm_head=...) modes to time, each a labelled row; the first
 (default: "checked", the Sampler's default) gives the ratios and the JSON `sample`. Modes run
-with the same keys, so the table also reports how far their logprobs are from the first's. Last stdout line: `ANCHOR_BENCH_JSON {...}` (our numbers and the ratios).
+with the same keys, so the table also reports how far their logprobs are from the first's.
+Last stdout line: `ANCHOR_BENCH_JSON {...}` (our numbers and the ratios).
 """
 
 from __future__ import annotations

@@ -62,7 +62,7 @@ def _settings(rows):
 
 
 _checked = jax.jit(lambda h, w, keys, t, k, p, active: choose_tokens_checked(
-    checked_head(w), h, lambda x: _exact(x, w), keys, t, k, p, cap=CAP, search=SEARCH, active=active))
+    checked_head(w), w, h, lambda x: _exact(x, w), keys, t, k, p, cap=CAP, search=SEARCH, active=active))
 _float32 = jax.jit(lambda logits, keys, t, k, p, active: choose_tokens(logits, keys, t, k, p, cap=CAP,
                                                                        active=active))
 
@@ -144,3 +144,28 @@ def test_sampler_default_head_matches_float32_sampler():
                 err = np.abs(a.logprobs - b.logprobs).max()
                 print("sampler max |logprob - float32 logprob|", err)
                 assert err <= LOGP_TOL
+
+
+def test_sampler_rebuilds_the_bf16_head_when_the_weights_change():
+    """The Sampler keeps the bf16 copy of the head between calls while the head-weight array
+    is unchanged, and rebuilds it after a parameter update: sampling after the update must
+    follow the new weights (same tokens as a float32 sampler on the updated model)."""
+    model = random_model(6, vocab_size=2048)
+    buckets = Buckets(prompt_len=(16,), prompts=(1,), samples=(2,), max_new=(8,))
+    prompts = [np.arange(5, 17, dtype=np.int32)]
+    checked = Sampler(model, eos_ids=[], buckets=buckets)
+    exact = Sampler(model, eos_ids=[], buckets=buckets, lm_head="float32")
+    kw = dict(n=2, max_new_tokens=8, temperature=0.8, top_k=10, key=jax.random.key(2))
+    before = checked.sample(prompts, **kw)
+    kept = checked._checked[1]
+    checked.sample(prompts, **kw)
+    assert checked._checked[1] is kept
+    head = model.embed_tokens if model.lm_head is None else model.lm_head
+    head[...] = head[...][::-1] * 1.5  # a parameter update: a new head-weight array
+    after = checked.sample(prompts, **kw)
+    assert checked._checked[1] is not kept
+    ref = exact.sample(prompts, **kw)
+    for g, r in zip(after.generations[0], ref.generations[0]):
+        np.testing.assert_array_equal(g.token_ids, r.token_ids)
+    assert any(not np.array_equal(a.token_ids, b.token_ids)
+               for a, b in zip(before.generations[0], after.generations[0]))

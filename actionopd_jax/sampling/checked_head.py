@@ -54,10 +54,9 @@ _ROUND_F32 = 2.0 ** -24
 
 @flax.struct.dataclass
 class CheckedHead:
-    """The head in both precisions and the norms the error bound needs (built once per
-    program, outside the decode loop)."""
+    """The head's bf16 copy and the norms the error bound needs (built outside the decode
+    loop; the Sampler keeps it while the head weights stay the same)."""
 
-    w: jax.Array            # f32[V, D]: the model's head
     w16: jax.Array          # bf16[V, D]
     norm_max: jax.Array     # f32[]: max_v ||W_v||
     norm16_max: jax.Array   # f32[]: max_v ||bf16(W_v)||
@@ -69,7 +68,7 @@ def checked_head(w: jax.Array) -> CheckedHead:
     w16 = w.astype(jnp.bfloat16)
     w16_f = w16.astype(jnp.float32)
     norms = lambda x: jnp.sqrt(jnp.sum(x * x, axis=-1)).max()
-    return CheckedHead(w=w, w16=w16, norm_max=norms(w), norm16_max=norms(w16_f), resid_max=norms(w - w16_f))
+    return CheckedHead(w16=w16, norm_max=norms(w), norm16_max=norms(w16_f), resid_max=norms(w - w16_f))
 
 
 def error_bound(head: CheckedHead, h: jax.Array, h16: jax.Array) -> jax.Array:
@@ -91,16 +90,18 @@ def error_bound(head: CheckedHead, h: jax.Array, h16: jax.Array) -> jax.Array:
     return 1.01 * delta + 1e-30
 
 
-def choose_tokens_checked(head: CheckedHead, hidden: jax.Array, exact_logits: Callable[[jax.Array], jax.Array],
+def choose_tokens_checked(head: CheckedHead, w: jax.Array, hidden: jax.Array,
+                          exact_logits: Callable[[jax.Array], jax.Array],
                           keys: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array, *,
                           cap: int = DEFAULT_CAP, search: int = DEFAULT_SEARCH,
                           active: jax.Array | None = None) -> tuple[jax.Array, jax.Array, jax.Array]:
     """`choose_tokens(exact_logits(hidden), ...)`'s tokens from the bf16 head (module docstring).
 
+    head: `checked_head(w)`; w f32[V, D]: the float32 head;
     hidden f32[B, D]: final-normed hidden states; exact_logits: the float32 head (the model's
     own `logits`), run only in the fallback branch. Other arguments as `choose_tokens`.
     Returns (tokens, logprobs, fell_back: bool[] whether the float32 branch ran)."""
-    vocab = head.w.shape[0]
+    vocab = w.shape[0]
     search = min(max(search, cap), vocab)
     cap = min(cap, search)
     h = hidden.astype(jnp.float32)
@@ -113,7 +114,7 @@ def choose_tokens_checked(head: CheckedHead, hidden: jax.Array, exact_logits: Ca
     # exact float32 logits of R, laid out in increasing id order so that top_k's tie rule
     # (lower position first) is choose_tokens' lower-id rule
     ids = jnp.sort(a_ids, axis=-1)
-    exact = jnp.einsum("bd,bsd->bs", h, jnp.take(head.w, ids, axis=0), preferred_element_type=jnp.float32)
+    exact = jnp.einsum("bd,bsd->bs", h, jnp.take(w, ids, axis=0), preferred_element_type=jnp.float32)
     cand_logits, at = jax.lax.top_k(exact, cap)
     cand_idx = jnp.take_along_axis(ids, at, axis=-1)
     k_eff = jnp.where((top_k <= 0) | (top_k >= vocab), vocab, top_k).astype(jnp.int32)

@@ -32,7 +32,7 @@ from flax import nnx
 
 from actionopd_jax.model import KVCache, left_pad_positions
 from actionopd_jax.model.layers import rope_cos_sin
-from actionopd_jax.sampling.checked_head import checked_head, choose_tokens_checked
+from actionopd_jax.sampling.checked_head import CheckedHead, checked_head, choose_tokens_checked
 from actionopd_jax.sampling.token_choice import choose_tokens
 
 _MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite: a fully masked row stays NaN-free
@@ -94,7 +94,11 @@ def _logits(model, hidden: jax.Array, head_w: jax.Array | None) -> jax.Array:
     return jnp.einsum("bd,vd->bv", hidden.astype(head_w.dtype), head_w, preferred_element_type=jnp.float32)
 
 
-def token_chooser(model, head: str, *, cap: int):
+def uses_checked_head(model, head: str) -> bool:
+    return head == "checked" and model.head_weight().dtype == jnp.float32
+
+
+def token_chooser(model, head: str, *, cap: int, checked: CheckedHead | None = None):
     """(hidden [R, D] (final-normed), keys, rows, active) -> (tokens, logprobs, fell_back) for
     one step (fell_back: the "checked" mode needed the float32 head this step).
 
@@ -105,12 +109,13 @@ def token_chooser(model, head: str, *, cap: int):
     rounded to bfloat16 (samples from the rounded model)."""
     if head not in HEAD_MODES:
         raise ValueError(f"lm_head must be one of {HEAD_MODES}, got {head!r}")
-    if head == "checked" and model.head_weight().dtype == jnp.float32:
-        checked = checked_head(model.head_weight())  # loop-invariant: built once per call
+    if uses_checked_head(model, head):
+        if checked is None:
+            checked = checked_head(model.head_weight())  # loop-invariant: built once per call
 
         def choose(hidden, keys, rows: RowSettings, active):
-            return choose_tokens_checked(checked, hidden, model.logits, keys, rows.temperature, rows.top_k,
-                                         rows.top_p, cap=cap, active=active)
+            return choose_tokens_checked(checked, model.head_weight(), hidden, model.logits, keys,
+                                         rows.temperature, rows.top_k, rows.top_p, cap=cap, active=active)
         return choose
     head_w = lm_head_weights(model, head)
 
@@ -207,8 +212,11 @@ def _shared_prefix_attention(q, prompt_k, prompt_v, prompt_valid, gen_k, gen_v, 
 
 
 def decode(graphdef: nnx.GraphDef, params: Any, state: DecodeState, rows: RowSettings,
-           end_ids: jax.Array, *, cap: int, head: str = "checked") -> DecodeState:
-    """Generate until all rows are done or the token buffer is full (early exit)."""
+           end_ids: jax.Array, checked: CheckedHead | None = None, *, cap: int,
+           head: str = "checked") -> DecodeState:
+    """Generate until all rows are done or the token buffer is full (early exit).
+    checked: the "checked" head's bf16 copy and norms when the caller keeps them between
+    calls (Sampler does, per head-weight array); None builds them inside this call."""
     model = nnx.merge(graphdef, params)
     cfg = model.cfg
     dt = jnp.dtype(cfg.dtype)
@@ -223,7 +231,7 @@ def decode(graphdef: nnx.GraphDef, params: Any, state: DecodeState, rows: RowSet
     # instead of five (each small matmul costs ~0.1 ms of fixed overhead on CPU)
     fused = [(layer.self_attn.fused_qkv_weight(), layer.mlp.fused_gate_up_weight()) for layer in layers]
     prompt = state.prompt
-    choose = token_chooser(model, head, cap=cap)
+    choose = token_chooser(model, head, cap=cap, checked=checked)
 
     def keep_going(s: DecodeState):
         return (s.step < max_new) & ~jnp.all(s.done)
