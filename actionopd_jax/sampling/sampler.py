@@ -80,23 +80,27 @@ def _signature(tree) -> tuple:
 
 
 @functools.cache
-def _compiler_options() -> dict:
+def _compiler_options(kind: str) -> tuple[tuple[str, Any], ...]:
     """XLA options for the sampler's programs, CPU only (other backends: none).
-    - dots alone go to the YNN library, one per call (the default also hands it fused
-      element-wise/reduction subgraphs; XLA's own loops run the decode step's vocabulary-wide
-      exp-sum ~1.5x faster): decode +6-10% on bench-tiny/small;
-    - on AVX-512 CPUs, 512-bit vectors (XLA's CPU default is 256): the exp-sum and maxima are
-      vector-bound; decode 1270 -> 1385 tok/s on bench-tiny (2-core Xeon)."""
+    - on AVX-512 CPUs, 512-bit vectors (XLA's CPU default is 256): the decode step's
+      vocabulary-wide exp-sum and maxima are vector-bound; decode 1270 -> 1385 tok/s on
+      bench-tiny (2-core Xeon);
+    - decode only: dots alone go to the YNN library, one per call (by default it also takes
+      fused element-wise/reduction subgraphs; XLA's own loops run the decode step's exp-sum
+      ~1.5x faster): decode +6-10% on bench-tiny/small. Prefill keeps the default (its
+      fused subgraphs are faster in YNN: 0.28 s vs 0.44 s on bench-tiny)."""
     if jax.default_backend() != "cpu":
-        return {}
-    options = {"xla_cpu_experimental_ynn_fusion_type": "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"}
+        return ()
+    options = {}
     try:
         with open("/proc/cpuinfo") as f:
             if " avx512f" in f.read():
                 options["xla_cpu_prefer_vector_width"] = 512
     except OSError:
         pass
-    return options
+    if kind == "decode":
+        options["xla_cpu_experimental_ynn_fusion_type"] = "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"
+    return tuple(options.items())
 
 
 _build_checked_head = jax.jit(checked_head_lib.checked_head)
@@ -153,7 +157,7 @@ class Sampler:
         if program is None:
             t0 = time.perf_counter()
             jitted = jax.jit(functools.partial(fn, **static), static_argnums=(0,), donate_argnums=donate)
-            program = jitted.lower(*args).compile(compiler_options=_compiler_options())
+            program = jitted.lower(*args).compile(compiler_options=dict(_compiler_options(kind)))
             seconds = time.perf_counter() - t0
             self.stats.programs += 1
             self.stats.seconds += seconds
