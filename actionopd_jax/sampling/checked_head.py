@@ -7,7 +7,7 @@ different model. This module keeps the float32 model's choice instead:
 
 1. approximate logits l~ = bf16(h) . bf16(W_v), float32 accumulation, for the whole vocabulary;
 2. a rigorous per-row bound `delta >= |l_v - l~_v|` for every v, where l is the float32
-   logit (module docstring of `error_bound`);
+   logit (see `error_bound`);
 3. the `search` best ids of l~ (the set R), and their float32 logits recomputed exactly (a
    gather of `search` rows of W and a small matmul);
 4. a row is *checked* when the ranks the draw can use (the top-k set; rank 0 for greedy) are
@@ -17,7 +17,7 @@ different model. This module keeps the float32 model's choice instead:
    the row's own uniforms: the token is the one the float32 head would pick
    (`token_choice.choose_tokens` on `model.logits`), up to the last-bit rounding differences
    between two float32 matmul kernels.
-5. rows that are not checked (top-k off or above `cap`, or a gap below 2 delta) take the
+5. rows that are not checked (top-k off or above `cap`, or inclusion not proven) take the
    float32 path: the full float32 head and `choose_tokens`, in a `lax.cond` branch that costs
    nothing when no active row needs it.
 
@@ -31,8 +31,9 @@ The tokens are the same. The trainer recomputes behaviour logprobs by default
 (train.old_logprobs=recompute), so this only touches the sampler's reported logprobs; use
 Sampler(lm_head="float32") where exact float32 normalisers matter more than speed.
 
-Applies only to a float32 head; a bfloat16 model's own head is already bfloat16, and the
-caller then uses `model.logits` directly.
+Applies only to a float32 head on CPU (decode.uses_checked_head): the bound assumes true
+float32 matmuls, which TPUs and GPUs do not run by default, and a bfloat16 model's own head
+is already bfloat16. Elsewhere the caller uses `model.logits` directly.
 """
 
 from __future__ import annotations
@@ -48,8 +49,7 @@ from actionopd_jax.sampling.token_choice import (DEFAULT_CAP, _top_candidates, c
 
 DEFAULT_SEARCH = DEFAULT_CAP  # ids whose float32 logits are recomputed per row per step
 
-_ROUND_BF16 = 2.0 ** -8   # unit roundoff of bfloat16 (8-bit significand, round to nearest)
-_ROUND_F32 = 2.0 ** -24
+_ROUND_F32 = 2.0 ** -24  # unit roundoff of float32 (round to nearest)
 
 
 @flax.struct.dataclass

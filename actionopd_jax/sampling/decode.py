@@ -95,7 +95,11 @@ def _logits(model, hidden: jax.Array, head_w: jax.Array | None) -> jax.Array:
 
 
 def uses_checked_head(model, head: str) -> bool:
-    return head == "checked" and model.head_weight().dtype == jnp.float32
+    """The "checked" head applies to a float32 head on CPU only: its error bound assumes true
+    float32 matmuls (TPUs' and GPUs' default f32 precision uses bf16/tf32 passes), and on
+    accelerators models run in bf16 anyway. Elsewhere "checked" means the model's own head."""
+    return (head == "checked" and model.head_weight().dtype == jnp.float32
+            and jax.default_backend() == "cpu")
 
 
 def token_chooser(model, head: str, *, cap: int, checked: CheckedHead | None = None):
@@ -104,9 +108,9 @@ def token_chooser(model, head: str, *, cap: int, checked: CheckedHead | None = N
 
     "checked" (default): a bfloat16 head whose candidates are checked against float32
     (checked_head.py): the float32 model's tokens at about a third of the head's cost. It
-    needs a float32 head; a model whose head is already bfloat16 uses its own head (same
-    logits either way). "float32": `model.logits` and `choose_tokens`. "bfloat16": the head
-    rounded to bfloat16 (samples from the rounded model)."""
+    needs a float32 head on CPU (`uses_checked_head`); otherwise the model's own head runs.
+    "float32": `model.logits` and `choose_tokens`. "bfloat16": the head rounded to bfloat16
+    (samples from the rounded model)."""
     if head not in HEAD_MODES:
         raise ValueError(f"lm_head must be one of {HEAD_MODES}, got {head!r}")
     if uses_checked_head(model, head):
