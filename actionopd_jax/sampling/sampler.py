@@ -17,6 +17,7 @@ import contextlib
 import dataclasses
 import functools
 import time
+import weakref
 from typing import Any, Sequence
 
 import jax
@@ -122,8 +123,9 @@ class Sampler:
     lm_head: how decode steps evaluate the LM head (decode.token_chooser). "checked"
     (default): a bfloat16 head whose best candidates are recomputed in float32 and checked
     against a rigorous error bound, falling back to the float32 head for any row the check
-    cannot settle: the float32 model's tokens, logprobs with an approximate normaliser (1.6e-4
-    from float32 on bench-tiny; checked_head.py), decoding about 1.3x faster on bench-tiny.
+    cannot settle: the float32 model's tokens, logprobs with an approximate normaliser (1.7e-4
+    from float32 on bench-tiny; checked_head.py), decoding 1.3-1.5x faster on bench-tiny.
+    Float32 heads on CPU only; elsewhere it is the model's own head.
     "float32": the model's float32 head at every step (exact normalisers). "bfloat16": the
     head rounded to bfloat16 (an explicit opt-in: the samples and logprobs are then those of
     the rounded head).
@@ -143,8 +145,9 @@ class Sampler:
         self.mesh = mesh
         self.stats = CompileStats()
         self._programs: dict[tuple, Any] = {}
-        # "checked" head: (head-weight array, its CheckedHead), rebuilt when the weights change
-        self._checked: tuple[jax.Array, Any] | None = None
+        # "checked" head: (weak ref to the head-weight array, its CheckedHead), rebuilt when the
+        # weights change; weak, so an updated-away head is not kept alive by the sampler
+        self._checked: tuple[weakref.ref, Any] | None = None
 
     @property
     def compile_count(self) -> int:
@@ -313,8 +316,8 @@ class Sampler:
             self._checked = None
             return None
         w = self.model.head_weight()
-        if self._checked is None or self._checked[0] is not w:
-            self._checked = (w, _build_checked_head(w))
+        if self._checked is None or self._checked[0]() is not w:
+            self._checked = (weakref.ref(w), _build_checked_head(w))
         return self._checked[1]
 
     def _mesh_context(self):

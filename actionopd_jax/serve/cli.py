@@ -2,6 +2,7 @@
 
     actionopd serve --hf DIR [--port 8000] [--api-key-env ACTIONOPD_API_KEY]
     actionopd serve --checkpoint DIR --tokenizer TOKDIR --mesh tensor=-1
+    actionopd serve --hf DIR --lm-head float32    # exact float32 logprob normalisers
 
 Binds 127.0.0.1 unless --host says otherwise. With --api-key-env NAME, clients must send
 `Authorization: Bearer $NAME`.
@@ -45,6 +46,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--mesh", type=parse_mesh, help="shard over local devices, e.g. tensor=-1 or fsdp=2,tensor=4")
     p.add_argument("--enable-thinking", action="store_true", help="default for chat_template_kwargs.enable_thinking")
     p.add_argument("--seed", type=int, help="init seed of the --tiny model (default: random)")
+    p.add_argument("--lm-head", choices=("checked", "float32", "bfloat16"), default="checked",
+                   help="decode-step LM head: checked (default; float32 tokens, bf16 speed on CPU), "
+                        "float32 (exact logprob normalisers), bfloat16 (rounded head)")
     return p
 
 
@@ -65,7 +69,7 @@ def main(argv: list[str]) -> int:
             print(f"actionopd serve: {e}", file=sys.stderr)
             return 2
         name = args.model_name or ("tiny" if args.tiny else Path(args.hf or args.checkpoint).resolve().name)
-        sampler = Sampler(model, cfg, eos_ids=end_token_ids(tokenizer), mesh=mesh)
+        sampler = Sampler(model, cfg, eos_ids=end_token_ids(tokenizer), mesh=mesh, lm_head=args.lm_head)
         backend = ModelBackend(sampler, tokenizer, model_name=name, max_context=args.max_context,
                                default_max_tokens=args.default_max_tokens,
                                batch_window_s=args.batch_window_ms / 1000.0, enable_thinking=args.enable_thinking)
