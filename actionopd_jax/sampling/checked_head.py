@@ -104,40 +104,56 @@ def choose_tokens_checked(head: CheckedHead, w: jax.Array, hidden: jax.Array,
     vocab = w.shape[0]
     search = min(max(search, cap), vocab)
     cap = min(cap, search)
-    h = hidden.astype(jnp.float32)
-    h16 = h.astype(jnp.bfloat16)
-    approx = jnp.einsum("bd,vd->bv", h16, head.w16, preferred_element_type=jnp.float32)
-    delta = error_bound(head, h, h16)
-    greedy, temp = greedy_and_temperature(temperature)
-
-    a_vals, a_ids = _top_candidates(approx, search)          # R; never sliced (see there)
-    # exact float32 logits of R, laid out in increasing id order so that top_k's tie rule
-    # (lower position first) is choose_tokens' lower-id rule
-    ids = jnp.sort(a_ids, axis=-1)
-    exact = jnp.einsum("bd,bsd->bs", h, jnp.take(w, ids, axis=0), preferred_element_type=jnp.float32)
-    cand_logits, at = jax.lax.top_k(exact, cap)
-    cand_idx = jnp.take_along_axis(ids, at, axis=-1)
+    greedy, _ = greedy_and_temperature(temperature)
     k_eff = jnp.where((top_k <= 0) | (top_k >= vocab), vocab, top_k).astype(jnp.int32)
-    need = jnp.where(greedy, 1, jnp.minimum(k_eff, cap))    # ranks the draw can use
-    kth = jnp.take_along_axis(cand_logits, (need - 1)[:, None], axis=-1)[:, 0]
-    outside = a_vals.min(-1)                                 # >= l~ of every id outside R
-    checked = (greedy | (k_eff <= cap)) & (kth > outside + delta)
-    top = cand_logits.max(-1, keepdims=True)                 # the row maximum when checked
-    # normaliser: bf16 values everywhere, swapped for the exact ones on the searched ids
-    approx_at_ids = jnp.take_along_axis(approx, ids, axis=-1)
-    swap = (jnp.exp((exact - top) / temp[:, None]) - jnp.exp((approx_at_ids - top) / temp[:, None])).sum(-1)
-    log_norm = jnp.log(jnp.exp((approx - top) / temp[:, None]).sum(-1) + swap)
-    pick = pick_from_candidates(cand_logits, cand_idx, top, log_norm, keys, temp, greedy, top_k, top_p, vocab)
-
-    fallback = ~(checked & pick.exact)
+    # rows whose settings the check can never settle (top-k off or above `cap`): when any is
+    # active, skip the bf16 work and run the float32 head directly (pure-temperature sampling
+    # costs what the float32 mode costs, not more)
+    unsettled = ~(greedy | (k_eff <= cap))
     if active is not None:
-        fallback = fallback & active
+        unsettled = unsettled & active
 
-    def float32_path(_):
+    def float32_only(_):
         tokens, logprobs = choose_tokens(exact_logits(hidden), keys, temperature, top_k, top_p, cap=cap,
                                          active=active)
-        return jnp.where(fallback, tokens, pick.tokens), jnp.where(fallback, logprobs, pick.logprobs)
+        return tokens.astype(jnp.int32), logprobs, jnp.ones((), bool)
 
-    fell_back = jnp.any(fallback)
-    tokens, logprobs = jax.lax.cond(fell_back, float32_path, lambda _: (pick.tokens, pick.logprobs), None)
-    return tokens.astype(jnp.int32), logprobs, fell_back
+    def checked_path(_):
+        h = hidden.astype(jnp.float32)
+        h16 = h.astype(jnp.bfloat16)
+        approx = jnp.einsum("bd,vd->bv", h16, head.w16, preferred_element_type=jnp.float32)
+        delta = error_bound(head, h, h16)
+        greedy, temp = greedy_and_temperature(temperature)
+
+        a_vals, a_ids = _top_candidates(approx, search)          # R; never sliced (see there)
+        # exact float32 logits of R, laid out in increasing id order so that top_k's tie rule
+        # (lower position first) is choose_tokens' lower-id rule
+        ids = jnp.sort(a_ids, axis=-1)
+        exact = jnp.einsum("bd,bsd->bs", h, jnp.take(w, ids, axis=0), preferred_element_type=jnp.float32)
+        cand_logits, at = jax.lax.top_k(exact, cap)
+        cand_idx = jnp.take_along_axis(ids, at, axis=-1)
+        need = jnp.where(greedy, 1, jnp.minimum(k_eff, cap))    # ranks the draw can use
+        kth = jnp.take_along_axis(cand_logits, (need - 1)[:, None], axis=-1)[:, 0]
+        outside = a_vals.min(-1)                                 # >= l~ of every id outside R
+        checked = (greedy | (k_eff <= cap)) & (kth > outside + delta)
+        top = cand_logits.max(-1, keepdims=True)                 # the row maximum when checked
+        # normaliser: bf16 values everywhere, swapped for the exact ones on the searched ids
+        approx_at_ids = jnp.take_along_axis(approx, ids, axis=-1)
+        swap = (jnp.exp((exact - top) / temp[:, None]) - jnp.exp((approx_at_ids - top) / temp[:, None])).sum(-1)
+        log_norm = jnp.log(jnp.exp((approx - top) / temp[:, None]).sum(-1) + swap)
+        pick = pick_from_candidates(cand_logits, cand_idx, top, log_norm, keys, temp, greedy, top_k, top_p, vocab)
+
+        fallback = ~(checked & pick.exact)
+        if active is not None:
+            fallback = fallback & active
+
+        def float32_path(_):
+            tokens, logprobs = choose_tokens(exact_logits(hidden), keys, temperature, top_k, top_p, cap=cap,
+                                             active=active)
+            return jnp.where(fallback, tokens, pick.tokens), jnp.where(fallback, logprobs, pick.logprobs)
+
+        fell_back = jnp.any(fallback)
+        tokens, logprobs = jax.lax.cond(fell_back, float32_path, lambda _: (pick.tokens, pick.logprobs), None)
+        return tokens.astype(jnp.int32), logprobs, fell_back
+
+    return jax.lax.cond(jnp.any(unsettled), float32_only, checked_path, None)
