@@ -25,6 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -72,7 +73,8 @@ def check_weights(model, C, model_dir: Path) -> float:
     return float(np.max(np.abs(ours - ref)))
 
 
-def bench_ours(model, C, reps: int, lm_head: str = "checked") -> dict:
+def bench_ours(model, C, reps: int, lm_head: str = "checked") -> tuple[dict, Any]:
+    """(summary of `reps` timed calls, the last call's SampleResult)."""
     import jax
 
     from actionopd_jax.sampling import Sampler
@@ -132,15 +134,14 @@ def bench_compiles(model, buckets=None, seed: int = 0, calls: int = 12) -> dict:
 
 def _table(config: str, ours: dict, peers: dict[str, dict], extra: dict[str, dict]) -> str:
     """ours: the default sampler (the ratios); extra: other lm_head modes, by name."""
-    rows = [(f"ours ({ours['lm_head']})", ours)] + [(f"ours ({name})", r) for name, r in extra.items()]
-    rows += [(name, r["sample"]) for name, r in peers.items()]
+    compared = [(f"ours ({ours['lm_head']})", ours)] + [(f"ours ({name})", r) for name, r in extra.items()]
+    rows = compared + [(name, r["sample"]) for name, r in peers.items()]
     lines = [f"\n{config}: 8 prompts x 512, 4 samples, 128 new tokens (medians)",
              f"{'system':<22}{'prefill s':>11}{'decode tok/s':>14}{'total s':>10}{'e2e tok/s':>11}",
              ]
     for name, r in rows:
         lines.append(f"{name:<22}{r['prefill_s']:>11.3f}{r['decode_tok_per_s']:>14.1f}{r['total_s']:>10.2f}"
                      f"{r['e2e_gen_tok_per_s']:>11.1f}")
-    compared = [(f"ours ({ours['lm_head']})", ours)] + [(f"ours ({name})", r) for name, r in extra.items()]
     for label, mine in compared:
         for name, r in peers.items():
             p = r["sample"]
@@ -151,8 +152,8 @@ def _table(config: str, ours: dict, peers: dict[str, dict], extra: dict[str, dic
         v = r["vs_first"]
         lines.append(f"ours ({name}) vs ours ({ours['lm_head']}), same keys: {v['same_tokens']:.0%} of rows with "
                      f"identical tokens, max |logprob difference| {v['max_logprob_diff']:.2e}")
-    for name, r in rows[:1 + len(extra)]:
-        if r.get("lm_head") == "checked":
+    for name, r in compared:
+        if r["lm_head"] == "checked":
             lines.append(f"{name}: decode steps that fell back to the float32 head, per call: "
                          f"{r['head_fallback_steps']} of {r['decode_steps_per_call']}")
     if "bfloat16" in extra or ours["lm_head"] == "bfloat16":

@@ -17,16 +17,18 @@ different model. This module keeps the float32 model's choice instead:
    the row's own uniforms: the token is the one the float32 head would pick
    (`token_choice.choose_tokens` on `model.logits`), up to the last-bit rounding differences
    between two float32 matmul kernels.
-5. rows that are not checked (top-k off or above `cap`, or inclusion not proven) take the
-   float32 path: the full float32 head and `choose_tokens`, in a `lax.cond` branch that costs
-   nothing when no active row needs it.
+5. rows that are not checked take the float32 path: the full float32 head and
+   `choose_tokens`, in a `lax.cond` branch that costs nothing when no active row needs it.
+   When an active row's settings alone rule the check out (top-k off or above `cap`), the
+   step skips steps 1-4 and runs only the float32 path (pure-temperature sampling costs what
+   the float32 mode costs).
 
 The logprob of a checked row is l_tok / T - LSE with the float32 logit of the token and a
 log-normaliser that uses exact logits for the searched ids and l~ for the rest. That
 normaliser is not exact: the rounding of h is shared by every id, so its error does not
 average away; it is about 2^-9 of the logits' scale times their spread. Measured against the
-float32 mode with the same keys: max |logprob difference| 1.6e-4 on bench-tiny (T = 0.6,
-logit std 0.3), 2e-3 on a sharper random head (logit std 2.4, tests/test_checked_head.py).
+float32 mode with the same keys: max |logprob difference| ~2e-4 on bench-tiny (T = 0.6,
+logit std 0.3), 3.2e-4 on bench-small, 2e-3 on a sharper random head (logit std 2.4, tests/test_checked_head.py).
 The tokens are the same. The trainer recomputes behaviour logprobs by default
 (train.old_logprobs=recompute), so this only touches the sampler's reported logprobs; use
 Sampler(lm_head="float32") where exact float32 normalisers matter more than speed.
@@ -44,7 +46,7 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
-from actionopd_jax.sampling.token_choice import (DEFAULT_CAP, _top_candidates, choose_tokens,
+from actionopd_jax.sampling.token_choice import (DEFAULT_CAP, _top_candidates, choose_tokens, effective_top_k,
                                                  greedy_and_temperature, pick_from_candidates)
 
 DEFAULT_SEARCH = DEFAULT_CAP  # ids whose float32 logits are recomputed per row per step
@@ -104,26 +106,26 @@ def choose_tokens_checked(head: CheckedHead, w: jax.Array, hidden: jax.Array,
     vocab = w.shape[0]
     search = min(max(search, cap), vocab)
     cap = min(cap, search)
-    greedy, _ = greedy_and_temperature(temperature)
-    k_eff = jnp.where((top_k <= 0) | (top_k >= vocab), vocab, top_k).astype(jnp.int32)
+    greedy, temp = greedy_and_temperature(temperature)
+    k_eff = effective_top_k(top_k, vocab)
     # rows whose settings the check can never settle (top-k off or above `cap`): when any is
-    # active, skip the bf16 work and run the float32 head directly (pure-temperature sampling
-    # costs what the float32 mode costs, not more)
+    # active, skip the bf16 work and run the float32 head directly
     unsettled = ~(greedy | (k_eff <= cap))
     if active is not None:
         unsettled = unsettled & active
 
+    def float32_choice():
+        return choose_tokens(exact_logits(hidden), keys, temperature, top_k, top_p, cap=cap, active=active)
+
     def float32_only(_):
-        tokens, logprobs = choose_tokens(exact_logits(hidden), keys, temperature, top_k, top_p, cap=cap,
-                                         active=active)
-        return tokens.astype(jnp.int32), logprobs, jnp.ones((), bool)
+        tokens, logprobs = float32_choice()
+        return tokens, logprobs, jnp.ones((), bool)
 
     def checked_path(_):
         h = hidden.astype(jnp.float32)
         h16 = h.astype(jnp.bfloat16)
         approx = jnp.einsum("bd,vd->bv", h16, head.w16, preferred_element_type=jnp.float32)
         delta = error_bound(head, h, h16)
-        greedy, temp = greedy_and_temperature(temperature)
 
         a_vals, a_ids = _top_candidates(approx, search)          # R; never sliced (see there)
         # exact float32 logits of R, laid out in increasing id order so that top_k's tie rule
@@ -135,7 +137,9 @@ def choose_tokens_checked(head: CheckedHead, w: jax.Array, hidden: jax.Array,
         need = jnp.where(greedy, 1, jnp.minimum(k_eff, cap))    # ranks the draw can use
         kth = jnp.take_along_axis(cand_logits, (need - 1)[:, None], axis=-1)[:, 0]
         outside = a_vals.min(-1)                                 # >= l~ of every id outside R
-        checked = (greedy | (k_eff <= cap)) & (kth > outside + delta)
+        # every active row here is greedy or has top-k <= cap (else float32_only ran), so the
+        # candidate draw is exact wherever inclusion is proven
+        checked = kth > outside + delta
         top = cand_logits.max(-1, keepdims=True)                 # the row maximum when checked
         # normaliser: bf16 values everywhere, swapped for the exact ones on the searched ids
         approx_at_ids = jnp.take_along_axis(approx, ids, axis=-1)
@@ -143,13 +147,10 @@ def choose_tokens_checked(head: CheckedHead, w: jax.Array, hidden: jax.Array,
         log_norm = jnp.log(jnp.exp((approx - top) / temp[:, None]).sum(-1) + swap)
         pick = pick_from_candidates(cand_logits, cand_idx, top, log_norm, keys, temp, greedy, top_k, top_p, vocab)
 
-        fallback = ~(checked & pick.exact)
-        if active is not None:
-            fallback = fallback & active
+        fallback = ~checked if active is None else ~checked & active
 
         def float32_path(_):
-            tokens, logprobs = choose_tokens(exact_logits(hidden), keys, temperature, top_k, top_p, cap=cap,
-                                             active=active)
+            tokens, logprobs = float32_choice()
             return jnp.where(fallback, tokens, pick.tokens), jnp.where(fallback, logprobs, pick.logprobs)
 
         fell_back = jnp.any(fallback)

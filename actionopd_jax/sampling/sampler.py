@@ -123,7 +123,7 @@ class Sampler:
     lm_head: how decode steps evaluate the LM head (decode.token_chooser). "checked"
     (default): a bfloat16 head whose best candidates are recomputed in float32 and checked
     against a rigorous error bound, falling back to the float32 head for any row the check
-    cannot settle: the float32 model's tokens, logprobs with an approximate normaliser (1.7e-4
+    cannot settle: the float32 model's tokens, logprobs with an approximate normaliser (~2e-4
     from float32 on bench-tiny; checked_head.py), decoding 1.3-1.5x faster on bench-tiny.
     Float32 heads on CPU only; elsewhere it is the model's own head.
     "float32": the model's float32 head at every step (exact normalisers). "bfloat16": the

@@ -243,6 +243,11 @@ def greedy_and_temperature(temperature: jax.Array) -> tuple[jax.Array, jax.Array
     return greedy, jnp.where(greedy, 1.0, temperature).astype(jnp.float32)
 
 
+def effective_top_k(top_k: jax.Array, vocab: int) -> jax.Array:
+    """Per-row top-k with "off" (0) and anything >= the vocabulary mapped to the vocabulary."""
+    return jnp.where((top_k <= 0) | (top_k >= vocab), vocab, top_k).astype(jnp.int32)
+
+
 @flax.struct.dataclass
 class CandidatePick:
     tokens: jax.Array      # i32[B]
@@ -263,7 +268,7 @@ def pick_from_candidates(cand_logits, cand_idx, top, log_norm, keys, temp, greed
     cand_vals = (cand_logits - top) / temp[:, None]           # tempered, shifted: the best is 0
     cand_probs = jnp.exp(cand_vals - log_norm[:, None])
 
-    k_eff = jnp.where((top_k <= 0) | (top_k >= vocab), vocab, top_k).astype(jnp.int32)
+    k_eff = effective_top_k(top_k, vocab)
     # candidate path is exact iff the kept set provably lies in the top `cap` tokens
     nucleus_fits = (k_eff == vocab) & (top_p < 1.0) & (cand_probs.sum(-1) >= top_p)
     exact_in_cap = greedy | (k_eff <= cap) | nucleus_fits
