@@ -1,12 +1,15 @@
 """The Sampler on a tiny random Qwen3: exactness against full forwards, keys, stops, compiles."""
 
+import dataclasses
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flax import nnx
 
-from actionopd_jax.sampling import Buckets, Sampler
+from actionopd_jax.sampling import Buckets, Sampler, decode
 from tests._sampler_fixtures import next_token_logits, random_model
 
 BUCKETS = Buckets(prompt_len=(16, 64), prompts=(1, 2, 4), samples=(1, 2, 4), max_new=(8, 16))
@@ -113,6 +116,33 @@ def test_early_exit_when_every_row_has_stopped(model):
     out = sampler.sample(prompts, n=4, max_new_tokens=16, temperature=0.0, key=jax.random.key(0))
     assert all(len(g.token_ids) <= 2 and g.finish_reason == "stop" for g in out.generations[0])
     assert out.decode_steps <= 2  # the loop stopped, it did not run to the 16-token bucket
+
+
+def test_generated_cache_blocks_change_nothing_but_the_work(model, sampler):
+    """Decode in phases over a generated cache split at 3, 5 and 8 (blocks of 3, 2, 3 and 8
+    slots; decode.attention_spans): greedy tokens are still the argmax chain of full
+    forwards, sampled tokens and logprobs equal the one-block sampler's with the same keys,
+    and rows that stop inside a phase or on its last slot stay stopped."""
+    assert decode.attention_spans(16, (3, 5, 8)) == (3, 5, 8, 16)
+    assert decode.attention_spans(16, (16, 32)) == (16,)
+    assert decode.attention_spans(64, ()) == (64,)
+    blocked = Sampler(model, eos_ids=[], buckets=dataclasses.replace(BUCKETS, attention_spans=(3, 5, 8)))
+    prompts = _prompts([3, 17, 50, 9], seed=8)
+    out = blocked.sample(prompts, n=1, max_new_tokens=14, temperature=0.0, key=jax.random.key(0))
+    for prompt, (gen,) in zip(prompts, out.generations):
+        assert gen.token_ids.shape == (14,)
+        np.testing.assert_array_equal(gen.token_ids, next_token_logits(model, prompt, gen.token_ids).argmax(-1))
+    kw = dict(n=3, max_new_tokens=[16, 5, 8, 3], temperature=1.0, top_k=20, key=jax.random.key(3))
+    a, b = blocked.sample(prompts, **kw), sampler.sample(prompts, **kw)
+    for gens_a, gens_b in zip(a.generations, b.generations):
+        for ga, gb in zip(gens_a, gens_b):
+            np.testing.assert_array_equal(ga.token_ids, gb.token_ids)
+            np.testing.assert_allclose(ga.logprobs, gb.logprobs, atol=1e-5)
+    assert [len(g[0].token_ids) for g in a.generations] == [16, 5, 8, 3]
+    # the phases really ran as separate loops: one top-level while per block
+    programs = [p for k, p in blocked._programs.items() if k[0] == "decode"]
+    loops = [re.findall(r' while\(.*op_name="jit\(decode\)/while"', p.as_text()) for p in programs]
+    assert programs and all(len(found) == 4 for found in loops), [len(found) for found in loops]
 
 
 def test_sampling_settings_do_not_recompile_and_buckets_bound_programs(model):

@@ -287,7 +287,7 @@ class Sampler:
             t0 = time.perf_counter()
             state = self._run("prefill", decode_lib.prefill, (graphdef, params, tokens, mask, rows, self.eos_ids),
                               {"samples": samples, "max_new": max_new, "cap": self.cap,
-                               "head": self.lm_head},
+                               "head": self.lm_head, "span_ladder": b.attention_spans},
                               label=(n_prompt_rows, prompt_len, samples, max_new))
             jax.block_until_ready(state.done)
             t1 = time.perf_counter()
