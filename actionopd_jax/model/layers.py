@@ -138,19 +138,28 @@ class Attention(nnx.Module):
             v = dense(x, self.v_proj[...].astype(dt), in_dims=1)
         else:
             h, kv = self.num_kv_heads * self.groups, self.num_kv_heads
-            qkv = dense(x, qkv_weight, in_dims=1)
+            qkv = dense_output_major(x, qkv_weight, in_dims=1)
             q, k, v = qkv[..., :h, :], qkv[..., h:h + kv, :], qkv[..., h + kv:, :]
         q = apply_rope(self.q_norm(q), cos, sin)
         k = apply_rope(self.k_norm(k), cos, sin)
         return q, k, v
 
     def fused_qkv_weight(self) -> jax.Array:
-        """[D, heads + 2 kv_heads, Dh]: q, k and v projections side by side, compute dtype."""
-        return jnp.concatenate([self.q_proj[...], self.k_proj[...], self.v_proj[...]], axis=1).astype(self.dtype)
+        """[heads + 2 kv_heads, Dh, D]: q, k and v projections side by side, output-major
+        (`dense_output_major`), compute dtype."""
+        w = jnp.concatenate([self.q_proj[...], self.k_proj[...], self.v_proj[...]], axis=1)
+        return w.transpose(1, 2, 0).astype(self.dtype)
 
-    def output(self, attn_out: jax.Array) -> jax.Array:
+    def output_major_o_weight(self) -> jax.Array:
+        """[D, heads, Dh]: the output projection, output-major, compute dtype."""
+        return self.o_proj[...].transpose(2, 0, 1).astype(self.dtype)
+
+    def output(self, attn_out: jax.Array, o_weight: jax.Array | None = None) -> jax.Array:
+        """o_weight: `output_major_o_weight()` from a caller that projects many times."""
         b, t = attn_out.shape[:2]
         attn_out = attn_out.reshape(b, t, self.num_kv_heads * self.groups, -1)
+        if o_weight is not None:
+            return dense_output_major(attn_out, o_weight, in_dims=2)
         return dense(attn_out, self.o_proj[...].astype(self.dtype), in_dims=2)
 
     def group_queries(self, q: jax.Array) -> jax.Array:
@@ -172,6 +181,20 @@ def dense(x: jax.Array, w: jax.Array, *, in_dims: int) -> jax.Array:
     return y.reshape(*lead, *out_shape)
 
 
+def dense_output_major(x: jax.Array, w: jax.Array, *, in_dims: int) -> jax.Array:
+    """`dense` with the weight stored output-major: w [*out, *in] (the contracted axes last).
+    The decode step's weights are kept this way on CPU: with a different weight every
+    matmul (streamed from memory, 32 rows), the YNN kernels ran 1.2-1.4x faster on [N, K]
+    weights than on [K, N] (measured: 1.23 -> 0.88 ms for 32 x 512 x 3072)."""
+    lead, contract = x.shape[: x.ndim - in_dims], x.shape[x.ndim - in_dims:]
+    k = 1
+    for n in contract:
+        k *= n
+    out_shape = w.shape[: w.ndim - in_dims]
+    y = jnp.einsum("rk,nk->rn", x.reshape(-1, k), w.reshape(-1, k))
+    return y.reshape(*lead, *out_shape)
+
+
 class MLP(nnx.Module):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
 
@@ -183,21 +206,29 @@ class MLP(nnx.Module):
         self.down_proj = _param(rngs, (i, d), pd, ("mlp", "embed"))
         self.dtype = jnp.dtype(cfg.dtype)
 
-    def __call__(self, x: jax.Array, gate_up_weight: jax.Array | None = None) -> jax.Array:
-        """gate_up_weight: `fused_gate_up_weight()` built once by a caller that applies the MLP
-        many times (decode): one matmul for gate and up instead of two."""
+    def __call__(self, x: jax.Array, gate_up_weight: jax.Array | None = None,
+                 down_weight: jax.Array | None = None) -> jax.Array:
+        """gate_up_weight / down_weight: `fused_gate_up_weight()` / `output_major_down_weight()`,
+        built once by a caller that applies the MLP many times (decode): one matmul for gate
+        and up instead of two, output-major weights."""
         dt = self.dtype
         if gate_up_weight is None:
             gate = dense(x, self.gate_proj[...].astype(dt), in_dims=1)
             up = dense(x, self.up_proj[...].astype(dt), in_dims=1)
         else:
-            gate_up = dense(x, gate_up_weight, in_dims=1)
+            gate_up = dense_output_major(x, gate_up_weight, in_dims=1)
             gate, up = jnp.split(gate_up, 2, axis=-1)
+        if down_weight is not None:
+            return dense_output_major(jax.nn.silu(gate) * up, down_weight, in_dims=1)
         return dense(jax.nn.silu(gate) * up, self.down_proj[...].astype(dt), in_dims=1)
 
     def fused_gate_up_weight(self) -> jax.Array:
-        """[D, 2 I]: gate and up projections side by side, compute dtype."""
-        return jnp.concatenate([self.gate_proj[...], self.up_proj[...]], axis=1).astype(self.dtype)
+        """[2 I, D]: gate and up projections side by side, output-major, compute dtype."""
+        return jnp.concatenate([self.gate_proj[...], self.up_proj[...]], axis=1).T.astype(self.dtype)
+
+    def output_major_down_weight(self) -> jax.Array:
+        """[D, I]: the down projection, output-major, compute dtype."""
+        return self.down_proj[...].T.astype(self.dtype)
 
 
 class DecoderLayer(nnx.Module):
