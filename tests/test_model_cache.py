@@ -7,6 +7,7 @@ import pytest
 from flax import nnx
 
 from actionopd_jax.model import KVCache, Qwen3, left_pad_positions
+from actionopd_jax.model.layers import rope_cos_sin
 from actionopd_jax.testing.tiny_checkpoint import tiny_config
 
 CFG = tiny_config(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, vocab_size=128)
@@ -106,3 +107,26 @@ def test_cache_shape_mismatch_is_reported():
     model = _model(9)
     with pytest.raises(ValueError, match="cache holds"):
         model(jnp.zeros((2, 1), jnp.int32), jnp.zeros((2, 1), jnp.int32), cache=KVCache.init(CFG, 3, 4))
+
+
+def test_decode_weights_give_the_layers_own_projections():
+    """The decode step's fused, output-major weights (layers.dense_output_major) compute what
+    the layer's own projections compute: q/k/v, the output projection and the MLP."""
+    model = _model(5)
+    graph, stacked = nnx.split(model.layers)
+    layer = nnx.merge(graph, jax.tree.map(lambda x: x[1], stacked))  # layer 1 of the stack
+    x = jax.random.normal(jax.random.key(0), (3, 2, CFG.hidden_size))
+    cos, sin = rope_cos_sin(jnp.arange(2)[None], CFG.head_dim, CFG.rope_theta)
+    attn, mlp = layer.self_attn, layer.mlp
+    for a, b in zip(attn.project_qkv(x, cos, sin), attn.project_qkv(x, cos, sin, attn.fused_qkv_weight())):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    groups = CFG.num_attention_heads // CFG.num_key_value_heads
+    heads = jax.random.normal(jax.random.key(1), (3, 2, CFG.num_key_value_heads, groups, CFG.head_dim))
+    np.testing.assert_allclose(attn.output(heads), attn.output(heads, attn.output_major_o_weight()),
+                               rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(mlp(x), mlp(x, mlp.fused_gate_up_weight(), mlp.output_major_down_weight()),
+                               rtol=1e-5, atol=1e-6)
+    # output-major: the contracted axis last
+    assert mlp.fused_gate_up_weight().shape == (2 * CFG.intermediate_size, CFG.hidden_size)
+    assert mlp.output_major_down_weight().shape == (CFG.hidden_size, CFG.intermediate_size)
+    assert attn.output_major_o_weight().shape == (CFG.hidden_size, CFG.num_attention_heads, CFG.head_dim)

@@ -268,7 +268,7 @@ def decode(graphdef: nnx.GraphDef, params: Any, state: DecodeState, rows: RowSet
 
     def one_token(s: DecodeState, block: int) -> DecodeState:
         start = block_ends[block - 1] if block else 0
-        slot = s.step - 1 - start              # the fed token (made at step-1) goes to gen slot step-1
+        slot = s.step - 1 - start              # the fed token (made at step-1) goes to slot step-1, here in the block
         visible = jnp.arange(block_ends[block] - start) <= slot
         positions = s.next_pos[:, None]
         h = jnp.take(model.embed_tokens[...], s.last[:, None], axis=0).astype(dt)   # [R, 1, D]
