@@ -145,6 +145,24 @@ def test_generated_cache_blocks_change_nothing_but_the_work(model, sampler):
     assert programs and all(len(found) == 4 for found in loops), [len(found) for found in loops]
 
 
+def test_unfused_step_weights_give_the_same_samples(model, sampler, monkeypatch):
+    """Accelerators decode with the modules' own weights (decode.fuse_step_weights is False
+    off CPU): forced here, that path samples the same tokens as the CPU default's fused,
+    output-major weights (and the test sees a different program: the weights differ)."""
+    prompts = _prompts([4, 21], seed=9)
+    kw = dict(n=2, max_new_tokens=12, temperature=0.8, top_k=20, key=jax.random.key(5))
+    fused = sampler.sample(prompts, **kw)
+    monkeypatch.setattr(decode, "fuse_step_weights", lambda: False)
+    plain_sampler = Sampler(model, eos_ids=[], buckets=BUCKETS)
+    plain = plain_sampler.sample(prompts, **kw)
+    for gens_a, gens_b in zip(fused.generations, plain.generations):
+        for a, b in zip(gens_a, gens_b):
+            np.testing.assert_array_equal(a.token_ids, b.token_ids)
+            np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
+    (program,) = [p for k, p in plain_sampler._programs.items() if k[0] == "decode"]
+    assert "rk,nk->rn" not in program.as_text()  # no output-major matmul in the unfused program
+
+
 def test_sampling_settings_do_not_recompile_and_buckets_bound_programs(model):
     compiles = []
     jax.monitoring.register_event_duration_secs_listener(
