@@ -169,3 +169,18 @@ def test_sampler_rebuilds_the_bf16_head_when_the_weights_change():
         np.testing.assert_array_equal(g.token_ids, r.token_ids)
     assert any(not np.array_equal(a.token_ids, b.token_ids)
                for a, b in zip(before.generations[0], after.generations[0]))
+
+
+@pytest.mark.parametrize("vocab", [4096, 20_011])
+def test_vocab_major_exp_sum_is_the_plain_sum(vocab):
+    """The normaliser's blocked exp-sum over [V, B] logits (a divisor of V, or a prime V with
+    a tail) equals sum_v exp((x - shift) / T) per column to float32 summation accuracy."""
+    from actionopd_jax.sampling.checked_head import _exp_sum_vocab_major
+
+    rng = np.random.default_rng(vocab)
+    x = rng.normal(size=(vocab, 5)).astype(np.float32) * 3
+    shift = x.max(0)
+    temp = np.array([0.3, 0.6, 1.0, 1.7, 1.0], np.float32)
+    got = np.asarray(jax.jit(_exp_sum_vocab_major)(jnp.asarray(x), jnp.asarray(shift), jnp.asarray(temp)))
+    want = np.exp((x.astype(np.float64) - shift) / temp).sum(0)
+    np.testing.assert_allclose(got, want, rtol=2e-6)

@@ -153,11 +153,14 @@ def test_same_key_same_draw_and_row_independence():
     assert np.array_equal(np.asarray(a)[:8], np.asarray(d))
 
 
+@pytest.mark.parametrize("vocab_major", [False, True])
 @pytest.mark.parametrize("vocab,cap", [(1037, 8), (4096, 64), (20_011, 64)])
 @pytest.mark.parametrize("kind", ["normal", "ties-at-top", "few-values", "half-masked"])
-def test_candidate_search_equals_lax_top_k(vocab, cap, kind):
+def test_candidate_search_equals_lax_top_k(vocab, cap, kind, vocab_major):
     """The grouped candidate search returns exactly lax.top_k's values and ids, ties to the
-    lower id included (equal logits force its exact fallback)."""
+    lower id included (equal logits force its exact fallback), from logits laid out [rows, V]
+    or [V, rows] (the checked head's layout). 1037 = 17 x 61 and 4096 split into groups
+    without a remainder; 20,011 is prime, so its last ids are a tail outside the groups."""
     from actionopd_jax.sampling.token_choice import _top_candidates
 
     rng = np.random.default_rng(vocab + cap)
@@ -168,7 +171,8 @@ def test_candidate_search_equals_lax_top_k(vocab, cap, kind):
         x = rng.integers(0, 5, size=(6, vocab)).astype(np.float32)
     elif kind == "half-masked":
         x[:, : vocab // 2] = -np.inf
-    values, ids = jax.jit(_top_candidates, static_argnums=1)(jnp.asarray(x), cap)
+    search = jax.jit(lambda logits: _top_candidates(logits, cap, vocab_major=vocab_major))
+    values, ids = search(jnp.asarray(x.T.copy() if vocab_major else x))
     ref_values, ref_ids = jax.lax.top_k(jnp.asarray(x), cap)
     np.testing.assert_array_equal(np.asarray(ids), np.asarray(ref_ids))
     np.testing.assert_array_equal(np.asarray(values), np.asarray(ref_values))

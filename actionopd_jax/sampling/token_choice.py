@@ -147,7 +147,7 @@ def _group_size(vocab: int) -> int:
     return min(divisors, key=lambda g: (abs(g - _STRIDE_GROUPS), g)) if divisors else _STRIDE_GROUPS
 
 
-def _top_candidates(logits: jax.Array, cap: int) -> tuple[jax.Array, jax.Array]:
+def _top_candidates(logits: jax.Array, cap: int, *, vocab_major: bool = False) -> tuple[jax.Array, jax.Array]:
     """Exactly `lax.top_k(logits, cap)` (same values, same ids, ties to the lower id), with
     less work on the vocabulary: split the ids into groups of `size` (_group_size) strided ids
     (group j = {j, j + n, j + 2n, ...}), take each group's maximum (one cheap pass), keep
@@ -158,16 +158,25 @@ def _top_candidates(logits: jax.Array, cap: int) -> tuple[jax.Array, jax.Array]:
     true top `cap` lie in the kept groups. The members are laid out in increasing id order
     (sorted group ids; member r of group j is r * n + j), so top_k's tie rule (lower
     position first) is the lower-id rule. When those two maxima tie (only with exactly equal
-    logits), the plain `lax.top_k` runs instead (`lax.cond`: free when not taken)."""
-    rows, vocab = logits.shape
+    logits), the plain `lax.top_k` runs instead (`lax.cond`: free when not taken).
+
+    vocab_major: logits are laid out [V, rows] instead of [rows, V] (the checked head's
+    matmul is faster with that output, checked_head.py); results are [rows, cap] either way."""
+    rows, vocab = logits.shape[::-1] if vocab_major else logits.shape
+    row_major = lambda: logits.T if vocab_major else logits   # only off the fast path
     size = _group_size(vocab)
     n = vocab // size
     if n <= cap + 1:  # small vocabulary: nothing to gain
-        return jax.lax.top_k(logits, cap)
-    body = (logits if n * size == vocab else logits[:, :n * size]).reshape(rows, size, n)
+        return jax.lax.top_k(row_major(), cap)
+    if vocab_major:
+        body = (logits if n * size == vocab else logits[:n * size]).reshape(size, n, rows)
+        group_max = body.max(axis=0).T
+    else:
+        body = (logits if n * size == vocab else logits[:, :n * size]).reshape(rows, size, n)
+        group_max = body.max(axis=1)
     # keep cap + 1 groups; never slice a top_k result: XLA then rewrites the top_k as a full
     # sort of its operand (measured: +80 ms here, +1.2 s on the vocabulary)
-    group_max, groups = jax.lax.top_k(body.max(axis=1), cap + 1)
+    group_max, groups = jax.lax.top_k(group_max, cap + 1)
     kept = groups.shape[-1]
     # exact iff the cap-th best kept maximum is strictly above the last kept one (>= every
     # dropped group's): i.e. the smallest kept maximum is unique
@@ -175,17 +184,22 @@ def _top_candidates(logits: jax.Array, cap: int) -> tuple[jax.Array, jax.Array]:
 
     def from_groups(_):
         order = jnp.sort(groups, axis=-1)
-        members = jnp.take_along_axis(body, jnp.broadcast_to(order[:, None, :], (rows, size, kept)), axis=2)
-        member_ids = jnp.arange(size, dtype=jnp.int32)[None, :, None] * n + order[:, None, :]
+        member_ids = jnp.arange(size, dtype=jnp.int32)[None, :, None] * n + order[:, None, :]   # [rows, size, kept]
         # ids past the last full stride (fewer than `size` of them) are always candidates
         tail_ids = jnp.arange(n * size, vocab, dtype=jnp.int32)
-        pool = jnp.concatenate([members.reshape(rows, -1), logits[:, n * size:]], axis=-1)
+        if vocab_major:
+            members = logits.at[member_ids, jnp.arange(rows)[:, None, None]].get(mode="promise_in_bounds")
+            tail = logits[n * size:].T
+        else:
+            members = jnp.take_along_axis(body, jnp.broadcast_to(order[:, None, :], (rows, size, kept)), axis=2)
+            tail = logits[:, n * size:]
+        pool = jnp.concatenate([members.reshape(rows, -1), tail], axis=-1)
         pool_ids = jnp.concatenate([member_ids.reshape(rows, -1), jnp.broadcast_to(tail_ids, (rows, tail_ids.size))],
                                    axis=-1)
         values, at = jax.lax.top_k(pool, cap)
         return values, jnp.take_along_axis(pool_ids, at, axis=-1)
 
-    return jax.lax.cond(boundary_tie, lambda _: tuple(jax.lax.top_k(logits, cap)), from_groups, None)
+    return jax.lax.cond(boundary_tie, lambda _: tuple(jax.lax.top_k(row_major(), cap)), from_groups, None)
 
 
 def choose_tokens(logits: jax.Array, keys: jax.Array, temperature: jax.Array, top_k: jax.Array,
