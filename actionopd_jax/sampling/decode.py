@@ -282,8 +282,8 @@ def decode(graphdef: nnx.GraphDef, params: Any, state: DecodeState, rows: RowSet
     choose = token_chooser(model, head, cap=cap, checked=checked)
     # RoPE cos/sin of every position this call can reach, computed once: computed per step,
     # XLA fused them into each layer's q and k fusions and evaluated them per element there
-    rope_table = [t[0] for t in rope_cos_sin(jnp.arange(prompt.valid.shape[-1] + max_new)[None],
-                                             cfg.head_dim, cfg.rope_theta)]   # [positions, Dh]
+    cos_table, sin_table = (t[0] for t in rope_cos_sin(jnp.arange(prompt.valid.shape[-1] + max_new)[None],
+                                                       cfg.head_dim, cfg.rope_theta))   # [positions, Dh]
 
     def one_token(s: DecodeState, block: int) -> DecodeState:
         start = block_ends[block - 1] if block else 0
@@ -291,8 +291,8 @@ def decode(graphdef: nnx.GraphDef, params: Any, state: DecodeState, rows: RowSet
         visible = jnp.arange(block_ends[block] - start) <= slot
         positions = s.next_pos[:, None]
         h = jnp.take(model.embed_tokens[...], s.last[:, None], axis=0).astype(dt)   # [R, 1, D]
-        cos = jnp.take(rope_table[0], positions, axis=0, mode="clip")   # [R, 1, Dh]
-        sin = jnp.take(rope_table[1], positions, axis=0, mode="clip")
+        cos = jnp.take(cos_table, positions, axis=0, mode="clip")   # [R, 1, Dh]
+        sin = jnp.take(sin_table, positions, axis=0, mode="clip")
         gen_k, gen_v = [list(b) for b in s.gen_k], [list(b) for b in s.gen_v]
         for i, layer in enumerate(layers):
             attn = layer.self_attn
