@@ -33,7 +33,9 @@ class ModelConfig:
     tokenizer: str = ""  # tokenizer dir (default: hf_path; the tiny job builds one)
     dtype: str = "float32"  # compute dtype ("bfloat16": bf16 compute, master weights stay param_dtype)
     param_dtype: str = "float32"  # master weights
-    remat: str = "none"  # "none" | "full" | "dots": per-layer rematerialisation
+    remat: str = "none"  # "none" | "full" | "dots" | "attn" | "offload": per-layer rematerialisation
+    # "auto" (splash on TPU, cudnn on GPU, the blocked path on CPU) | "splash" | "cudnn" | "xla" | "cpu"
+    attention: str = "auto"
     scan_unroll: int = 1  # layers per layer-scan iteration (0: all; 1: compile time flat in depth)
     init_seed: int = 0  # random init when there is no hf_path
 
@@ -229,7 +231,8 @@ class Config:
 CHOICES: dict[str, tuple[str, ...]] = {
     "model.dtype": ("float32", "bfloat16"),
     "model.param_dtype": ("float32", "bfloat16"),
-    "model.remat": ("none", "full", "dots"),
+    "model.remat": ("none", "full", "dots", "attn", "offload"),
+    "model.attention": ("auto", "splash", "cudnn", "xla", "cpu"),
     "train.loss": ("actionopd", "kd", "opd"),
     "train.old_logprobs": ("recompute", "sampler"),
     "collect.kind": ("synthetic", "actionopd", "kd", "opd"),
@@ -451,7 +454,7 @@ def _validate_method(cfg: Config) -> None:
 RESUME_SAFE_PREFIXES: tuple[str, ...] = (
     "mesh.", "checkpoint.", "eval.", "run.name", "run.root", "run.dir", "run.log_every",
     "run.tensorboard", "run.wandb_project", "run.progress", "run.distributed.",
-    "train.steps", "train.microbatch_rows", "train.logits_chunk", "train.vocab_chunk", "model.remat", "model.scan_unroll", "model.hf_path",
+    "train.steps", "train.microbatch_rows", "train.logits_chunk", "train.vocab_chunk", "model.remat", "model.scan_unroll", "model.attention", "model.hf_path",
     "model.tokenizer", "collect.concurrency", "teacher.base_url", "teacher.api_key_env",
     "teacher.cache_dir", "teacher.timeout_s", "teacher.concurrency", "matcher.base_url",
     "matcher.api_key_env", "matcher.cache_dir", "matcher.timeout_s", "matcher.concurrency",

@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 _DTYPES = ("float32", "bfloat16")
-_REMAT = ("none", "full", "dots")
+_REMAT = ("none", "full", "dots", "attn", "offload")
+_ATTENTION = ("auto", "splash", "cudnn", "xla", "cpu")  # model/attention.py
 _SUPPORTED_ARCH = "Qwen3ForCausalLM"
 
 
@@ -27,7 +28,8 @@ class Qwen3Config:
     max_position_embeddings: int = 40960
     param_dtype: str = "float32"  # "float32" | "bfloat16": storage dtype of the parameters
     dtype: str = "float32"  # compute dtype of activations
-    remat: str = "none"  # "none" | "full" | "dots": per-layer jax.checkpoint policy
+    remat: str = "none"  # per-layer jax.checkpoint policy: "none" | "full" | "dots" | "attn" | "offload" (qwen3.py)
+    attention: str = "auto"  # "auto" | "splash" | "cudnn" | "xla" | "cpu" (model/attention.py)
     # layers per iteration of the layer scan (0: all). 1 keeps compile time flat in depth; more
     # removes loop overhead (on CPU the backward of a 4-layer scan ran 1.5x faster unrolled)
     scan_unroll: int = 1
@@ -38,6 +40,8 @@ class Qwen3Config:
                 raise ValueError(f"Qwen3Config.{name}={getattr(self, name)!r}; expected one of {_DTYPES}")
         if self.remat not in _REMAT:
             raise ValueError(f"Qwen3Config.remat={self.remat!r}; expected one of {_REMAT}")
+        if self.attention not in _ATTENTION:
+            raise ValueError(f"Qwen3Config.attention={self.attention!r}; expected one of {_ATTENTION}")
         if int(self.scan_unroll) < 0:
             raise ValueError(f"Qwen3Config.scan_unroll must be >= 0 (0: unroll all layers), got {self.scan_unroll}")
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",

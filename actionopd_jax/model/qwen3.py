@@ -12,7 +12,8 @@ from flax import nnx
 
 from actionopd_jax.model.cache import KVCache
 from actionopd_jax.model.config import Qwen3Config
-from actionopd_jax.model.layers import DecoderLayer, RMSNorm, _param, attend, causal_attend, rope_cos_sin
+from actionopd_jax.model.attention import ATTENTION_OUT, causal_self_attention
+from actionopd_jax.model.layers import DecoderLayer, RMSNorm, _param, attend, rope_cos_sin
 from actionopd_jax.model.sharding import constrain
 
 _ACT = ("batch", "length", "act_embed")
@@ -21,6 +22,13 @@ _REMAT_POLICIES = {
     "full": jax.checkpoint_policies.nothing_saveable,
     # keep the weight matmuls (no batch dims), recompute attention and elementwise work
     "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+    # keep what the attention backward needs (splash: its output and log-sum-exp), recompute the
+    # rest: the backward never reruns the attention forward, the costliest part of a long row
+    "attn": jax.checkpoint_policies.save_only_these_names(ATTENTION_OUT),
+    # the same, kept in host memory instead of HBM (TPU/GPU pinned host memory)
+    "offload": jax.checkpoint_policies.save_and_offload_only_these_names(
+        names_which_can_be_saved=(), names_which_can_be_offloaded=(ATTENTION_OUT,),
+        offload_src="device", offload_dst="pinned_host"),
 }
 
 
@@ -73,7 +81,7 @@ class Qwen3(nnx.Module):
                 layer = nnx.merge(graphdef, one_layer)
                 attn = layer.self_attn
                 q, k, v = attn.project_qkv(layer.input_layernorm(h), cos, sin)
-                out = causal_attend(attn.group_queries(q), k, v, attention_mask, dt)
+                out = causal_self_attention(attn.group_queries(q), k, v, attention_mask, dt, cfg.attention)
                 return self._finish_block(layer, h, out), None
 
             if cfg.remat != "none":

@@ -19,7 +19,8 @@ def model_config(cfg: Config, saved_hf_dict: dict | None = None) -> Qwen3Config:
     """The student's Qwen3Config: from a checkpoint's record, the HF config.json, or a preset,
     with the run's dtype / remat choices applied."""
     m = cfg.model
-    over = dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat, scan_unroll=m.scan_unroll)
+    over = dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat, scan_unroll=m.scan_unroll,
+                attention=m.attention)
     if saved_hf_dict is not None:
         return Qwen3Config.from_hf_dict(saved_hf_dict, **over)
     if m.hf_path:
@@ -68,7 +69,8 @@ def initial_params(cfg: Config, qcfg: Qwen3Config, mesh) -> dict:
         from actionopd_jax.model.weights import load_hf
 
         _, model = load_hf(cfg.model.hf_path, cfg_overrides=dict(
-            dtype=qcfg.dtype, param_dtype=qcfg.param_dtype, remat=qcfg.remat, scan_unroll=qcfg.scan_unroll), mesh=mesh)
+            dtype=qcfg.dtype, param_dtype=qcfg.param_dtype, remat=qcfg.remat, scan_unroll=qcfg.scan_unroll,
+            attention=qcfg.attention), mesh=mesh)
         return split_params(model)[1]
     abstract = nnx.eval_shape(lambda: Qwen3(qcfg, rngs=nnx.Rngs(0)))
     shardings = nnx.to_pure_dict(param_shardings(nnx.state(abstract, nnx.Param), mesh))
