@@ -31,7 +31,11 @@ import flax.struct
 import jax
 import jax.numpy as jnp
 
+from actionopd_jax.model.sharding import constrain
+
 DEFAULT_CAP = 64
+
+_ROWS = ("batch", None)
 
 
 _BLOCK = 256  # full-vocabulary sampling: pick a block of this many ids, then an id in it
@@ -147,6 +151,14 @@ def _group_size(vocab: int) -> int:
     return min(divisors, key=lambda g: (abs(g - _STRIDE_GROUPS), g)) if divisors else _STRIDE_GROUPS
 
 
+def _same_layout(values: jax.Array, ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Pin a `lax.cond` branch's [rows, cap] results to one sharding (rows over the batch
+    axes) under a mesh. Without it, the SPMD partitioner gave the candidate ids (built from
+    iotas in one branch) a replicated layout in one branch and a row-sharded one in the other,
+    and TPU compilation failed (`conditional` shape mismatch: s32[16,64] vs s32[4,64])."""
+    return constrain(values, _ROWS), constrain(ids, _ROWS)
+
+
 def _top_candidates(logits: jax.Array, cap: int, *, vocab_major: bool = False) -> tuple[jax.Array, jax.Array]:
     """Exactly `lax.top_k(logits, cap)` (same values, same ids, ties to the lower id), with
     less work on the vocabulary: split the ids into groups of `size` (_group_size) strided ids
@@ -197,9 +209,12 @@ def _top_candidates(logits: jax.Array, cap: int, *, vocab_major: bool = False) -
         pool_ids = jnp.concatenate([member_ids.reshape(rows, -1), jnp.broadcast_to(tail_ids, (rows, tail_ids.size))],
                                    axis=-1)
         values, at = jax.lax.top_k(pool, cap)
-        return values, jnp.take_along_axis(pool_ids, at, axis=-1)
+        return _same_layout(values, jnp.take_along_axis(pool_ids, at, axis=-1))
 
-    return jax.lax.cond(boundary_tie, lambda _: tuple(jax.lax.top_k(row_major(), cap)), from_groups, None)
+    def plain(_):
+        return _same_layout(*jax.lax.top_k(row_major(), cap))
+
+    return jax.lax.cond(boundary_tie, plain, from_groups, None)
 
 
 def choose_tokens(logits: jax.Array, keys: jax.Array, temperature: jax.Array, top_k: jax.Array,
