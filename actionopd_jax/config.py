@@ -46,6 +46,9 @@ class MeshConfig:
     fsdp: int = -1  # -1: all devices the other axes leave
     tensor: int = 1
     device_memory_gb: float = 0.0  # for --check without the devices (0: read from the device)
+    # the hardware the recipe is for (actionopd_jax/aot/targets.py: v5p-8, v5p-16, v5p-32, v5e-16,
+    # v5e-64, v6e-8, h100x8, h200x8); `train --check --aot` compiles for it from any host
+    target: str = ""
 
 
 @dataclass(frozen=True)
@@ -393,6 +396,11 @@ def validate(cfg: Config) -> None:
             raise ConfigError(f"{key}={flat[key]!r}; expected one of {allowed}")
     if cfg.model.scan_unroll < 0:
         raise ConfigError(f"model.scan_unroll must be >= 0 (0: unroll every layer), got {cfg.model.scan_unroll}")
+    if cfg.mesh.target:
+        from actionopd_jax.aot.targets import TARGETS
+
+        if cfg.mesh.target not in TARGETS:
+            raise ConfigError(f"mesh.target={cfg.mesh.target!r}; known targets: {', '.join(TARGETS)}")
     t = cfg.train
     positive = {"train.minibatch_rows": t.minibatch_rows, "train.microbatch_rows": t.microbatch_rows,
                 "train.max_seq_len": t.max_seq_len, "train.bucket_multiple": t.bucket_multiple,

@@ -122,3 +122,22 @@ def test_model_forward_and_gradient_equal_the_cpu_path(impl):
     np.testing.assert_allclose(np.asarray(h_impl)[real], np.asarray(h_cpu)[real], atol=2e-5, rtol=2e-5)
     for a, b in zip(jax.tree.leaves(g_impl), jax.tree.leaves(g_cpu)):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=2e-4, rtol=2e-4)
+
+
+@pytest.mark.parametrize("impl", ["cpu", "splash"])
+def test_prefill_kv_equals_the_cached_forward(impl):
+    """`Qwen3.prefill_kv` (the sampler's long-prompt prefill: fused attention, no [T, T]
+    scores) gives the cached forward's hidden states and keys/values on left-padded prompts."""
+    from actionopd_jax.model import KVCache, left_pad_positions
+
+    cfg = PRESETS["tiny"].replace(attention=impl)
+    model = Qwen3(cfg, rngs=nnx.Rngs(1))
+    tokens = jax.random.randint(jax.random.key(4), (2, 80), 0, cfg.vocab_size)
+    mask = jnp.ones((2, 80), bool).at[1, :30].set(False)
+    positions = left_pad_positions(mask)
+    h_ref, cache = model(tokens, positions, attention_mask=mask, cache=KVCache.init(cfg, 2, 80))
+    h, k, v = model.prefill_kv(tokens, positions, mask)
+    real = np.asarray(mask)
+    np.testing.assert_allclose(np.asarray(h)[real], np.asarray(h_ref)[real], atol=2e-5, rtol=2e-5)
+    np.testing.assert_allclose(np.asarray(k)[:, real], np.asarray(cache.k)[:, real], atol=2e-5, rtol=2e-5)
+    np.testing.assert_allclose(np.asarray(v)[:, real], np.asarray(cache.v)[:, real], atol=2e-5, rtol=2e-5)

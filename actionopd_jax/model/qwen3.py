@@ -17,6 +17,7 @@ from actionopd_jax.model.layers import DecoderLayer, RMSNorm, _param, attend, ro
 from actionopd_jax.model.sharding import constrain
 
 _ACT = ("batch", "length", "act_embed")
+_KV = ("batch", "length", "kv_heads", "head_dim")
 
 _REMAT_POLICIES = {
     "full": jax.checkpoint_policies.nothing_saveable,
@@ -77,16 +78,7 @@ class Qwen3(nnx.Module):
         graphdef, layer_state = nnx.split(self.layers)
 
         if cache is None:
-            def body(h, one_layer):
-                layer = nnx.merge(graphdef, one_layer)
-                attn = layer.self_attn
-                q, k, v = attn.project_qkv(layer.input_layernorm(h), cos, sin)
-                out = causal_self_attention(attn.group_queries(q), k, v, attention_mask, dt, cfg.attention)
-                return self._finish_block(layer, h, out), None
-
-            if cfg.remat != "none":
-                body = jax.checkpoint(body, policy=_REMAT_POLICIES[cfg.remat])
-            h, _ = jax.lax.scan(body, h, layer_state, unroll=cfg.layers_per_scan_step)
+            h, _ = self._causal_layers(h, cos, sin, attention_mask, graphdef, layer_state, keep_kv=False)
             return self.norm(h), None
 
         if cache.k.shape[:2] != (cfg.num_hidden_layers, b):
@@ -117,6 +109,36 @@ class Qwen3(nnx.Module):
                                             unroll=cfg.layers_per_scan_step)
         new_cache = KVCache(k=k_all, v=v_all, valid=valid, index=(start + t).astype(jnp.int32))
         return self.norm(h), new_cache
+
+    def prefill_kv(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array
+                   ) -> tuple[jax.Array, jax.Array, jax.Array]:
+        """(final-normed hidden [B, T, D], keys, values [L, B, T, KVH, Dh] in compute dtype) of a
+        whole prompt through the fused causal attention (`cfg.attention`): a prompt of any
+        length never materialises a [T, T] score matrix (the cached forward does)."""
+        dt = jnp.dtype(self.cfg.dtype)
+        h = constrain(jnp.take(self.embed_tokens[...], tokens, axis=0).astype(dt), _ACT)
+        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta)
+        graphdef, layer_state = nnx.split(self.layers)
+        h, (k, v) = self._causal_layers(h, cos, sin, attention_mask.astype(bool), graphdef, layer_state,
+                                        keep_kv=True)
+        return self.norm(h), k, v
+
+    def _causal_layers(self, h, cos, sin, attention_mask, graphdef, layer_state, *, keep_kv: bool):
+        """The layer scan of a cache-free forward; keep_kv also returns every layer's k/v."""
+        cfg = self.cfg
+        dt = jnp.dtype(cfg.dtype)
+
+        def body(h, one_layer):
+            layer = nnx.merge(graphdef, one_layer)
+            attn = layer.self_attn
+            q, k, v = attn.project_qkv(layer.input_layernorm(h), cos, sin)
+            out = causal_self_attention(attn.group_queries(q), k, v, attention_mask, dt, cfg.attention)
+            kv = (constrain(k, _KV), constrain(v, _KV)) if keep_kv else None
+            return self._finish_block(layer, h, out), kv
+
+        if cfg.remat != "none" and not keep_kv:
+            body = jax.checkpoint(body, policy=_REMAT_POLICIES[cfg.remat])
+        return jax.lax.scan(body, h, layer_state, unroll=cfg.layers_per_scan_step)
 
     @staticmethod
     def _finish_block(layer: DecoderLayer, h: jax.Array, attn_out: jax.Array) -> jax.Array:

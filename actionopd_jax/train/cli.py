@@ -1,7 +1,7 @@
 """`actionopd train`: run, check, smoke-test or resume a training job.
 
     actionopd train [--config configs/X.yaml] [section.key=value ...]
-                    [--check [--devices N]] [--smoke] [--resume [STEP]] [--force] [--run-dir DIR]
+                    [--check [--devices N] [--aot [--target T] [--lengths L,...]]] [--smoke] [--resume [STEP]] [--force] [--run-dir DIR]
 
 Without --config the embedded defaults are used (the tiny CPU job, = configs/tiny_cpu.yaml).
 """
@@ -26,6 +26,17 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--check", action="store_true", help="validate and print the plan; run nothing")
     p.add_argument("--devices", type=int, default=0,
                    help="with --check: plan for this many devices instead of the visible ones")
+    p.add_argument("--aot", action="store_true",
+                   help="with --check: compile the real train-step programs for the target's devices "
+                        "(TPU topologies need the tpu extra's libtpu; no hardware) and print the "
+                        "compiler's memory, FLOPs, estimated seconds and MFU")
+    p.add_argument("--target", default="",
+                   help="with --aot: the target (default mesh.target), e.g. v5p-8, v5p-16, v5e-16, v6e-8")
+    p.add_argument("--lengths", default="",
+                   help="with --aot: sequence buckets to compile, e.g. 8192,32768, or 'all' "
+                        "(default: the largest, train.max_seq_len)")
+    p.add_argument("--no-cost", action="store_true",
+                   help="with --aot: skip the 1- and 2-layer twins that extrapolate the compiler's cost")
     p.add_argument("--smoke", action="store_true", help="one tiny step end to end, then verify the checkpoint")
     p.add_argument("--resume", nargs="?", const="latest", default=None, metavar="STEP",
                    help="resume the run (latest readable checkpoint, or STEP)")
@@ -76,6 +87,29 @@ def check(cfg: Config, devices: int = 0) -> int:
             print(line)
     print("config OK" + ("" if fits else " (but the estimate exceeds device memory)"))
     return 0
+
+
+def check_aot(cfg: Config, target: str, lengths: str = "", cost: bool = True) -> int:
+    """Compile the run's train-step programs for `target`; 0 when all fit with 10% HBM free."""
+    from actionopd_jax.aot.targets import TARGETS, TargetUnavailable
+    from actionopd_jax.train.aot_check import run_check
+    from actionopd_jax.train.setup import model_config
+
+    if not target:
+        raise ConfigError(f"--aot needs a target: set mesh.target in the config or pass --target "
+                          f"(one of {', '.join(TARGETS)})")
+    if target not in TARGETS:
+        raise ConfigError(f"unknown --aot target {target!r}; known: {', '.join(TARGETS)}")
+    if cfg.model.hf_path and not (Path(cfg.model.hf_path) / "config.json").is_file():
+        cfg = cfg.replace(**{"model.hf_path": ""})   # same shapes from the preset (noted by check)
+    try:
+        fits = run_check(cfg, model_config(cfg), target, lengths, cost=cost)
+    except TargetUnavailable as e:
+        print(f"AOT: {e}")
+        return 2
+    print("AOT OK: every program compiled and fits with >= 10% HBM free" if fits else
+          "AOT: some program does not compile or leaves < 10% HBM free (see the table)")
+    return 0 if fits else 1
 
 
 def _run_dir(cfg: Config, args) -> Path:
@@ -149,8 +183,13 @@ def main(argv: list[str]) -> int:
             raise ConfigError(f"--resume takes a step number, got {args.resume!r}")
         overrides = list(args.overrides) + (list(SMOKE_OVERRIDES) if args.smoke else [])
         cfg = load_config(args.config, overrides)
+        if args.aot and not args.check:
+            raise ConfigError("--aot is a mode of --check: actionopd train --check --aot ...")
         if args.check:
-            return check(cfg, args.devices)
+            code = check(cfg, args.devices)
+            if code == 0 and args.aot:
+                code = check_aot(cfg, args.target or cfg.mesh.target, args.lengths, cost=not args.no_cost)
+            return code
         return train(cfg, args)
     except ConfigError as e:
         print(f"actionopd train: config error: {e}", file=sys.stderr)

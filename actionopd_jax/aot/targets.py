@@ -1,0 +1,87 @@
+"""Named accelerator targets: topology, chips, and the per-chip figures a plan needs.
+
+Peak bf16 FLOP/s and HBM bandwidth are the vendors' published per-chip numbers; HBM is what
+the TPU compiler itself reports as the chip's capacity (v5p: "95.74G of hbm"). They are used
+only to turn compiler estimates into utilisation and to say how much memory is left.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+GiB = 1024 ** 3
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    name: str
+    platform: str            # "tpu" | "gpu"
+    topology: str            # jax topology name (TPU), e.g. "v5p:2x2x1"
+    chips: int
+    hbm_bytes: float         # per chip
+    peak_bf16_flops: float   # per chip, dense
+    hbm_bytes_per_s: float   # per chip
+    hosts: int = 1
+
+    @property
+    def chips_per_host(self) -> int:
+        return self.chips // self.hosts
+
+
+def _tpu(name, topology, chips, hosts, hbm_gib, tflops, gbps) -> Target:
+    return Target(name, "tpu", topology, chips, hbm_gib * GiB, tflops * 1e12, gbps * 1e9, hosts)
+
+
+TARGETS: dict[str, Target] = {t.name: t for t in (
+    # v5p: 95 GB HBM2e, 459 TFLOP/s bf16, 2,765 GB/s; 4 chips per host
+    _tpu("v5p-8", "v5p:2x2x1", 4, 1, 95.74, 459, 2765),
+    _tpu("v5p-16", "v5p:2x2x2", 8, 2, 95.74, 459, 2765),
+    _tpu("v5p-32", "v5p:2x2x4", 16, 4, 95.74, 459, 2765),
+    # v5e: 16 GB HBM2, 197 TFLOP/s bf16, 819 GB/s; 4 chips per host in these slices
+    _tpu("v5e-16", "v5e:4x4", 16, 4, 15.75, 197, 819),
+    _tpu("v5e-64", "v5e:8x8", 64, 16, 15.75, 197, 819),
+    # v6e (Trillium): 32 GB HBM, 918 TFLOP/s bf16, 1,640 GB/s
+    _tpu("v6e-8", "v6e:2x4", 8, 2, 31.25, 918, 1640),
+    # NVIDIA Hopper, per GPU (dense bf16): H100 SXM 80 GB / 3.35 TB/s, H200 141 GB / 4.8 TB/s
+    Target("h100x8", "gpu", "", 8, 80e9, 989e12, 3.35e12),
+    Target("h200x8", "gpu", "", 8, 141e9, 989e12, 4.8e12),
+)}
+
+
+def get_target(name: str) -> Target:
+    try:
+        return TARGETS[name]
+    except KeyError:
+        raise ValueError(f"unknown target {name!r}; known: {', '.join(TARGETS)}") from None
+
+
+class TargetUnavailable(RuntimeError):
+    """This machine cannot compile for the target (no libtpu, or no deviceless GPU compiler)."""
+
+
+@functools.cache
+def target_devices(name: str) -> tuple:
+    """Devices of the target, compiled for without the hardware (TPU: libtpu's topology)."""
+    target = get_target(name)
+    from jax.experimental import topologies
+
+    if target.platform == "gpu":
+        # jax's CUDA plugin answers "topology not implemented for cuda" for a deviceless GPU
+        # topology (jax 0.10.2); try anyway so a future jax that can is used, and say why not
+        try:
+            return tuple(topologies.get_topology_desc(topology_name=target.name, platform="cuda").devices)
+        except Exception as e:  # noqa: BLE001 - reported to the user as the reason
+            raise TargetUnavailable(
+                f"{name}: this jax cannot compile for a GPU without one (get_topology_desc(platform='cuda'): "
+                f"{str(e).splitlines()[0][:200]}). GPU memory is planned by `--check` only; "
+                f"compile on the GPU host itself (`actionopd train --check --aot --target local`)") from None
+    try:
+        import libtpu  # noqa: F401
+    except ImportError:
+        raise TargetUnavailable(f"{name}: compiling for TPU needs libtpu: pip install -e '.[tpu]' "
+                                "(the jax[tpu] pin; it runs on a CPU host too)") from None
+    devices = tuple(topologies.get_topology_desc(topology_name=target.topology, platform="tpu").devices)
+    if len(devices) != target.chips:
+        raise AssertionError(f"{target.topology} has {len(devices)} chips, expected {target.chips}")
+    return devices
