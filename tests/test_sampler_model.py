@@ -145,22 +145,49 @@ def test_generated_cache_blocks_change_nothing_but_the_work(model, sampler):
     assert programs and all(len(found) == 4 for found in loops), [len(found) for found in loops]
 
 
-def test_unfused_step_weights_give_the_same_samples(model, sampler, monkeypatch):
-    """Accelerators decode with the modules' own weights (decode.fuse_step_weights is False
-    off CPU): forced here, that path samples the same tokens as the CPU default's fused,
-    output-major weights (and the test sees a different program: the weights differ)."""
-    prompts = _prompts([4, 21], seed=9)
-    kw = dict(n=2, max_new_tokens=12, temperature=0.8, top_k=20, key=jax.random.key(5))
-    fused = sampler.sample(prompts, **kw)
-    monkeypatch.setattr(decode, "fuse_step_weights", lambda: False)
-    plain_sampler = Sampler(model, eos_ids=[], buckets=BUCKETS)
-    plain = plain_sampler.sample(prompts, **kw)
-    for gens_a, gens_b in zip(fused.generations, plain.generations):
-        for a, b in zip(gens_a, gens_b):
-            np.testing.assert_array_equal(a.token_ids, b.token_ids)
-            np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5)
-    (program,) = [p for k, p in plain_sampler._programs.items() if k[0] == "decode"]
-    assert "rk,nk->rn" not in program.as_text()  # no output-major matmul in the unfused program
+@pytest.mark.parametrize("lm_head", ["checked", "float32"])
+def test_accelerator_path_forced_on_cpu_gives_the_same_samples(model, sampler, lm_head):
+    """The accelerator path (layers under lax.scan, stacked KV cache, one attention phase,
+    the model's own head; decode.py), forced on CPU: greedy tokens are the argmax chain of
+    full forwards, and sampled tokens and logprobs equal the CPU backend's with the same keys
+    (rows stopping at different lengths included; the CPU backend's "checked" head reports
+    logprobs with an approximate normaliser, ~2e-4, checked_head.py). The programs really differ: the scan
+    path has no output-major matmul and a layer loop inside the decode loop."""
+    scan = Sampler(model, eos_ids=[], buckets=BUCKETS, backend="accelerator", lm_head=lm_head)
+    cpu = sampler if lm_head == "checked" else Sampler(model, eos_ids=[], buckets=BUCKETS, lm_head=lm_head)
+    assert scan.backend == "accelerator" and cpu.backend == "cpu"
+    prompts = _prompts([3, 17, 50, 9], seed=8)
+    greedy = scan.sample(prompts, n=1, max_new_tokens=14, temperature=0.0, key=jax.random.key(0))
+    for prompt, (gen,) in zip(prompts, greedy.generations):
+        assert gen.token_ids.shape == (14,)
+        np.testing.assert_array_equal(gen.token_ids, next_token_logits(model, prompt, gen.token_ids).argmax(-1))
+    ref = cpu.sample(prompts, n=1, max_new_tokens=14, temperature=0.0, key=jax.random.key(0))
+    for kw in (dict(n=3, max_new_tokens=[16, 5, 8, 3], temperature=1.0, top_k=20, key=jax.random.key(3)),
+               dict(n=2, max_new_tokens=12, temperature=0.8, top_p=0.9, key=jax.random.key(5))):
+        got, want = scan.sample(prompts, **kw), cpu.sample(prompts, **kw)
+        for gens_a, gens_b in zip(got.generations + greedy.generations, want.generations + ref.generations):
+            for a, b in zip(gens_a, gens_b):
+                np.testing.assert_array_equal(a.token_ids, b.token_ids)
+                np.testing.assert_allclose(a.logprobs, b.logprobs, atol=1e-5 if lm_head == "float32" else 1e-3)
+        assert [len(g[0].token_ids) for g in got.generations] == [len(g[0].token_ids) for g in want.generations]
+    programs = [p.as_text() for k, p in scan._programs.items() if k[0] == "decode"]
+    assert programs
+    for text in programs:
+        assert "rk,nk->rn" not in text                        # the modules' own weights
+        assert len(re.findall(r" while\(", text)) >= 2        # decode loop + layer scan
+    assert scan._checked is None                              # no "checked" head off the CPU backend
+
+
+def test_backend_follows_the_target_platform():
+    """The backend is chosen from the target (the mesh's devices while tracing under it),
+    never from the host's default backend alone."""
+    assert decode.resolve_backend("auto", "tpu") == "accelerator"
+    assert decode.resolve_backend("auto", "gpu") == "accelerator"
+    assert decode.resolve_backend("auto", "cpu") == "cpu"
+    assert decode.resolve_backend("accelerator", "cpu") == "accelerator"
+    assert decode.resolve_backend() == "cpu"       # tests run on CPU, no mesh
+    with pytest.raises(ValueError, match="backend"):
+        decode.resolve_backend("gpu")
 
 
 def test_sampling_settings_do_not_recompile_and_buckets_bound_programs(model):

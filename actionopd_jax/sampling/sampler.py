@@ -26,6 +26,7 @@ import numpy as np
 from flax import nnx
 
 from actionopd_jax.sampling import checked_head as checked_head_lib
+from actionopd_jax.sampling import cpu_backend
 from actionopd_jax.sampling import decode as decode_lib
 from actionopd_jax.sampling.buckets import Buckets
 from actionopd_jax.sampling.token_choice import DEFAULT_CAP
@@ -80,28 +81,10 @@ def _signature(tree) -> tuple:
     return (treedef, tuple((x.shape, x.dtype, getattr(x, "sharding", None)) for x in leaves))
 
 
-@functools.cache
-def _compiler_options(kind: str) -> tuple[tuple[str, Any], ...]:
-    """XLA options for the sampler's programs, CPU only (other backends: none).
-    - on AVX-512 CPUs, 512-bit vectors (XLA's CPU default is 256): the decode step's
-      vocabulary-wide exp-sum and maxima are vector-bound; decode 1270 -> 1385 tok/s on
-      bench-tiny (2-core Xeon);
-    - decode only: dots alone go to the YNN library, one per call (by default it also takes
-      fused element-wise/reduction subgraphs; XLA's own loops run the decode step's exp-sum
-      ~1.5x faster): decode +6-10% on bench-tiny/small. Prefill keeps the default (its
-      fused subgraphs are faster in YNN: 0.28 s vs 0.44 s on bench-tiny)."""
-    if jax.default_backend() != "cpu":
-        return ()
-    options = {}
-    try:
-        with open("/proc/cpuinfo") as f:
-            if " avx512f" in f.read():
-                options["xla_cpu_prefer_vector_width"] = 512
-    except OSError:
-        pass
-    if kind == "decode":
-        options["xla_cpu_experimental_ynn_fusion_type"] = "LIBRARY_FUSION_TYPE_INDIVIDUAL_DOT"
-    return tuple(options.items())
+def _compiler_options(kind: str, backend: str) -> tuple[tuple[str, Any], ...]:
+    """XLA options for the sampler's programs: the CPU backend's (cpu_backend.compiler_options);
+    none elsewhere."""
+    return cpu_backend.compiler_options(kind) if backend == "cpu" else ()
 
 
 _build_checked_head = jax.jit(checked_head_lib.checked_head)
@@ -129,11 +112,14 @@ class Sampler:
     "float32": the model's float32 head at every step (exact normalisers). "bfloat16": the
     head rounded to bfloat16 (an explicit opt-in: the samples and logprobs are then those of
     the rounded head).
+    backend: "auto" (default): the accelerator path (layers under `lax.scan`, stacked KV
+    cache; decode.py) when the mesh's devices (or, without a mesh, the default backend) are
+    not CPUs, else the CPU backend (cpu_backend.py); "accelerator" / "cpu" force one.
     """
 
     def __init__(self, model, cfg=None, *, eos_ids: Sequence[int], buckets: Buckets | None = None,
                  cap: int = DEFAULT_CAP, mesh: jax.sharding.Mesh | None = None,
-                 lm_head: str = "checked"):
+                 lm_head: str = "checked", backend: str = "auto"):
         self.model = model
         self.cfg = cfg if cfg is not None else model.cfg
         self.eos_ids = np.asarray(sorted(set(int(i) for i in eos_ids)) or [-1], np.int32)
@@ -143,6 +129,8 @@ class Sampler:
             raise ValueError(f"lm_head must be one of {decode_lib.HEAD_MODES}, got {lm_head!r}")
         self.lm_head = lm_head
         self.mesh = mesh
+        platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
+        self.backend = decode_lib.resolve_backend(backend, platform)
         self.stats = CompileStats()
         self._programs: dict[tuple, Any] = {}
         # "checked" head: (weak ref to the head-weight array, its CheckedHead), rebuilt when the
@@ -160,7 +148,7 @@ class Sampler:
         if program is None:
             t0 = time.perf_counter()
             jitted = jax.jit(functools.partial(fn, **static), static_argnums=(0,), donate_argnums=donate)
-            program = jitted.lower(*args).compile(compiler_options=dict(_compiler_options(kind)))
+            program = jitted.lower(*args).compile(compiler_options=dict(_compiler_options(kind, self.backend)))
             seconds = time.perf_counter() - t0
             self.stats.programs += 1
             self.stats.seconds += seconds
@@ -287,7 +275,8 @@ class Sampler:
             t0 = time.perf_counter()
             state = self._run("prefill", decode_lib.prefill, (graphdef, params, tokens, mask, rows, self.eos_ids),
                               {"samples": samples, "max_new": max_new, "cap": self.cap,
-                               "head": self.lm_head, "span_ladder": b.attention_spans},
+                               "head": self.lm_head, "span_ladder": b.attention_spans,
+                               "backend": self.backend},
                               label=(n_prompt_rows, prompt_len, samples, max_new))
             jax.block_until_ready(state.done)
             t1 = time.perf_counter()
@@ -312,7 +301,7 @@ class Sampler:
         same object (a parameter update makes a new array): building them reads and converts
         the whole head (~0.1 s on bench-tiny, once per update instead of once per call). The
         kept copy costs half the head's f32 memory; None when the mode does not apply."""
-        if not decode_lib.uses_checked_head(self.model, self.lm_head):
+        if not decode_lib.uses_checked_head(self.model, self.lm_head, self.backend):
             self._checked = None
             return None
         w = self.model.head_weight()
