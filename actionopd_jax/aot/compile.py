@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import re
 import time
@@ -9,7 +10,10 @@ import time
 import jax
 
 GiB = 1024 ** 3
+# the TPU compiler's two wordings of an out-of-memory verdict
 _OOM = re.compile(r"Used ([\d.]+[KMGT]?) of ([\d.]+[KMGT]?) (\w+)")
+_OOM_TEMPS = re.compile(r"out of memory on (\w+), the total memory required for (.+?) \(([\d.]+[KMGT]?)\) "
+                        r"exceeds available \w+ \(([\d.]+[KMGT]?)\)")
 
 
 def format_bytes(n: float | None) -> str:
@@ -46,26 +50,36 @@ class CompileReport:
         return {**dataclasses.asdict(self), "peak_bytes": self.peak_bytes}
 
 
+def _verdict(text: str) -> tuple[str, bool]:
+    """(one line for the user, whether it is an out-of-memory verdict) from a compiler error."""
+    used = _OOM.search(text)
+    if used:
+        return f"out of {used.group(3).upper()}: used {used.group(1)} of {used.group(2)}", True
+    temps = _OOM_TEMPS.search(text)
+    if temps:
+        return (f"out of {temps.group(1)}: {temps.group(2)} need {temps.group(3)} > "
+                f"{temps.group(4)} available"), True
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return (lines[0] if lines else "compile failed")[:300], "RESOURCE_EXHAUSTED" in text
+
+
 def compile_for(jitted, args: tuple, *, label: str, mesh=None, kwargs: dict | None = None) -> CompileReport:
     """`jitted.lower(*args).compile()` (under `mesh`), never raising for compiler errors: an
     out-of-memory or lowering failure is a result to print, not a crash of the check."""
     report = CompileReport(label=label)
     t0 = time.perf_counter()
+    # the persistent compilation cache cannot hold executables for devices that are not here
+    cache_was = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
     try:
-        if mesh is not None:
-            with jax.set_mesh(mesh):
-                compiled = jitted.lower(*args, **(kwargs or {})).compile()
-        else:
+        with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
             compiled = jitted.lower(*args, **(kwargs or {})).compile()
     except Exception as e:  # noqa: BLE001 - the compiler's verdict is the result
         report.compile_s = time.perf_counter() - t0
-        text = str(e)
-        match = _OOM.search(text)
-        report.out_of_memory = match is not None or "RESOURCE_EXHAUSTED" in text
-        lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
-        report.error = (f"out of {match.group(3).upper()}: used {match.group(1)} of {match.group(2)}"
-                        if match else (lines[0] if lines else type(e).__name__))[:300]
+        report.error, report.out_of_memory = _verdict(str(e))
         return report
+    finally:
+        jax.config.update("jax_enable_compilation_cache", cache_was)
     report.compile_s = time.perf_counter() - t0
     report.ok = True
     mem = compiled.memory_analysis()

@@ -156,7 +156,7 @@ def format_estimates(cfg: Config, qcfg: Qwen3Config, target: Target, estimates: 
             lines.append(" | ".join([
                 r.label, e.attention, verdict, format_bytes(r.argument_bytes), format_bytes(r.temp_bytes),
                 format_bytes(r.host_temp_bytes), format_bytes(r.peak_bytes), f"{100 * free:.0f}%",
-                f"{e.flops_per_chip / 1e12:.1f}" if e.flops_per_chip else "-",
+                f"{e.flops_per_chip / 1e12:.4g}" if e.flops_per_chip else "-",
                 f"{e.seconds:.2f}" if e.seconds else "-", f"{100 * e.mfu:.0f}%" if e.mfu else "-",
                 f"{r.compile_s:.0f}"]))
         else:

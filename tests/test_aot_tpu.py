@@ -1,0 +1,49 @@
+"""The train step compiled ahead of time for a TPU topology on this CPU host (libtpu from the
+test extra): TPU lowering, layout and memory errors surface here, not on a rented slice.
+Small models only; the paper-scale numbers are in BUILD_NOTES (`actionopd train --check --aot`)."""
+
+import contextlib
+import io
+
+import pytest
+
+pytest.importorskip("libtpu", reason="libtpu (the tpu/test extra) compiles for TPU topologies")
+
+from actionopd_jax.train import cli  # noqa: E402
+
+RECIPE = "configs/qwen3_4b_tpu.yaml"
+TINY = ["model.preset=tiny", "model.hf_path=", "collect.max_response_tokens=128"]
+
+
+def _run(argv):
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = cli.main(argv)
+    return code, out.getvalue()
+
+
+def test_tiny_train_step_compiles_for_v5p_with_splash_attention():
+    code, text = _run(["--config", RECIPE, "--check", "--aot", "--target", "v5p-8", *TINY,
+                       "train.max_seq_len=512"])
+    assert code == 0, text
+    row = next(line for line in text.splitlines() if line.startswith("4 x 512 |"))
+    cells = [c.strip() for c in row.split("|")]
+    assert cells[1] == "splash" and cells[2] == "fits", row      # auto -> splash on a TPU target
+    assert float(cells[8]) > 0 and cells[10].endswith("%"), row   # extrapolated FLOPs, MFU printed
+    assert "AOT OK" in text
+
+
+def test_out_of_memory_is_reported_as_the_compilers_verdict():
+    """Dense (xla) attention over 4 x 131,072 tokens needs ~256 GiB of scores per chip: the
+    check prints the TPU compiler's out-of-memory verdict and exits 1 instead of crashing."""
+    code, text = _run(["--config", RECIPE, "--check", "--aot", "--target", "v5p-8", "--no-cost", *TINY,
+                       "model.attention=xla", "train.max_seq_len=131072"])
+    assert code == 1, text
+    assert "| OOM |" in text and "out of HBM" in text, text
+
+
+def test_unknown_target_and_gpu_targets_say_why():
+    code, text = _run(["--config", RECIPE, "--check", "--aot", "--target", "h200x8", *TINY,
+                       "train.max_seq_len=512"])
+    assert code == 2 and "cannot compile for a GPU without one" in text, text
+    assert cli.main(["--config", RECIPE, "--check", "--aot", "--target", "v9-1", *TINY]) == 2
