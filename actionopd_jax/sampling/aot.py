@@ -21,7 +21,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
@@ -66,14 +65,9 @@ def abstract_model(cfg: Qwen3Config, mesh):
     return graphdef, abstract
 
 
-def compile_sampler_programs(cfg: Qwen3Config, mesh, *, prompts: int, prompt_len: int, samples: int,
-                             max_new: int, cap: int = DEFAULT_CAP, head: str = "checked",
-                             span_ladder: tuple[int, ...] | None = None) -> AotPrograms:
-    """AOT-compile the Sampler's prefill and decode programs for one bucket on `mesh`.
-    Inputs get the shardings the Sampler's host arrays would take there (rows over
-    data/fsdp); decode's state takes prefill's output shardings."""
-    span_ladder = Buckets().attention_spans if span_ladder is None else span_ladder
-    graphdef, params = abstract_model(cfg, mesh)
+def abstract_inputs(mesh, *, prompts: int, prompt_len: int, samples: int):
+    """(prompt tokens, prompt mask, RowSettings, end ids) as sharded ShapeDtypeStructs: the
+    shardings the Sampler's host arrays take on `mesh` (rows over data/fsdp)."""
     rows = prompts * samples
     key_dtype = jax.eval_shape(lambda: jax.random.key(0)).dtype
     row_settings = decode_lib.RowSettings(
@@ -82,11 +76,32 @@ def compile_sampler_programs(cfg: Qwen3Config, mesh, *, prompts: int, prompt_len
         max_new=_sds((rows,), jnp.int32, mesh, ("batch",)))
     tokens = _sds((prompts, prompt_len), jnp.int32, mesh, ("batch", "length"))
     mask = _sds((prompts, prompt_len), jnp.bool_, mesh, ("batch", "length"))
-    end_ids = _sds((2,), jnp.int32, mesh)
+    return tokens, mask, row_settings, _sds((2,), jnp.int32, mesh)
+
+
+def _prefill_fn(samples, max_new, cap, head, span_ladder):
+    return jax.jit(functools.partial(decode_lib.prefill, samples=samples, max_new=max_new, cap=cap, head=head,
+                                     span_ladder=span_ladder), static_argnums=(0,))
+
+
+def _decode_fn(cap, head, layer_unroll=1):
+    return jax.jit(functools.partial(decode_lib.decode, cap=cap, head=head, layer_unroll=layer_unroll),
+                   static_argnums=(0,), donate_argnums=(2,))
+
+
+def compile_sampler_programs(cfg: Qwen3Config, mesh, *, prompts: int, prompt_len: int, samples: int,
+                             max_new: int, cap: int = DEFAULT_CAP, head: str = "checked",
+                             span_ladder: tuple[int, ...] | None = None) -> AotPrograms:
+    """AOT-compile the Sampler's prefill and decode programs for one bucket on `mesh`.
+    Inputs get the shardings the Sampler's host arrays would take there (rows over
+    data/fsdp); decode's state takes prefill's output shardings."""
+    span_ladder = Buckets().attention_spans if span_ladder is None else span_ladder
+    graphdef, params = abstract_model(cfg, mesh)
+    tokens, mask, row_settings, end_ids = abstract_inputs(mesh, prompts=prompts, prompt_len=prompt_len,
+                                                          samples=samples)
     with jax.set_mesh(mesh):
         t0 = time.perf_counter()
-        prefill = jax.jit(functools.partial(decode_lib.prefill, samples=samples, max_new=max_new, cap=cap,
-                                            head=head, span_ladder=span_ladder), static_argnums=(0,))
+        prefill = _prefill_fn(samples, max_new, cap, head, span_ladder)
         prefill_c = prefill.lower(graphdef, params, tokens, mask, row_settings, end_ids).compile()
         t1 = time.perf_counter()
         out_shapes = jax.eval_shape(prefill, graphdef, params, tokens, mask, row_settings, end_ids)
@@ -94,11 +109,27 @@ def compile_sampler_programs(cfg: Qwen3Config, mesh, *, prompts: int, prompt_len
                              out_shapes, prefill_c.output_shardings)
         checked = None  # the CPU backend's "checked" head (if it applies) is then built inside decode
         t2 = time.perf_counter()
-        decode = jax.jit(functools.partial(decode_lib.decode, cap=cap, head=head), static_argnums=(0,),
-                         donate_argnums=(2,))
-        decode_c = decode.lower(graphdef, params, state, row_settings, end_ids, checked).compile()
+        decode_c = _decode_fn(cap, head).lower(graphdef, params, state, row_settings, end_ids, checked).compile()
         t3 = time.perf_counter()
     return AotPrograms(prefill=prefill_c, decode=decode_c, prefill_seconds=t1 - t0, decode_seconds=t3 - t2)
+
+
+def compile_decode(cfg: Qwen3Config, mesh, *, prompts: int, prompt_len: int, samples: int, max_new: int,
+                   cap: int = DEFAULT_CAP, head: str = "checked", layer_unroll: int = 1):
+    """AOT-compile the Sampler's decode program alone (prefill is only traced for the state's
+    shapes; the state takes decode.state_shardings). Returns (compiled, seconds)."""
+    graphdef, params = abstract_model(cfg, mesh)
+    tokens, mask, row_settings, end_ids = abstract_inputs(mesh, prompts=prompts, prompt_len=prompt_len,
+                                                          samples=samples)
+    with jax.set_mesh(mesh):
+        prefill = _prefill_fn(samples, max_new, cap, head, ())
+        shapes = jax.eval_shape(prefill, graphdef, params, tokens, mask, row_settings, end_ids)
+        shardings = decode_lib.state_shardings(shapes, mesh)
+        state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings)
+        t0 = time.perf_counter()
+        compiled = _decode_fn(cap, head, layer_unroll).lower(graphdef, params, state, row_settings, end_ids,
+                                                             None).compile()
+        return compiled, time.perf_counter() - t0
 
 
 def memory_gib(compiled) -> dict[str, float]:
@@ -119,5 +150,5 @@ def v5p_topology(name: str = "v5p:2x2x1"):
     return topologies.get_topology_desc(topology_name=name, platform="tpu")
 
 
-__all__ = ["AotPrograms", "abstract_model", "compile_sampler_programs", "memory_gib", "target_platform",
-           "tpu_mesh", "v5p_topology", "np"]
+__all__ = ["AotPrograms", "abstract_inputs", "abstract_model", "compile_decode", "compile_sampler_programs",
+           "memory_gib", "target_platform", "tpu_mesh", "v5p_topology"]

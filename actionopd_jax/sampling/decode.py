@@ -11,7 +11,9 @@ cache slots.
 
 The accelerator path (TPU, GPU; this module): each decode step runs the model's layers under
 one `lax.scan` over the stacked layer parameters, with a stacked KV cache (prompt cache
-[L, P_rows, S, KVH, Dh] straight from prefill, generated cache [L, P_rows, G, N, KVH, Dh]),
+[L, P_rows, KVH, S, Dh], generated cache [L, P_rows, KVH, G, N, Dh]: KV heads ahead of the
+slots, the layout the TPU compiler picks for the attention contractions, so it copies
+nothing at loop entry or per layer),
 so the program holds one layer body whatever the depth. One `while_loop` runs the steps
 (one attention phase: every step attends over the whole generated buffer, masked to the
 slots written so far). Weights stay in the model's parameter dtype and are cast to the
@@ -54,8 +56,9 @@ _MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite: a fully masked row
 BACKENDS = ("auto", "accelerator", "cpu")
 
 # logical axis names of the decode state's arrays (model/sharding.py's rules map them to mesh axes)
-_PROMPT_KV = ("layers", "batch", "length", "kv_heads", "head_dim")               # [L, P_rows, S, KVH, Dh]
-_GEN_KV = ("layers", "batch", None, "length", "kv_heads", "head_dim")            # [L, P_rows, G, N, KVH, Dh]
+_MODEL_KV = ("layers", "batch", "length", "kv_heads", "head_dim")                # the model's cache [L, B, S, KVH, Dh]
+_PROMPT_KV = ("layers", "batch", "kv_heads", "length", "head_dim")               # [L, P_rows, KVH, S, Dh]
+_GEN_KV = ("layers", "batch", "kv_heads", None, "length", "head_dim")            # [L, P_rows, KVH, G, N, Dh]
 _ROWS = ("batch",)
 _ROWS_STEPS = ("batch", "length")
 
@@ -95,7 +98,7 @@ class RowSettings:
 @flax.struct.dataclass
 class PromptCache:
     """Keys/values of the prompts, shared by their samples. Accelerator: stacked over layers,
-    k and v [L, P_rows, S, KVH, Dh] (the model's cache layout). CPU backend: per-layer tuples,
+    k and v [L, P_rows, KVH, S, Dh]. CPU backend: per-layer tuples,
     keys [P_rows, KVH, Dh, S] (transposed), values [P_rows, KVH, S, Dh]."""
 
     k: Any
@@ -106,7 +109,7 @@ class PromptCache:
 @flax.struct.dataclass
 class DecodeState:
     prompt: PromptCache
-    # generated tokens' cache. Accelerator: k and v [L, P_rows, G, N, KVH, Dh]. CPU backend:
+    # generated tokens' cache. Accelerator: k and v [L, P_rows, KVH, G, N, Dh]. CPU backend:
     # per layer a tuple of blocks (cpu_backend.generated_blocks)
     gen_k: Any
     gen_v: Any
@@ -119,6 +122,25 @@ class DecodeState:
     stopped: jax.Array       # bool[R]: finished on an end token (else: length)
     step: jax.Array          # i32[]: index of the next token to produce
     head_fallbacks: jax.Array  # i32[]: decode steps where the "checked" head ran the float32 head
+
+
+def state_shardings(state: DecodeState, mesh) -> DecodeState:
+    """NamedShardings of an accelerator-layout decode state (arrays or ShapeDtypeStructs) on
+    `mesh`, from the same logical names prefill constrains it with."""
+    from jax.sharding import NamedSharding
+    from actionopd_jax.model.sharding import logical_to_spec
+
+    if state_backend(state) != "accelerator":
+        raise ValueError("state_shardings describes the accelerator layout only")
+    named = lambda axes, x: NamedSharding(mesh, logical_to_spec(axes, mesh, shape=x.shape))
+    p = state.prompt
+    rows = lambda x: named(_ROWS, x)
+    return DecodeState(
+        prompt=PromptCache(k=named(_PROMPT_KV, p.k), v=named(_PROMPT_KV, p.v), valid=named(_ROWS_STEPS, p.valid)),
+        gen_k=named(_GEN_KV, state.gen_k), gen_v=named(_GEN_KV, state.gen_v),
+        tokens=named(_ROWS_STEPS, state.tokens), logprobs=named(_ROWS_STEPS, state.logprobs),
+        last=rows(state.last), next_pos=rows(state.next_pos), lengths=rows(state.lengths), done=rows(state.done),
+        stopped=rows(state.stopped), step=named((), state.step), head_fallbacks=named((), state.head_fallbacks))
 
 
 def state_backend(state: DecodeState) -> str:
@@ -212,7 +234,7 @@ def prefill(graphdef: nnx.GraphDef, params: Any, prompt_tokens: jax.Array, promp
     cfg = model.cfg
     n_prompts, prompt_len = prompt_tokens.shape
     cache = KVCache.init(cfg, n_prompts, prompt_len)
-    cache = cache.replace(k=constrain(cache.k, _PROMPT_KV), v=constrain(cache.v, _PROMPT_KV))
+    cache = cache.replace(k=constrain(cache.k, _MODEL_KV), v=constrain(cache.v, _MODEL_KV))
     hidden, cache = model(prompt_tokens, left_pad_positions(prompt_mask), attention_mask=prompt_mask, cache=cache)
     # the first token from the model's head (a once-per-call cost) unless the rounded
     # "bfloat16" mode was asked for; left padding: the last position is real
@@ -220,8 +242,9 @@ def prefill(graphdef: nnx.GraphDef, params: Any, prompt_tokens: jax.Array, promp
     n_rows = n_prompts * samples
     kvh, dh, n_layers = cfg.num_key_value_heads, cfg.head_dim, cfg.num_hidden_layers
     if backend == "accelerator":
-        prompt = PromptCache(k=constrain(cache.k, _PROMPT_KV), v=constrain(cache.v, _PROMPT_KV), valid=prompt_mask)
-        gen_shape = (n_layers, n_prompts, samples, max_new, kvh, dh)
+        prompt = PromptCache(k=constrain(cache.k.transpose(0, 1, 3, 2, 4), _PROMPT_KV),
+                             v=constrain(cache.v.transpose(0, 1, 3, 2, 4), _PROMPT_KV), valid=prompt_mask)
+        gen_shape = (n_layers, n_prompts, kvh, samples, max_new, dh)
         gen_k = constrain(jnp.zeros(gen_shape, cache.k.dtype), _GEN_KV)
         gen_v = constrain(jnp.zeros(gen_shape, cache.v.dtype), _GEN_KV)
     else:
@@ -249,30 +272,30 @@ def prefill(graphdef: nnx.GraphDef, params: Any, prompt_tokens: jax.Array, promp
 def _attend_shared_prompt(q, k_new, v_new, prompt_k, prompt_v, prompt_valid, gen_k, gen_v, gen_visible, dtype):
     """One decode step's attention for one layer over [own prompt | own generated | itself].
 
-    q [P_rows, G, KVH, Gq, Dh] (Gq = query heads per KV head); k_new/v_new [P_rows, G, KVH, Dh]:
-    the fed token's own key/value (not yet in the cache); prompt_k/v [P_rows, S, KVH, Dh],
+    q [P_rows, KVH, G, Gq, Dh] (Gq = query heads per KV head); k_new/v_new [P_rows, KVH, G, Dh]:
+    the fed token's own key/value (not yet in the cache); prompt_k/v [P_rows, KVH, S, Dh],
     shared by the G samples of a prompt (their queries are the rows of one contraction
-    against it); prompt_valid bool[P_rows, S]; gen_k/v [P_rows, G, N, KVH, Dh] with
+    against it); prompt_valid bool[P_rows, S]; gen_k/v [P_rows, KVH, G, N, Dh] with
     gen_visible bool[N] (the slots written by earlier steps). Scores and softmax in float32
-    (as the model's attention). Returns [P_rows, G, KVH, Gq, Dh] in `dtype`."""
+    (as the model's attention). Returns [P_rows, KVH, G, Gq, Dh] in `dtype`."""
     scale = q.shape[-1] ** -0.5
     f32 = jnp.float32
-    s_prompt = jnp.einsum("pgkhd,pskd->pgkhs", q, prompt_k.astype(dtype), preferred_element_type=f32) * scale
+    s_prompt = jnp.einsum("pkghd,pksd->pkghs", q, prompt_k.astype(dtype), preferred_element_type=f32) * scale
     s_prompt = jnp.where(prompt_valid[:, None, None, None, :], s_prompt, _MASKED)
-    s_gen = jnp.einsum("pgkhd,pgnkd->pgkhn", q, gen_k.astype(dtype), preferred_element_type=f32) * scale
+    s_gen = jnp.einsum("pkghd,pkgnd->pkghn", q, gen_k.astype(dtype), preferred_element_type=f32) * scale
     s_gen = jnp.where(gen_visible, s_gen, _MASKED)
-    s_self = jnp.einsum("pgkhd,pgkd->pgkh", q, k_new.astype(dtype), preferred_element_type=f32)[..., None] * scale
+    s_self = jnp.einsum("pkghd,pkgd->pkgh", q, k_new.astype(dtype), preferred_element_type=f32)[..., None] * scale
     top = jnp.maximum(jnp.maximum(s_prompt.max(-1, keepdims=True), s_gen.max(-1, keepdims=True)), s_self)
     e_prompt, e_gen, e_self = jnp.exp(s_prompt - top), jnp.exp(s_gen - top), jnp.exp(s_self - top)
     denom = e_prompt.sum(-1, keepdims=True) + e_gen.sum(-1, keepdims=True) + e_self
-    out = jnp.einsum("pgkhs,pskd->pgkhd", (e_prompt / denom).astype(dtype), prompt_v.astype(dtype))
-    out = out + jnp.einsum("pgkhn,pgnkd->pgkhd", (e_gen / denom).astype(dtype), gen_v.astype(dtype))
+    out = jnp.einsum("pkghs,pksd->pkghd", (e_prompt / denom).astype(dtype), prompt_v.astype(dtype))
+    out = out + jnp.einsum("pkghn,pkgnd->pkghd", (e_gen / denom).astype(dtype), gen_v.astype(dtype))
     return out + (e_self / denom).astype(dtype) * v_new.astype(dtype)[:, :, :, None, :]
 
 
 def decode(graphdef: nnx.GraphDef, params: Any, state: DecodeState, rows: RowSettings,
            end_ids: jax.Array, checked: CheckedHead | None = None, *, cap: int,
-           head: str = "checked") -> DecodeState:
+           head: str = "checked", layer_unroll: int = 1) -> DecodeState:
     """Generate until all rows are done or the token buffer is full (early exit), on the
     backend that laid out `state` (prefill's `backend`).
 
@@ -283,7 +306,10 @@ def decode(graphdef: nnx.GraphDef, params: Any, state: DecodeState, rows: RowSet
     model's head. Compile time and program size do not grow with depth.
     CPU backend: `cpu_backend.decode_unrolled` (layers unrolled, one phase per cache block).
     checked: the CPU backend's "checked" head (bf16 copy and norms) when the caller keeps it
-    between calls (Sampler does, per head-weight array); None builds it inside this call."""
+    between calls (Sampler does, per head-weight array); None builds it inside this call.
+    layer_unroll: layers per iteration of the layer scan (1: one layer body in the program;
+    the number of layers: no loop, e.g. for the compiler's cost model, which counts a loop
+    body once)."""
     model = nnx.merge(graphdef, params)
     backend = state_backend(state)
     choose = token_chooser(model, head, cap=cap, backend=backend, checked=checked)
@@ -293,7 +319,7 @@ def decode(graphdef: nnx.GraphDef, params: Any, state: DecodeState, rows: RowSet
 
     cfg = model.cfg
     dt = jnp.dtype(cfg.dtype)
-    n_layers, n_prompts, samples, max_new, kvh, dh = state.gen_k.shape
+    n_layers, n_prompts, kvh, samples, max_new, dh = state.gen_k.shape
     n_rows = n_prompts * samples
     layer_def, layer_state = nnx.split(model.layers)
     prompt = state.prompt
@@ -310,19 +336,21 @@ def decode(graphdef: nnx.GraphDef, params: Any, state: DecodeState, rows: RowSet
             layer = nnx.merge(layer_def, one_layer)
             attn = layer.self_attn
             q, k, v = attn.project_qkv(layer.input_layernorm(h), cos, sin)   # [R, 1, heads, Dh]
-            q = attn.group_queries(q)[:, 0].reshape(n_prompts, samples, kvh, -1, dh)
-            k = k[:, 0].reshape(n_prompts, samples, kvh, dh)
-            v = v[:, 0].reshape(n_prompts, samples, kvh, dh)
+            # rows (prompt-major) -> [P_rows, KVH, G, ...]: transposes of small per-step arrays only
+            q = attn.group_queries(q)[:, 0].reshape(n_prompts, samples, kvh, -1, dh).transpose(0, 2, 1, 3, 4)
+            k = k[:, 0].reshape(n_prompts, samples, kvh, dh).transpose(0, 2, 1, 3)
+            v = v[:, 0].reshape(n_prompts, samples, kvh, dh).transpose(0, 2, 1, 3)
             out = _attend_shared_prompt(q, k, v, prompt_k, prompt_v, prompt.valid, gen_k, gen_v, gen_visible, dt)
-            h = h + attn.output(out.reshape(n_rows, 1, kvh, -1, dh))
+            h = h + attn.output(out.transpose(0, 2, 1, 3, 4).reshape(n_rows, 1, kvh, -1, dh))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
             return constrain(h, ("batch", "length", "act_embed")), (k, v)
 
-        h, (k_new, v_new) = jax.lax.scan(layer_body, h, (layer_state, prompt.k, prompt.v, s.gen_k, s.gen_v))
-        # [L, P_rows, G, KVH, Dh] -> the step's slot of the stacked generated cache, in place
-        at = (0, 0, 0, slot, 0, 0)
-        gen_k = jax.lax.dynamic_update_slice(s.gen_k, k_new[:, :, :, None].astype(s.gen_k.dtype), at)
-        gen_v = jax.lax.dynamic_update_slice(s.gen_v, v_new[:, :, :, None].astype(s.gen_v.dtype), at)
+        h, (k_new, v_new) = jax.lax.scan(layer_body, h, (layer_state, prompt.k, prompt.v, s.gen_k, s.gen_v),
+                                         unroll=layer_unroll)
+        # [L, P_rows, KVH, G, Dh] -> the step's slot of the stacked generated cache, in place
+        at = (0, 0, 0, 0, slot, 0)
+        gen_k = jax.lax.dynamic_update_slice(s.gen_k, k_new[:, :, :, :, None].astype(s.gen_k.dtype), at)
+        gen_v = jax.lax.dynamic_update_slice(s.gen_v, v_new[:, :, :, :, None].astype(s.gen_v.dtype), at)
         tok, logp, fell_back = choose(model.norm(h)[:, 0], _step_keys(rows.keys, s.step), rows, ~s.done)
         s = s.replace(gen_k=constrain(gen_k, _GEN_KV), gen_v=constrain(gen_v, _GEN_KV), next_pos=s.next_pos + 1,
                       head_fallbacks=s.head_fallbacks + fell_back.astype(jnp.int32))
