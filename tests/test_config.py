@@ -42,7 +42,7 @@ def test_overrides_are_typed_and_applied_after_the_file(tmp_path):
     ("train.lr=fast", "train.lr: expected a number, got 'fast'"),
     ("train.steps=1.5", "train.steps: expected an integer, got 1.5"),
     ("run.tensorboard=1", "run.tensorboard: expected true/false, got 1"),
-    ("model.remat=some", "model.remat='some'; expected one of ('none', 'full', 'dots')"),
+    ("model.remat=some", "model.remat='some'; expected one of ('none', 'full', 'dots', 'attn', 'offload')"),
     ("train.minibatch_rows=12", "must be a multiple of train.microbatch_rows=8"),
     ("train.dual_clip=1.0", "train.dual_clip must be > 1"),
     ("collect.temperature=0", "collect.temperature must be > 0"),
@@ -86,7 +86,7 @@ def test_shipped_configs_load_and_follow_the_paper(name):
 
 
 @pytest.mark.parametrize("name, devices", [("tiny_cpu.yaml", 1), ("qwen3_4b_tpu.yaml", 4),
-                                           ("qwen3_8b_tpu.yaml", 4), ("qwen3_4b_h200.yaml", 1),
+                                           ("qwen3_8b_tpu.yaml", 4), ("qwen3_4b_h200.yaml", 1), ("qwen3_4b_h200x8.yaml", 8),
                                            ("tau2_qwen3_4b_tpu.yaml", 4), ("tau2_qwen3_4b_h200.yaml", 1)])
 def test_check_prints_the_plan(name, devices, capsys):
     assert train_cli.main(["--config", str(CONFIGS / name), "--check", "--devices", str(devices)]) == 0

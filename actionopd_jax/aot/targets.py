@@ -68,6 +68,11 @@ def target_devices(name: str) -> tuple:
     from jax.experimental import topologies
 
     if target.platform == "gpu":
+        import jax
+
+        local = [d for d in jax.devices() if d.platform == "gpu"]
+        if len(local) >= target.chips:  # on the GPU host itself: compile for its devices
+            return tuple(local[:target.chips])
         # jax's CUDA plugin answers "topology not implemented for cuda" for a deviceless GPU
         # topology (jax 0.10.2); try anyway so a future jax that can is used, and say why not
         try:
@@ -76,7 +81,7 @@ def target_devices(name: str) -> tuple:
             raise TargetUnavailable(
                 f"{name}: this jax cannot compile for a GPU without one (get_topology_desc(platform='cuda'): "
                 f"{str(e).splitlines()[0][:200]}). GPU memory is planned by `--check` only; "
-                f"compile on the GPU host itself (`actionopd train --check --aot --target local`)") from None
+                f"run the same command on a host with {target.chips} GPUs") from None
     try:
         import libtpu  # noqa: F401
     except ImportError:

@@ -80,7 +80,19 @@ def check(cfg: Config, devices: int = 0) -> int:
         # planning on a machine without the weights: the preset has the same shapes
         note = f"note: {cfg.model.hf_path}/config.json not found; planned with preset {cfg.model.preset!r}"
         cfg = cfg.replace(**{"model.hf_path": ""})
-    text, fits = describe(cfg, model_config(cfg), mesh_shape(cfg, n), device_memory_gb=mem, device_kind=kind)
+    platform = jax.default_backend()
+    if cfg.mesh.target:  # a recipe planned for its hardware, whatever this host is
+        from actionopd_jax.aot.targets import get_target
+
+        target = get_target(cfg.mesh.target)
+        platform = target.platform
+        if devices == 0 and -1 in sizes:
+            n, kind = target.chips, target.name
+            mesh_note = f"note: planned for mesh.target {target.name} ({target.chips} chips)"
+        if not cfg.mesh.device_memory_gb:
+            mem = target.hbm_bytes / 1024**3
+    text, fits = describe(cfg, model_config(cfg), mesh_shape(cfg, n), device_memory_gb=mem, device_kind=kind,
+                          platform=platform)
     print(text)
     for line in (note, mesh_note):
         if line:

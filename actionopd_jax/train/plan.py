@@ -2,8 +2,10 @@
 
 The memory estimate is per device and deliberately simple (it is a planning aid, not a
 compiler report): sharded parameters, gradient accumulator, AdamW moments, and the
-activations of one microbatch. Activations assume the model's dense attention, which
-materialises [heads, T, T] scores; at long context those dominate.
+activations of one microbatch. With the CPU or xla attention, activations include the
+[heads, T, T] scores, which dominate at long context; the fused kernels (splash on TPU, cuDNN
+on GPU) never hold them. `actionopd train --check --aot` replaces the estimate by the TPU
+compiler's own numbers (train/aot_check.py).
 """
 
 from __future__ import annotations
@@ -33,8 +35,13 @@ class MemoryEstimate:
         return 1.10 * (self.params + self.grads + self.optimizer + self.activations + self.logits)
 
 
-def estimate_memory(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int]) -> MemoryEstimate:
-    """Bytes per device for one update of `cfg` on a mesh {"data", "fsdp", "tensor"}."""
+FUSED_ATTENTION = ("splash", "cudnn")
+
+
+def estimate_memory(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], attention: str = "cpu"
+                    ) -> MemoryEstimate:
+    """Bytes per device for one update of `cfg` on a mesh {"data", "fsdp", "tensor"};
+    `attention`: the implementation the target runs (model/attention.resolve)."""
     n = count_params(qcfg)["total"]
     tp = mesh.get("tensor", 1)
     shards = mesh.get("fsdp", 1) * tp
@@ -56,8 +63,13 @@ def estimate_memory(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int]) -> Mem
     # compute dtype, and their gradients (probs-grad in the compute dtype, scores-grad in f32)
     score_elems = rows * (h / tp) * seq * seq
     scores_peak = score_elems * (4 + 4 + abytes + abytes + 4)
+    if attention in FUSED_ATTENTION:  # flash kernels: output and log-sum-exp, never the scores
+        score_elems, scores_peak = 0, rows * (h / tp) * seq * (dh * abytes + 4)
     if qcfg.remat == "full":  # only layer inputs are kept; one layer is recomputed at a time
         activations = layers * tokens * d * abytes + 2 * tokens * per_token_layer + scores_peak
+    elif qcfg.remat in ("attn", "offload"):  # layer inputs + attention residuals (host if offload)
+        kept = 0 if qcfg.remat == "offload" else layers * tokens * (h / tp) * (dh * abytes + 4)
+        activations = layers * tokens * d * abytes + kept + 2 * tokens * per_token_layer + scores_peak
     elif qcfg.remat == "dots":  # matmul outputs kept, attention/elementwise recomputed
         activations = layers * tokens * per_token_layer + scores_peak
     else:  # everything kept, including every layer's attention probabilities
@@ -69,17 +81,21 @@ def estimate_memory(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int]) -> Mem
 
 
 def describe(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *, device_memory_gb: float | None,
-             device_kind: str = "") -> tuple[str, bool]:
-    """Human-readable plan and whether it is expected to fit."""
+             device_kind: str = "", platform: str = "cpu") -> tuple[str, bool]:
+    """Human-readable plan and whether it is expected to fit (on `platform`'s attention)."""
+    from actionopd_jax.model.attention import resolve
+
     counts = count_params(qcfg)
-    est = estimate_memory(cfg, qcfg, mesh)
+    attention = resolve(qcfg.attention, platform)
+    est = estimate_memory(cfg, qcfg, mesh, attention)
     t, c = cfg.train, cfg.collect
     n_dev = math.prod(mesh.values())
     rows_per_step = c.task_starts_per_step * c.max_decisions * c.num_candidates
     lines = [
         f"model      {cfg.model.hf_path or cfg.model.preset}: {counts['total'] / 1e9:.3f} B parameters "
         f"({counts['embedding'] / 1e9:.3f} B embedding), {qcfg.num_hidden_layers} layers, "
-        f"params {qcfg.param_dtype}, compute {qcfg.dtype}, remat {qcfg.remat}",
+        f"params {qcfg.param_dtype}, compute {qcfg.dtype}, remat {qcfg.remat}, attention {attention} "
+        f"({qcfg.attention} on {platform})",
         f"mesh       {mesh} = {n_dev} device(s){' of ' + device_kind if device_kind else ''}",
         f"loss       {t.loss}: clip {t.clip_eps}, dual clip {t.dual_clip}, rollout T={c.temperature}, "
         f"old logprobs: {t.old_logprobs}",
