@@ -1,0 +1,109 @@
+"""The sampler's decode program compiled ahead of time for a TPU topology on this CPU host.
+
+Prints one table: compile time of the decode program for the full depth against a 2-layer
+copy of the model (the layer scan keeps it flat), per-chip memory of the full-depth program
+against HBM, and a per-decode-step estimate from the compiler's cost model beside the
+memory-bandwidth bound.
+
+    ALLOW_MULTIPLE_LIBTPU_LOAD=1 python benchmarks/sampler_aot.py --preset qwen3-4b \\
+        --prompts 16 --samples 4 --prompt-len 4096 --max-new 4096 --mesh tensor=4
+
+Cost model caveat: XLA's cost analysis counts a loop body once. The decode program's
+`while_loop` body is one step, but its layer `scan` body is one layer; so the per-step
+estimate comes from two extra compiles with the layers unrolled (1 and 2 layers):
+step = cost(1 layer) + (L - 1) * (cost(2 layers) - cost(1 layer)). The token-choice
+`lax.cond`s (rare exact full-vocabulary path) may be counted as if taken.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")   # the host compiles; the target is the topology
+
+from actionopd_jax.model.config import PRESETS, count_params  # noqa: E402
+from actionopd_jax.sampling import aot  # noqa: E402
+
+
+def _cost(compiled) -> dict:
+    c = compiled.cost_analysis()
+    c = c[0] if isinstance(c, (list, tuple)) else c
+    return {k: float(c.get(k, 0.0)) for k in ("flops", "bytes accessed", "optimal_seconds")}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", default="qwen3-4b")
+    ap.add_argument("--dtype", default="bfloat16", help="param and compute dtype")
+    ap.add_argument("--topology", default="v5p:2x2x1")
+    ap.add_argument("--mesh", default="tensor=4", help="comma-separated axis=size over the topology's chips")
+    ap.add_argument("--prompts", type=int, default=16)
+    ap.add_argument("--samples", type=int, default=4)
+    ap.add_argument("--prompt-len", type=int, default=4096)
+    ap.add_argument("--max-new", type=int, default=4096)
+    ap.add_argument("--small-layers", type=int, default=2, help="depth of the compile-time comparison")
+    ap.add_argument("--hbm-gib", type=float, default=95.74, help="HBM per chip (v5p: 95.74 GiB)")
+    ap.add_argument("--hbm-gbps", type=float, default=2765.0, help="HBM bandwidth per chip, GB/s (v5p: 2765)")
+    ap.add_argument("--skip-cost", action="store_true", help="skip the two unrolled compiles of the cost estimate")
+    args = ap.parse_args()
+
+    cfg = PRESETS[args.preset].replace(param_dtype=args.dtype, dtype=args.dtype)
+    topo = aot.v5p_topology(args.topology)
+    mesh = aot.tpu_mesh(topo.devices, {k: int(v) for k, v in (kv.split("=") for kv in args.mesh.split(","))})
+    chips = mesh.size
+    shape = dict(prompts=args.prompts, prompt_len=args.prompt_len, samples=args.samples, max_new=args.max_new)
+    rows = args.prompts * args.samples
+    L = cfg.num_hidden_layers
+    print(f"# {args.preset} ({args.dtype}) decode on {args.topology} mesh {dict(mesh.shape)}: "
+          f"{args.prompts} prompts x {args.samples} samples = {rows} rows, prompt cache {args.prompt_len}, "
+          f"{args.max_new} new tokens")
+
+    table: list[tuple[str, str]] = []
+    step = None
+    if not args.skip_cost:
+        one, _ = aot.compile_decode(cfg.replace(num_hidden_layers=1), mesh, **shape, layer_unroll=1)
+        two, _ = aot.compile_decode(cfg.replace(num_hidden_layers=2), mesh, **shape, layer_unroll=2)
+        c1, c2 = _cost(one), _cost(two)
+        step = {k: c1[k] + (L - 1) * (c2[k] - c1[k]) for k in c1}
+
+    small, small_s = aot.compile_decode(cfg.replace(num_hidden_layers=args.small_layers), mesh, **shape)
+    full, full_s = aot.compile_decode(cfg, mesh, **shape)
+    table.append((f"decode compile, {L} layers (s)", f"{full_s:.1f}"))
+    table.append((f"decode compile, {args.small_layers} layers (s)", f"{small_s:.1f}"))
+    table.append((f"ratio {L} / {args.small_layers} layers", f"{full_s / small_s:.2f}"))
+    mem = aot.memory_gib(full)
+    for k in ("args", "out", "temp", "alias"):
+        table.append((f"memory per chip: {k} (GiB)", f"{mem[k]:.2f}"))
+    table.append(("memory per chip: peak (GiB)", f"{mem['peak']:.2f} of {args.hbm_gib} "
+                                                 f"({100 * (1 - mem['peak'] / args.hbm_gib):.0f}% free)"))
+
+    # memory-bandwidth bound of one step: every weight and every cache slot read once
+    bytes_per = 2 if args.dtype == "bfloat16" else 4
+    params = count_params(cfg)["total"]
+    kv_slot = 2 * L * cfg.num_key_value_heads * cfg.head_dim * bytes_per          # k and v, all layers
+    kv_prompt = args.prompts * args.prompt_len * kv_slot
+    kv_gen = rows * args.max_new * kv_slot                                         # one phase: the whole buffer
+    weights = params * bytes_per
+    bound_s = (weights + kv_prompt + kv_gen) / chips / (args.hbm_gbps * 1e9)
+    table.append(("step bytes per chip: weights / prompt KV / generated KV (GB)",
+                  f"{weights / chips / 1e9:.2f} / {kv_prompt / chips / 1e9:.2f} / {kv_gen / chips / 1e9:.2f}"))
+    table.append(("bandwidth bound per step (ms)", f"{1e3 * bound_s:.2f}"))
+    table.append(("bandwidth bound tokens/s per chip", f"{rows / bound_s / chips:.0f}"))
+    if step is not None:
+        table.append(("cost model per step: TFLOP per chip", f"{step['flops'] / 1e12:.3f}"))
+        table.append(("cost model per step: GB accessed per chip", f"{step['bytes accessed'] / 1e9:.2f}"))
+        table.append(("cost model per step: optimal (ms)", f"{1e3 * step['optimal_seconds']:.2f}"))
+        table.append(("cost model tokens/s per chip", f"{rows / step['optimal_seconds'] / chips:.0f}"))
+        table.append(("cost model / bandwidth bound (time)", f"{step['optimal_seconds'] / bound_s:.2f}"))
+    flops_analytic = 2 * params * rows / chips   # matmul FLOPs of the weights alone, per chip
+    table.append(("analytic weight FLOPs per step per chip (TFLOP)", f"{flops_analytic / 1e12:.3f}"))
+
+    width = max(len(k) for k, _ in table)
+    for k, v in table:
+        print(f"{k:<{width}}  {v}")
+
+
+if __name__ == "__main__":
+    main()
