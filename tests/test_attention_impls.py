@@ -141,3 +141,58 @@ def test_prefill_kv_equals_the_cached_forward(impl):
     np.testing.assert_allclose(np.asarray(h)[real], np.asarray(h_ref)[real], atol=2e-5, rtol=2e-5)
     np.testing.assert_allclose(np.asarray(k)[:, real], np.asarray(cache.k)[:, real], atol=2e-5, rtol=2e-5)
     np.testing.assert_allclose(np.asarray(v)[:, real], np.asarray(cache.v)[:, real], atol=2e-5, rtol=2e-5)
+
+
+def _packed(prompt_len=40, resp=(17, 24, 9), region=32, seed=5):
+    """A shared-prefix row [prompt | 3 responses] and the 3 unpacked rows it stands for."""
+    from actionopd_jax.model.attention import SharedPrefix
+
+    vocab = PRESETS["tiny"].vocab_size
+    rng = np.random.default_rng(seed)
+    layout = SharedPrefix(prompt=48, response=region, count=len(resp))
+    prompt = rng.integers(0, vocab, prompt_len)
+    responses = [rng.integers(0, vocab, n) for n in resp]
+    tokens = np.zeros(layout.length, np.int32)
+    positions = np.zeros(layout.length, np.int32)
+    mask = np.zeros(layout.length, bool)
+    tokens[:prompt_len], positions[:prompt_len], mask[:prompt_len] = prompt, np.arange(prompt_len), True
+    for i, r in enumerate(responses):
+        start = layout.prompt + i * region
+        tokens[start:start + len(r)] = r
+        positions[start:start + len(r)] = prompt_len + np.arange(len(r))
+        mask[start:start + len(r)] = True
+    return layout, prompt, responses, tokens[None], positions[None], mask[None]
+
+
+@pytest.mark.parametrize("impl", ["xla", "splash"])
+def test_shared_prefix_row_equals_the_separate_rows(impl):
+    """Each response of a packed row gets exactly the hidden states (and so the logprobs) it
+    gets as its own row [prompt, response]: the prompt is computed once for all of them."""
+    layout, prompt, responses, tokens, positions, mask = _packed()
+    model = Qwen3(PRESETS["tiny"].replace(attention=impl), rngs=nnx.Rngs(2))
+    packed, _ = model(jnp.asarray(tokens), jnp.asarray(positions), attention_mask=jnp.asarray(mask),
+                      shared_prefix=layout)
+    for i, r in enumerate(responses):
+        row = np.concatenate([prompt, r])[None]
+        alone, _ = model(jnp.asarray(row), jnp.arange(row.shape[1])[None])
+        start = layout.prompt + i * layout.response
+        np.testing.assert_allclose(np.asarray(packed[0, start:start + len(r)]),
+                                   np.asarray(alone[0, len(prompt):]), atol=2e-5, rtol=2e-5)
+        np.testing.assert_allclose(np.asarray(packed[0, :len(prompt)]), np.asarray(alone[0, :len(prompt)]),
+                                   atol=2e-5, rtol=2e-5)
+
+
+def test_shared_prefix_splash_gradients_equal_the_reference():
+    from actionopd_jax.model.attention import SharedPrefix
+
+    layout = SharedPrefix(prompt=64, response=40, count=4)          # 224 tokens: padded to 256
+    q, k, v, _ = _inputs(layout.length, seed=7)
+    mask = jnp.ones((B, layout.length), bool).at[1, 50:64].set(False).at[2, 64 + 30:64 + 40].set(False)
+    full = jnp.asarray(layout.dense())[None] & mask[:, None, :]
+    ref = lambda q, k, v: attend(q, k, v, full, jnp.float32)  # noqa: E731
+    splash = lambda q, k, v: causal_self_attention(q, k, v, mask, jnp.float32, "splash", layout)  # noqa: E731
+    real = np.asarray(mask)
+    np.testing.assert_allclose(np.asarray(splash(q, k, v))[real], np.asarray(ref(q, k, v))[real], atol=2e-5)
+    for a, b in zip(jax.grad(_loss(splash, mask), argnums=(0, 1, 2))(q, k, v),
+                    jax.grad(_loss(ref, mask), argnums=(0, 1, 2))(q, k, v)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-4, rtol=1e-4)

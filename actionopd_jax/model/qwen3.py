@@ -12,7 +12,7 @@ from flax import nnx
 
 from actionopd_jax.model.cache import KVCache
 from actionopd_jax.model.config import Qwen3Config
-from actionopd_jax.model.attention import ATTENTION_OUT, causal_self_attention
+from actionopd_jax.model.attention import ATTENTION_OUT, SharedPrefix, causal_self_attention
 from actionopd_jax.model.layers import DecoderLayer, RMSNorm, _param, attend, rope_cos_sin
 from actionopd_jax.model.sharding import constrain
 
@@ -55,13 +55,16 @@ class Qwen3(nnx.Module):
     # ------------------------------------------------------------------------------------
     def __call__(self, tokens: jax.Array, positions: jax.Array, *,
                  attention_mask: jax.Array | None = None,
-                 cache: KVCache | None = None) -> tuple[jax.Array, KVCache | None]:
+                 cache: KVCache | None = None,
+                 shared_prefix: SharedPrefix | None = None) -> tuple[jax.Array, KVCache | None]:
         """Final-RMSNormed hidden states [B, T, D] (compute dtype) and the updated cache.
 
         Without cache: causal attention within the T tokens; keys whose attention_mask is
         False are excluded.  With cache: the T new keys/values go to slots
         [cache.index, cache.index + T), `valid` there is set from attention_mask, each token
         attends to every valid slot at or before its own; the returned cache has index + T.
+        shared_prefix (no cache): the rows are packed [prompt | N responses] (attention.SharedPrefix);
+        positions then restart after the prompt in every response region.
         """
         cfg = self.cfg
         dt = jnp.dtype(cfg.dtype)
@@ -78,7 +81,8 @@ class Qwen3(nnx.Module):
         graphdef, layer_state = nnx.split(self.layers)
 
         if cache is None:
-            h, _ = self._causal_layers(h, cos, sin, attention_mask, graphdef, layer_state, keep_kv=False)
+            h, _ = self._causal_layers(h, cos, sin, attention_mask, graphdef, layer_state, keep_kv=False,
+                                       shared_prefix=shared_prefix)
             return self.norm(h), None
 
         if cache.k.shape[:2] != (cfg.num_hidden_layers, b):
@@ -123,7 +127,8 @@ class Qwen3(nnx.Module):
                                         keep_kv=True)
         return self.norm(h), k, v
 
-    def _causal_layers(self, h, cos, sin, attention_mask, graphdef, layer_state, *, keep_kv: bool):
+    def _causal_layers(self, h, cos, sin, attention_mask, graphdef, layer_state, *, keep_kv: bool,
+                       shared_prefix: SharedPrefix | None = None):
         """The layer scan of a cache-free forward; keep_kv also returns every layer's k/v."""
         cfg = self.cfg
         dt = jnp.dtype(cfg.dtype)
@@ -132,7 +137,8 @@ class Qwen3(nnx.Module):
             layer = nnx.merge(graphdef, one_layer)
             attn = layer.self_attn
             q, k, v = attn.project_qkv(layer.input_layernorm(h), cos, sin)
-            out = causal_self_attention(attn.group_queries(q), k, v, attention_mask, dt, cfg.attention)
+            out = causal_self_attention(attn.group_queries(q), k, v, attention_mask, dt, cfg.attention,
+                                        shared_prefix)
             kv = (constrain(k, _KV), constrain(v, _KV)) if keep_kv else None
             return self._finish_block(layer, h, out), kv
 
