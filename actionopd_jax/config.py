@@ -75,6 +75,10 @@ class TrainConfig:
     # [tokens, vocab] logits (train/head_logprobs.py). Wins on CPU; 0 keeps the plain head.
     vocab_chunk: int = 0
     old_logprobs: str = "recompute"  # "recompute" (trainer forward) | "sampler"
+    # pack the N candidates of a state behind one copy of their prompt (model/attention.SharedPrefix):
+    # a 24k-token prompt is computed once, not N times. microbatch_rows then counts packed rows
+    # (states); minibatch_rows still counts candidates. Needs splash (TPU) or xla attention.
+    shared_prompt: bool = False
 
 
 @dataclass(frozen=True)
@@ -412,6 +416,10 @@ def validate(cfg: Config) -> None:
     if t.minibatch_rows % t.microbatch_rows:
         raise ConfigError(f"train.minibatch_rows={t.minibatch_rows} must be a multiple of "
                           f"train.microbatch_rows={t.microbatch_rows}")
+    per_micro = cfg.collect.num_candidates * t.microbatch_rows
+    if t.shared_prompt and t.minibatch_rows % per_micro:
+        raise ConfigError(f"train.shared_prompt: a microbatch holds microbatch_rows x N = {per_micro} candidates; "
+                          f"train.minibatch_rows={t.minibatch_rows} must be a multiple of it")
     if t.lr <= 0:
         raise ConfigError(f"train.lr must be > 0, got {t.lr}")
     if not 0 < t.clip_eps < 1:

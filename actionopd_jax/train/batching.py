@@ -50,10 +50,40 @@ class Row:
     advantage: float = 0.0
     sampler_logp: np.ndarray | None = None
     teacher_logp: np.ndarray | None = None
+    group: int = -1  # index of its state group: rows of one group share their prompt
 
     @property
     def length(self) -> int:
         return len(self.prompt) + len(self.response)
+
+
+@dataclass
+class SharedRow:
+    """The candidates of one state packed behind their common prompt (train.shared_prompt):
+    [prompt | response 1 | ... | response N], each region padded to a fixed width, so the
+    prompt is computed once for all N (model/attention.SharedPrefix)."""
+
+    prompt: np.ndarray
+    rows: list[Row]
+
+    @property
+    def length(self) -> int:  # for length sorting: the tokens actually computed
+        return len(self.prompt) + sum(len(r.response) for r in self.rows)
+
+    @property
+    def longest_response(self) -> int:
+        return max(len(r.response) for r in self.rows)
+
+
+def share_prompts(rows: Sequence[Row]) -> list[SharedRow]:
+    """Rows of the same group (consecutive, as `rows_from_groups` makes them) -> one SharedRow."""
+    units: list[SharedRow] = []
+    for row in rows:
+        if units and row.group >= 0 and units[-1].rows[0].group == row.group:
+            units[-1].rows.append(row)
+        else:
+            units.append(SharedRow(prompt=row.prompt, rows=[row]))
+    return units
 
 
 @dataclass
@@ -76,7 +106,7 @@ def rows_from_groups(groups: Sequence[StateGroup], *, need_teacher_logp: bool = 
     """Rows of every retained group (all N candidates, paper A.4); dropped groups and empty
     responses give no rows. `group.advantages` must be set (see `advantages.assign`)."""
     rows: list[Row] = []
-    for g in groups:
+    for gi, g in enumerate(groups):
         if not g.retained or g.advantages is None:
             continue
         if len(g.advantages) != len(g.candidates):
@@ -99,6 +129,7 @@ def rows_from_groups(groups: Sequence[StateGroup], *, need_teacher_logp: bool = 
                 advantage=float(adv),
                 sampler_logp=None if cand.logprobs is None else np.asarray(cand.logprobs, np.float32),
                 teacher_logp=None if teacher is None else np.asarray(teacher, np.float32),
+                group=gi,
             ))
     return rows
 
@@ -202,3 +233,62 @@ def pack_minibatch(
         "resp_padding_waste": 1.0 - real_resp / float(capacity * r_w),
     }
     return Minibatch(arrays, len(sel), real_tokens, real_resp, stats)
+
+
+def pack_shared_minibatch(
+    units: Sequence[SharedRow],
+    indices: Sequence[int],
+    *,
+    microbatches: int,
+    microbatch_rows: int,
+    count: int,
+    prompt_len: int,
+    resp_len: int,
+    pad_id: int = 0,
+) -> Minibatch:
+    """`pack_minibatch` for shared-prompt rows: arrays [microbatches, microbatch_rows, ...] of
+    packed rows [prompt region (prompt_len) | `count` response regions (resp_len each)].
+    Response arrays are [.., count * resp_len] (region-major) and advantages are per token.
+    The hidden state of the last prompt token predicts every response's first token."""
+    capacity = microbatches * microbatch_rows
+    if len(indices) > capacity:
+        raise ValueError(f"{len(indices)} shared rows do not fit {microbatches} x {microbatch_rows}")
+    t, r_all = prompt_len + count * resp_len, count * resp_len
+    out = {name: np.zeros((capacity, t if dim == "T" else r_all), dtype)
+           for name, (dtype, dim) in BATCH_FIELDS.items()}
+    out["tokens"][:] = pad_id
+    real_tokens = real_resp = rows = 0
+    for j, unit in enumerate(units[i] for i in indices):
+        p = len(unit.prompt)
+        if len(unit.rows) > count:
+            raise ValueError(f"a state has {len(unit.rows)} candidates; shared rows hold {count}")
+        if p > prompt_len or unit.longest_response > resp_len:
+            raise ValueError(f"a shared row ({p} prompt, {unit.longest_response} response tokens) exceeds "
+                             f"its regions ({prompt_len}, {resp_len})")
+        out["tokens"][j, :p] = unit.prompt
+        out["positions"][j, :p] = np.arange(p)
+        out["attention_mask"][j, :p] = True
+        for i, row in enumerate(unit.rows):
+            n, start, col = len(row.response), prompt_len + i * resp_len, i * resp_len
+            out["tokens"][j, start:start + n] = row.response
+            out["positions"][j, start:start + n] = p + np.arange(n)
+            out["attention_mask"][j, start:start + n] = True
+            out["resp_index"][j, col] = p - 1
+            out["resp_index"][j, col + 1:col + n] = np.arange(start, start + n - 1)
+            out["resp_tokens"][j, col:col + n] = row.response
+            out["loss_mask"][j, col:col + n] = 1.0
+            out["advantages"][j, col:col + n] = row.advantage
+            for name, values in (("sampler_logp", row.sampler_logp), ("teacher_logp", row.teacher_logp)):
+                if values is None:
+                    continue
+                if len(values) != n:
+                    raise ValueError(f"{name} has {len(values)} entries for {n} response tokens")
+                out[name][j, col:col + n] = values
+            real_resp += n
+            rows += 1
+        real_tokens += unit.length
+    arrays = {k: v.reshape((microbatches, microbatch_rows) + v.shape[1:]) for k, v in out.items()}
+    stats = {"rows": float(rows), "seq_len": float(t), "resp_len": float(r_all),
+             "padding_waste": 1.0 - real_tokens / float(capacity * t),
+             "resp_padding_waste": 1.0 - real_resp / float(capacity * r_all)}
+    return Minibatch(arrays, rows, real_tokens, real_resp, stats)

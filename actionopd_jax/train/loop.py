@@ -12,6 +12,7 @@ uninterrupted one.
 from __future__ import annotations
 
 import logging
+import math
 import signal
 import threading
 import time
@@ -25,7 +26,8 @@ from tqdm import tqdm
 from actionopd_jax.config import Config, ConfigError, experiment_changes
 from actionopd_jax.train import distributed
 from actionopd_jax.train.advantages import assign_advantages
-from actionopd_jax.train.batching import bucket_length, pack_minibatch, plan_minibatches, rows_from_groups
+from actionopd_jax.train.batching import (bucket_length, pack_minibatch, pack_shared_minibatch, plan_minibatches,
+                                          rows_from_groups, share_prompts)
 from actionopd_jax.train.checkpoint import Checkpointer, CheckpointError
 from actionopd_jax.train.reporting import MetricsWriter
 from actionopd_jax.train.setup import build_mesh, build_train_step, initial_params, model_config
@@ -193,17 +195,25 @@ class Trainer:
             log.warning("dropping %d row(s) longer than train.max_seq_len=%d", len(too_long), t.max_seq_len)
             rows = [r for r in rows if r.length <= t.max_seq_len]
         local_b = t.microbatch_rows // procs
-        micro = t.minibatch_rows // t.microbatch_rows
+        shared = fn.settings.shared_prompt  # N candidates per packed row, or 0
+        units = share_prompts(rows) if shared else rows
+        micro = t.minibatch_rows // (t.microbatch_rows * (shared or 1))
         rng = np.random.default_rng([self.cfg.run.seed, step, 1])
-        chunks = plan_minibatches(rows, minibatch_rows=micro * local_b, sort_by_length=t.sort_by_length, rng=rng)
+        chunks = plan_minibatches(units, minibatch_rows=micro * local_b, sort_by_length=t.sort_by_length, rng=rng)
 
         # every process must run the same number of updates with the same shapes
         resp_multiple = t.logits_chunk if t.logits_chunk > 0 else 16
+        if shared and t.logits_chunk > 0:  # N regions together must be whole logits chunks
+            resp_multiple = max(16, t.logits_chunk // math.gcd(t.logits_chunk, shared))
         n_global = int(distributed.allgather(np.asarray([len(chunks)]))[:, 0].max())
         widths = np.zeros((n_global, 2), np.int64)
         for i, chunk in enumerate(chunks):
-            widths[i] = (bucket_length(max(rows[j].length for j in chunk), t.bucket_multiple),
-                         bucket_length(max(len(rows[j].response) for j in chunk), resp_multiple))
+            if shared:  # (prompt region, response region)
+                widths[i] = (bucket_length(max(len(units[j].prompt) for j in chunk), t.bucket_multiple),
+                             bucket_length(max(units[j].longest_response for j in chunk), resp_multiple))
+            else:
+                widths[i] = (bucket_length(max(rows[j].length for j in chunk), t.bucket_multiple),
+                             bucket_length(max(len(rows[j].response) for j in chunk), resp_multiple))
         widths = distributed.allgather(widths).max(axis=0)
         row_counts = distributed.allgather(np.array([len(rows), len(too_long)])).sum(axis=0)
         stats = {"rows": float(row_counts[0]), "rows_too_long": float(row_counts[1]), "updates": 0.0}
@@ -214,8 +224,13 @@ class Trainer:
         order = np.random.default_rng([self.cfg.run.seed, step, 2]).permutation(n_global)
         batches, counts = [], np.zeros(4)
         for i in order:
-            mb = pack_minibatch(rows, chunks[i] if i < len(chunks) else [], microbatches=micro,
-                                microbatch_rows=local_b, seq_len=int(widths[i][0]), resp_len=int(widths[i][1]))
+            chunk = chunks[i] if i < len(chunks) else []
+            if shared:
+                mb = pack_shared_minibatch(units, chunk, microbatches=micro, microbatch_rows=local_b,
+                                           count=shared, prompt_len=int(widths[i][0]), resp_len=int(widths[i][1]))
+            else:
+                mb = pack_minibatch(rows, chunk, microbatches=micro, microbatch_rows=local_b,
+                                    seq_len=int(widths[i][0]), resp_len=int(widths[i][1]))
             m, b, seq, resp = mb.shape
             counts += (mb.real_tokens, m * b * seq, mb.real_resp_tokens, m * b * resp)
             batches.append(fn.put_batch(mb.arrays))

@@ -87,7 +87,8 @@ def step_settings(cfg: Config) -> StepSettings:
     t = cfg.train
     return StepSettings(loss=t.loss, temperature=cfg.collect.temperature, clip_eps=t.clip_eps,
                         dual_clip=t.dual_clip, logits_chunk=t.logits_chunk,
-                        vocab_chunk=t.vocab_chunk)
+                        vocab_chunk=t.vocab_chunk,
+                        shared_prompt=cfg.collect.num_candidates if t.shared_prompt else 0)
 
 
 def optimizer(cfg: Config):

@@ -21,6 +21,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from actionopd_jax.model import LOGICAL_AXIS_RULES, param_shardings
+from actionopd_jax.model.attention import SharedPrefix
 from actionopd_jax.model.sharding import constrain
 from actionopd_jax.train import losses as L
 from actionopd_jax.train.head_logprobs import head_logprobs
@@ -39,12 +40,16 @@ class StepSettings:
     dual_clip: float = 3.0
     logits_chunk: int = 0  # score response positions in chunks of this many (0: all at once)
     vocab_chunk: int = 0  # >0: fused LM head + log-softmax over vocabulary chunks (head_logprobs.py)
+    # >0: rows are shared-prompt rows holding this many candidates (batching.pack_shared_minibatch)
+    shared_prompt: int = 0
 
     def __post_init__(self):
         if self.loss not in LOSS_KINDS:
             raise ValueError(f"loss must be one of {LOSS_KINDS}, got {self.loss!r}")
         if self.temperature <= 0:
             raise ValueError(f"temperature must be > 0, got {self.temperature}")
+        if self.shared_prompt < 0:
+            raise ValueError(f"shared_prompt must be >= 0, got {self.shared_prompt}")
         if self.vocab_chunk < 0 or self.logits_chunk < 0:
             raise ValueError(f"vocab_chunk and logits_chunk must be >= 0, got {self.vocab_chunk}, "
                              f"{self.logits_chunk}")
@@ -164,9 +169,20 @@ class TrainStep:
     def _init_impl(self, params):
         return {"params": params, "opt_state": self.tx.init(params), "step": jnp.zeros((), jnp.int32)}
 
+    def shared_prefix(self, seq_len: int, resp_len: int) -> SharedPrefix | None:
+        """The packed-row layout of a [.., seq_len] batch with resp_len response columns."""
+        n = self.settings.shared_prompt
+        if not n:
+            return None
+        if resp_len % n:
+            raise ValueError(f"{resp_len} response columns do not split into {n} regions")
+        return SharedPrefix(prompt=seq_len - resp_len, response=resp_len // n, count=n)
+
     def _logp(self, params, mb):
         model = nnx.merge(self.graphdef, params)
-        hidden, _ = model(mb["tokens"], mb["positions"], attention_mask=mb["attention_mask"])
+        layout = self.shared_prefix(mb["tokens"].shape[-1], mb["resp_tokens"].shape[-1])
+        hidden, _ = model(mb["tokens"], mb["positions"], attention_mask=mb["attention_mask"],
+                          shared_prefix=layout)
         s = self.settings
         return response_logprobs(model, hidden, mb["resp_index"], mb["resp_tokens"], s.temperature,
                                  s.logits_chunk, s.vocab_chunk)
