@@ -48,5 +48,9 @@ def test_prefill_and_decode_compile_for_v5p(topology, shape):
         # parameters are sharded: a chip holds well under the whole model (bf16 ~ 2 bytes/param)
         whole_model_gib = 2 * 151936 * 64 / 2 ** 30
         assert mem["args"] < whole_model_gib, (name, mem)
+    # the caches are sharded (prompt rows over data/fsdp, KV heads over tensor), not replicated
+    state = programs.prefill.output_shardings
+    for cache in (state.prompt.k, state.gen_k, state.gen_v):
+        assert not cache.is_fully_replicated, cache
     # decode donates its state: the new state reuses the old one's buffers
     assert aot.memory_gib(programs.decode)["alias"] > 0

@@ -14,8 +14,10 @@ Nothing is executed; memory and lowering errors are the target compiler's own.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
+import os
 import time
 from typing import Any
 
@@ -99,7 +101,7 @@ def compile_sampler_programs(cfg: Qwen3Config, mesh, *, prompts: int, prompt_len
     graphdef, params = abstract_model(cfg, mesh)
     tokens, mask, row_settings, end_ids = abstract_inputs(mesh, prompts=prompts, prompt_len=prompt_len,
                                                           samples=samples)
-    with jax.set_mesh(mesh):
+    with jax.set_mesh(mesh), _no_persistent_cache():
         t0 = time.perf_counter()
         prefill = _prefill_fn(samples, max_new, cap, head, span_ladder)
         prefill_c = prefill.lower(graphdef, params, tokens, mask, row_settings, end_ids).compile()
@@ -121,7 +123,7 @@ def compile_decode(cfg: Qwen3Config, mesh, *, prompts: int, prompt_len: int, sam
     graphdef, params = abstract_model(cfg, mesh)
     tokens, mask, row_settings, end_ids = abstract_inputs(mesh, prompts=prompts, prompt_len=prompt_len,
                                                           samples=samples)
-    with jax.set_mesh(mesh):
+    with jax.set_mesh(mesh), _no_persistent_cache():
         prefill = _prefill_fn(samples, max_new, cap, head, ())
         shapes = jax.eval_shape(prefill, graphdef, params, tokens, mask, row_settings, end_ids)
         shardings = decode_lib.state_shardings(shapes, mesh)
@@ -145,9 +147,28 @@ def memory_gib(compiled) -> dict[str, float]:
 
 
 def v5p_topology(name: str = "v5p:2x2x1"):
-    """The topology description from libtpu (raises when libtpu is not installed)."""
+    """The topology description from libtpu (raises when libtpu is not installed). Deviceless
+    compiles never touch a chip, so several processes may hold libtpu (its lockfile would
+    stop the second one); on a host without chips libtpu is told some host so it does not
+    print pages of warnings (as actionopd_jax.aot.targets does)."""
     from jax.experimental import topologies
+
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
+    if not (os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0")):
+        os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
     return topologies.get_topology_desc(topology_name=name, platform="tpu")
+
+
+@contextlib.contextmanager
+def _no_persistent_cache():
+    """The persistent compilation cache cannot hold executables for devices not on this host
+    (reading one back warns), so deviceless compiles skip it."""
+    was = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", was)
 
 
 __all__ = ["AotPrograms", "abstract_inputs", "abstract_model", "compile_decode", "compile_sampler_programs",
