@@ -47,3 +47,11 @@ def test_unknown_target_and_gpu_targets_say_why():
                        "train.max_seq_len=512"])
     assert code == 2 and "cannot compile for a GPU without one" in text, text
     assert cli.main(["--config", RECIPE, "--check", "--aot", "--target", "v9-1", *TINY]) == 2
+
+
+def test_shared_prompt_rows_compile_for_v5p():
+    """The shared-prefix mask is computed inside the splash kernel: Mosaic must lower it."""
+    code, text = _run(["--config", RECIPE, "--check", "--aot", "--target", "v5p-8", "--no-cost", *TINY,
+                       "train.max_seq_len=1024", "collect.max_prompt_tokens=512", "train.shared_prompt=true"])
+    assert code == 0, text
+    assert "4 x 1,024 (512 + 4 x 128) | splash | fits" in text, text

@@ -173,10 +173,10 @@ def _layout_mask(t: int, layout: SharedPrefix | None):
     return SharedPrefixMask()
 
 
-@functools.lru_cache(maxsize=64)
 def _splash_kernel(t: int, groups: int, interpret: bool, layout: SharedPrefix | None = None):
     """One MQA kernel for sequences of t tokens and `groups` query heads per KV head, causal or
-    shared-prefix (built once per shape: the block tables are host-side numpy work)."""
+    shared-prefix. Built at every trace, not cached: the kernel holds its block tables as jax
+    arrays, which belong to the trace that made them."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as sk
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
 
@@ -185,10 +185,8 @@ def _splash_kernel(t: int, groups: int, interpret: bool, layout: SharedPrefix | 
                           block_q_dkv=blk, block_kv_dkv=blk, block_kv_dkv_compute=blk,
                           use_fused_bwd_kernel=True)
     mask = sm.MultiHeadMask([_layout_mask(t, layout) for _ in range(groups)])
-    # concrete mask tables even when first built inside a trace (the kernel is cached and reused)
-    with jax.ensure_compile_time_eval():
-        return sk.make_splash_mqa(mask, head_shards=1, q_seq_shards=1, block_sizes=sizes, interpret=interpret,
-                                  residual_checkpoint_name=ATTENTION_OUT)
+    return sk.make_splash_mqa(mask, head_shards=1, q_seq_shards=1, block_sizes=sizes, interpret=interpret,
+                              residual_checkpoint_name=ATTENTION_OUT)
 
 
 def _splash_local(q, k, v, segments, dtype, interpret: bool, layout: SharedPrefix | None):

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 from actionopd_jax.aot import CompileReport, Target, compile_for, format_bytes, get_target, target_devices
 from actionopd_jax.config import Config
 from actionopd_jax.model import Qwen3Config, make_mesh
-from actionopd_jax.model.attention import resolve
+from actionopd_jax.model.attention import SharedPrefix, resolve
 from actionopd_jax.model.config import count_params
 from actionopd_jax.train.batching import BATCH_FIELDS, bucket_length
 
@@ -47,29 +47,41 @@ class StepEstimate:
     cost_note: str = ""
 
 
-def model_flops(qcfg: Qwen3Config, rows: int, seq_len: int, resp_len: int) -> float:
+def attention_pairs(seq_len: int, layout: SharedPrefix | None) -> float:
+    """(query, key) pairs one row attends: T^2/2 causal; a shared-prefix row: the prompt's
+    causal square plus each response token over the prompt and its own response so far."""
+    if layout is None:
+        return seq_len * seq_len / 2
+    p, r, n = layout.prompt, layout.response, layout.count
+    return p * p / 2 + n * r * (p + r / 2)
+
+
+def model_flops(qcfg: Qwen3Config, rows: int, seq_len: int, resp_len: int,
+                layout: SharedPrefix | None = None) -> float:
     """Training FLOPs of one microbatch (forward + backward = 3x forward; no remat recompute):
-    weight matmuls and causal attention over every token, the LM head on response tokens only."""
+    weight matmuls and attention over every token of the rows, the LM head on response tokens."""
     d, v, L = qcfg.hidden_size, qcfg.vocab_size, qcfg.num_hidden_layers
     h, dh = qcfg.num_attention_heads, qcfg.head_dim
     n = count_params(qcfg)["non_embedding"]
-    per_token = 6 * n + 3 * L * 4 * h * dh * (seq_len / 2)   # causal: T/2 keys on average
-    return rows * seq_len * per_token + rows * resp_len * 6 * d * v
+    attention = 3 * L * 4 * h * dh * attention_pairs(seq_len, layout)
+    return rows * (seq_len * 6 * n + attention + resp_len * 6 * d * v)
 
 
-def attention_kernel_flops(qcfg: Qwen3Config, rows: int, seq_len: int) -> float:
+def attention_kernel_flops(qcfg: Qwen3Config, rows: int, seq_len: int, layout: SharedPrefix | None = None
+                           ) -> float:
     """Hardware FLOPs of the attention kernel in one train step: forward (2 matmuls), backward
     (5 matmuls with the fused dq/dkv kernel), and the forward again under full remat."""
     L, h, dh = qcfg.num_hidden_layers, qcfg.num_attention_heads, qcfg.head_dim
-    one_matmul = rows * L * h * dh * 2 * seq_len * seq_len / 2
+    one_matmul = rows * L * h * dh * 2 * attention_pairs(seq_len, layout)
     recompute = 2 if qcfg.remat in ("full", "dots") else 0
     return one_matmul * (2 + 5 + recompute)
 
 
 def _abstract_batch(step, rows: int, seq_len: int, resp_len: int) -> dict:
     out = {}
+    shared = step.settings.shared_prompt > 0  # shared rows carry per-token advantages
     for name, (dtype, dim) in BATCH_FIELDS.items():
-        width = (seq_len,) if dim == "T" else (resp_len,) if dim == "R" else ()
+        width = (seq_len,) if dim == "T" else (resp_len,) if dim == "R" or shared else ()
         out[name] = jax.ShapeDtypeStruct((1, rows) + width, jnp.dtype(dtype), sharding=step.row_sharding)
     return out
 
@@ -94,12 +106,20 @@ def estimate_step(cfg: Config, qcfg: Qwen3Config, target: Target, seq_len: int, 
                   cost: bool = True) -> StepEstimate:
     mesh = target_mesh(cfg, target)
     rows = cfg.train.microbatch_rows
-    resp_len = min(bucket_length(cfg.collect.max_response_tokens, 16), seq_len - 1)
+    region = bucket_length(cfg.collect.max_response_tokens, 16)
+    layout, label = None, f"{rows} x {seq_len:,}"
+    if cfg.train.shared_prompt:  # packed rows: [prompt bucket | N response regions]
+        n = cfg.collect.num_candidates
+        prompt = bucket_length(min(cfg.collect.max_prompt_tokens, seq_len - region), cfg.train.bucket_multiple)
+        layout = SharedPrefix(prompt=prompt, response=region, count=n)
+        seq_len, resp_len = layout.length, n * region
+        label = f"{rows} x {seq_len:,} ({prompt:,} + {n} x {region:,})"
+    else:
+        resp_len = min(region, seq_len - 1)
     impl = resolve(qcfg.attention, target.platform)
     est = StepEstimate(rows=rows, seq_len=seq_len, resp_len=resp_len, attention=impl,
-                       real=_compile_step(cfg, qcfg, mesh, rows, seq_len, resp_len,
-                                          f"{rows} x {seq_len:,}"))
-    est.model_flops_per_chip = model_flops(qcfg, rows, seq_len, resp_len) / target.chips
+                       real=_compile_step(cfg, qcfg, mesh, rows, seq_len, resp_len, label))
+    est.model_flops_per_chip = model_flops(qcfg, rows, seq_len, resp_len, layout) / target.chips
     if not (cost and est.real.ok):
         return est
     # per-layer cost from 1- and 2-layer unrolled twins of the same program
@@ -115,7 +135,7 @@ def estimate_step(cfg: Config, qcfg: Qwen3Config, target: Target, seq_len: int, 
     est.seconds = twins[0].optimal_seconds + (L - 1) * per_layer_s
     if impl == "splash":
         # the compiler sees the Pallas kernel as an opaque call: add its FLOPs at peak rate
-        est.kernel_flops_per_chip = attention_kernel_flops(qcfg, rows, seq_len) / target.chips
+        est.kernel_flops_per_chip = attention_kernel_flops(qcfg, rows, seq_len, layout) / target.chips
         est.flops_per_chip += est.kernel_flops_per_chip
         est.seconds += est.kernel_flops_per_chip / target.peak_bf16_flops
         est.cost_note = ("splash attention is a Pallas kernel the cost model cannot see: its analytic FLOPs "
