@@ -50,6 +50,14 @@ class CompileReport:
         return {**dataclasses.asdict(self), "peak_bytes": self.peak_bytes}
 
 
+def _reset_cache_state() -> None:
+    try:
+        from jax._src import compilation_cache
+    except ImportError:  # a jax without it: the cache warning is harmless
+        return
+    compilation_cache.reset_cache()
+
+
 def _verdict(text: str) -> tuple[str, bool]:
     """(one line for the user, whether it is an out-of-memory verdict) from a compiler error."""
     used = _OOM.search(text)
@@ -68,9 +76,11 @@ def compile_for(jitted, args: tuple, *, label: str, mesh=None, kwargs: dict | No
     out-of-memory or lowering failure is a result to print, not a crash of the check."""
     report = CompileReport(label=label)
     t0 = time.perf_counter()
-    # the persistent compilation cache cannot hold executables for devices that are not here
+    # the persistent compilation cache cannot load executables for devices that are not here:
+    # off for this compile (jax memoises "cache in use": reset it on both sides)
     cache_was = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)
+    _reset_cache_state()
     try:
         with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
             compiled = jitted.lower(*args, **(kwargs or {})).compile()
@@ -80,6 +90,7 @@ def compile_for(jitted, args: tuple, *, label: str, mesh=None, kwargs: dict | No
         return report
     finally:
         jax.config.update("jax_enable_compilation_cache", cache_was)
+        _reset_cache_state()
     report.compile_s = time.perf_counter() - t0
     report.ok = True
     mem = compiled.memory_analysis()
