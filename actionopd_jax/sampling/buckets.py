@@ -23,9 +23,10 @@ class Buckets:
     samples: tuple[int, ...] = _powers_of_two(1, 64)          # sequences per prompt (n)
     # decode buffer length: coarse (x4), since the loop exits early when every row is done
     max_new: tuple[int, ...] = (64, 256, 1024, 4096, 16384)
-    # generated-cache lengths decode attends over in turn (decode.attention_spans): the
-    # per-step attention cost follows the tokens made so far, not the buffer; each span
-    # below the buffer adds one copy of the loop body to the program (compile time)
+    # CPU backend only (accelerators run one phase): generated-cache lengths decode attends
+    # over in turn (decode.attention_spans): the per-step attention cost follows the tokens
+    # made so far, not the buffer; each span below the buffer adds one copy of the loop body
+    # to the program (compile time)
     attention_spans: tuple[int, ...] = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
     max_rows: int = 256                                       # prompts x samples decoded together
 

@@ -34,9 +34,10 @@ The tokens are the same. The trainer recomputes behaviour logprobs by default
 (train.old_logprobs=recompute), so this only touches the sampler's reported logprobs; use
 Sampler(lm_head="float32") where exact float32 normalisers matter more than speed.
 
-Applies only to a float32 head on CPU (decode.uses_checked_head): the bound assumes true
-float32 matmuls, which TPUs and GPUs do not run by default, and a bfloat16 model's own head
-is already bfloat16. Elsewhere the caller uses `model.logits` directly.
+Part of the CPU backend (cpu_backend.py); applies only to a float32 head there
+(decode.uses_checked_head): the bound assumes true float32 matmuls, which TPUs and GPUs do
+not run by default, and a bfloat16 model's own head is already bfloat16. Elsewhere the
+caller uses `model.logits` directly.
 """
 
 from __future__ import annotations

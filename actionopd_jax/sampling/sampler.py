@@ -103,18 +103,20 @@ class Sampler:
     updating the same module); eos_ids: token ids that end a sequence; cap: candidates kept
     per step for top-k/top-p (top_k above it takes the slower exact path); mesh: when the
     parameters are sharded, the mesh to trace under (activations follow the model's rules);
-    lm_head: how decode steps evaluate the LM head (decode.token_chooser). "checked"
-    (default): a bfloat16 head whose best candidates are recomputed in float32 and checked
-    against a rigorous error bound, falling back to the float32 head for any row the check
-    cannot settle: the float32 model's tokens, logprobs with an approximate normaliser (~2e-4
-    from float32 on bench-tiny; checked_head.py), decoding 1.3-1.5x faster on bench-tiny.
-    Float32 heads on CPU only; elsewhere it is the model's own head.
-    "float32": the model's float32 head at every step (exact normalisers). "bfloat16": the
-    head rounded to bfloat16 (an explicit opt-in: the samples and logprobs are then those of
-    the rounded head).
-    backend: "auto" (default): the accelerator path (layers under `lax.scan`, stacked KV
-    cache; decode.py) when the mesh's devices (or, without a mesh, the default backend) are
-    not CPUs, else the CPU backend (cpu_backend.py); "accelerator" / "cpu" force one.
+    backend: "auto" (default) follows the target: the accelerator path (decode.py: layers
+    under `lax.scan`, stacked KV cache sharded by KV head and prompt rows, one attention
+    phase) when the mesh's devices (or, without a mesh, the default backend) are not CPUs,
+    else the CPU backend (cpu_backend.py: unrolled layers, fused output-major weights, split
+    cache blocks, the "checked" head); "accelerator" / "cpu" force one.
+    lm_head: how decode steps evaluate the LM head (decode.token_chooser). On accelerators
+    the model's own head (float32 accumulation over its parameter dtype) for "checked" and
+    "float32". "bfloat16": the head rounded to bfloat16 (an explicit opt-in: the samples and
+    logprobs are then those of the rounded head). On the CPU backend with a float32 head,
+    "checked" (default) is a bfloat16 head whose best candidates are recomputed in float32
+    and checked against a rigorous error bound, falling back to the float32 head for any row
+    the check cannot settle: the float32 model's tokens, logprobs with an approximate
+    normaliser (~2e-4 from float32 on bench-tiny; checked_head.py), decoding 1.3-1.5x faster
+    on bench-tiny; "float32" runs the float32 head at every step (exact normalisers).
     """
 
     def __init__(self, model, cfg=None, *, eos_ids: Sequence[int], buckets: Buckets | None = None,

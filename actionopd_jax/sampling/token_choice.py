@@ -172,8 +172,9 @@ def _top_candidates(logits: jax.Array, cap: int, *, vocab_major: bool = False) -
     position first) is the lower-id rule. When those two maxima tie (only with exactly equal
     logits), the plain `lax.top_k` runs instead (`lax.cond`: free when not taken).
 
-    vocab_major: logits are laid out [V, rows] instead of [rows, V] (the checked head's
-    matmul is faster with that output, checked_head.py); results are [rows, cap] either way."""
+    vocab_major: logits are laid out [V, rows] instead of [rows, V] (the CPU backend's
+    checked head: its matmul is faster with that output on CPU, checked_head.py); results
+    are [rows, cap] either way."""
     rows, vocab = logits.shape[::-1] if vocab_major else logits.shape
     row_major = lambda: logits.T if vocab_major else logits   # only off the fast path
     size = _group_size(vocab)
