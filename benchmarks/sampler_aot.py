@@ -50,6 +50,8 @@ def main() -> None:
     ap.add_argument("--hbm-gib", type=float, default=95.74, help="HBM per chip (v5p: 95.74 GiB)")
     ap.add_argument("--hbm-gbps", type=float, default=2765.0, help="HBM bandwidth per chip, GB/s (v5p: 2765)")
     ap.add_argument("--skip-cost", action="store_true", help="skip the two unrolled compiles of the cost estimate")
+    ap.add_argument("--prefill", action="store_true",
+                    help="also compile prefill (and decode from prefill's own output shardings)")
     args = ap.parse_args()
 
     cfg = PRESETS[args.preset].replace(param_dtype=args.dtype, dtype=args.dtype)
@@ -78,6 +80,20 @@ def main() -> None:
     table.append((f"decode compile, {L} layers (s)", f"{full_s:.1f}"))
     table.append((f"decode compile, {args.small_layers} layers (s)", f"{small_s:.1f}"))
     table.append((f"ratio {L} / {args.small_layers} layers", f"{full_s / small_s:.2f}"))
+    if args.prefill:
+        try:
+            programs = aot.compile_sampler_programs(cfg, mesh, **shape)
+        except Exception as e:  # noqa: BLE001 - the compiler's verdict (e.g. out of HBM) is the result
+            programs = None
+            table.append(("prefill", str(e).strip().splitlines()[0][:160]))
+    if args.prefill and programs is not None:
+        pre = aot.memory_gib(programs.prefill)
+        table.append(("prefill compile (s)", f"{programs.prefill_seconds:.1f}"))
+        table.append(("prefill memory per chip: args / out / temp (GiB)",
+                      f"{pre['args']:.2f} / {pre['out']:.2f} / {pre['temp']:.2f}"))
+        table.append(("prefill memory per chip: peak (GiB)", f"{pre['peak']:.2f} of {args.hbm_gib} "
+                                                             f"({100 * (1 - pre['peak'] / args.hbm_gib):.0f}% free)"))
+        table.append(("decode after prefill: peak per chip (GiB)", f"{aot.memory_gib(programs.decode)['peak']:.2f}"))
     mem = aot.memory_gib(full)
     for k in ("args", "out", "temp", "alias"):
         table.append((f"memory per chip: {k} (GiB)", f"{mem[k]:.2f}"))
