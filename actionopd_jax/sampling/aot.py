@@ -162,13 +162,23 @@ def v5p_topology(name: str = "v5p:2x2x1"):
 @contextlib.contextmanager
 def _no_persistent_cache():
     """The persistent compilation cache cannot hold executables for devices not on this host
-    (reading one back warns), so deviceless compiles skip it."""
+    (reading one back warns), so deviceless compiles skip it. jax memoises whether the cache
+    is in use, so that is reset on both sides (as actionopd_jax.aot.compile does)."""
+    def reset():
+        try:
+            from jax._src import compilation_cache
+        except ImportError:  # a jax without it: the cache warning is harmless
+            return
+        compilation_cache.reset_cache()
+
     was = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)
+    reset()
     try:
         yield
     finally:
         jax.config.update("jax_enable_compilation_cache", was)
+        reset()
 
 
 __all__ = ["AotPrograms", "abstract_inputs", "abstract_model", "compile_decode", "compile_sampler_programs",
