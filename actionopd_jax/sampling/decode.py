@@ -3,8 +3,10 @@
 Shapes are static (bucketed by the caller); everything else is traced data.
 
 Rows are laid out prompt-major: row r = prompt r // G, sample r % G (G = samples per prompt,
-bucketed). The prompt's keys/values are computed once by the model's own cached forward
-(prefill) and then SHARED by its G samples: decode attention reads each prompt's cache once
+bucketed). The prompt's keys/values are computed once (prefill: on the accelerator path by
+`Qwen3.prefill_kv`, the fused causal attention of `cfg.attention` -- splash on TPU, cuDNN on
+GPU -- which never materialises [T, T] scores, so 24,576-token prompts fit; on the CPU
+backend by the model's cached forward) and then SHARED by its G samples: decode attention reads each prompt's cache once
 for all of its samples instead of once per sample (N=4 candidates per state read a quarter of
 the prompt cache they would read with copied rows). Only the generated tokens have per-row
 cache slots.
@@ -222,6 +224,27 @@ def attention_spans(max_new: int, ladder: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(int(s) for s in ladder if 0 < s < max_new) + (max_new,)
 
 
+def prefill_layout(cfg, platform: str | None = None) -> str:
+    """How the accelerator path lays out prompts for prefill: "left" (as the Sampler pads
+    them) for splash (TPU: padding through segment ids, any layout), the XLA reference and
+    the CPU blocked path; "right" for cuDNN (GPU: `cfg.attention` "auto"/"cudnn" on a GPU
+    target), whose flash attention takes padding as sequence lengths, so valid tokens must be
+    a prefix. Decision: on GPU the prompts are right-aligned inside the prefill program (a
+    per-row roll of the int32 tokens, `right_align`) rather than falling back to the
+    materialising "xla" attention; decode reads the prompt cache through its validity mask
+    and RoPE positions count real tokens, so either layout decodes the same."""
+    from actionopd_jax.model.attention import resolve
+
+    return "right" if resolve(cfg.attention, platform) == "cudnn" else "left"
+
+
+def right_align(tokens: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """Left-padded rows [B, T] (mask True on real tokens) -> the same rows right-padded."""
+    pad = tokens.shape[1] - mask.sum(-1).astype(jnp.int32)
+    idx = (jnp.arange(tokens.shape[1])[None, :] + pad[:, None]) % tokens.shape[1]
+    return jnp.take_along_axis(tokens, idx, 1), jnp.take_along_axis(mask, idx, 1)
+
+
 def prefill(graphdef: nnx.GraphDef, params: Any, prompt_tokens: jax.Array, prompt_mask: jax.Array,
             rows: RowSettings, end_ids: jax.Array, *, samples: int, max_new: int, cap: int,
             head: str = "checked", span_ladder: tuple[int, ...] = (), backend: str = "auto") -> DecodeState:
@@ -233,21 +256,32 @@ def prefill(graphdef: nnx.GraphDef, params: Any, prompt_tokens: jax.Array, promp
     model = nnx.merge(graphdef, params)
     cfg = model.cfg
     n_prompts, prompt_len = prompt_tokens.shape
-    cache = KVCache.init(cfg, n_prompts, prompt_len)
-    cache = cache.replace(k=constrain(cache.k, _MODEL_KV), v=constrain(cache.v, _MODEL_KV))
-    hidden, cache = model(prompt_tokens, left_pad_positions(prompt_mask), attention_mask=prompt_mask, cache=cache)
-    # the first token from the model's head (a once-per-call cost) unless the rounded
-    # "bfloat16" mode was asked for; left padding: the last position is real
-    logits = _logits(model, hidden[:, -1], lm_head_weights(model, head))
     n_rows = n_prompts * samples
     kvh, dh, n_layers = cfg.num_key_value_heads, cfg.head_dim, cfg.num_hidden_layers
+    head_w = lm_head_weights(model, head)
     if backend == "accelerator":
-        prompt = PromptCache(k=constrain(cache.k.transpose(0, 1, 3, 2, 4), _PROMPT_KV),
-                             v=constrain(cache.v.transpose(0, 1, 3, 2, 4), _PROMPT_KV), valid=prompt_mask)
+        # the whole prompt through the model's fused causal attention (splash on TPU, cuDNN
+        # on GPU): no [T, T] score matrix, so 24,576-token prompts fit (see prefill_layout)
+        if prefill_layout(cfg) == "right":
+            prompt_tokens, prompt_mask = right_align(prompt_tokens, prompt_mask)
+        hidden, k, v = model.prefill_kv(prompt_tokens, left_pad_positions(prompt_mask), prompt_mask)
+        last = jnp.maximum(prompt_mask.sum(-1) - 1, 0) if prefill_layout(cfg) == "right" else None
+        hidden_last = hidden[:, -1] if last is None else jnp.take_along_axis(hidden, last[:, None, None], 1)[:, 0]
+        # the first token from the model's head (a once-per-call cost) unless the rounded
+        # "bfloat16" mode was asked for
+        logits = _logits(model, hidden_last, head_w)
+        # [L, P_rows, S, KVH, Dh] -> [L, P_rows, KVH, S, Dh]
+        prompt = PromptCache(k=constrain(k.transpose(0, 1, 3, 2, 4), _PROMPT_KV),
+                             v=constrain(v.transpose(0, 1, 3, 2, 4), _PROMPT_KV), valid=prompt_mask)
         gen_shape = (n_layers, n_prompts, kvh, samples, max_new, dh)
-        gen_k = constrain(jnp.zeros(gen_shape, cache.k.dtype), _GEN_KV)
-        gen_v = constrain(jnp.zeros(gen_shape, cache.v.dtype), _GEN_KV)
+        gen_k = constrain(jnp.zeros(gen_shape, k.dtype), _GEN_KV)
+        gen_v = constrain(jnp.zeros(gen_shape, v.dtype), _GEN_KV)
     else:
+        cache = KVCache.init(cfg, n_prompts, prompt_len)
+        cache = cache.replace(k=constrain(cache.k, _MODEL_KV), v=constrain(cache.v, _MODEL_KV))
+        hidden, cache = model(prompt_tokens, left_pad_positions(prompt_mask), attention_mask=prompt_mask, cache=cache)
+        # left padding: the last position is real
+        logits = _logits(model, hidden[:, -1], head_w)
         k, v = cpu_backend.split_prompt_cache(cache.k, cache.v, n_layers)
         prompt = PromptCache(k=k, v=v, valid=prompt_mask)
         gen_k, gen_v = cpu_backend.generated_blocks(n_layers, n_prompts, kvh, samples, dh,
