@@ -25,6 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from actionopd_jax.sampling import budget as budget_lib
 from actionopd_jax.sampling import checked_head as checked_head_lib
 from actionopd_jax.sampling import cpu_backend
 from actionopd_jax.sampling import decode as decode_lib
@@ -117,11 +118,17 @@ class Sampler:
     the check cannot settle: the float32 model's tokens, logprobs with an approximate
     normaliser (~2e-4 from float32 on bench-tiny; checked_head.py), decoding 1.3-1.5x faster
     on bench-tiny; "float32" runs the float32 head at every step (exact normalisers).
+    token_budget: how many states one device call (prefill + decode) takes, in cache-token
+    equivalents (budget.py: PREFILL_FACTOR x padded prompt tokens + generated-cache slots,
+    after bucket padding). "auto" (default): from the memory the devices can still allocate
+    at each call (memory_stats bytes_limit - bytes_in_use, x budget.SAFETY, / bytes per
+    cached token); none where the platform reports no limit (CPU: chunking unchanged). An
+    int: that budget; None: no budget (chunks by the buckets' prompts and max_rows only).
     """
 
     def __init__(self, model, cfg=None, *, eos_ids: Sequence[int], buckets: Buckets | None = None,
                  cap: int = DEFAULT_CAP, mesh: jax.sharding.Mesh | None = None,
-                 lm_head: str = "checked", backend: str = "auto"):
+                 lm_head: str = "checked", backend: str = "auto", token_budget: int | str | None = "auto"):
         self.model = model
         self.cfg = cfg if cfg is not None else model.cfg
         self.eos_ids = np.asarray(sorted(set(int(i) for i in eos_ids)) or [-1], np.int32)
@@ -133,6 +140,9 @@ class Sampler:
         self.mesh = mesh
         platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
         self.backend = decode_lib.resolve_backend(backend, platform)
+        if not (token_budget is None or token_budget == "auto" or (isinstance(token_budget, int) and token_budget > 0)):
+            raise ValueError(f"token_budget must be 'auto', None or a positive int, got {token_budget!r}")
+        self.token_budget = token_budget
         self.stats = CompileStats()
         self._programs: dict[tuple, Any] = {}
         # "checked" head: (weak ref to the head-weight array, its CheckedHead), rebuilt when the
@@ -191,7 +201,7 @@ class Sampler:
 
         result = SampleResult(generations=[[] for _ in range(n_prompts)])
         compiled_before = self.stats.programs
-        for chunk in self._chunks(settings["n"]):
+        for chunk in self._chunks(settings["n"], [p.size for p in prompts], settings["max_new"]):
             self._run_chunk(chunk, prompts, settings, prompt_keys, result)
         result.compiled_programs = self.stats.programs - compiled_before
         return result
@@ -221,24 +231,23 @@ class Sampler:
             raise ValueError(f"n={most} exceeds the largest samples bucket {self.buckets.samples[-1]} "
                              f"(or max_rows {self.buckets.max_rows}); pass larger Buckets")
 
-    def _chunks(self, ns: list[int]) -> list[list[int]]:
+    def _chunks(self, ns: list[int], prompt_lens: Sequence[int] | None = None,
+                max_news: Sequence[int] | None = None) -> list[list[int]]:
         """Consecutive prompt groups whose padded size (prompts bucket x samples bucket)
-        stays within the largest prompts bucket and max_rows."""
-        b = self.buckets
+        stays within the largest prompts bucket and max_rows, and whose cache-token
+        equivalents stay within the token budget (`current_token_budget`)."""
+        prompt_lens = [1] * len(ns) if prompt_lens is None else prompt_lens
+        max_news = [1] * len(ns) if max_news is None else max_news
+        return budget_lib.plan_chunks(ns, prompt_lens, max_news, self.buckets, self.current_token_budget())
 
-        def padded_rows(count: int, most: int) -> int:
-            return Buckets.fit(count, b.prompts, "prompts") * Buckets.fit(most, b.samples, "samples")
-
-        chunks: list[list[int]] = []
-        current: list[int] = []
-        for i, n in enumerate(ns):
-            most = max([int(ns[j]) for j in current] + [int(n)])
-            if current and (len(current) == b.prompts[-1] or padded_rows(len(current) + 1, most) > b.max_rows):
-                chunks.append(current)
-                current = []
-            current.append(i)
-        chunks.append(current)
-        return chunks
+    def current_token_budget(self) -> int | None:
+        """The budget this call plans with: the int given, None, or for "auto" the devices'
+        free memory now (budget.default_token_budget; None on CPU)."""
+        if self.token_budget != "auto":
+            return self.token_budget
+        if self.backend == "cpu":
+            return None
+        return budget_lib.default_token_budget(self.cfg, self.mesh)
 
     def _run_chunk(self, chunk, prompts, settings, prompt_keys, result: SampleResult) -> None:
         b = self.buckets

@@ -1,0 +1,75 @@
+"""Token-budgeted chunking: a call is split into device calls whose padded cache-token
+equivalents fit the budget; samples do not depend on how the call was split."""
+
+import jax
+import numpy as np
+import pytest
+
+from actionopd_jax.model.config import PRESETS
+from actionopd_jax.sampling import Buckets, Sampler, budget
+from tests._sampler_fixtures import random_model
+
+
+def _old_chunks(ns, b):
+    """The chunking before token budgets (prompts bucket x samples bucket <= max_rows)."""
+    def padded_rows(count, most):
+        return Buckets.fit(count, b.prompts, "prompts") * Buckets.fit(most, b.samples, "samples")
+
+    chunks, current = [], []
+    for i, n in enumerate(ns):
+        most = max([int(ns[j]) for j in current] + [int(n)])
+        if current and (len(current) == b.prompts[-1] or padded_rows(len(current) + 1, most) > b.max_rows):
+            chunks.append(current)
+            current = []
+        current.append(i)
+    chunks.append(current)
+    return chunks
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_without_a_budget_the_chunks_are_unchanged(seed):
+    rng = np.random.default_rng(seed)
+    b = Buckets(max_rows=int(rng.choice([16, 64, 256])))
+    ns = rng.integers(1, 9, int(rng.integers(1, 200))).tolist()
+    lens = rng.integers(1, 30000, len(ns)).tolist()
+    assert budget.plan_chunks(ns, lens, [4096] * len(ns), b, None) == _old_chunks(ns, b)
+
+
+def test_a_collector_call_is_split_by_the_budget():
+    """64 states x 4 samples at 4,096-token prompts, 4,096 new: a budget for 16 states gives
+    four chunks of 16, each within the budget."""
+    b = Buckets()
+    per_16 = budget.chunk_tokens(16, 4096, 4, 4096)
+    chunks = budget.plan_chunks([4] * 64, [4000] * 64, [4096] * 64, b, int(per_16))
+    assert [len(c) for c in chunks] == [16, 16, 16, 16]
+    assert sum(chunks, []) == list(range(64))
+    # a single state above the budget still runs alone
+    assert budget.plan_chunks([4, 4], [30000, 10], [4096, 4096], b, 10) == [[0], [1]]
+
+
+def test_budget_from_memory():
+    cfg = PRESETS["qwen3-4b"].replace(param_dtype="bfloat16", dtype="bfloat16")
+    assert budget.cache_bytes_per_token(cfg) == 2 * 36 * 8 * 128 * 2
+    got = budget.token_budget(cfg, 10 * 2 ** 30, 4, safety=1.0)
+    assert got == 40 * 2 ** 30 // (2 * 36 * 8 * 128 * 2)
+    assert budget.default_token_budget(cfg) is None      # CPU: no memory limit reported
+
+
+def test_budgeted_calls_give_the_same_samples():
+    model = random_model(3, vocab_size=256)
+    b = Buckets(prompt_len=(16, 64), prompts=(1, 2, 4), samples=(1, 2, 4), max_new=(8, 16))
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, 256, n).astype(np.int32) for n in (3, 17, 50, 9, 12)]
+    kw = dict(n=2, max_new_tokens=8, temperature=1.0, top_k=20, key=jax.random.key(4))
+    whole = Sampler(model, eos_ids=[], buckets=b, lm_head="float32", token_budget=None)
+    split = Sampler(model, eos_ids=[], buckets=b, lm_head="float32",
+                    token_budget=int(budget.chunk_tokens(2, 64, 2, 8)))
+    assert [len(c) for c in split._chunks([2] * 5, [p.size for p in prompts], [8] * 5)] == [2, 2, 1]
+    assert whole.current_token_budget() is None and Sampler(model, eos_ids=[]).current_token_budget() is None
+    a, c = whole.sample(prompts, **kw), split.sample(prompts, **kw)
+    for ga, gc in zip(a.generations, c.generations):
+        for x, y in zip(ga, gc):
+            np.testing.assert_array_equal(x.token_ids, y.token_ids)
+            np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-5)
+    with pytest.raises(ValueError, match="token_budget"):
+        Sampler(model, eos_ids=[], token_budget=0)
