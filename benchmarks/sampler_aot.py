@@ -36,6 +36,57 @@ def _cost(compiled) -> dict:
     return {k: float(c.get(k, 0.0)) for k in ("flops", "bytes accessed", "optimal_seconds")}
 
 
+def _param_bytes_per_chip(cfg, mesh) -> int:
+    """Bytes of the parameters on the fullest chip (their shards under the model's shardings)."""
+    import jax
+    import numpy as np
+
+    _, params = aot.abstract_model(cfg, mesh)
+    total = 0
+    for x in jax.tree.leaves(params):
+        shard = x.sharding.shard_shape(x.shape)
+        total += int(np.prod(shard)) * np.dtype(x.dtype).itemsize
+    return total
+
+
+def _budgeted(cfg, mesh, args) -> None:
+    """The Sampler's token-budget split of one collector-sized call, each part compiled."""
+    from actionopd_jax.sampling import Buckets, budget
+
+    hbm = args.hbm_gib * aot.GIB
+    params = _param_bytes_per_chip(cfg, mesh)
+    tokens = budget.token_budget(cfg, hbm - params, mesh.size)
+    b = Buckets()
+    chunks = budget.plan_chunks([args.samples] * args.prompts, [args.prompt_len] * args.prompts,
+                                [args.max_new] * args.prompts, b, tokens)
+    print(f"params per chip {params / aot.GIB:.2f} GiB; {budget.describe(cfg, tokens)} "
+          f"(safety {budget.SAFETY}, prefill factor {budget.PREFILL_FACTOR}); "
+          f"{args.prompts} states -> parts of {[len(c) for c in chunks]}")
+    unplanned = budget.chunk_tokens(Buckets.fit(args.prompts, b.prompts, "prompts"),
+                                    Buckets.fit(args.prompt_len, b.prompt_len, "prompt_len"), args.samples,
+                                    Buckets.fit(args.max_new, b.max_new, "max_new"))
+    print(f"whole call: {unplanned:.0f} cache-token equivalents vs budget {tokens}")
+    for size in sorted({len(c) for c in chunks}, reverse=True):
+        rows = Buckets.fit(size, b.prompts, "prompts")
+        plen = Buckets.fit(args.prompt_len, b.prompt_len, "prompt_len")
+        new = Buckets.fit(args.max_new, b.max_new, "max_new")
+        used = budget.chunk_tokens(rows, plen, args.samples, new)
+        try:
+            programs = aot.compile_sampler_programs(cfg, mesh, prompts=rows, prompt_len=plen, samples=args.samples,
+                                                    max_new=new)
+        except Exception as e:  # noqa: BLE001 - the compiler's verdict is the result
+            print(f"part of {size} states ({rows} x {plen}): {str(e).strip().splitlines()[0][:200]}")
+            continue
+        pre, dec = aot.memory_gib(programs.prefill), aot.memory_gib(programs.decode)
+        planned = (params + used * budget.cache_bytes_per_token(cfg) / mesh.size) / aot.GIB
+        print(f"  planned peak (params + budget tokens) {planned:.2f} GiB vs compiled prefill peak {pre['peak']:.2f}")
+        print(f"part of {size} states ({rows} prompts x {plen}, {args.samples} x {new} new; {used:.0f} of {tokens} "
+              f"budget tokens): prefill peak {pre['peak']:.2f} GiB ({100 * (1 - pre['peak'] / args.hbm_gib):.0f}% "
+              f"free; temp {pre['temp']:.2f}), decode peak {dec['peak']:.2f} GiB "
+              f"({100 * (1 - dec['peak'] / args.hbm_gib):.0f}% free); compile {programs.prefill_seconds:.0f} s + "
+              f"{programs.decode_seconds:.0f} s")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", default="qwen3-4b")
@@ -52,6 +103,9 @@ def main() -> None:
     ap.add_argument("--skip-cost", action="store_true", help="skip the two unrolled compiles of the cost estimate")
     ap.add_argument("--prefill", action="store_true",
                     help="also compile prefill (and decode from prefill's own output shardings)")
+    ap.add_argument("--budget-from-hbm", action="store_true",
+                    help="split the --prompts states into the Sampler's token-budgeted calls (budget from HBM "
+                         "minus parameters, sampling/budget.py) and compile prefill + decode of each distinct part")
     args = ap.parse_args()
 
     cfg = PRESETS[args.preset].replace(param_dtype=args.dtype, dtype=args.dtype)
@@ -66,6 +120,9 @@ def main() -> None:
           f"{args.max_new} new tokens")
 
     table: list[tuple[str, str]] = []
+    if args.budget_from_hbm:
+        _budgeted(cfg, mesh, args)
+        return
     step = None
     if not args.skip_cost:
         two, _ = aot.compile_decode(cfg.replace(num_hidden_layers=2), mesh, **shape, layer_unroll=2)

@@ -1,8 +1,9 @@
 """One process of the two-process behaviour-snapshot test (run as a script by
 tests/test_collect_gather_multihost.py): joins jax.distributed on CPU, places a tiny student's
 parameters sharded over a mesh that spans BOTH processes (so no process holds them whole),
-then asks `collect.source.behaviour_model` for the model this process samples with, and
-greedy-samples from it. Writes what it saw as JSON."""
+then asks `collect.source.rollout_params` / `behaviour_model` for the rollout copy this
+process samples with (resharded on device over a (process x local) mesh, then wrapped as
+local arrays), and greedy-samples from it. Writes what it saw as JSON."""
 
 from __future__ import annotations
 
@@ -56,7 +57,7 @@ def main() -> int:
 
     jax.distributed.initialize(coordinator_address=args.coordinator, num_processes=2, process_id=args.process_id,
                                initialization_timeout=120)
-    from actionopd_jax.collect.source import behaviour_model, sampling_params
+    from actionopd_jax.collect.source import behaviour_model, rollout_params
     from actionopd_jax.model.sharding import make_mesh, param_shardings
 
     cfg, graphdef, params = build()
@@ -66,18 +67,22 @@ def main() -> int:
     placed = jax.tree.map(lambda w, s: jax.make_array_from_callback(w.shape, s, lambda idx, w=w: w[idx]),
                           want, shardings)
 
-    host, local_mesh = sampling_params(placed, cfg)
-    same = jax.tree.leaves(jax.tree.map(lambda h, w: bool(np.array_equal(np.asarray(h), w)), host, want))
+    local, local_mesh = rollout_params(placed, graphdef)
+    local_only = all(x.is_fully_addressable and {d.process_index for d in x.sharding.device_set} == {args.process_id}
+                     for x in jax.tree.leaves(local))
+    same = jax.tree.leaves(jax.tree.map(lambda h, w: bool(np.array_equal(np.asarray(h), w)), local, want))
     model, sample_mesh = behaviour_model(SimpleNamespace(params=placed, graphdef=graphdef),
                                          SimpleNamespace(model_config=cfg, mesh=mesh))
     on = {d.id for x in jax.tree.leaves(nnx.state(model)) for d in x.sharding.device_set}
     result = dict(
         process_index=jax.process_index(), global_devices=jax.device_count(),
         placed_fully_addressable=any(x.is_fully_addressable for x in jax.tree.leaves(placed)),
-        gathered_equal=all(same), leaves=len(same),
+        gathered_equal=all(same), leaves=len(same), rollout_local_only=local_only,
+        rollout_tensor_sharded=any(x.sharding.spec != jax.sharding.PartitionSpec()
+                                   for x in jax.tree.leaves(local) if x.ndim == 2),
         local_mesh_devices=sorted(d.id for d in local_mesh.devices.flat),
         local_devices=sorted(d.id for d in jax.local_devices()),
-        model_devices=sorted(on), sample_mesh_is_local=sample_mesh is local_mesh,
+        model_devices=sorted(on), sample_mesh_is_local=sample_mesh.devices.tolist() == local_mesh.devices.tolist(),
         tokens=greedy_tokens(model, sample_mesh))
     with open(args.out, "w") as f:
         json.dump(result, f)

@@ -1,8 +1,11 @@
-"""The collector's multi-host behaviour snapshot (`collect.source.sampling_params` /
+"""The collector's multi-host rollout copy (`collect.source.rollout_params` /
 `behaviour_model`), in a real two-process `jax.distributed` run on CPU: the trainer's
-parameters are sharded over a mesh spanning both processes, each process gathers them whole
-(bit-identical to the weights), re-places them over its own devices only, and samples exactly
-what one process sampling the same weights on the same local layout does."""
+parameters are sharded over a mesh spanning both processes; one on-device reshard (a jitted
+identity with out_shardings on a (process x local) mesh: tensor-parallel over a process's
+devices, replicated over processes; no host gather) leaves each process its own copy,
+bit-identical to the weights (float32 on CPU: the bf16 copy is for accelerators), wrapped as
+arrays on its own devices only, and it samples exactly what one process sampling the same
+weights on the same local layout does."""
 
 import json
 import socket
@@ -47,7 +50,8 @@ def test_two_processes_gather_the_sharded_policy_and_sample_locally(tmp_path):
     for pid, s in enumerate(shares):
         assert s["process_index"] == pid and s["global_devices"] == 4
         assert s["placed_fully_addressable"] is False          # no process held the policy whole
-        assert s["gathered_equal"] is True and s["leaves"] > 5  # gathered bit-identically
+        assert s["gathered_equal"] is True and s["leaves"] > 5  # resharded bit-identically
+        assert s["rollout_local_only"] is True and s["rollout_tensor_sharded"] is True
         assert s["local_mesh_devices"] == s["local_devices"] == s["model_devices"]  # only its own devices
         assert len(s["local_devices"]) == 2 and s["sample_mesh_is_local"] is True
         assert s["tokens"] == want_tokens

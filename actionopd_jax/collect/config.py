@@ -32,6 +32,10 @@ class CollectorConfig:
     max_states_per_call: int = 64          # states in one device call (the sampler chunks further)
     sampler_coalesce_s: float = 0.005      # keep gathering states that arrive this close together ...
     sampler_max_wait_s: float = 0.05       # ... for at most this long before a device call
+    # the sampler splits a call's states into device calls that fit this many cache-token
+    # equivalents (sampling/budget.py): "auto" = from the accelerator's free memory at each
+    # call (none on CPU); an int: that budget; None: by the sampler's buckets only
+    sampler_token_budget: int | str | None = "auto"
     # per-trajectory decision caps by environment-name prefix (paper: tau2 20; BFCL keeps
     # its native per-turn limit of 20 inside the environment, so no total cap: None)
     decision_limits: tuple[tuple[str, int | None], ...] = (("tau2_", 20), ("bfcl", None))
@@ -56,6 +60,9 @@ class CollectorConfig:
         for prefix, limit in self.decision_limits:
             if limit is not None and limit < 1:
                 raise ValueError(f"decision limit for '{prefix}' must be >= 1 or None, got {limit}")
+        tb = self.sampler_token_budget
+        if not (tb is None or tb == "auto" or (isinstance(tb, int) and not isinstance(tb, bool) and tb > 0)):
+            raise ValueError(f"sampler_token_budget must be 'auto', None or a positive int, got {tb!r}")
         if self.sampler_coalesce_s < 0 or self.sampler_max_wait_s < 0:
             raise ValueError("sampler_coalesce_s and sampler_max_wait_s must be >= 0")
         for name in ("teacher_timeout_s", "matcher_timeout_s", "env_timeout_s"):

@@ -8,11 +8,13 @@ simulator), the sampler (sampling.Sampler) -- and adds no policy of its own.
 Per step, `collect(step, policy)`:
 - takes the step's global list of task starts from the task stream (every process draws the
   same list; each collects its own share);
-- puts the behaviour snapshot (policy.params) where this process can sample with it: as it
-  is when this process holds every shard (one host), otherwise gathered once to the host and
-  re-placed tensor-parallel over this process's local devices (ARCHITECTURE, "Scaling out").
-  That gather is the only cross-process operation, and it happens before collection starts,
-  at the same point of every process's step;
+- puts the behaviour snapshot (policy.params) where this process can sample with it: the
+  rollout copy (`rollout_params`), bf16 on accelerators, resharded on device (one jitted
+  identity with out_shardings, never through host memory) tensor-parallel over this
+  process's local devices and replicated over processes; on a single CPU process the
+  training placement as it is. With several processes that reshard is the only
+  cross-process operation, and it happens before collection starts, at the same point of
+  every process's step;
 - runs the collector and returns this process's groups (advantages are the trainer's job).
 """
 
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from actionopd_jax.collect.collector import Collector, CollectResult, default_env_factory
@@ -49,11 +52,25 @@ def collector_config_from(cfg: Any) -> CollectorConfig:
         max_new_tokens=c.max_response_tokens, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
         enable_thinking=c.enable_thinking, max_prompt_tokens=c.max_prompt_tokens,
         max_trajectories_in_flight=c.concurrency, max_states_per_call=c.concurrency,
+        sampler_token_budget=token_budget_setting(getattr(c, "sampler_token_budget", "auto")),
         # the per-trajectory cap applies to every environment; BFCL also keeps its native
         # per-turn limit of 20 inside the environment
         decision_limits=(), default_decision_limit=c.max_decisions,
         teacher_timeout_s=max(cfg.teacher.timeout_s * 4, 60.0), matcher_timeout_s=max(cfg.matcher.timeout_s * 4, 60.0),
         progress=cfg.run.progress)
+
+
+def token_budget_setting(value: Any) -> int | str | None:
+    """`collect.sampler_token_budget` of the run config: "auto" (default: from the
+    accelerator's free memory), "none"/None/0 (no budget), or a positive int."""
+    if value is None or (isinstance(value, str) and value.lower() in ("none", "off", "")) or value == 0:
+        return None
+    if isinstance(value, str) and value.lower() == "auto":
+        return "auto"
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        raise _config_error(f"collect.sampler_token_budget must be 'auto', 'none' or a positive int, got {value!r}")
 
 
 def teacher_spec(cfg: Any) -> dict[str, Any]:
@@ -124,22 +141,82 @@ def env_factory_from(cfg: Any):
     return default_env_factory({f"tau2_{d}": {"user_sim": sim} for d in e.domains})
 
 
-def sampling_params(params: Any, model_config: Any) -> tuple[Any, Any]:
-    """(params this process can sample with, the mesh to trace under).
+def rollout_dtype(platform: str) -> Any:
+    """dtype of the sampler's rollout copy: bfloat16 on accelerators (the sampler computes in
+    bf16 and its HBM goes to the KV cache); None (the parameters' own dtype) on CPU, where
+    the float32 "checked" LM head needs the float32 weights (so CPU samples stay identical)."""
+    return None if platform == "cpu" else jnp.bfloat16
 
-    One process: the training placement as it is. Several: gather to the host (all
-    processes at once, before collection), then tensor-parallel over the local devices."""
+
+def _rollout_specs(graphdef: Any, params: Any, mesh: Any) -> Any:
+    """The sampler's layout of every parameter on `mesh` (pure dict of NamedShardings): the
+    model's logical rules, so on a (process x local) mesh whose axes are ("data", "tensor")
+    the weights are tensor-parallel over a host's local chips and replicated over hosts."""
+    from flax import nnx
+
+    from actionopd_jax.model.sharding import param_shardings
+
+    abstract = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), params)
+    state = nnx.state(nnx.merge(graphdef, abstract))
+    return nnx.to_pure_dict(param_shardings(state, mesh))
+
+
+def _cast_fn(dtype: Any):
+    def cast(tree):
+        if dtype is None:
+            return tree
+        return jax.tree.map(lambda x: x.astype(dtype) if jnp.issubdtype(x.dtype, jnp.floating) else x, tree)
+
+    return cast
+
+
+def rollout_params(params: Any, graphdef: Any, *, platform: str | None = None,
+                   dtype: Any = "auto") -> tuple[Any, Any]:
+    """(the sampler's rollout copy of `params`, the mesh to trace under), made on device.
+
+    The copy is tensor-parallel over this process's local devices (mesh {"tensor": local}),
+    in `dtype` ("auto": `rollout_dtype` of the platform: bfloat16 on accelerators, the
+    parameters' own dtype on CPU). It is a new array (the trainer donates `params` to the
+    update that follows collection).
+
+    One process on CPU: the training placement as it is, None (unchanged behaviour: the
+    float32 "checked" head samples the float32 weights on the training mesh).
+    Otherwise one jitted identity (plus the cast) with out_shardings on a global mesh
+    (processes x local devices, axes ("data", "tensor"); the parameters only name "tensor",
+    so they are replicated over processes) moves the weights device to device -- XLA's
+    collectives over ICI/DCN, never through host memory, and every process runs it at the
+    same point of its step. Each process then wraps its own shards as arrays on its local
+    mesh (`jax.make_array_from_single_device_arrays`, zero copy), so sampling needs no
+    cross-process operation."""
+    from jax.sharding import AxisType, Mesh, NamedSharding
+
     leaves = jax.tree.leaves(params)
-    if all(getattr(x, "is_fully_addressable", True) for x in leaves):
+    single = all(getattr(x, "is_fully_addressable", True) for x in leaves)
+    devices = jax.devices()
+    platform = platform or devices[0].platform
+    if dtype == "auto":
+        dtype = rollout_dtype(platform)
+    if single and platform == "cpu" and dtype is None:
         return params, None
-    from jax.experimental import multihost_utils
+    local = sorted(jax.local_devices(), key=lambda d: d.id)
+    n_proc = jax.process_count()
+    by_process = [sorted((d for d in devices if d.process_index == p), key=lambda d: d.id) for p in range(n_proc)]
+    if any(len(row) != len(local) for row in by_process):
+        raise ValueError("rollout_params needs the same number of devices in every process")
+    local_mesh = Mesh(np.array(by_process[jax.process_index()]), ("tensor",), axis_types=(AxisType.Auto,))
+    if n_proc == 1:
+        target = _rollout_specs(graphdef, params, local_mesh)
+        return jax.jit(_cast_fn(dtype), out_shardings=target)(params), local_mesh
+    global_mesh = Mesh(np.array(by_process), ("data", "tensor"), axis_types=(AxisType.Auto,) * 2)
+    target = _rollout_specs(graphdef, params, global_mesh)
+    placed = jax.jit(_cast_fn(dtype), out_shardings=target)(params)
 
-    from actionopd_jax.model.sharding import make_mesh
+    def to_local(x):
+        spec = x.sharding.spec
+        shards = [s.data for s in x.addressable_shards]
+        return jax.make_array_from_single_device_arrays(x.shape, NamedSharding(local_mesh, spec), shards)
 
-    host = multihost_utils.process_allgather(params, tiled=True)
-    local = jax.local_devices()
-    mesh = make_mesh({"tensor": len(local)}, devices=local)
-    return host, mesh
+    return jax.tree.map(to_local, placed), local_mesh
 
 
 def tokenizer_from(ctx: Any, *, needed_by: str) -> Any:
@@ -154,16 +231,13 @@ def tokenizer_from(ctx: Any, *, needed_by: str) -> Any:
 
 def behaviour_model(policy: Any, ctx: Any) -> tuple[Any, Any]:
     """(the step's behaviour snapshot as a model this process can sample with, the mesh to
-    trace under): the training placement on one host, else the gathered parameters re-placed
-    over the local devices (see sampling_params). Shared by every source that samples the student."""
+    trace under): the rollout copy (`rollout_params`: bf16 on accelerators, resharded on
+    device tensor-parallel over this process's devices); on a single CPU process the
+    training placement as it is. Shared by every source that samples the student."""
     from flax import nnx
 
-    params, mesh = sampling_params(policy.params, ctx.model_config)
-    if mesh is None:
-        return nnx.merge(policy.graphdef, params), ctx.mesh
-    from actionopd_jax.model.sharding import shard_model
-
-    return shard_model(nnx.merge(policy.graphdef, jax.tree.map(np.asarray, params)), mesh), mesh
+    params, mesh = rollout_params(policy.params, policy.graphdef)
+    return nnx.merge(policy.graphdef, params), (ctx.mesh if mesh is None else mesh)
 
 
 class ActionOPDGroupSource:
@@ -196,7 +270,8 @@ class ActionOPDGroupSource:
             matcher = build_matcher(judge_spec(cfg), cache=cache_dir / f"verdicts-p{ctx.process_index}.sqlite")
         self.stream = stream if stream is not None else task_stream_from(cfg)
         eos = int(tokenizer.convert_tokens_to_ids("<|im_end|>"))
-        self.sampler = Sampler(None, ctx.model_config, eos_ids=[eos], buckets=buckets)
+        self.sampler = Sampler(None, ctx.model_config, eos_ids=[eos], buckets=buckets,
+                               token_budget=self.cfg.sampler_token_budget)
         settings = SamplingSettings(n=self.cfg.n, max_new_tokens=self.cfg.max_new_tokens,
                                     temperature=self.cfg.temperature, top_p=self.cfg.top_p, top_k=self.cfg.top_k)
         self.collector = Collector(self.cfg, tokenizer=tokenizer, teacher=teacher, matcher=matcher,

@@ -10,8 +10,8 @@ all counted after bucket padding (what the program really allocates). One cache 
 k and v of every layer: 2 * L * KVH * Dh * bytes (Qwen3-4B bf16: 144 KiB, spread over the
 chips that shard the KV heads and rows). The prefill factor is the prefill program's
 per-prompt-token peak over a cached token: the stacked k/v the layer scan returns, their
-transposed copy (the decode layout), the per-layer activations of a token (hidden, MLP
-intermediate, q) and the first token's logits (measured with the AOT compiles in
+transposed copy (the decode layout) when the compiler keeps one, the per-layer activations
+of a token (hidden, MLP intermediate, q) and the first token's logits (measured with the AOT compiles in
 benchmarks/sampler_aot.py for Qwen3-4B on v5p:2x2x1; see PREFILL_FACTOR). Decode after
 prefill holds the prompt cache once plus the generated cache, so a chunk whose prefill fits
 decodes in less.
@@ -27,10 +27,12 @@ from __future__ import annotations
 
 import jax
 
-# prefill peak per padded prompt token in cached tokens (k+v of all layers), measured on
-# v5p:2x2x1 (Qwen3-4B bf16, tensor=4, 16 x 24,576 and 16 x 4,096 prompts through
-# Qwen3.prefill_kv with splash): see BUILD_NOTES / benchmarks/sampler_aot.py --budget-from-hbm
-PREFILL_FACTOR = 3.0
+# prefill peak per padded prompt token in cached tokens (k+v of all layers). Measured (AOT,
+# Qwen3-4B bf16 on v5p:2x2x1, tensor=4, 16 x 24,576-token prompts, 4 x 4,096 new, through
+# Qwen3.prefill_kv with splash): peak 26.35 GiB/chip = params 1.88 + generated cache 9.00 +
+# 15.47 for 13.50 GiB of prompt cache, i.e. 1.15 (the layer scan writes the stacked k/v in
+# place; temporaries 1.97 GiB are one layer's activations). 1.25 leaves a margin.
+PREFILL_FACTOR = 1.25
 SAFETY = 0.85  # fraction of the free memory a call may plan for (fragmentation, compiler slack)
 
 
