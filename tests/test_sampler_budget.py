@@ -73,3 +73,13 @@ def test_budgeted_calls_give_the_same_samples():
             np.testing.assert_allclose(x.logprobs, y.logprobs, atol=1e-5)
     with pytest.raises(ValueError, match="token_budget"):
         Sampler(model, eos_ids=[], token_budget=0)
+
+
+def test_slot_utilisation_counts_the_rows_that_finished_early():
+    model = random_model(3, vocab_size=256)
+    b = Buckets(prompt_len=(16,), prompts=(2,), samples=(2,), max_new=(16,))
+    out = Sampler(model, eos_ids=[], buckets=b, lm_head="float32").sample(
+        [np.arange(5, dtype=np.int32), np.arange(7, dtype=np.int32)], n=2, max_new_tokens=[16, 4],
+        temperature=0.0, key=jax.random.key(0))
+    assert out.generated_tokens == 2 * 16 + 2 * 4 and out.row_steps == 4 * 16
+    assert out.slot_utilisation == 40 / 64

@@ -50,6 +50,15 @@ class SampleResult:
     compiled_programs: int = 0            # programs compiled during this call
     decode_steps: int = 0                 # tokens per row actually generated (max over chunks)
     head_fallback_steps: int = 0          # "checked" head: decode steps that needed the float32 head
+    # rows that finish early keep their slots until the slowest row of their chunk ends:
+    # tokens generated / (real rows x steps their chunk ran), summed over chunks; the decode
+    # time continuous batching could reclaim is at most 1 - generated_tokens / row_steps
+    generated_tokens: int = 0
+    row_steps: int = 0
+
+    @property
+    def slot_utilisation(self) -> float:
+        return self.generated_tokens / self.row_steps if self.row_steps else 1.0
 
 
 @dataclasses.dataclass
@@ -301,6 +310,8 @@ class Sampler:
         result.decode_s += t2 - t1
         result.decode_steps = max(result.decode_steps, int(steps))
         result.head_fallback_steps += int(fallbacks)
+        result.generated_tokens += int(sum(int(lengths[r]) for r in row_index))
+        result.row_steps += len(row_index) * int(steps)
         for r, (slot, _) in zip(row_index, row_of):
             length = int(lengths[r])
             result.generations[chunk[slot]].append(Generation(
