@@ -18,7 +18,9 @@ def _powers_of_two(lo: int, hi: int) -> tuple[int, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class Buckets:
-    prompt_len: tuple[int, ...] = _powers_of_two(128, 32768)  # padded prompt length
+    # padded prompt length: powers of two, plus the paper's 24,576-token prompt cap (a prompt
+    # at the cap would otherwise pad to 32,768: a third more prefill and prompt cache)
+    prompt_len: tuple[int, ...] = _powers_of_two(128, 16384) + (24576, 32768)
     prompts: tuple[int, ...] = _powers_of_two(1, 64)          # prompts prefilled together
     samples: tuple[int, ...] = _powers_of_two(1, 64)          # sequences per prompt (n)
     # decode buffer length: coarse (x4), since the loop exits early when every row is done
