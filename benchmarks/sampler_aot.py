@@ -8,6 +8,16 @@ memory-bandwidth bound.
     ALLOW_MULTIPLE_LIBTPU_LOAD=1 python benchmarks/sampler_aot.py --preset qwen3-4b \\
         --prompts 16 --samples 4 --prompt-len 4096 --max-new 4096 --mesh tensor=4
 
+Long prompts (prefill through Qwen3.prefill_kv, splash on TPU) and the token budget:
+
+    python benchmarks/sampler_aot.py --prefill --prompt-len 24576 --skip-cost
+    python benchmarks/sampler_aot.py --prompts 64 --budget-from-hbm            # 64 states, 4,096-token prompts
+    python benchmarks/sampler_aot.py --prompts 64 --prompt-len 24576 --budget-from-hbm
+
+--budget-from-hbm plans the Sampler's split of the --prompts states (sampling/budget.py:
+HBM minus the parameters' shards, x SAFETY, over bytes per cached token) and compiles
+prefill + decode of each distinct part, printing the planned peak beside the compiled one.
+
 Cost model caveat: XLA's cost analysis counts a loop body once. The decode program's
 `while_loop` body is one step, but its layer `scan` body is one layer; so the per-step
 estimate comes from two extra compiles with the layers unrolled (no layer loop), at 2 and
