@@ -54,6 +54,9 @@ def estimate_memory(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], attent
     t = cfg.train
     rows = math.ceil(t.microbatch_rows / (mesh.get("data", 1) * mesh.get("fsdp", 1)))
     seq = t.max_seq_len
+    if t.shared_prompt:  # packed rows: one prompt, then N response regions
+        c = cfg.collect
+        seq = min(c.max_prompt_tokens, t.max_seq_len) + c.num_candidates * c.max_response_tokens
     d, i, h, kv, dh, layers = (qcfg.hidden_size, qcfg.intermediate_size, qcfg.num_attention_heads,
                                qcfg.num_key_value_heads, qcfg.head_dim, qcfg.num_hidden_layers)
     tokens = rows * seq
