@@ -48,3 +48,14 @@ def test_bf16_copy_is_resharded_on_device_tensor_parallel_over_local_devices():
     # a new array: the trainer may donate the training parameters afterwards
     assert all(a is not b for a, b in zip(leaves, jax.tree.leaves(params)))
     assert all(not x.is_deleted() for x in jax.tree.leaves(params))
+
+
+def test_the_reshard_program_is_reused_across_steps():
+    from actionopd_jax.collect import source
+
+    graphdef, params, _ = _placed()
+    rollout_params(params, graphdef, dtype=jnp.bfloat16)
+    before = len(source._RESHARD)
+    updated = jax.tree.map(lambda x: x + 1, params)      # the next step's parameters, same placement
+    rollout_params(updated, graphdef, dtype=jnp.bfloat16)
+    assert len(source._RESHARD) == before

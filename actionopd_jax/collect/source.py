@@ -170,6 +170,20 @@ def _cast_fn(dtype: Any):
     return cast
 
 
+_RESHARD: dict[Any, Any] = {}
+
+
+def _reshard(params: Any, target: Any, dtype: Any) -> Any:
+    """jit(cast, out_shardings=target)(params), the jitted function kept per (dtype, target)
+    so a step's reshard reuses the program compiled for the first step."""
+    leaves, treedef = jax.tree.flatten(target)
+    key = (None if dtype is None else jnp.dtype(dtype).name, treedef, tuple(leaves))
+    fn = _RESHARD.get(key)
+    if fn is None:
+        fn = _RESHARD[key] = jax.jit(_cast_fn(dtype), out_shardings=target)
+    return fn(params)
+
+
 def rollout_params(params: Any, graphdef: Any, *, platform: str | None = None,
                    dtype: Any = "auto") -> tuple[Any, Any]:
     """(the sampler's rollout copy of `params`, the mesh to trace under), made on device.
@@ -206,10 +220,10 @@ def rollout_params(params: Any, graphdef: Any, *, platform: str | None = None,
     local_mesh = Mesh(np.array(by_process[jax.process_index()]), ("tensor",), axis_types=(AxisType.Auto,))
     if n_proc == 1:
         target = _rollout_specs(graphdef, params, local_mesh)
-        return jax.jit(_cast_fn(dtype), out_shardings=target)(params), local_mesh
+        return _reshard(params, target, dtype), local_mesh
     global_mesh = Mesh(np.array(by_process), ("data", "tensor"), axis_types=(AxisType.Auto,) * 2)
     target = _rollout_specs(graphdef, params, global_mesh)
-    placed = jax.jit(_cast_fn(dtype), out_shardings=target)(params)
+    placed = _reshard(params, target, dtype)
 
     def to_local(x):
         spec = x.sharding.spec
