@@ -208,7 +208,7 @@ def rollout_params(params: Any, graphdef: Any, *, platform: str | None = None,
     single = all(getattr(x, "is_fully_addressable", True) for x in leaves)
     devices = jax.devices()
     platform = platform or devices[0].platform
-    if dtype == "auto":
+    if isinstance(dtype, str) and dtype == "auto":
         dtype = rollout_dtype(platform)
     if single and platform == "cpu" and dtype is None:
         return params, None
