@@ -109,6 +109,10 @@ class CollectConfig:
     max_prompt_tokens: int = 1024
     enable_thinking: bool = False
     concurrency: int = 16  # trajectories in flight
+    # tokens one sampler device call may hold (padded prompt tokens x 1.25 + generated cache slots;
+    # sampling/budget.py): "auto" = from the accelerator's free memory (no budget on CPU),
+    # "none", or a number. States beyond it go to the next call.
+    sampler_token_budget: str = "auto"
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
 
@@ -295,6 +299,8 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
     if hint is str:
         if isinstance(value, str):
             return value
+        if isinstance(value, int) and not isinstance(value, bool):  # e.g. a budget given as a number
+            return str(value)
         if value is None:
             return ""
         raise ConfigError(f"{where}: expected a string, got {value!r} ({type(value).__name__})")
@@ -416,6 +422,10 @@ def validate(cfg: Config) -> None:
     if t.minibatch_rows % t.microbatch_rows:
         raise ConfigError(f"train.minibatch_rows={t.minibatch_rows} must be a multiple of "
                           f"train.microbatch_rows={t.microbatch_rows}")
+    budget = cfg.collect.sampler_token_budget.strip().lower()
+    if not (budget in ("auto", "none", "off", "") or (budget.isdigit())):
+        raise ConfigError(f"collect.sampler_token_budget={cfg.collect.sampler_token_budget!r}; expected "
+                          "'auto', 'none' or a number of tokens")
     per_micro = cfg.collect.num_candidates * t.microbatch_rows
     if t.shared_prompt and t.minibatch_rows % per_micro:
         raise ConfigError(f"train.shared_prompt: a microbatch holds microbatch_rows x N = {per_micro} candidates; "
