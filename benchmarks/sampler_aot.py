@@ -120,7 +120,7 @@ def main() -> None:
 
     cfg = PRESETS[args.preset].replace(param_dtype=args.dtype, dtype=args.dtype)
     topo = aot.v5p_topology(args.topology)
-    mesh = aot.tpu_mesh(topo.devices, {k: int(v) for k, v in (kv.split("=") for kv in args.mesh.split(","))})
+    mesh = aot.tpu_mesh(topo, {k: int(v) for k, v in (kv.split("=") for kv in args.mesh.split(","))})
     chips = mesh.size
     shape = dict(prompts=args.prompts, prompt_len=args.prompt_len, samples=args.samples, max_new=args.max_new)
     rows = args.prompts * args.samples

@@ -12,7 +12,7 @@ pytest.importorskip("libtpu", reason="libtpu (the tpu/test extra) compiles for T
 from actionopd_jax.train import cli  # noqa: E402
 
 RECIPE = "configs/qwen3_4b_tpu.yaml"
-TINY = ["model.preset=tiny", "model.hf_path=", "collect.max_response_tokens=128"]
+TINY = ["model.preset=tiny", "model.hf_path=", "collect.max_response_tokens=128", "train.shared_prompt=false"]
 
 
 def _run(argv):

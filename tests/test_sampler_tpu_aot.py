@@ -34,7 +34,7 @@ def topology():
 
 @pytest.mark.parametrize("shape", [{"fsdp": 4}, {"tensor": 2, "fsdp": 2}])
 def test_prefill_and_decode_compile_for_v5p(topology, shape):
-    mesh = aot.tpu_mesh(topology.devices, shape)
+    mesh = aot.tpu_mesh(topology, shape)
     assert aot.target_platform(mesh) == "tpu"
     programs = aot.compile_sampler_programs(CFG, mesh, prompts=4, prompt_len=256, samples=4, max_new=64)
     decode_text = programs.decode.as_text()

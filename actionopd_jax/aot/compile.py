@@ -50,12 +50,26 @@ class CompileReport:
         return {**dataclasses.asdict(self), "peak_bytes": self.peak_bytes}
 
 
-def _reset_cache_state() -> None:
+@contextlib.contextmanager
+def no_persistent_cache():
+    """Deviceless compiles skip the persistent compilation cache: it cannot load executables
+    for devices that are not on this host (reading one back warns). jax memoises whether the
+    cache is in use, so that is reset on both sides."""
+    def reset():
+        try:
+            from jax._src import compilation_cache
+        except ImportError:  # a jax without it: the cache warning is harmless
+            return
+        compilation_cache.reset_cache()
+
+    was = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    reset()
     try:
-        from jax._src import compilation_cache
-    except ImportError:  # a jax without it: the cache warning is harmless
-        return
-    compilation_cache.reset_cache()
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", was)
+        reset()
 
 
 def _verdict(text: str) -> tuple[str, bool]:
@@ -76,21 +90,13 @@ def compile_for(jitted, args: tuple, *, label: str, mesh=None, kwargs: dict | No
     out-of-memory or lowering failure is a result to print, not a crash of the check."""
     report = CompileReport(label=label)
     t0 = time.perf_counter()
-    # the persistent compilation cache cannot load executables for devices that are not here:
-    # off for this compile (jax memoises "cache in use": reset it on both sides)
-    cache_was = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", False)
-    _reset_cache_state()
     try:
-        with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+        with no_persistent_cache(), jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
             compiled = jitted.lower(*args, **(kwargs or {})).compile()
     except Exception as e:  # noqa: BLE001 - the compiler's verdict is the result
         report.compile_s = time.perf_counter() - t0
         report.error, report.out_of_memory = _verdict(str(e))
         return report
-    finally:
-        jax.config.update("jax_enable_compilation_cache", cache_was)
-        _reset_cache_state()
     report.compile_s = time.perf_counter() - t0
     report.ok = True
     mem = compiled.memory_analysis()

@@ -87,15 +87,22 @@ def target_devices(name: str) -> tuple:
     except ImportError:
         raise TargetUnavailable(f"{name}: compiling for TPU needs libtpu: pip install -e '.[tpu]' "
                                 "(the jax[tpu] pin; it runs on a CPU host too)") from None
+    devices = topology_devices(target.topology, accelerator_type=target.name)
+    if len(devices) != target.chips:
+        raise AssertionError(f"{target.topology} has {len(devices)} chips, expected {target.chips}")
+    return devices
+
+
+def topology_devices(topology: str, *, accelerator_type: str = "") -> tuple:
+    """The devices of a TPU topology ("v5p:2x2x1") from libtpu, without the hardware."""
+    from jax.experimental import topologies
+
     # deviceless compiles never touch a chip: several processes may hold libtpu at once (else
     # the second one fails on libtpu's lockfile, e.g. two checks or parallel tests)
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     if not (os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0")):
         # a host without TPU chips: name some slice so libtpu does not print pages of warnings
-        # about the host it cannot find (the topology compiled for is `target.topology`)
-        os.environ.setdefault("TPU_ACCELERATOR_TYPE", target.name)
+        # about the host it cannot find (the topology compiled for is `topology`)
+        os.environ.setdefault("TPU_ACCELERATOR_TYPE", accelerator_type or topology.replace(":", "-"))
         os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-    devices = tuple(topologies.get_topology_desc(topology_name=target.topology, platform="tpu").devices)
-    if len(devices) != target.chips:
-        raise AssertionError(f"{target.topology} has {len(devices)} chips, expected {target.chips}")
-    return devices
+    return tuple(topologies.get_topology_desc(topology_name=topology, platform="tpu").devices)

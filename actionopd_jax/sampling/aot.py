@@ -4,8 +4,7 @@
 functions, static arguments and donation) for abstract parameters and inputs on a mesh built
 from a topology's devices, e.g. a TPU v5p-8 described by libtpu on a CPU machine:
 
-    topo = jax.experimental.topologies.get_topology_desc(topology_name="v5p:2x2x1", platform="tpu")
-    mesh = tpu_mesh(topo.devices, {"tensor": 4})
+    mesh = tpu_mesh(v5p_topology("v5p:2x2x1"), {"tensor": 4})   # libtpu's devices, no chips
     programs = compile_sampler_programs(cfg, mesh, prompts=16, prompt_len=4096, samples=4, max_new=4096)
     programs.decode.memory_analysis()
 
@@ -14,10 +13,8 @@ Nothing is executed; memory and lowering errors are the target compiler's own.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import functools
-import os
 import time
 from typing import Any
 
@@ -26,6 +23,8 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
+from actionopd_jax.aot.compile import no_persistent_cache
+from actionopd_jax.aot.targets import topology_devices
 from actionopd_jax.model import Qwen3
 from actionopd_jax.model.config import Qwen3Config
 from actionopd_jax.model.sharding import logical_to_spec, make_mesh, param_shardings
@@ -101,7 +100,7 @@ def compile_sampler_programs(cfg: Qwen3Config, mesh, *, prompts: int, prompt_len
     graphdef, params = abstract_model(cfg, mesh)
     tokens, mask, row_settings, end_ids = abstract_inputs(mesh, prompts=prompts, prompt_len=prompt_len,
                                                           samples=samples)
-    with jax.set_mesh(mesh), _no_persistent_cache():
+    with jax.set_mesh(mesh), no_persistent_cache():
         t0 = time.perf_counter()
         prefill = _prefill_fn(samples, max_new, cap, head, span_ladder)
         prefill_c = prefill.lower(graphdef, params, tokens, mask, row_settings, end_ids).compile()
@@ -123,7 +122,7 @@ def compile_decode(cfg: Qwen3Config, mesh, *, prompts: int, prompt_len: int, sam
     graphdef, params = abstract_model(cfg, mesh)
     tokens, mask, row_settings, end_ids = abstract_inputs(mesh, prompts=prompts, prompt_len=prompt_len,
                                                           samples=samples)
-    with jax.set_mesh(mesh), _no_persistent_cache():
+    with jax.set_mesh(mesh), no_persistent_cache():
         prefill = _prefill_fn(samples, max_new, cap, head, ())
         shapes = jax.eval_shape(prefill, graphdef, params, tokens, mask, row_settings, end_ids)
         shardings = decode_lib.state_shardings(shapes, mesh)
@@ -147,38 +146,8 @@ def memory_gib(compiled) -> dict[str, float]:
 
 
 def v5p_topology(name: str = "v5p:2x2x1"):
-    """The topology description from libtpu (raises when libtpu is not installed). Deviceless
-    compiles never touch a chip, so several processes may hold libtpu (its lockfile would
-    stop the second one); on a host without chips libtpu is told some host so it does not
-    print pages of warnings (as actionopd_jax.aot.targets does)."""
-    from jax.experimental import topologies
-
-    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    if not (os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0")):
-        os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
-    return topologies.get_topology_desc(topology_name=name, platform="tpu")
-
-
-@contextlib.contextmanager
-def _no_persistent_cache():
-    """The persistent compilation cache cannot hold executables for devices not on this host
-    (reading one back warns), so deviceless compiles skip it. jax memoises whether the cache
-    is in use, so that is reset on both sides (as actionopd_jax.aot.compile does)."""
-    def reset():
-        try:
-            from jax._src import compilation_cache
-        except ImportError:  # a jax without it: the cache warning is harmless
-            return
-        compilation_cache.reset_cache()
-
-    was = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", False)
-    reset()
-    try:
-        yield
-    finally:
-        jax.config.update("jax_enable_compilation_cache", was)
-        reset()
+    """The devices of a TPU topology from libtpu (raises when libtpu is not installed)."""
+    return topology_devices(name)
 
 
 __all__ = ["AotPrograms", "abstract_inputs", "abstract_model", "compile_decode", "compile_sampler_programs",

@@ -47,6 +47,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from actionopd_jax.model import KVCache, left_pad_positions
+from actionopd_jax.model.attention import target_platform
 from actionopd_jax.model.layers import rope_cos_sin
 from actionopd_jax.model.sharding import constrain
 from actionopd_jax.sampling import cpu_backend
@@ -63,16 +64,6 @@ _PROMPT_KV = ("layers", "batch", "kv_heads", "length", "head_dim")              
 _GEN_KV = ("layers", "batch", "kv_heads", None, "length", "head_dim")            # [L, P_rows, KVH, G, N, Dh]
 _ROWS = ("batch",)
 _ROWS_STEPS = ("batch", "length")
-
-
-def target_platform() -> str:
-    """The platform the program being traced is compiled for: the ambient mesh's device
-    platform under `jax.set_mesh` (a CPU host compiling for TPU reads "tpu" here), else the
-    default backend."""
-    mesh = jax.sharding.get_abstract_mesh()
-    if not mesh.empty:
-        return mesh.abstract_device.platform
-    return jax.default_backend()
 
 
 def resolve_backend(backend: str = "auto", platform: str | None = None) -> str:

@@ -187,7 +187,7 @@ def format_estimates(cfg: Config, qcfg: Qwen3Config, target: Target, estimates: 
             lines.append(" | ".join([r.label, e.attention, "OOM" if r.out_of_memory else "ERROR",
                                      *["-"] * 8, f"{r.compile_s:.0f}"]))
             lines.append(f"    {r.error}")
-    notes = [f"model TFLOP/chip (6N + attention, no recompute): "
+    notes = ["model TFLOP/chip (6N + attention, no recompute): "
              + ", ".join(f"{e.seq_len:,}: {e.model_flops_per_chip / 1e12:.1f}" for e in estimates)]
     notes += sorted({e.cost_note for e in estimates if e.cost_note})
     if any(e.kernel_flops_per_chip for e in estimates):
