@@ -36,6 +36,9 @@ def main(argv: list[str] | None = None) -> int:
     if name not in SUBCOMMANDS:
         print(f"actionopd: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
+    from actionopd_jax.aot.targets import quiet_libtpu_without_chips
+
+    quiet_libtpu_without_chips()  # before any subcommand imports jax
     module = importlib.import_module(SUBCOMMANDS[name][0])
     return int(module.main(rest) or 0)
 

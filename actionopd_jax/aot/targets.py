@@ -100,9 +100,16 @@ def topology_devices(topology: str, *, accelerator_type: str = "") -> tuple:
     # deviceless compiles never touch a chip: several processes may hold libtpu at once (else
     # the second one fails on libtpu's lockfile, e.g. two checks or parallel tests)
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
-    if not (os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0")):
-        # a host without TPU chips: name some slice so libtpu does not print pages of warnings
-        # about the host it cannot find (the topology compiled for is `topology`)
-        os.environ.setdefault("TPU_ACCELERATOR_TYPE", accelerator_type or topology.replace(":", "-"))
-        os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+    quiet_libtpu_without_chips(accelerator_type or topology.replace(":", "-"))
     return tuple(topologies.get_topology_desc(topology_name=topology, platform="tpu").devices)
+
+
+def quiet_libtpu_without_chips(accelerator_type: str = "v5p-8") -> None:
+    """On a host without TPU chips, name some slice and host for libtpu (when installed, e.g.
+    by the tpu/test extras), so that jax's platform probe and deviceless compiles do not print
+    pages of warnings about the TPU host it cannot find. A TPU VM (chips present) is untouched.
+    Must run before jax initialises its backends (the first device query), not before import."""
+    if os.path.exists("/dev/accel0") or os.path.exists("/dev/vfio/0"):
+        return
+    os.environ.setdefault("TPU_ACCELERATOR_TYPE", accelerator_type)
+    os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")

@@ -56,7 +56,7 @@ def check(cfg: Config, devices: int = 0) -> int:
     import jax
 
     from actionopd_jax.train.plan import describe
-    from actionopd_jax.train.setup import mesh_shape, model_config
+    from actionopd_jax.train.setup import check_attention, mesh_shape, model_config
 
     if cfg.experiment.enabled:  # the main job (actionopd_jax/experiment) prints its own plan
         from actionopd_jax.experiment.check import check_main_job
@@ -91,6 +91,7 @@ def check(cfg: Config, devices: int = 0) -> int:
             mesh_note = f"note: planned for mesh.target {target.name} ({target.chips} chips)"
         if not cfg.mesh.device_memory_gb:
             mem = target.hbm_bytes / 1024**3
+    check_attention(cfg, model_config(cfg), platform)
     text, fits = describe(cfg, model_config(cfg), mesh_shape(cfg, n), device_memory_gb=mem, device_kind=kind,
                           platform=platform)
     print(text)

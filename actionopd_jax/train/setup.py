@@ -97,6 +97,21 @@ def optimizer(cfg: Config):
                           eps=t.adam_eps, grad_clip=t.grad_clip, warmup_steps=t.warmup_steps)
 
 
+def check_attention(cfg: Config, qcfg: Qwen3Config, platform: str) -> None:
+    """Refuse combinations the platform's attention kernel cannot run, before any compile."""
+    from actionopd_jax.model.attention import resolve
+
+    try:
+        impl = resolve(qcfg.attention, platform)
+    except ValueError as e:
+        raise ConfigError(f"model.attention: {e}") from None
+    if cfg.train.shared_prompt and impl == "cudnn":
+        raise ConfigError("train.shared_prompt needs an attention kernel with arbitrary masks (splash on TPU, "
+                          "xla); cuDNN flash attention takes causal + padding only: set train.shared_prompt=false "
+                          "or model.attention=xla on GPU")
+
+
 def build_train_step(cfg: Config, qcfg: Qwen3Config, mesh) -> TrainStep:
+    check_attention(cfg, qcfg, mesh.devices.flat[0].platform)
     graphdef, abstract = abstract_model(qcfg)
     return TrainStep(graphdef, abstract, mesh, optimizer(cfg), step_settings(cfg))
