@@ -91,9 +91,9 @@ def check(cfg: Config, devices: int = 0) -> int:
             mesh_note = f"note: planned for mesh.target {target.name} ({target.chips} chips)"
         if not cfg.mesh.device_memory_gb:
             mem = target.hbm_bytes / 1024**3
-    check_attention(cfg, model_config(cfg), platform)
-    text, fits = describe(cfg, model_config(cfg), mesh_shape(cfg, n), device_memory_gb=mem, device_kind=kind,
-                          platform=platform)
+    qcfg = model_config(cfg)
+    check_attention(cfg, qcfg, platform)
+    text, fits = describe(cfg, qcfg, mesh_shape(cfg, n), device_memory_gb=mem, device_kind=kind, platform=platform)
     print(text)
     for line in (note, mesh_note):
         if line:
@@ -198,6 +198,12 @@ def main(argv: list[str]) -> int:
         cfg = load_config(args.config, overrides)
         if args.aot and not args.check:
             raise ConfigError("--aot is a mode of --check: actionopd train --check --aot ...")
+        if args.check and args.aot and args.target:  # plan and compile for the same target
+            from actionopd_jax.aot.targets import TARGETS
+
+            if args.target not in TARGETS:
+                raise ConfigError(f"unknown --aot target {args.target!r}; known: {', '.join(TARGETS)}")
+            cfg = cfg.replace(**{"mesh.target": args.target})
         if args.check:
             code = check(cfg, args.devices)
             if code == 0 and args.aot:
