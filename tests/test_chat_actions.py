@@ -92,6 +92,8 @@ def test_two_calls_are_invalid_for_the_student():
         (call_text(arguments={"days": 2}), "missing required argument 'city'"),
         (call_text(raw='{"name": "get_weather", "arguments": {"city": "A", "city": "B"}}'), "duplicate key"),
         (call_text(raw='{"name": "get_weather", "arguments": {"city": "A", "days": NaN}}'), "NaN is not valid JSON"),
+        (call_text(raw='{"name": "get_weather", "arguments": {"city": "A", "days": 1e999}}'), "1e999 is out of range"),
+        (call_text(raw='{"name": "get_weather", "arguments": {"city": "A", "days": -2.5E+400}}'), "out of range"),
         ("", "empty reply"),
         ("  \n ", "empty reply"),
         ("<think>only reasoning</think>", "empty reply"),

@@ -24,7 +24,9 @@ def test_two_calls_are_both_returned():
 
 def test_malformed_blocks_stay_in_content():
     for body in ('{"name": "f", "arguments": {"x": 1}', '{"arguments": {}}', '{"name": "f", "arguments": "x=1"}',
-                 '{"name": "f", "arguments": {}, "name": "g"}'):
+                 '{"name": "f", "arguments": {}, "name": "g"}',
+                 # 1e999 would decode to inf and be written back as the non-JSON token Infinity
+                 '{"name": "f", "arguments": {"x": 1e999}}'):
         text = f"<tool_call>\n{body}\n</tool_call>"
         content, calls, _ = message_fields(text, parse_tools=True)
         assert calls is None and content == text, body

@@ -48,6 +48,15 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not valid JSON")
 
 
+def _finite_float(text: str) -> float:
+    # json.loads turns an out-of-range literal such as 1e999 into inf, which json.dumps would
+    # then write back as the non-JSON token Infinity: refuse it like NaN / Infinity.
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise ValueError(f"number {_short(text, 40)} is out of range (not a finite float)")
+    return value
+
+
 def _json_problem(value: Any) -> str | None:
     """Iterative walk: nesting bound and unpaired surrogates (from \\ud800-style escapes)."""
     stack = [(value, 1)]
@@ -71,12 +80,13 @@ def decode_json(text: str) -> tuple[Any, str | None]:
     """Strict JSON decode of untrusted text: (value, None) or (None, reason). Rejects NaN /
     Infinity, duplicate keys, excessive nesting and unpaired surrogates."""
     try:
-        value = json.loads(text, object_pairs_hook=_object_without_duplicates, parse_constant=_reject_constant)
+        value = json.loads(text, object_pairs_hook=_object_without_duplicates, parse_constant=_reject_constant,
+                           parse_float=_finite_float)
     except RecursionError:
         return None, f"JSON nested deeper than {MAX_JSON_DEPTH} levels"
     except json.JSONDecodeError as err:
         return None, f"not valid JSON ({err.msg} at line {err.lineno} column {err.colno})"
-    except ValueError as err:  # duplicate keys, NaN, integers beyond Python's digit limit
+    except ValueError as err:  # duplicate keys, NaN, 1e999, integers beyond Python's digit limit
         return None, f"not valid JSON ({_short(str(err), 120)})"
     problem = _json_problem(value)
     if problem:

@@ -22,7 +22,7 @@ def _tool_call(value: Any) -> dict[str, Any] | None:
             and isinstance(value.get("arguments"), dict)):
         return None
     return {"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-            "function": {"name": value["name"], "arguments": json.dumps(value["arguments"], ensure_ascii=False)}}
+            "function": {"name": value["name"], "arguments": json.dumps(value["arguments"], ensure_ascii=False, allow_nan=False)}}
 
 
 def message_fields(text: str, *, parse_tools: bool) -> tuple[str | None, list[dict] | None, str | None]:
