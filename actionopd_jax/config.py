@@ -129,10 +129,16 @@ class KDConfig:
 
 @dataclass(frozen=True)
 class TeacherConfig:
-    kind: str = "none"  # "openai" | "vertex" | "local" | "self" | "none"
+    # "openai" (an OpenAI-compatible endpoint) | "vertex" | "local" (teacher.model = an HF Qwen3
+    # directory sampled in-process) | "self" (Self-ActionOPD) | "none"
+    kind: str = "none"
     model: str = ""
     base_url: str = ""
     api_key_env: str = ""  # name of the environment variable holding the key (never the key)
+    # kind=openai: which server speaks there (teacher/endpoint.py PROVIDERS: vllm, sglang, deepseek,
+    # dashscope, openrouter, openai, actionopd); it decides how enable_thinking is sent. "": openai
+    provider: str = ""
+    reasoning_effort: str = ""  # sent as the request's reasoning_effort when set (e.g. DeepSeek "max")
     temperature: float = 0.6
     top_p: float = 0.95
     top_k: int = 20
@@ -157,13 +163,23 @@ class MatcherConfig:
     cache_dir: str = ""
     timeout_s: float = 120.0
     concurrency: int = 32
+    provider: str = ""  # as teacher.provider ("": openai)
+    # show the judge each tool's implementation (source + docstring, BFCL classes / tau2 toolkits);
+    # a judged tool-call pair whose tool has none is then unavailable (paper A.3)
+    tool_evidence: bool = True
 
 
 @dataclass(frozen=True)
 class EnvConfig:
     name: str = "synthetic"  # "bfcl" | "tau2" | "synthetic"
     domains: tuple[str, ...] = ()
-    split: str = "train"
+    split: str = "train"  # tau2: official "train" (178 tasks) | "test" (100) | "base"; BFCL has no splits
+    # explicit training tasks (ids of the env's tasks; empty: all of domains/split) and the tasks
+    # this run's own evaluation scores; an explicit disjoint pair is the way to train on BFCL
+    task_ids: tuple[str, ...] = ()
+    heldout_task_ids: tuple[str, ...] = ()
+    # training on tasks `eval` scores (all of BFCL, tau2's test split) is refused unless this is set
+    allow_eval_overlap: bool = False
     user_model: str = ""
     user_base_url: str = ""
     user_api_key_env: str = ""
