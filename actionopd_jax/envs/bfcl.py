@@ -8,6 +8,7 @@ Protocol, following the package's own multi-turn inference loop:
   the package's "more functions" prompt;
 - per turn at most `max_steps_per_turn` tool-call steps: the step that exceeds it ends the
   whole episode (BFCL's force-quit), and the run then fails unless it was the last turn.
+A task whose payload sets `max_turns` is played and scored on its first user turns only.
 Tool calls run on this episode's own instances, by method name, with keyword arguments.
 Calls to tools not offered at this turn, private or blocked names, non-JSON or oversized
 arguments, missing or unknown parameters become tool errors and never reach the instances or
@@ -43,6 +44,15 @@ def _holdout_prompt() -> str:
     return DEFAULT_USER_PROMPT_FOR_ADDITIONAL_FUNCTION_FC
 
 
+def turn_limit(task: Task) -> int:
+    """The task's `payload["max_turns"]` (0: every turn), checked."""
+    limit = task.payload.get("max_turns", 0) if task.payload else 0
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise ValueError(f"task {task.task_id}: payload max_turns must be a whole number >= 0 (0: every turn), "
+                         f"got {limit!r}")
+    return limit
+
+
 class BFCLEnv:
     name = "bfcl"
 
@@ -60,6 +70,9 @@ class BFCLEnv:
             raise ValueError(f"BFCLEnv got a task for '{task.env}'")
         self._task = task
         self._entry = bfcl_data.load_entry(task.task_id)
+        # payload["max_turns"]: only the first user turns are played and scored (a shorter task)
+        self._max_turns = turn_limit(task)
+        self._entry["question"] = self._entry["question"][: self._max_turns or None]
         category = bfcl_data.category_of(task.task_id)
         self._instances = BFCLInstances(
             self._entry["involved_classes"], self._entry.get("initial_config", {}), long_context=category == "long_context"
@@ -99,7 +112,8 @@ class BFCLEnv:
     def score(self) -> dict[str, Any]:
         if self._task is None:
             raise EnvError("nothing to score: call reset(task) and run an episode first")
-        out = score_bfcl(self._entry, self._decoded, bfcl_data.ground_truth(self._task.task_id))
+        truth = bfcl_data.ground_truth(self._task.task_id)[: self._max_turns or None]
+        out = score_bfcl(self._entry, self._decoded, truth)
         out["end_reason"] = self._end_reason or "running"
         out["turns_completed"] = len(self._decoded)
         return out
