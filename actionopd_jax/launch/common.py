@@ -14,6 +14,8 @@ from pathlib import Path
 
 import yaml
 
+from actionopd_jax.config import USABLE_MEMORY_FRACTION
+
 
 class LaunchError(ValueError):
     """Bad launcher input; the message says what is wrong and what to do."""
@@ -29,10 +31,11 @@ OVERRIDE_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*=")
 _SECRET_NAME_PARTS = {"KEY", "APIKEY", "TOKEN", "SECRET", "SECRETS", "PASSWORD", "PASSWD",
                       "CREDENTIAL", "CREDENTIALS", "AUTH"}
 # Parallel GPU/XLA settings for one process that owns all local GPUs (shared by the local and
-# Vertex GPU launchers). JAX preallocates 75% of GPU memory by default; training wants more.
+# Vertex GPU launchers). JAX preallocates 75% of GPU memory by default; training wants more:
+# the fraction every plan assumes (config.USABLE_MEMORY_FRACTION).
 # The XLA flag is checked to parse in tests (an unknown XLA flag aborts the process).
 GPU_ENV_DEFAULTS: dict[str, str] = {
-    "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.90",
+    "XLA_PYTHON_CLIENT_MEM_FRACTION": f"{USABLE_MEMORY_FRACTION:.2f}",
     "XLA_FLAGS": "--xla_gpu_enable_latency_hiding_scheduler=true",
     "NCCL_DEBUG": "WARN",
 }

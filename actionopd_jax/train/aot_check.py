@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 
 from actionopd_jax.aot import CompileReport, Target, compile_for, format_bytes, get_target, target_devices
-from actionopd_jax.config import Config
+from actionopd_jax.config import USABLE_MEMORY_FRACTION, Config
 from actionopd_jax.model import Qwen3Config, make_mesh
 from actionopd_jax.model.attention import SharedPrefix, resolve
 from actionopd_jax.model.config import count_params
@@ -176,7 +176,8 @@ def format_estimates(cfg: Config, qcfg: Qwen3Config, target: Target, estimates: 
         r = e.real
         if r.ok:
             free = 1 - r.peak_bytes / hbm
-            verdict = "fits" if free >= 0.10 else ("fits (<10% free)" if free >= 0 else "OOM")
+            verdict = ("fits" if free >= 1 - USABLE_MEMORY_FRACTION else
+                       (f"fits (<{100 * (1 - USABLE_MEMORY_FRACTION):.0f}% free)" if free >= 0 else "OOM"))
             lines.append(" | ".join([
                 r.label, e.attention, verdict, format_bytes(r.argument_bytes), format_bytes(r.temp_bytes),
                 format_bytes(r.host_temp_bytes), format_bytes(r.peak_bytes), f"{100 * free:.0f}%",
@@ -200,10 +201,11 @@ def format_estimates(cfg: Config, qcfg: Qwen3Config, target: Target, estimates: 
 
 def run_check(cfg: Config, qcfg: Qwen3Config, target_name: str, lengths_spec: str = "",
               cost: bool = True, out=print) -> bool:
-    """Compile and print; True when every program compiled and fits with >= 10% HBM free."""
+    """Compile and print; True when every program compiled and its peak stays within the usable
+    share of HBM (config.USABLE_MEMORY_FRACTION)."""
     from actionopd_jax.train.setup import mesh_shape
 
     target = get_target(target_name)
     estimates = [estimate_step(cfg, qcfg, target, n, cost=cost) for n in aot_lengths(cfg, lengths_spec)]
     out(format_estimates(cfg, qcfg, target, estimates, mesh_shape(cfg, target.chips)))
-    return all(e.real.ok and e.real.peak_bytes <= 0.9 * target.hbm_bytes for e in estimates)
+    return all(e.real.ok and e.real.peak_bytes <= USABLE_MEMORY_FRACTION * target.hbm_bytes for e in estimates)

@@ -29,6 +29,7 @@ from actionopd_jax.train.advantages import assign_advantages
 from actionopd_jax.train.batching import (bucket_length, pack_minibatch, pack_shared_minibatch, plan_minibatches,
                                           rows_from_groups, share_prompts)
 from actionopd_jax.train.checkpoint import Checkpointer, CheckpointError
+from actionopd_jax.train.preflight import check_batch_layout
 from actionopd_jax.train.reporting import MetricsWriter
 from actionopd_jax.train.setup import build_mesh, build_train_step, initial_params, model_config
 from actionopd_jax.train.sources import GroupSource, Policy, SourceContext, build_source
@@ -94,14 +95,7 @@ class Trainer:
 
     # ---- set-up helpers --------------------------------------------------------------------
     def _check_batch_layout(self) -> None:
-        t, procs = self.cfg.train, jax.process_count()
-        rows_axes = [a for a in ("data", "fsdp") if a in self.mesh.axis_names]
-        divisor = int(np.prod([self.mesh.shape[a] for a in rows_axes])) if rows_axes else 1
-        need = int(np.lcm(divisor, procs))
-        if t.microbatch_rows % need:
-            raise ConfigError(
-                f"train.microbatch_rows={t.microbatch_rows} must be a multiple of {need} (rows are split "
-                f"over mesh data x fsdp = {divisor} and over {procs} process(es))")
+        check_batch_layout(self.cfg, dict(self.mesh.shape), jax.process_count())  # also run by --check
 
     def _resume_meta(self, resume, force: bool) -> dict[str, Any]:
         steps = self.ckpt.steps()

@@ -10,6 +10,7 @@ from flax import nnx
 
 from actionopd_jax.config import Config, ConfigError
 from actionopd_jax.model import PRESETS, Qwen3, Qwen3Config, make_mesh, param_shardings
+from actionopd_jax.train.preflight import check_mesh_covers_processes, mesh_sizes
 from actionopd_jax.train.step import StepSettings, TrainStep, make_optimizer, split_params
 
 log = logging.getLogger(__name__)
@@ -32,27 +33,15 @@ def model_config(cfg: Config, saved_hf_dict: dict | None = None) -> Qwen3Config:
 
 
 def mesh_shape(cfg: Config, device_count: int) -> dict[str, int]:
-    """Resolve the -1 axis against `device_count`; errors say what does not divide."""
-    sizes = {"data": cfg.mesh.data, "fsdp": cfg.mesh.fsdp, "tensor": cfg.mesh.tensor}
-    fixed = math.prod(v for v in sizes.values() if v != -1)
-    if -1 in sizes.values():
-        if device_count % fixed:
-            raise ConfigError(f"{device_count} devices cannot be split into mesh {sizes}: "
-                              f"the fixed axes multiply to {fixed}")
-        sizes = {k: (device_count // fixed if v == -1 else v) for k, v in sizes.items()}
-    elif fixed > device_count:
-        raise ConfigError(f"mesh {sizes} needs {fixed} devices but only {device_count} are available; "
-                          f"set one axis to -1 or change the sizes")
-    return sizes
+    """Resolve the -1 axis against `device_count` (train/preflight.mesh_sizes)."""
+    return mesh_sizes(cfg, device_count)
 
 
 def build_mesh(cfg: Config):
     shape = mesh_shape(cfg, jax.device_count())
     used = math.prod(shape.values())
+    check_mesh_covers_processes(shape, jax.device_count(), jax.process_count())
     if used < jax.device_count():
-        if jax.process_count() > 1:
-            raise ConfigError(f"mesh {shape} uses {used} of {jax.device_count()} devices; a multi-process "
-                              "run must use all of them (set one mesh axis to -1)")
         log.warning("mesh %s uses %d of the %d devices", shape, used, jax.device_count())
     return make_mesh(shape)
 
