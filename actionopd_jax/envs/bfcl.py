@@ -81,6 +81,10 @@ class BFCLEnv:
         self._messages: list[dict] = []
         self._decoded: list[list[list[str]]] = []  # per finished turn: per tool step, its call strings
         self._turn_steps: list[list[str]] = []
+        # what bfcl_eval's executor would have recorded: it also runs calls to a tool that is
+        # only offered in a later turn (miss_func), which this environment refuses
+        self._decoded_bfcl_eval: list[list[list[str]]] = []
+        self._turn_steps_bfcl_eval: list[list[str]] = []
         self._turn = -1
         self._steps_in_turn = 0
         self._calls = 0
@@ -114,9 +118,16 @@ class BFCLEnv:
             raise EnvError("nothing to score: call reset(task) and run an episode first")
         truth = bfcl_data.ground_truth(self._task.task_id)[: self._max_turns or None]
         out = score_bfcl(self._entry, self._decoded, truth)
+        if self._decoded_bfcl_eval != self._decoded:  # only then can the official executor's verdict differ
+            out["bfcl_eval_official"] = score_bfcl(self._entry, self._decoded_bfcl_eval, truth)["official"]
         out["end_reason"] = self._end_reason or "running"
         out["turns_completed"] = len(self._decoded)
         return out
+
+    def scored_calls(self) -> dict[str, list[list[list[str]]]]:
+        """The call strings the checker scored, per turn and tool step ("ours"), and those
+        bfcl_eval's executor would have recorded for the same replies ("bfcl_eval")."""
+        return {"ours": [list(t) for t in self._decoded], "bfcl_eval": [list(t) for t in self._decoded_bfcl_eval]}
 
     # --- internals ---------------------------------------------------------------------------
 
@@ -124,6 +135,7 @@ class BFCLEnv:
         self._turn = index
         self._steps_in_turn = 0
         self._turn_steps = []
+        self._turn_steps_bfcl_eval = []
         turn_messages = [dict(m) for m in self._entry["question"][index]]
         held_out = self._entry.get("missed_function", {}).get(str(index))
         if held_out:
@@ -135,6 +147,8 @@ class BFCLEnv:
     def _finish_turn(self) -> None:
         self._decoded.append(self._turn_steps)
         self._turn_steps = []
+        self._decoded_bfcl_eval.append(self._turn_steps_bfcl_eval)
+        self._turn_steps_bfcl_eval = []
 
     def _tool_step(self, call: ToolCall) -> None:
         call_id = f"call_{self._calls}"
@@ -148,14 +162,21 @@ class BFCLEnv:
         if problem is None:
             result = self._instances.execute(call.name, call.arguments)
             self._turn_steps.append([call_string(call.name, call.arguments)])
+            self._turn_steps_bfcl_eval.append([call_string(call.name, call.arguments)])
         else:
             result = f"Error during execution: {problem}"
+            if call.name in self._offered_later() and self._instances.has_method(call.name):
+                self._turn_steps_bfcl_eval.append([call_string(call.name, call.arguments)])
         self._messages.append(tool_message(call_id, call.name, result))
         self._steps_in_turn += 1
         if self._steps_in_turn > self.config.max_steps_per_turn:
             # BFCL force-quit: this turn is recorded, later turns never happen.
             self._finish_turn()
             self._done, self._end_reason = True, "step_limit"
+
+    def _offered_later(self) -> set[str]:
+        held_out = self._entry.get("missed_function", {})
+        return {f["name"] for turn, fs in held_out.items() if int(turn) > self._turn for f in fs}
 
     def _observation(self) -> Observation:
         info = {"turn": self._turn, "step_in_turn": self._steps_in_turn}
