@@ -127,7 +127,8 @@ def test_config_builds_the_self_source_and_rejects_self_teacher_outside_actionop
 
     tok_dir = build_tiny_tokenizer(tmp_path / "tok")
     cfg = tiny_run_config(tok_dir, "collect.kind=actionopd", "teacher.kind=self", "matcher.kind=rules",
-                          "env.name=bfcl", "env.domains=[base]", "collect.task_starts_per_step=1")
+                          "env.name=bfcl", "env.domains=[base]", "env.allow_eval_overlap=true",
+                          "collect.task_starts_per_step=1")
     ctx = SourceContext(model_config=model_config(cfg), run_dir=str(tmp_path), tokenizer_path=str(tok_dir),
                         process_index=0, process_count=1, mesh=build_mesh(cfg))
     source = build_source(cfg, ctx)

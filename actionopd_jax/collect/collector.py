@@ -109,7 +109,7 @@ class Collector:
     """Collects the state groups of one training step.
 
     teacher: a `Teacher` (usually a `CachedTeacher`); matcher: an object with
-    `async match_group(candidate_actions, teacher_actions, *, messages, tools)` (a
+    `async match_group(candidate_actions, teacher_actions, *, messages, tools, env)` (a
     `matching.Matcher`); sample_fn: see `sampler_worker.sampler_fn` (wraps a `Sampler`);
     eos_ids: end-of-turn ids stripped before decoding; env_factory: a fresh environment per
     task start; context_fit: the context-budget policy (see prompt.PromptBuilder).
@@ -319,7 +319,7 @@ class Collector:
                                         logprobs=np.asarray(gen.logprobs, np.float32), text=text,
                                         action=self.decoder.action(text, prompt.tools, gen.finish_reason),
                                         finish_reason=gen.finish_reason))
-        verdicts = await self._verdicts(candidates, batch, prompt, rec)
+        verdicts = await self._verdicts(candidates, batch, prompt, rec, task.env)
         cfg = self.cfg
         return build_group(task_id=task.task_id, decision_index=decision, prompt_ids=prompt.ids,
                            candidates=candidates, teacher_samples=batch.samples, verdicts=verdicts,
@@ -352,12 +352,12 @@ class Collector:
             rec.sampler_wait_s += time.perf_counter() - t0
 
     async def _verdicts(self, candidates: list[Candidate], batch: TeacherBatch, prompt: Prompt,
-                        rec: TrajectoryRecord) -> list[list[Verdict]]:
+                        rec: TrajectoryRecord, env: str) -> list[list[Verdict]]:
         t0 = time.perf_counter()
         try:
             return await asyncio.wait_for(
                 self.matcher.match_group([c.action for c in candidates], [s.action for s in batch.samples],
-                                         messages=prompt.messages, tools=prompt.tools),
+                                         messages=prompt.messages, tools=prompt.tools, env=env),
                 self.cfg.matcher_timeout_s)
         except asyncio.TimeoutError:
             log.warning("matcher timed out after %ss: group masked", self.cfg.matcher_timeout_s)

@@ -74,19 +74,26 @@ def token_budget_setting(value: Any) -> int | str | None:
 
 
 def teacher_spec(cfg: Any) -> dict[str, Any]:
+    """teacher.* as a `teacher.factory.build_teacher` spec. kind=local is an HF directory sampled
+    in-process: `local_teacher_from` builds it (it needs the run's mesh and tokenizer)."""
     t = cfg.teacher
     if t.kind == "none":
-        raise _config_error("collect.kind=actionopd needs a teacher: set teacher.kind (openai | vertex) "
-                            "with teacher.model and teacher.base_url")
-    if t.kind in ("local", "self"):
-        raise _config_error(f"teacher.kind={t.kind} (an in-process teacher) is not wired into the collector's "
-                            "config path yet; use an OpenAI-compatible endpoint (teacher.kind=openai)")
-    provider = "vertex" if t.kind == "vertex" else getattr(t, "provider", "") or "openai"
-    spec: dict[str, Any] = {"provider": provider, "model": t.model}
-    if provider != "vertex":
-        spec.update(base_url=t.base_url, api_key_env=t.api_key_env or None, temperature=t.temperature,
-                    top_p=t.top_p, top_k=t.top_k or None, max_tokens=t.max_tokens, thinking=t.enable_thinking,
-                    max_regenerations=t.retries, request_timeout_s=t.timeout_s, max_concurrency=t.concurrency)
+        raise _config_error("collect.kind=actionopd needs a teacher: set teacher.kind (openai | vertex | local) "
+                            "with teacher.model (and teacher.base_url for openai)")
+    if t.kind == "self":
+        raise _config_error("teacher.kind=self is Self-ActionOPD: its source is baselines.self_opd "
+                            "(`actionopd train` picks it from the config); it has no endpoint spec")
+    if t.kind == "local":
+        return {"provider": "local", "model": t.model}
+    if t.kind == "vertex":
+        if t.provider not in ("", "vertex"):
+            raise _config_error(f"teacher.kind=vertex with teacher.provider={t.provider!r}: leave provider empty")
+        return {"provider": "vertex", "model": t.model}
+    spec: dict[str, Any] = {"provider": t.provider or "openai", "model": t.model}
+    spec.update(base_url=t.base_url, api_key_env=t.api_key_env or None, temperature=t.temperature,
+                top_p=t.top_p, top_k=t.top_k or None, max_tokens=t.max_tokens, thinking=t.enable_thinking,
+                reasoning_effort=t.reasoning_effort or None, max_regenerations=t.retries,
+                request_timeout_s=t.timeout_s, max_concurrency=t.concurrency)
     return spec
 
 
@@ -94,7 +101,7 @@ def judge_spec(cfg: Any) -> dict[str, Any] | None:
     m = cfg.matcher
     if m.kind == "rules":
         return None
-    return {"provider": getattr(m, "provider", "") or "openai", "model": m.model, "base_url": m.base_url,
+    return {"provider": m.provider or "openai", "model": m.model, "base_url": m.base_url,
             "api_key_env": m.api_key_env or None, "temperature": m.temperature, "top_p": m.top_p,
             "top_k": m.top_k or None, "max_tokens": m.max_tokens, "request_timeout_s": m.timeout_s,
             "max_concurrency": m.concurrency}
@@ -114,17 +121,56 @@ def task_set_names(cfg: Any, *, needed_by: str) -> list[tuple[str, str]]:
     raise _config_error(f"{needed_by} needs env.name bfcl or tau2, got {e.name!r}")
 
 
+def training_task_sets(cfg: Any, *, needed_by: str) -> list[tuple[str, list]]:
+    """(name, tasks) of every task set `env.*` names, narrowed to env.task_ids when given; training
+    on tasks evaluation scores is refused unless env.allow_eval_overlap (envs/splits.py)."""
+    from actionopd_jax.envs.splits import check_eval_overlap, select_task_ids
+    from actionopd_jax.envs.tasks import load_task_set
+
+    sets = [(f"{env}:{split}", load_task_set(env, split)) for env, split in task_set_names(cfg, needed_by=needed_by)]
+    every = select_task_ids([t for _, tasks in sets for t in tasks], cfg.env.task_ids)
+    keep = {(t.env, t.task_id) for t in every}
+    sets = [(name, [t for t in tasks if (t.env, t.task_id) in keep]) for name, tasks in sets]
+    sets = [(name, tasks) for name, tasks in sets if tasks]
+    check_eval_overlap(cfg.env, every)
+    return sets
+
+
 def task_stream_from(cfg: Any):
     """Every process builds the same stream (same seed): the same global list per step."""
-    from actionopd_jax.envs.tasks import TaskSource, TaskStream, load_task_set
+    from actionopd_jax.envs.tasks import TaskSource, TaskStream
 
     per_step = cfg.collect.task_starts_per_step
-    names = task_set_names(cfg, needed_by="collect.kind=actionopd")
-    if per_step < len(names):
-        raise _config_error(f"collect.task_starts_per_step={per_step} is smaller than the {len(names)} task sources")
-    quotas = [per_step // len(names) + (i < per_step % len(names)) for i in range(len(names))]
-    sources = [(TaskSource(f"{env}:{split}", load_task_set(env, split)), q) for (env, split), q in zip(names, quotas)]
+    sets = training_task_sets(cfg, needed_by="collect.kind=actionopd")
+    if per_step < len(sets):
+        raise _config_error(f"collect.task_starts_per_step={per_step} is smaller than the {len(sets)} task sources")
+    quotas = [per_step // len(sets) + (i < per_step % len(sets)) for i in range(len(sets))]
+    sources = [(TaskSource(name, tasks), q) for (name, tasks), q in zip(sets, quotas)]
     return TaskStream(sources, seed=int(cfg.run.seed))
+
+
+def stream_tasks(stream: Any) -> list | None:
+    """Every task a stream can start, when it says (envs.tasks.TaskStream, or a wrapper of one
+    with `.stream`); None for other streams (test doubles)."""
+    for s in (stream, getattr(stream, "stream", None)):
+        tasks = getattr(s, "tasks", None)
+        if isinstance(tasks, list):
+            return tasks
+    return None
+
+
+def tool_evidence_from(cfg: Any, tasks: list | None) -> dict[str, dict[str, str]] | None:
+    """Per environment, each tool's implementation evidence for the judge (matcher.tool_evidence)."""
+    if not cfg.matcher.tool_evidence or cfg.matcher.kind == "rules" or not tasks:
+        return None
+    from actionopd_jax.envs.evidence import tool_evidence
+
+    out = {}
+    for env in sorted({t.env for t in tasks}):
+        evidence = tool_evidence(env)
+        if evidence is not None:
+            out[env] = evidence
+    return out
 
 
 def env_factory_from(cfg: Any):
@@ -275,14 +321,29 @@ class ActionOPDGroupSource:
             cache_dir = Path(cfg.teacher.cache_dir or run_dir / "cache" / "teacher")
             cache_dir.mkdir(parents=True, exist_ok=True)
             # one SQLite file per process: no cross-host locking on shared file systems
-            teacher = build_teacher(teacher_spec(cfg), cache=cache_dir / f"teacher-p{ctx.process_index}.sqlite")
+            cache = cache_dir / f"teacher-p{ctx.process_index}.sqlite"
+            spec = teacher_spec(cfg)
+            if spec["provider"] == "local":
+                from actionopd_jax.teacher.hf_local import build_hf_local_teacher
+
+                teacher = build_teacher(spec, cache=cache, local=build_hf_local_teacher(cfg, ctx, tokenizer))
+            else:
+                teacher = build_teacher(spec, cache=cache)
+        self.stream = stream if stream is not None else task_stream_from(cfg)
+        tasks = stream_tasks(self.stream)
+        if tasks is not None:
+            from actionopd_jax.envs.splits import check_eval_overlap, record_train_tasks
+
+            check_eval_overlap(cfg.env, tasks)  # a stream passed in obeys the same rule
+            if ctx.process_index == 0:
+                record_train_tasks(run_dir, tasks)
         if matcher is None:
             from actionopd_jax.teacher.factory import build_matcher
 
             cache_dir = Path(cfg.matcher.cache_dir or run_dir / "cache" / "matcher")
             cache_dir.mkdir(parents=True, exist_ok=True)
-            matcher = build_matcher(judge_spec(cfg), cache=cache_dir / f"verdicts-p{ctx.process_index}.sqlite")
-        self.stream = stream if stream is not None else task_stream_from(cfg)
+            matcher = build_matcher(judge_spec(cfg), cache=cache_dir / f"verdicts-p{ctx.process_index}.sqlite",
+                                    evidence_by_env=tool_evidence_from(cfg, tasks))
         eos = int(tokenizer.convert_tokens_to_ids("<|im_end|>"))
         self.sampler = Sampler(None, ctx.model_config, eos_ids=[eos], buckets=buckets,
                                token_budget=self.cfg.sampler_token_budget)

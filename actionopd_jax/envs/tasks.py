@@ -113,6 +113,8 @@ class TaskStream:
             for i, (source, _) in enumerate(quotas)
         ]
         self.step_size = sum(q for _, q in quotas)
+        # every task the stream can start (what a run records as its training tasks)
+        self.tasks = [task_from_record(source[i]) for source, _ in quotas for i in range(len(source))]
         self.fingerprint = hashlib.sha256(
             json.dumps([[repr(s), q] for s, q in quotas] + [seed]).encode()
         ).hexdigest()[:16]

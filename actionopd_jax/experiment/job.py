@@ -56,6 +56,11 @@ def run_dir_for(cfg: Config, args: Any) -> Path:
                           "cache and compile cache make a rerun cheaper), or resume a plain trainer run "
                           "with experiment.enabled=false")
     explicit = getattr(args, "run_dir", None) or cfg.run.dir
+    if explicit:
+        used = [d for d in ("checkpoints", "warm_start") if (Path(explicit) / d).is_dir()]
+        if used:  # refused before any phase runs: its trainers would collide with the saved steps
+            raise ConfigError(f"{explicit} already holds a main-job run ({', '.join(used)}/); the main job does "
+                              "not resume: pass a new --run-dir (or remove that directory)")
     return Path(explicit) if explicit else new_run_dir(cfg.run.root, cfg.run.name, int(time.time()))
 
 
@@ -182,7 +187,7 @@ def _run_phases(cfg: Config, run_dir: Path, timings: dict[str, float], opened: l
     _phase(3)
     t0 = time.perf_counter()
     pcfg = phases.opd_phase_config(teacher_cfg, student_dir=start_dir, tokenizer_dir=tok_dir, run_dir=run_dir,
-                                   n_train_tasks=len(split.train),
+                                   train_tasks=split.train, heldout_tasks=split.heldout,
                                    teacher=teacher_lib.teacher_overrides(cfg, endpoint))
     phases.write_phase_config(pcfg, run_dir / "actionopd_config.yaml",
                               f"ActionOPD phase, teacher: {endpoint.label}")

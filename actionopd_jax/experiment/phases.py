@@ -46,11 +46,15 @@ def kd_phase_config(cfg: Config, *, student_dir: Path, tokenizer_dir: Path, run_
     return kd_config(cfg.replace(**over), steps=steps)
 
 
-def opd_phase_config(cfg: Config, *, student_dir: Path, tokenizer_dir: Path, run_dir: Path, n_train_tasks: int,
-                     teacher: dict[str, Any]) -> Config:
+def opd_phase_config(cfg: Config, *, student_dir: Path, tokenizer_dir: Path, run_dir: Path, train_tasks: list[Task],
+                     heldout_tasks: list[Task], teacher: dict[str, Any]) -> Config:
+    """The job's config for the ActionOPD phase. Its tasks are an explicit disjoint split
+    (env.task_ids / env.heldout_task_ids), so the written config trains on the job's training
+    tasks only, and the BFCL eval-overlap rule (envs/splits.py) accepts it without the opt-in."""
     over = {"model.hf_path": str(student_dir), "model.tokenizer": str(tokenizer_dir),
             "collect.kind": "actionopd", "train.loss": "actionopd", "env.name": "bfcl",
-            "env.domains": [cfg.experiment.bfcl_category], "collect.task_starts_per_step": n_train_tasks,
+            "env.domains": [cfg.experiment.bfcl_category], "collect.task_starts_per_step": len(train_tasks),
+            "env.task_ids": [t.task_id for t in train_tasks], "env.heldout_task_ids": [t.task_id for t in heldout_tasks],
             "run.dir": str(run_dir), "experiment.enabled": False, **context_overrides(cfg), **teacher}
     if cfg.experiment.opd_lr > 0:
         over["train.lr"] = cfg.experiment.opd_lr

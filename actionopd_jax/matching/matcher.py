@@ -11,6 +11,11 @@ Every teacher sample is compared separately (repeated samples each count), but i
 pairs at the same state reuse one judgement: in memory (single flight, so concurrent
 identical pairs cost one judge call) and, for definite verdicts, in the persistent cache.
 "unavailable" is never cached: a later run asks again.
+
+Tool-implementation evidence (paper A.3) is shown to the judge, never to the teacher. For an
+environment that supplies it (`evidence_by_env`, built by envs/evidence.py) it is required: a
+same-name tool-call pair that needs the judge but whose tool has no evidence is "unavailable"
+(no supervision), not guessed. `evidence` (by tool name, any environment) is optional help.
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ class MatcherStats:
     judge_match: int = 0
     judge_no_match: int = 0
     unavailable: int = 0
+    missing_evidence: int = 0    # judged pairs made unavailable because required evidence was absent
     rules_only_no_match: int = 0
 
     def as_dict(self) -> dict[str, int]:
@@ -55,18 +61,27 @@ class MatcherStats:
 
 class Matcher:
     def __init__(self, judge: Judge | None, *, cache: PersistentCache | None = None,
-                 evidence: dict[str, str] | None = None):
+                 evidence: dict[str, str] | None = None,
+                 evidence_by_env: dict[str, dict[str, str]] | None = None):
         """`evidence` maps a tool name to implementation evidence shown to the judge (never
-        to the teacher); it is part of the verdict cache key."""
+        to the teacher); `evidence_by_env` the same per environment, where it is required (see
+        the module docstring). Evidence is part of the verdict cache key."""
         self.judge = judge
         self.cache = cache
         self.evidence = dict(evidence or {})
+        self.evidence_by_env = {env: dict(ev) for env, ev in (evidence_by_env or {}).items()}
         self.stats = MatcherStats()
         self._memo: dict[str, Verdict] = {}
         self._in_flight: dict[str, asyncio.Future[Verdict]] = {}
 
+    def evidence_for(self, name: str, env: str | None) -> tuple[str | None, bool]:
+        """(evidence for tool `name` in `env`, whether the judge requires it there)."""
+        if env is not None and env in self.evidence_by_env:
+            return self.evidence_by_env[env].get(name), True
+        return self.evidence.get(name), False
+
     async def verdict(self, student: Action, teacher: Action, *, messages: list[ChatMessage],
-                      tools: list[ToolSchema]) -> Verdict:
+                      tools: list[ToolSchema], env: str | None = None) -> Verdict:
         self.stats.pairs += 1
         if isinstance(student, Invalid) or isinstance(teacher, Invalid) or type(student) is not type(teacher):
             self.stats.invalid_or_cross_kind += 1
@@ -90,30 +105,41 @@ class Matcher:
         if self.judge is None:
             self.stats.rules_only_no_match += 1
             return "no_match"
-        return await self._judged(student, teacher, paths, messages, tools)
+        evidence = None
+        if isinstance(student, ToolCall):
+            evidence, required = self.evidence_for(student.name, env)
+            if required and not evidence:
+                self.stats.missing_evidence += 1
+                self.stats.unavailable += 1
+                return "unavailable"
+        return await self._judged(student, teacher, paths, messages, tools, evidence)
 
     async def match_group(self, candidates: Sequence[Action], teacher_actions: Sequence[Action], *,
-                          messages: list[ChatMessage], tools: list[ToolSchema]) -> list[list[Verdict]]:
-        """verdicts[i][k] for every candidate i and teacher sample k, all pairs concurrently."""
-        flat = await asyncio.gather(*(self.verdict(c, t, messages=messages, tools=tools)
+                          messages: list[ChatMessage], tools: list[ToolSchema],
+                          env: str | None = None) -> list[list[Verdict]]:
+        """verdicts[i][k] for every candidate i and teacher sample k, all pairs concurrently;
+        `env` (the task's environment) selects the tool evidence."""
+        flat = await asyncio.gather(*(self.verdict(c, t, messages=messages, tools=tools, env=env)
                                       for c in candidates for t in teacher_actions))
         width = len(teacher_actions)
         return [list(flat[i * width:(i + 1) * width]) for i in range(len(candidates))]
 
-    def pair_key(self, student: Action, teacher: Action, messages: list[ChatMessage], tools: list[ToolSchema]) -> str:
+    def pair_key(self, student: Action, teacher: Action, messages: list[ChatMessage], tools: list[ToolSchema],
+                 evidence: str | None = None) -> str:
         """Cache key of a judged pair: both actions (canonical), the evidence the judge sees,
         and the judge's model and prompt (paper A.3: "action pair, evidence, model, prompt")."""
-        name = student.name if isinstance(student, ToolCall) else None
+        if evidence is None and isinstance(student, ToolCall):
+            evidence = self.evidence.get(student.name)
         return stable_digest({
             "protocol": PROTOCOL_VERSION, "kind": "verdict",
             "student": canonical_value(action_to_json(student)), "teacher": canonical_value(action_to_json(teacher)),
-            "messages": messages, "tools": tools, "evidence": self.evidence.get(name) if name else None,
+            "messages": messages, "tools": tools, "evidence": evidence,
             "judge": self.judge.identity if self.judge is not None else None,
         })
 
     async def _judged(self, student: Action, teacher: Action, paths: tuple[str, ...],
-                      messages: list[ChatMessage], tools: list[ToolSchema]) -> Verdict:
-        key = self.pair_key(student, teacher, messages, tools)
+                      messages: list[ChatMessage], tools: list[ToolSchema], evidence: str | None) -> Verdict:
+        key = self.pair_key(student, teacher, messages, tools, evidence)
         if key in self._memo:
             self.stats.judge_reused += 1
             return self._memo[key]
@@ -129,7 +155,7 @@ class Matcher:
         future: asyncio.Future[Verdict] = asyncio.get_running_loop().create_future()
         self._in_flight[key] = future
         try:
-            outcome = await self._call_judge(student, teacher, paths, messages, tools)
+            outcome = await self._call_judge(student, teacher, paths, messages, tools, evidence)
             verdict = outcome.verdict
             if verdict == "unavailable":
                 self.stats.unavailable += 1
@@ -153,10 +179,10 @@ class Matcher:
             del self._in_flight[key]
 
     async def _call_judge(self, student: Action, teacher: Action, paths: tuple[str, ...],
-                          messages: list[ChatMessage], tools: list[ToolSchema]) -> JudgeOutcome:
+                          messages: list[ChatMessage], tools: list[ToolSchema], evidence: str | None) -> JudgeOutcome:
         assert self.judge is not None
         self.stats.judge_calls += 1
         if isinstance(student, ToolCall):
             return await self.judge.judge_tool_calls(student, teacher, paths, messages=messages, tools=tools,  # type: ignore[arg-type]
-                                                     evidence=self.evidence.get(student.name))
+                                                     evidence=evidence)
         return await self.judge.judge_messages(student, teacher, messages=messages, tools=tools)  # type: ignore[arg-type]

@@ -28,10 +28,11 @@ def _make(cls: type, spec: Mapping[str, Any], *, section: str) -> Any:
 
 
 def build_teacher(spec: Mapping[str, Any], *, cache: PersistentCache | str | Path | None = None,
-                  local_generate: Any = None) -> Teacher:
-    """`spec["provider"]`: "vertex", "local" (needs `local_generate`), or an OpenAI-compatible
-    provider name (vllm, sglang, deepseek, dashscope, openrouter, openai, actionopd). With
-    `cache` (a PersistentCache or a path) the teacher is wrapped in CachedTeacher."""
+                  local_generate: Any = None, local: Teacher | None = None) -> Teacher:
+    """`spec["provider"]`: "vertex", "local" (needs `local_generate`, or `local`: a built
+    in-process teacher such as teacher.hf_local's), or an OpenAI-compatible provider name (vllm,
+    sglang, deepseek, dashscope, openrouter, openai, actionopd). With `cache` (a PersistentCache
+    or a path) the teacher is wrapped in CachedTeacher."""
     spec = dict(spec)
     provider = spec.get("provider", "openai")
     if provider == "vertex":
@@ -39,6 +40,8 @@ def build_teacher(spec: Mapping[str, Any], *, cache: PersistentCache | str | Pat
 
         spec.pop("provider")
         teacher: Any = VertexTeacher(_make(VertexTeacherConfig, spec, section="teacher"))
+    elif provider == "local" and local is not None:
+        teacher = local
     elif provider == "local":
         from actionopd_jax.teacher.local_provider import LocalTeacher, LocalTeacherConfig
 
@@ -56,11 +59,14 @@ def build_teacher(spec: Mapping[str, Any], *, cache: PersistentCache | str | Pat
 
 
 def build_matcher(judge_spec: Mapping[str, Any] | None, *, cache: PersistentCache | str | Path | None = None,
-                  evidence: dict[str, str] | None = None) -> Any:
-    """A Matcher with an LLM judge (or rules only when `judge_spec` is None)."""
+                  evidence: dict[str, str] | None = None,
+                  evidence_by_env: Mapping[str, Mapping[str, str]] | None = None) -> Any:
+    """A Matcher with an LLM judge (or rules only when `judge_spec` is None). `evidence_by_env`:
+    per environment, each tool's implementation evidence; the judge then needs it (a judged
+    tool-call pair of such an environment without evidence for its tool is unavailable)."""
     from actionopd_jax.matching.judge import JudgeConfig, LLMJudge
     from actionopd_jax.matching.matcher import Matcher
 
     judge = LLMJudge(_make(JudgeConfig, judge_spec, section="judge")) if judge_spec is not None else None
     store = cache if (cache is None or isinstance(cache, PersistentCache)) else PersistentCache(cache)
-    return Matcher(judge, cache=store, evidence=evidence)
+    return Matcher(judge, cache=store, evidence=evidence, evidence_by_env=evidence_by_env)
