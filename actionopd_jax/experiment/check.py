@@ -38,13 +38,11 @@ def _student_config(cfg: Config, notes: list[str]):
 
 
 def check_main_job(cfg: Config, devices: int = 0) -> int:
-    import jax
-
     from actionopd_jax.experiment import teacher as teacher_lib
     from actionopd_jax.experiment.phases import context_overrides
     from actionopd_jax.experiment.tasks import job_tasks
     from actionopd_jax.train.plan import describe
-    from actionopd_jax.train.setup import mesh_shape
+    from actionopd_jax.train.preflight import check_run, mesh_sizes, placement
 
     exp, c = cfg.experiment, cfg.collect
     notes: list[str] = []
@@ -71,13 +69,15 @@ def check_main_job(cfg: Config, devices: int = 0) -> int:
         phase.update({"teacher.kind": "openai", "teacher.model": MODEL_NAME, "teacher.base_url": "<embedded>",
                       "matcher.kind": "rules"})
     plan_cfg = cfg.replace(**phase)
-    sizes = [cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor]
-    n = devices or jax.device_count()
-    if not devices and -1 not in sizes and int(sizes[0] * sizes[1] * sizes[2]) != n:
-        n = int(sizes[0] * sizes[1] * sizes[2])
-        notes.append(f"note: planned for the mesh's {n} devices (this machine has {jax.device_count()})")
-    mem = cfg.mesh.device_memory_gb or None
-    text, fits = describe(plan_cfg, qcfg, mesh_shape(plan_cfg, n), device_memory_gb=mem)
+    # the run's start-up checks for the devices it will have (mesh.target, else this host)
+    where = placement(cfg, devices)
+    notes += where.notes
+    sizes = mesh_sizes(plan_cfg, where.devices)
+    check_run(plan_cfg, qcfg, sizes, device_count=where.devices, processes=where.processes,
+              platform=where.platform, collection=False)
+    text, fits = describe(plan_cfg, qcfg, sizes, device_memory_gb=where.memory_gib, device_kind=where.device_kind,
+                          platform=where.platform, usable_fraction=where.usable_fraction,
+                          chips_per_host=where.devices_per_process)
     lines = [
         "main job (experiment.enabled=true): KD warm start -> ActionOPD -> held-out evaluation",
         f"tasks      BFCL {exp.bfcl_category} using only {'+'.join(exp.bfcl_classes)}: {split.pool_size} tasks, "
@@ -96,5 +96,8 @@ def check_main_job(cfg: Config, devices: int = 0) -> int:
         text,
     ]
     print("\n".join(lines + notes))
-    print("config OK" + ("" if fits else " (but the estimate exceeds device memory)"))
+    if not fits:
+        print("config valid, but the plan DOES NOT FIT the usable device memory (see above)")
+        return 1
+    print("config OK")
     return 0

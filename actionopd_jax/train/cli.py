@@ -14,7 +14,7 @@ import sys
 import time
 from pathlib import Path
 
-from actionopd_jax.config import Config, ConfigError, load_config
+from actionopd_jax.config import USABLE_MEMORY_FRACTION, Config, ConfigError, load_config
 
 log = logging.getLogger("actionopd_jax.train")
 
@@ -51,59 +51,37 @@ SMOKE_OVERRIDES = ("train.steps=1", "checkpoint.every_steps=1", "collect.task_st
 
 
 def check(cfg: Config, devices: int = 0) -> int:
-    import math
-
-    import jax
-
+    """Validate `cfg` for the hardware it names and print the plan; runs nothing, writes
+    nothing. Every start-up check of the run (train/preflight.py) runs here for the target's
+    devices and processes: what the run would refuse raises the same ConfigError. 0 when the
+    plan fits, 1 when the estimate exceeds the usable memory."""
     from actionopd_jax.train.plan import describe
-    from actionopd_jax.train.setup import check_attention, mesh_shape, model_config
+    from actionopd_jax.train.preflight import check_run, mesh_sizes, placement, plan_model_config
 
     if cfg.experiment.enabled:  # the main job (actionopd_jax/experiment) prints its own plan
         from actionopd_jax.experiment.check import check_main_job
 
         return check_main_job(cfg, devices)
-    n = devices or jax.device_count()
-    kind = "" if devices else jax.devices()[0].device_kind
-    sizes = (cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor)
-    mesh_note = ""
-    if not devices and -1 not in sizes and math.prod(sizes) != n:
-        # a fixed mesh names its device count: plan for it (a plan must not need the devices)
-        n, kind = math.prod(sizes), ""
-        mesh_note = f"note: planned for the mesh's {n} devices (this machine has {jax.device_count()})"
-    mem = cfg.mesh.device_memory_gb or None
-    if mem is None and not devices and not mesh_note:
-        stats = jax.devices()[0].memory_stats() or {}
-        if stats.get("bytes_limit"):
-            mem = stats["bytes_limit"] / 1024**3
-    note = ""
-    if cfg.model.hf_path and not (Path(cfg.model.hf_path) / "config.json").is_file():
-        # planning on a machine without the weights: the preset has the same shapes
-        note = f"note: {cfg.model.hf_path}/config.json not found; planned with preset {cfg.model.preset!r}"
-        cfg = cfg.replace(**{"model.hf_path": ""})
-    platform = jax.default_backend()
-    if cfg.mesh.target:  # a recipe planned for its hardware, whatever this host is
-        from actionopd_jax.aot.targets import get_target
-
-        target = get_target(cfg.mesh.target)
-        platform = target.platform
-        if devices == 0 and -1 in sizes:
-            n, kind = target.chips, target.name
-            mesh_note = f"note: planned for mesh.target {target.name} ({target.chips} chips)"
-        if not cfg.mesh.device_memory_gb:
-            mem = target.hbm_bytes / 1024**3
-    qcfg = model_config(cfg)
-    check_attention(cfg, qcfg, platform)
-    text, fits = describe(cfg, qcfg, mesh_shape(cfg, n), device_memory_gb=mem, device_kind=kind, platform=platform)
+    where = placement(cfg, devices)
+    notes: list[str] = []
+    cfg, qcfg = plan_model_config(cfg, notes)
+    sizes = mesh_sizes(cfg, where.devices)
+    check_run(cfg, qcfg, sizes, device_count=where.devices, processes=where.processes, platform=where.platform)
+    text, fits = describe(cfg, qcfg, sizes, device_memory_gb=where.memory_gib, device_kind=where.device_kind,
+                          platform=where.platform, usable_fraction=where.usable_fraction,
+                          chips_per_host=where.devices_per_process)
     print(text)
-    for line in (note, mesh_note):
-        if line:
-            print(line)
-    print("config OK" + ("" if fits else " (but the estimate exceeds device memory)"))
+    for line in (*notes, *where.notes):
+        print(line)
+    if not fits:
+        print("config valid, but the plan DOES NOT FIT the usable device memory (see above)")
+        return 1
+    print("config OK")
     return 0
 
 
 def check_aot(cfg: Config, target: str, lengths: str = "", cost: bool = True) -> int:
-    """Compile the run's train-step programs for `target`; 0 when all fit with 10% HBM free."""
+    """Compile the run's train-step programs for `target`; 0 when all fit the usable HBM."""
     from actionopd_jax.aot.targets import TARGETS, TargetUnavailable
     from actionopd_jax.train.aot_check import run_check
     from actionopd_jax.train.setup import model_config
@@ -120,8 +98,9 @@ def check_aot(cfg: Config, target: str, lengths: str = "", cost: bool = True) ->
     except TargetUnavailable as e:
         print(f"AOT: {e}")
         return 2
-    print("AOT OK: every program compiled and fits with >= 10% HBM free" if fits else
-          "AOT: some program does not compile or leaves < 10% HBM free (see the table)")
+    share = f"{100 * USABLE_MEMORY_FRACTION:.0f}% of HBM"
+    print(f"AOT OK: every program compiled and fits in {share}" if fits else
+          f"AOT: some program does not compile or needs more than {share} (see the table)")
     return 0 if fits else 1
 
 

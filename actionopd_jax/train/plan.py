@@ -6,6 +6,11 @@ activations of one microbatch. With the CPU or xla attention, activations includ
 [heads, T, T] scores, which dominate at long context; the fused kernels (splash on TPU, cuDNN
 on GPU) never hold them. `actionopd train --check --aot` replaces the estimate by the TPU
 compiler's own numbers (train/aot_check.py).
+
+Collection is planned too, since it is often the peak: the trainer's parameters and AdamW
+moments stay resident while the sampler holds its bf16 rollout copy (tensor-parallel over a
+host's chips, collect/source.rollout_params) and the KV cache and prefill activations of one
+call, sized by the same token budget the sampler uses (sampling/budget.py).
 """
 
 from __future__ import annotations
@@ -83,14 +88,67 @@ def estimate_memory(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], attent
     return MemoryEstimate(params, grads, optimizer, activations, scores_peak, logits)
 
 
+@dataclass
+class CollectionEstimate:
+    resident: float          # trainer parameters + AdamW moments, per chip
+    rollout_copy: float      # the sampler's copy of the weights, per chip
+    budget_tokens: int | None  # cache-token equivalents one sampler call may hold
+    state_tokens: float      # cache-token equivalents of the largest single state
+    call: float              # bytes of the largest call the budget allows, per chip
+    states_per_call: int
+
+    @property
+    def total(self) -> float:
+        return self.resident + self.rollout_copy + self.call
+
+
+def estimate_collection(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *, chips_per_host: int,
+                        usable_bytes: float | None, platform: str) -> CollectionEstimate:
+    """Bytes per chip while the sampler runs (see the module docstring). The budget is the
+    sampler's: collect.sampler_token_budget, or "auto" = SAFETY x what is left of the usable
+    memory; "none" plans collect.concurrency largest states in one call."""
+    from actionopd_jax.sampling import budget as sb
+
+    est = estimate_memory(cfg, qcfg, mesh)
+    resident = est.params + est.optimizer
+    n = count_params(qcfg)["total"]
+    copy_bytes = 2 if platform != "cpu" else _BYTES[qcfg.param_dtype]  # bf16 on accelerators
+    rollout = 0.0 if platform == "cpu" else n * copy_bytes / chips_per_host
+    c = cfg.collect
+    state = sb.chunk_tokens(1, min(c.max_prompt_tokens, cfg.train.max_seq_len), c.num_candidates,
+                            c.max_response_tokens)
+    per_token = sb.cache_bytes_per_token(qcfg) / chips_per_host  # KV heads over the host's chips
+    setting = c.sampler_token_budget.strip().lower()
+    if setting.isdigit():
+        budget = int(setting)
+    elif setting == "auto" and usable_bytes is not None and platform != "cpu":
+        budget = sb.token_budget(qcfg, max(0.0, usable_bytes - resident - rollout), chips_per_host)
+    else:
+        budget = None
+    if budget is None:
+        states = max(1, c.concurrency)
+        call = states * state * per_token
+    else:
+        states = int(budget // state)
+        call = max(budget, state) * per_token  # a state over the budget still gets a call of its own
+    return CollectionEstimate(resident, rollout, budget, state, call, states)
+
+
 def describe(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *, device_memory_gb: float | None,
-             device_kind: str = "", platform: str = "cpu") -> tuple[str, bool]:
-    """Human-readable plan and whether it is expected to fit (on `platform`'s attention)."""
+             device_kind: str = "", platform: str = "cpu", usable_fraction: float = 1.0,
+             chips_per_host: int = 0) -> tuple[str, bool]:
+    """Human-readable plan and whether it is expected to fit (on `platform`'s attention):
+    the train step and collection both within `usable_fraction` of `device_memory_gb`."""
     from actionopd_jax.model.attention import resolve
 
     counts = count_params(qcfg)
     attention = resolve(qcfg.attention, platform)
     est = estimate_memory(cfg, qcfg, mesh, attention)
+    usable = device_memory_gb * usable_fraction * GIB if device_memory_gb else None
+    coll = None
+    if cfg.collect.kind != "synthetic":
+        coll = estimate_collection(cfg, qcfg, mesh, chips_per_host=chips_per_host or math.prod(mesh.values()),
+                                   usable_bytes=usable, platform=platform)
     t, c = cfg.train, cfg.collect
     n_dev = math.prod(mesh.values())
     rows_per_step = c.task_starts_per_step * c.max_decisions * c.num_candidates
@@ -112,7 +170,9 @@ def describe(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *, device_mem
         f"<= {c.max_decisions} decisions -> <= {rows_per_step} rows/step "
         f"(<= {math.ceil(rows_per_step / t.minibatch_rows)} updates)",
         f"teacher    {cfg.teacher.kind} {cfg.teacher.model}; matcher {cfg.matcher.kind} {cfg.matcher.model}; "
-        f"env {cfg.env.name} {','.join(cfg.env.domains)}",
+        f"env {cfg.env.name} {','.join(cfg.env.domains)}"
+        + (" (env.allow_eval_overlap: trains on tasks evaluation scores)"
+           if getattr(cfg.env, "allow_eval_overlap", False) else ""),
         f"run        {t.steps} steps, checkpoint every {cfg.checkpoint.every_steps} (keep "
         f"{cfg.checkpoint.keep}), seed {cfg.run.seed}",
         "memory per device (estimate):",
@@ -124,11 +184,31 @@ def describe(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *, device_mem
         f"  response logits    {est.logits / GIB:8.2f} GiB",
         f"  total (+10%)       {est.total / GIB:8.2f} GiB",
     ]
+    if coll is not None:
+        budget = ("no token budget: one call holds collect.concurrency states" if coll.budget_tokens is None
+                  else f"token budget {coll.budget_tokens:,} cache tokens, {coll.states_per_call} largest state(s) "
+                       f"per call")
+        copy_note = "bf16, over a host's chips" if platform != "cpu" else "none on CPU: the training weights"
+        lines += [
+            "collection per device (estimate; the sampler runs while the trainer state stays resident):",
+            f"  params + AdamW     {coll.resident / GIB:8.2f} GiB",
+            f"  rollout copy       {coll.rollout_copy / GIB:8.2f} GiB  ({copy_note})",
+            f"  KV cache + prefill {coll.call / GIB:8.2f} GiB  ({budget}; a state: "
+            f"{min(cfg.collect.max_prompt_tokens, t.max_seq_len):,}-token prompt x 1.25 + "
+            f"{cfg.collect.num_candidates} x {cfg.collect.max_response_tokens:,} new)",
+            f"  total              {coll.total / GIB:8.2f} GiB",
+        ]
     fits = True
     if device_memory_gb:
-        fits = est.total <= device_memory_gb * GIB
-        lines.append(f"  device memory      {device_memory_gb:8.2f} GiB -> "
-                     f"{'fits' if fits else 'DOES NOT FIT'}")
+        peak = max(est.total, coll.total if coll is not None else 0.0)
+        fits = peak <= usable and (coll is None or coll.budget_tokens is None or coll.states_per_call >= 1)
+        share = f" x {usable_fraction:.2f} usable = {usable / GIB:.2f} GiB" if usable_fraction < 1 else ""
+        lines.append(f"  device memory      {device_memory_gb:8.2f} GiB{share}; peak "
+                     f"{'collection' if coll is not None and coll.total > est.total else 'train step'} "
+                     f"{peak / GIB:.2f} GiB -> {'fits' if fits else 'DOES NOT FIT'}")
+        if coll is not None and coll.budget_tokens is not None and coll.states_per_call < 1:
+            lines.append("  the largest state does not fit in one sampler call: shorten collect.max_prompt_tokens "
+                         "or collect.max_response_tokens, or put more chips on a host")
         if not fits:
             hints = []
             if qcfg.remat == "none":
@@ -138,7 +218,7 @@ def describe(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *, device_mem
             if est.attention_scores > 0.3 * est.total:
                 hints.append("fewer train.microbatch_rows or a shorter train.max_seq_len "
                              "(dense attention scores grow with T^2)")
-            if est.params + est.grads + est.optimizer > 0.5 * device_memory_gb * GIB:
+            if est.params + est.grads + est.optimizer > 0.5 * usable:
                 hints.append("more devices on mesh.fsdp")
             if hints:
                 lines.append("  try: " + "; ".join(hints))

@@ -67,14 +67,16 @@ def check_collection(cfg: Config) -> None:
 
 
 def check_run(cfg: Config, qcfg, sizes: dict[str, int], *, device_count: int, processes: int,
-              platform: str) -> None:
-    """Every start-up check that depends on the config and the devices, in the run's order."""
+              platform: str, collection: bool = True) -> None:
+    """Every start-up check that depends on the config and the devices, in the run's order
+    (`collection=False`: the main job, whose phases build their sources from the job's split)."""
     from actionopd_jax.train.setup import check_attention
 
     check_mesh_covers_processes(sizes, device_count, processes)
     check_batch_layout(cfg, sizes, processes)
     check_attention(cfg, qcfg, platform)
-    check_collection(cfg)
+    if collection:
+        check_collection(cfg)
 
 
 @dataclasses.dataclass(frozen=True)
