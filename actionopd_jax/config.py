@@ -233,6 +233,9 @@ class RunConfig:
     tensorboard: bool = True
     wandb_project: str = ""  # W&B logging when set and wandb is installed
     progress: bool = True
+    # JAX's persistent compile cache ("": JAX_COMPILATION_CACHE_DIR if set, else
+    # ~/.cache/actionopd_jax/jax_compile; "none": off); see actionopd_jax/compile_cache.py
+    compile_cache_dir: str = ""
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
 
 
@@ -536,7 +539,7 @@ def _validate_method(cfg: Config) -> None:
 # the run executes (layout, paths, logging, endpoints), not what experiment it is.
 RESUME_SAFE_PREFIXES: tuple[str, ...] = (
     "mesh.", "checkpoint.", "eval.", "run.name", "run.root", "run.dir", "run.log_every",
-    "run.tensorboard", "run.wandb_project", "run.progress", "run.distributed.",
+    "run.tensorboard", "run.wandb_project", "run.progress", "run.compile_cache_dir", "run.distributed.",
     "train.steps", "train.microbatch_rows", "train.logits_chunk", "train.vocab_chunk", "model.remat", "model.scan_unroll", "model.attention", "model.hf_path",
     "model.tokenizer", "collect.concurrency", "teacher.base_url", "teacher.api_key_env",
     "teacher.cache_dir", "teacher.timeout_s", "teacher.concurrency", "matcher.base_url",

@@ -15,5 +15,8 @@ import jax  # noqa: E402
 _CACHE = os.environ.get(
     "ACTIONOPD_TEST_JAX_CACHE", os.path.expanduser("~/.cache/actionopd_jax/jax_test_cache")
 )
+# every `train`/`eval`/`serve` enables a persistent cache (actionopd_jax/compile_cache.py); in
+# tests, in process and in child processes, that is the test cache, never the user's default
+os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _CACHE)
 jax.config.update("jax_compilation_cache_dir", _CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)

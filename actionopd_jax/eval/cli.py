@@ -103,6 +103,8 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    from actionopd_jax.compile_cache import enable_compile_cache
+    enable_compile_cache()  # persistent XLA compile cache (JAX_COMPILATION_CACHE_DIR or the default)
     result = evaluate(args)
     print(markdown_table(result["rows"]))
     print(f"wrote {', '.join(str(p) for p in result['paths'].values())}")

@@ -54,6 +54,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
+    from actionopd_jax.compile_cache import enable_compile_cache
+    enable_compile_cache()  # persistent XLA compile cache (JAX_COMPILATION_CACHE_DIR or the default)
     from actionopd_jax.model import make_mesh
     from actionopd_jax.sampling import Sampler
     from actionopd_jax.sampling.loading import end_token_ids

@@ -120,6 +120,13 @@ def _run_dir(cfg: Config, args) -> Path:
 
 
 def train(cfg: Config, args) -> int:
+    import os
+
+    from actionopd_jax.compile_cache import enable_compile_cache
+
+    # before the first device query: on GPU, XLA takes the share every plan assumes
+    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{USABLE_MEMORY_FRACTION:.2f}")
+    enable_compile_cache(cfg.run.compile_cache_dir)
     if cfg.experiment.enabled and not args.smoke:  # the main job: KD -> ActionOPD -> evaluation
         from actionopd_jax.experiment.job import run_main_job
 
