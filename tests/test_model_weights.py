@@ -1,6 +1,7 @@
 """HF safetensors load/save without torch: round trips and clear errors."""
 
 import json
+import re
 import shutil
 
 import jax
@@ -157,11 +158,39 @@ def test_error_unsupported_architecture(good, arch):
         load_hf(good)
 
 
-def test_error_unsupported_rope_scaling():
-    with pytest.raises(ValueError, match="rope type 'yarn'"):
-        Qwen3Config.from_hf_dict({"architectures": ["Qwen3ForCausalLM"], "vocab_size": 8, "hidden_size": 8,
-                                  "intermediate_size": 8, "num_hidden_layers": 1, "num_attention_heads": 1,
-                                  "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+_MINIMAL = {"architectures": ["Qwen3ForCausalLM"], "vocab_size": 8, "hidden_size": 8, "intermediate_size": 8,
+            "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 4}
+
+
+@pytest.mark.parametrize("extra, needle", [
+    ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope type 'linear'"),
+    ({"rope_parameters": {"rope_type": "dynamic", "factor": 2.0}}, "rope type 'dynamic'"),
+    ({"rope_scaling": {"type": "longrope", "short_factor": [1.0], "long_factor": [2.0]}}, "rope type 'longrope'"),
+    ({"rope_scaling": {"rope_type": "yarn"}}, "has no 'factor'"),
+    ({"rope_scaling": {"rope_type": "yarn", "factor": -1}}, "factor=-1"),
+    ({"rope_parameters": {"full_attention": {"rope_type": "default"}}}, "nested per layer type"),
+    ({"partial_rotary_factor": 0.5}, "partial_rotary_factor=0.5"),
+    ({"rope_theta": "big"}, "rope_theta='big'"),
+])
+def test_error_unsupported_rope(extra, needle):
+    with pytest.raises(ValueError, match=re.escape(needle)):
+        Qwen3Config.from_hf_dict({**_MINIMAL, **extra})
+
+
+def test_absent_fields_take_transformers_defaults():
+    """What transformers' Qwen3Config assumes for fields a config.json leaves out."""
+    d = {k: v for k, v in _MINIMAL.items() if k not in ("head_dim", "num_key_value_heads")}
+    cfg = Qwen3Config.from_hf_dict({**d, "num_attention_heads": 32})
+    assert (cfg.rope_theta, cfg.rope_yarn, cfg.head_dim, cfg.num_key_value_heads, cfg.max_position_embeddings) == (
+        10000.0, None, 128, 32, 32768)
+    assert Qwen3Config.from_hf_dict({**_MINIMAL, "num_key_value_heads": None}).num_key_value_heads == 2
+    # a non-empty rope_scaling replaces rope_parameters whole, theta included
+    cfg = Qwen3Config.from_hf_dict({**_MINIMAL, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6},
+                                    "rope_scaling": {"rope_type": "yarn", "factor": 4.0}})
+    assert cfg.rope_theta == 10000.0 and cfg.rope_yarn.factor == 4.0
+    assert cfg.rope_yarn.original_max_position_embeddings == 32768  # max_position_embeddings when unstated
+    assert cfg.rope_yarn.attention_factor == pytest.approx(0.1 * np.log(4.0) + 1.0)
+    assert Qwen3Config.from_hf_dict(cfg.to_hf_dict()) == cfg
 
 
 def test_bf16_file_is_raw_bf16(tmp_path):

@@ -7,10 +7,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+from actionopd_jax.model.rope import RopeYarn, rope_from_hf
+
 _DTYPES = ("float32", "bfloat16")
 _REMAT = ("none", "full", "dots", "attn", "offload")
 _ATTENTION = ("auto", "splash", "cudnn", "xla", "cpu")  # model/attention.py
 _SUPPORTED_ARCH = "Qwen3ForCausalLM"
+# transformers' Qwen3Config defaults for fields a config.json may leave out
+_HF_DEFAULTS = {"max_position_embeddings": 32768, "num_key_value_heads": 32, "head_dim": 128}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -23,6 +27,7 @@ class Qwen3Config:
     num_key_value_heads: int
     head_dim: int
     rope_theta: float = 1e6
+    rope_yarn: RopeYarn | None = None  # YaRN context extension (model/rope.py); None: plain RoPE
     rms_norm_eps: float = 1e-6
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 40960
@@ -52,6 +57,8 @@ class Qwen3Config:
             raise ValueError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                 f"num_key_value_heads ({self.num_key_value_heads}) for grouped-query attention")
+        if self.rope_yarn is not None and not isinstance(self.rope_yarn, RopeYarn):
+            raise ValueError(f"Qwen3Config.rope_yarn must be a model.rope.RopeYarn or None, got {self.rope_yarn!r}")
         if self.head_dim % 2:
             raise ValueError(f"head_dim must be even for rotary embeddings, got {self.head_dim}")
 
@@ -83,30 +90,30 @@ class Qwen3Config:
         act = d.get("hidden_act", "silu")
         if act != "silu":
             raise ValueError(f"unsupported Qwen3 config: hidden_act={act!r} (only 'silu')")
-        rope = d.get("rope_parameters") or {}
-        scaling = d.get("rope_scaling")
-        rope_type = rope.get("rope_type") or (scaling or {}).get("rope_type") or (scaling or {}).get("type")
-        if rope_type not in (None, "default"):
-            raise ValueError(f"unsupported Qwen3 config: rope type {rope_type!r} (only default RoPE)")
-        theta = rope.get("rope_theta", d.get("rope_theta", 1e6))
         missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                                "num_attention_heads") if k not in d]
         if missing:
             raise ValueError(f"config.json lacks required Qwen3 fields: {missing}")
         file_dtype = d.get("dtype") or d.get("torch_dtype")
         dt = file_dtype if file_dtype in _DTYPES else "float32"
+        # absent fields take transformers' Qwen3Config defaults (not values derived from other
+        # fields), so a config means here what it means there
+        max_pos = int(d.get("max_position_embeddings", _HF_DEFAULTS["max_position_embeddings"]))
+        theta, yarn = rope_from_hf(d, max_pos)
+        kv = d.get("num_key_value_heads", _HF_DEFAULTS["num_key_value_heads"])
         kw = dict(
             vocab_size=int(d["vocab_size"]),
             hidden_size=int(d["hidden_size"]),
             intermediate_size=int(d["intermediate_size"]),
             num_hidden_layers=int(d["num_hidden_layers"]),
             num_attention_heads=int(d["num_attention_heads"]),
-            num_key_value_heads=int(d.get("num_key_value_heads") or d["num_attention_heads"]),
-            head_dim=int(d.get("head_dim") or d["hidden_size"] // d["num_attention_heads"]),
-            rope_theta=float(theta),
+            num_key_value_heads=int(d["num_attention_heads"] if kv is None else kv),
+            head_dim=int(d.get("head_dim", _HF_DEFAULTS["head_dim"])),
+            rope_theta=theta,
+            rope_yarn=yarn,
             rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            max_position_embeddings=int(d.get("max_position_embeddings", 40960)),
+            max_position_embeddings=max_pos,
             param_dtype=dt,
             dtype=dt,
         )
@@ -143,8 +150,10 @@ class Qwen3Config:
             "attention_dropout": 0.0,
             "rms_norm_eps": self.rms_norm_eps,
             "rope_theta": self.rope_theta,
-            "rope_scaling": None,
-            "rope_parameters": {"rope_theta": self.rope_theta, "rope_type": "default"},
+            # transformers 5.x reads rope_scaling first, 4.x only rope_scaling: same dict in both
+            "rope_scaling": self.rope_yarn.to_hf(self.rope_theta) if self.rope_yarn else None,
+            "rope_parameters": (self.rope_yarn.to_hf(self.rope_theta) if self.rope_yarn
+                                else {"rope_theta": self.rope_theta, "rope_type": "default"}),
             "tie_word_embeddings": self.tie_word_embeddings,
             "max_position_embeddings": self.max_position_embeddings,
             "use_sliding_window": False,

@@ -12,7 +12,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from actionopd_jax.model import rope as rope_lib
 from actionopd_jax.model.config import Qwen3Config
+from actionopd_jax.model.rope import RopeYarn
 
 # Large negative instead of -inf: a query with no visible key (a left-pad row) then gets a
 # uniform softmax over masked keys, which is finite and ignored, rather than NaN.
@@ -43,12 +45,21 @@ class RMSNorm(nnx.Module):
         return self.weight[...].astype(x.dtype) * normed.astype(x.dtype)
 
 
-def rope_cos_sin(positions: jax.Array, head_dim: int, theta: float) -> tuple[jax.Array, jax.Array]:
-    """cos/sin tables [B, T, head_dim] in float32 for integer positions [B, T]."""
-    inv_freq = 1.0 / (theta ** (jnp.arange(0, head_dim, 2, dtype=jnp.float32) / head_dim))
-    angles = positions.astype(jnp.float32)[..., None] * inv_freq  # [B, T, Dh/2]
+def rope_cos_sin(positions: jax.Array, head_dim: int, theta: float,
+                 yarn: RopeYarn | None = None) -> tuple[jax.Array, jax.Array]:
+    """cos/sin tables [B, T, head_dim] in float32 for integer positions [B, T]; with YaRN
+    the scaled frequencies and both tables times its attention factor (as HF applies it)."""
+    angles = positions.astype(jnp.float32)[..., None] * rope_lib.inv_freq(head_dim, theta, yarn)  # [B, T, Dh/2]
     angles = jnp.concatenate([angles, angles], axis=-1)
-    return jnp.cos(angles), jnp.sin(angles)
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+    if yarn is not None:
+        cos, sin = cos * yarn.attention_factor, sin * yarn.attention_factor
+    return cos, sin
+
+
+def rope_tables(positions: jax.Array, cfg: Qwen3Config) -> tuple[jax.Array, jax.Array]:
+    """`rope_cos_sin` with the model's RoPE settings (theta and any YaRN scaling)."""
+    return rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta, cfg.rope_yarn)
 
 
 def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:

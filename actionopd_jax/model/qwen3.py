@@ -13,7 +13,7 @@ from flax import nnx
 from actionopd_jax.model.cache import KVCache
 from actionopd_jax.model.config import Qwen3Config
 from actionopd_jax.model.attention import ATTENTION_OUT, SharedPrefix, causal_self_attention
-from actionopd_jax.model.layers import DecoderLayer, RMSNorm, _param, attend, rope_cos_sin
+from actionopd_jax.model.layers import DecoderLayer, RMSNorm, _param, attend, rope_tables
 from actionopd_jax.model.sharding import constrain
 
 _ACT = ("batch", "length", "act_embed")
@@ -77,7 +77,7 @@ class Qwen3(nnx.Module):
 
         h = jnp.take(self.embed_tokens[...], tokens, axis=0).astype(dt)
         h = constrain(h, _ACT)
-        cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_theta)
+        cos, sin = rope_tables(positions, cfg)
         graphdef, layer_state = nnx.split(self.layers)
 
         if cache is None:
@@ -121,7 +121,7 @@ class Qwen3(nnx.Module):
         length never materialises a [T, T] score matrix (the cached forward does)."""
         dt = jnp.dtype(self.cfg.dtype)
         h = constrain(jnp.take(self.embed_tokens[...], tokens, axis=0).astype(dt), _ACT)
-        cos, sin = rope_cos_sin(positions, self.cfg.head_dim, self.cfg.rope_theta)
+        cos, sin = rope_tables(positions, self.cfg)
         graphdef, layer_state = nnx.split(self.layers)
         h, (k, v) = self._causal_layers(h, cos, sin, attention_mask.astype(bool), graphdef, layer_state,
                                         keep_kv=True)

@@ -80,6 +80,19 @@ def _check_names_and_shapes(specs: list[TensorSpec], files: dict[str, Path], han
                              f"file has {shape}, config.json implies {s.hf_shape}")
 
 
+def _head_differs(files: dict[str, Path], rows: int = 8192) -> bool:
+    """Whether lm_head.weight differs from model.embed_tokens.weight (shape or any value),
+    compared a block of rows at a time so a large vocabulary is never held twice."""
+    names = ("lm_head.weight", "model.embed_tokens.weight")
+    with contextlib.ExitStack() as stack:
+        head, embed = (stack.enter_context(safe_open(files[n], "np")).get_slice(n) for n in names)
+        shape = tuple(head.get_shape())
+        if shape != tuple(embed.get_shape()) or len(shape) != 2:
+            return True
+        blocks = (slice(i, min(i + rows, shape[0])) for i in range(0, shape[0], rows))  # no slicing past the end
+        return any(not np.array_equal(head[b], embed[b]) for b in blocks)
+
+
 def _abstract_model(cfg: Qwen3Config):
     # The seed is irrelevant: eval_shape creates shapes only, no values are drawn.
     return nnx.eval_shape(lambda: Qwen3(cfg, rngs=nnx.Rngs(0)))
@@ -97,8 +110,12 @@ def load_hf(path, *, cfg_overrides: dict | None = None, mesh: jax.sharding.Mesh 
     if not path.is_dir():
         raise FileNotFoundError(f"checkpoint directory {path} does not exist")
     cfg = Qwen3Config.from_hf_json(path, **(cfg_overrides or {}))
-    specs = tensor_specs(cfg)
     files = _tensor_locations(path)
+    if cfg.tie_word_embeddings and "lm_head.weight" in files and _head_differs(files):
+        # transformers 5.x leaves the weights untied when the file holds a head of its own that
+        # differs from the embedding (it only warns): load that head, as it does
+        cfg = cfg.replace(tie_word_embeddings=False)
+    specs = tensor_specs(cfg)
     rules = LOGICAL_AXIS_RULES if rules is None else rules
 
     abstract = _abstract_model(cfg)

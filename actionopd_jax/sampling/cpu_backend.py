@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from actionopd_jax.model.layers import rope_cos_sin
+from actionopd_jax.model.layers import rope_tables
 from actionopd_jax.sampling.checked_head import CheckedHead, checked_head, choose_tokens_checked
 
 _MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite: a fully masked row stays NaN-free
@@ -165,8 +165,8 @@ def decode_unrolled(model, state, rows, *, choose, record, step_keys):
     prompt = state.prompt
     # RoPE cos/sin of every position this call can reach, computed once: computed per step,
     # XLA fused them into each layer's q and k fusions and evaluated them per element there
-    cos_table, sin_table = (t[0] for t in rope_cos_sin(jnp.arange(prompt.valid.shape[-1] + max_new)[None],
-                                                       cfg.head_dim, cfg.rope_theta))   # [positions, Dh]
+    cos_table, sin_table = (t[0] for t in rope_tables(jnp.arange(prompt.valid.shape[-1] + max_new)[None],
+                                                      cfg))   # [positions, Dh]
 
     def one_token(s, block: int):
         start = block_ends[block - 1] if block else 0

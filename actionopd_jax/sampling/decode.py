@@ -48,7 +48,7 @@ from flax import nnx
 
 from actionopd_jax.model import KVCache, left_pad_positions
 from actionopd_jax.model.attention import target_platform
-from actionopd_jax.model.layers import rope_cos_sin
+from actionopd_jax.model.layers import rope_tables
 from actionopd_jax.model.sharding import constrain
 from actionopd_jax.sampling import cpu_backend
 from actionopd_jax.sampling.checked_head import CheckedHead
@@ -354,7 +354,7 @@ def decode(graphdef: nnx.GraphDef, params: Any, state: DecodeState, rows: RowSet
         gen_visible = jnp.arange(max_new) < slot
         h = jnp.take(model.embed_tokens[...], s.last[:, None], axis=0).astype(dt)   # [R, 1, D]
         h = constrain(h, ("batch", "length", "act_embed"))
-        cos, sin = rope_cos_sin(s.next_pos[:, None], cfg.head_dim, cfg.rope_theta)   # [R, 1, Dh]
+        cos, sin = rope_tables(s.next_pos[:, None], cfg)   # [R, 1, Dh]
 
         def layer_body(h, xs):
             one_layer, prompt_k, prompt_v, gen_k, gen_v = xs
