@@ -326,7 +326,8 @@ class ActionOPDGroupSource:
             if spec["provider"] == "local":
                 from actionopd_jax.teacher.hf_local import build_hf_local_teacher
 
-                teacher = build_teacher(spec, cache=cache, local=build_hf_local_teacher(cfg, ctx, tokenizer))
+                teacher = build_teacher(spec, cache=cache,
+                                        local=build_hf_local_teacher(cfg, ctx, tokenizer, buckets=buckets))
             else:
                 teacher = build_teacher(spec, cache=cache)
         self.stream = stream if stream is not None else task_stream_from(cfg)
