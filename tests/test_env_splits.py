@@ -96,3 +96,19 @@ def test_run_records_its_training_tasks_and_eval_warns_on_them(tmp_path):
     from actionopd_jax.types import Task
 
     assert check_eval_overlap(_cfg().env, [Task("multi_turn_base_0", "toy", "train", {})]).count == 0
+
+
+def test_check_line_and_baselines_obey_the_same_rule():
+    from actionopd_jax.baselines.wiring import tasks_from_env
+    from actionopd_jax.collect.source import check_training_tasks
+
+    tau2 = _cfg("env.name=tau2", "env.domains=[airline]", "env.split=train")
+    assert check_training_tasks(tau2) == "tasks      30 training task(s); none of them is scored by evaluation"
+    assert check_training_tasks(_cfg("collect.kind=synthetic")) is None
+    bfcl = _cfg("env.name=bfcl", "env.domains=[base]")
+    with pytest.raises(ConfigError, match="200 of 200"):
+        check_training_tasks(bfcl)  # --check refuses with the run's own message
+    with pytest.raises(ConfigError, match="200 of 200"):
+        tasks_from_env(bfcl.replace(**{"collect.kind": "kd", "train.loss": "kd"}))  # KD's teacher trajectories
+    assert len(tasks_from_env(bfcl.replace(**{"env.task_ids": ["multi_turn_base_7"],
+                                              "env.heldout_task_ids": ["multi_turn_base_8"]}))) == 1

@@ -25,13 +25,12 @@ def _config_error(message: str) -> Exception:
 
 
 def tasks_from_env(cfg: Any, *, limit: int = 0) -> list[Task]:
-    """Every task of the configured environment / domains / split (first `limit` of each, 0: all)."""
-    from actionopd_jax.collect.source import task_set_names
-    from actionopd_jax.envs.tasks import load_task_set
+    """Every training task of the configured environment / domains / split / env.task_ids (first
+    `limit` of each, 0: all); evaluation tasks are refused as for the collector (envs/splits.py)."""
+    from actionopd_jax.collect.source import training_task_sets
 
     out: list[Task] = []
-    for env, split in task_set_names(cfg, needed_by="this baseline"):
-        tasks = load_task_set(env, split)
+    for _, tasks in training_task_sets(cfg, needed_by="this baseline"):
         out.extend(tasks[:limit] if limit else tasks)
     return out
 

@@ -149,6 +149,19 @@ def task_stream_from(cfg: Any):
     return TaskStream(sources, seed=int(cfg.run.seed))
 
 
+def check_training_tasks(cfg: Any) -> str | None:
+    """For `train --check`: one line on the run's training tasks and their overlap with what
+    evaluation scores (envs/splits.overlap_summary); raises the run's own ConfigError when the
+    run would refuse them. None when the run draws no tasks from env.* (synthetic groups,
+    recorded KD trajectories)."""
+    from actionopd_jax.envs.splits import overlap_summary
+
+    if cfg.collect.kind == "synthetic" or (cfg.collect.kind == "kd" and cfg.kd.trajectories):
+        return None
+    tasks = [t for _, ts in training_task_sets(cfg, needed_by=f"collect.kind={cfg.collect.kind}") for t in ts]
+    return f"tasks      {overlap_summary(cfg.env, tasks)}"
+
+
 def stream_tasks(stream: Any) -> list | None:
     """Every task a stream can start, when it says (envs.tasks.TaskStream, or a wrapper of one
     with `.stream`); None for other streams (test doubles)."""
