@@ -47,7 +47,8 @@ def test_an_explicit_disjoint_bfcl_split_needs_no_opt_in():
     stream = task_stream_from(cfg)
     assert sorted(t.task_id for t in stream.tasks) == train
     assert {t.task_id for t in stream.next_step()} <= set(train)
-    assert "none of them is scored by evaluation" in overlap_summary(cfg.env, stream.tasks)
+    assert overlap_summary(cfg.env, stream.tasks) == ("2 training task(s), 1 held out (env.heldout_task_ids); "
+                                                      "disjoint from the held-out tasks")
     # a held-out task among the training tasks is refused, naming it
     bad = cfg.replace(**{"env.heldout_task_ids": ["multi_turn_base_5"]})
     with pytest.raises(ConfigError, match=r"1 of 2 .*env.heldout_task_ids.*multi_turn_base_5"):
@@ -103,7 +104,7 @@ def test_check_line_and_baselines_obey_the_same_rule():
     from actionopd_jax.collect.source import check_training_tasks
 
     tau2 = _cfg("env.name=tau2", "env.domains=[airline]", "env.split=train")
-    assert check_training_tasks(tau2) == "tasks      30 training task(s); none of them is scored by evaluation"
+    assert check_training_tasks(tau2) == "tasks      30 training task(s); none of them is scored by `actionopd eval`"
     assert check_training_tasks(_cfg("collect.kind=synthetic")) is None
     bfcl = _cfg("env.name=bfcl", "env.domains=[base]")
     with pytest.raises(ConfigError, match="200 of 200"):

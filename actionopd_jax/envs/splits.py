@@ -121,7 +121,8 @@ def overlap_summary(env_cfg: Any, tasks: Sequence[Task]) -> str:
     if env_cfg.heldout_task_ids:
         head += f", {len(env_cfg.heldout_task_ids)} held out (env.heldout_task_ids)"
     if not overlap.count:
-        return f"{head}; none of them is scored by evaluation"
+        return f"{head}; " + ("disjoint from the held-out tasks" if env_cfg.heldout_task_ids
+                              else "none of them is scored by `actionopd eval`")
     state = "ALLOWED by env.allow_eval_overlap: true" if env_cfg.allow_eval_overlap else "REFUSED"
     return f"{head}; {overlap.count} are scored by evaluation ({overlap.describe()}): {state}"
 

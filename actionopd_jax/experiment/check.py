@@ -62,7 +62,8 @@ def check_main_job(cfg: Config, devices: int = 0) -> int:
     # the ActionOPD phase as it will run (experiment/phases.py derives the same keys)
     phase = {**ctx, "collect.task_starts_per_step": len(split.train), "train.lr": exp.opd_lr or cfg.train.lr,
              "collect.kind": "actionopd", "train.loss": "actionopd", "env.name": "bfcl",
-             "env.domains": [exp.bfcl_category], "model.hf_path": cfg.model.hf_path or "<random-init student>"}
+             "env.domains": [exp.bfcl_category], "model.hf_path": cfg.model.hf_path or "<random-init student>",
+             "env.task_ids": [t.task_id for t in split.train], "env.heldout_task_ids": [t.task_id for t in split.heldout]}
     if mode == "reference":
         from actionopd_jax.serve.reference_backend import MODEL_NAME
 
@@ -95,6 +96,9 @@ def check_main_job(cfg: Config, devices: int = 0) -> int:
         "after ActionOPD",
         text,
     ]
+    from actionopd_jax.collect.source import check_training_tasks
+
+    lines.append(check_training_tasks(plan_cfg))  # the phase's train/held-out split under the eval-overlap rule
     print("\n".join(lines + notes))
     if not fits:
         print("config valid, but the plan DOES NOT FIT the usable device memory (see above)")
