@@ -89,6 +89,11 @@ def env_factory(args: argparse.Namespace):
 
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     tasks = [t for spec in args.bench for t in select_tasks(spec, limit=args.limit)]
+    from actionopd_jax.envs.splits import eval_overlap_warning
+
+    warning = eval_overlap_warning(args.checkpoint or args.hf, tasks)  # from the run's train_tasks.json
+    if warning:
+        print(warning, flush=True)
     agent = make_agent(args)
     out = Path(args.out)
     records, errors = asyncio.run(run_eval(agent, tasks, env_factory(args), out / "episodes.jsonl",
