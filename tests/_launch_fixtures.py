@@ -18,7 +18,10 @@ def make_checkout(root: Path, configs: dict[str, str] | None = None) -> Path:
     (root / "actionopd_jax").mkdir(parents=True, exist_ok=True)
     (root / "pyproject.toml").write_text("[project]\nname = 'actionopd_jax'\n")
     (root / "configs").mkdir(exist_ok=True)
-    for name, text in (configs or {"tiny.yaml": "model:\n  preset: tiny\ntrain:\n  steps: 2\n"}).items():
+    # microbatches of 48 rows: the vertex launcher checks the layout splits over the 16 or 24 chips
+    # (v5e 4x4, 2 or 3 x a3-ultragpu-8g) and the processes of the test machines
+    tiny = "model:\n  preset: tiny\ntrain:\n  steps: 2\n  minibatch_rows: 48\n  microbatch_rows: 48\n"
+    for name, text in (configs or {"tiny.yaml": tiny}).items():
         (root / "configs" / name).write_text(text)
     return root
 

@@ -44,7 +44,7 @@ def test_out_of_memory_is_reported_as_the_compilers_verdict():
 
 def test_unknown_target_and_gpu_targets_say_why():
     code, text = _run(["--config", RECIPE, "--check", "--aot", "--target", "h200x8", *TINY,
-                       "train.max_seq_len=512"])
+                       "train.max_seq_len=512", "train.microbatch_rows=8"])  # rows split over 8 GPUs
     assert code == 2 and "cannot compile for a GPU without one" in text, text
     assert cli.main(["--config", RECIPE, "--check", "--aot", "--target", "v9-1", *TINY]) == 2
 

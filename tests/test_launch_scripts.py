@@ -32,8 +32,8 @@ def test_scripts_show_help(name):
 
 # the configs issue 8 names; every configs/*.yaml is dry-run by the launchers its name targets
 REQUIRED = ["tiny_cpu.yaml", "qwen3_4b_tpu.yaml", "qwen3_8b_tpu.yaml", "qwen3_4b_h200.yaml"]
-TARGETS = {"_tpu.yaml": ["tpu_pod", "vertex-tpu"], "_h200.yaml": ["local-gpu", "vertex-h200"],
-           "_cpu.yaml": ["local-cpu"]}
+TARGETS = {"_tpu.yaml": ["tpu_pod", "vertex-tpu"], "_h200.yaml": ["local-gpu"],
+           "_h200x8.yaml": ["local-gpu", "vertex-h200"], "_cpu.yaml": ["local-cpu"]}
 
 
 def _shipped() -> list[tuple[str, str]]:
@@ -65,7 +65,8 @@ def test_shipped_config_dry_runs(config, target):
         assert shlex.split(remote.removeprefix("--command="))[-4:] == ["actionopd", "train", "--config", path]
         assert "--worker=all" in shlex.split(train)
     elif target.startswith("vertex"):
-        machine = (["--machine-type", "ct5lp-hightpu-4t", "--tpu-topology", "4x4"] if target == "vertex-tpu"
+        # the machines the recipes name (mesh.target v5p-8 / h200x8): the launcher refuses others
+        machine = (["--machine-type", "ct5p-hightpu-4t", "--tpu-topology", "2x2x1"] if target == "vertex-tpu"
                    else ["--machine-type", "a3-ultragpu-8g"])
         proc = _script("vertex", *vertex_common, *machine, "--dry-run")
         assert proc.returncode == 0, proc.stderr
@@ -77,3 +78,16 @@ def test_shipped_config_dry_runs(config, target):
         assert proc.stdout.splitlines()[-1].endswith(f"actionopd train --config {path}")
     assert proc.returncode == 0, proc.stderr
     assert FAKE_SECRET_VALUE not in proc.stdout + proc.stderr
+
+
+def test_vertex_refuses_a_recipe_for_other_hardware():
+    """The single-H200 recipe on an 8 x H200 machine: refused before submitting, naming the
+    target; with mesh.target overridden, the trainer's batch-layout message."""
+    common = ["--project", "my-proj", "--region", "us-central1", "--staging-bucket", "gs://b",
+              "--image", "us-docker.pkg.dev/my-proj/r/actionopd-jax:latest", "--machine-type", "a3-ultragpu-8g",
+              "--config", "configs/qwen3_4b_h200.yaml", "--dry-run"]
+    proc = _script("vertex", *common)
+    assert proc.returncode == 2 and "is for mesh.target h200x1 (1 GPU chip(s))" in proc.stderr, proc.stderr
+    proc = _script("vertex", *common, "mesh.target=h200x8")
+    assert proc.returncode == 2, proc.stderr
+    assert "train.microbatch_rows=1 must be a multiple of 8" in proc.stderr, proc.stderr

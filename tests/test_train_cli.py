@@ -16,16 +16,20 @@ from tests._subprocess_fixtures import cli_env
 pytestmark = pytest.mark.slow
 
 
-def _train(*args, cwd):
+def _train(*args, cwd, env=None):
     return subprocess.run([sys.executable, "-m", "actionopd_jax.cli", "train", *args], cwd=cwd,
-                          env=cli_env(devices=1), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          timeout=900)
+                          env={**cli_env(devices=1), **(env or {})}, stdout=subprocess.PIPE,
+                          stderr=subprocess.STDOUT, text=True, timeout=900)
 
 
 def test_smoke_then_run_then_resume(tmp_path):
-    smoke = _train("--smoke", "run.tensorboard=false", cwd=tmp_path)
+    # run.compile_cache_dir: the run's programs are written to the persistent cache there
+    cache = tmp_path / "compile_cache"
+    smoke = _train("--smoke", "run.tensorboard=false", f"run.compile_cache_dir={cache}", cwd=tmp_path,
+                   env={"JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"})
     assert smoke.returncode == 0, smoke.stdout[-3000:]
     assert "smoke OK: 1 step(s) trained, checkpoint 1 restored identically" in smoke.stdout
+    assert len([p for p in cache.rglob("*") if p.is_file()]) > 3
     (smoke_dir,) = list((tmp_path / "runs").glob("*-tiny_cpu-smoke"))
 
     first = _train("train.steps=2", "run.progress=false", "experiment.enabled=false", cwd=tmp_path)

@@ -85,7 +85,39 @@ def resolve_config(config: str, repo_root: Path) -> str:
         raise LaunchError(f"config {config!r} is not valid YAML: {err}") from None
     if not isinstance(loaded, dict):
         raise LaunchError(f"config {config!r} must be a YAML mapping of settings, got {type(loaded).__name__}")
+    from actionopd_jax.config import ConfigError, read_config_file
+
+    try:  # its `base:` chain too: a file the workers cannot load must not start a job
+        read_config_file(path)
+    except ConfigError as err:
+        raise LaunchError(f"config {config!r}: {err}") from None
     return relative.as_posix()
+
+
+def check_config_for_machine(path: Path, overrides: list[str], *, machine: str, platform: str, chips: int,
+                             hosts: int, generation: str = "") -> None:
+    """Refuse, before a job is submitted, a config the run would refuse on this machine: its
+    mesh.target names other hardware, or its batch layout cannot be split over these chips
+    and processes (the trainer's own start-up checks, train/preflight.py)."""
+    from actionopd_jax.config import ConfigError, load_config
+    from actionopd_jax.train.preflight import check_batch_layout, check_mesh_covers_processes, mesh_sizes
+
+    try:
+        cfg = load_config(path, overrides)
+        if cfg.mesh.target:
+            from actionopd_jax.aot.targets import get_target
+
+            t = get_target(cfg.mesh.target)
+            if (t.platform, t.chips) != (platform, chips) or (generation and not t.name.startswith(generation)):
+                raise LaunchError(
+                    f"{path.name} is for mesh.target {t.name} ({t.chips} {t.platform.upper()} chip(s)), but "
+                    f"{machine} gives {chips} {generation or platform.upper()} chip(s): pick the config for this "
+                    f"machine (configs/*: mesh.target) or override mesh.target=...")
+        sizes = mesh_sizes(cfg, chips)
+        check_mesh_covers_processes(sizes, chips, hosts)
+        check_batch_layout(cfg, sizes, hosts)
+    except ConfigError as err:
+        raise LaunchError(f"{path.name} on {machine}: {err}") from None
 
 
 def check_overrides(overrides: list[str]) -> list[str]:

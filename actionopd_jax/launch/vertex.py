@@ -20,6 +20,7 @@ import argparse
 import dataclasses
 import datetime
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -27,8 +28,8 @@ from pathlib import Path
 from google.cloud.aiplatform_v1.types import CustomJob, CustomJobSpec, GcsDestination, Scheduling
 
 from actionopd_jax.launch import vertex_pools
-from actionopd_jax.launch.common import (GPU_ENV_DEFAULTS, LaunchError, find_repo_root, merge_xla_flags,
-                                         parse_env_assignments, resolve_config, train_command)
+from actionopd_jax.launch.common import (GPU_ENV_DEFAULTS, LaunchError, check_config_for_machine, find_repo_root,
+                                         merge_xla_flags, parse_env_assignments, resolve_config, train_command)
 from actionopd_jax.launch.secret_refs import SecretRef, parse_secret_flags
 
 _REGION_RE = re.compile(r"^[a-z]+-[a-z]+[0-9]+$")
@@ -144,7 +145,7 @@ def _parser() -> argparse.ArgumentParser:
                                           f"GPU: {', '.join(vertex_pools.GPU_MACHINES)}")
     p.add_argument("--tpu-topology", help="TPU slice shape, e.g. 4x4 (TPU machine types only)")
     p.add_argument("--replicas", type=int, default=1, help="GPU nodes (one process each)")
-    p.add_argument("--config", help="training config inside the checkout, e.g. configs/qwen3_4b_h200.yaml")
+    p.add_argument("--config", help="training config inside the checkout, e.g. configs/qwen3_4b_h200x8.yaml")
     p.add_argument("overrides", nargs="*", help="config overrides section.key=value")
     p.add_argument("--staging-bucket", help="gs:// bucket; outputs go under BUCKET/actionopd/DISPLAY_NAME")
     p.add_argument("--base-output-dir", help="gs:// directory for job outputs (sets AIP_MODEL_DIR etc.)")
@@ -172,6 +173,20 @@ def _gcs(flag: str, value: str) -> str:
     return value.rstrip("/")
 
 
+def _check_config_for(path: Path, args: argparse.Namespace) -> None:
+    """The config must run on the machines asked for (its mesh.target and batch layout)."""
+    if vertex_pools.is_tpu(args.machine_type):
+        tpu = vertex_pools.TPU_MACHINES[args.machine_type]
+        chips = math.prod(int(d) for d in args.tpu_topology.split("x"))
+        check_config_for_machine(path, list(args.overrides), machine=f"{args.machine_type} {args.tpu_topology}",
+                                 platform="tpu", chips=chips, generation=tpu.generation,
+                                 hosts=vertex_pools.tpu_hosts(args.machine_type, args.tpu_topology))
+    else:
+        gpus = vertex_pools.GPU_MACHINES[args.machine_type].gpus * args.replicas
+        check_config_for_machine(path, list(args.overrides), machine=f"{args.replicas} x {args.machine_type}",
+                                 platform="gpu", chips=gpus, hosts=args.replicas)
+
+
 def launch_from_args(args: argparse.Namespace) -> VertexLaunch:
     """Validate parsed flags into a VertexLaunch (LaunchError with a clear message otherwise)."""
     missing = [f"{flag} ({example})" for flag, value, example in (
@@ -192,6 +207,7 @@ def launch_from_args(args: argparse.Namespace) -> VertexLaunch:
                           "the job needs a Cloud Storage location for its outputs")
     repo_root = Path(args.repo_root).resolve() if args.repo_root else find_repo_root()
     config = resolve_config(args.config, repo_root)
+    _check_config_for(repo_root / config, args)
     display_name = args.display_name or f"actionopd-{Path(config).stem.replace('_', '-')}"
     base_output_dir = (_gcs("--base-output-dir", args.base_output_dir) if args.base_output_dir else
                        f"{_gcs('--staging-bucket', args.staging_bucket)}/actionopd/{display_name}")

@@ -1,0 +1,92 @@
+"""`actionopd train --check` plans for the config's declared target (mesh.target) from this CPU
+host, runs the run's own start-up checks for that target, and plans the collection phase.
+A layout the run refuses is refused by the check with the same message."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from actionopd_jax.config import USABLE_MEMORY_FRACTION, ConfigError, load_config
+from actionopd_jax.launch.common import GPU_ENV_DEFAULTS
+from actionopd_jax.train import cli as train_cli
+from tests._subprocess_fixtures import cli_env
+
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
+SHIPPED = sorted(p.name for p in CONFIGS.glob("*.yaml"))
+# the tiny job names no target: it plans for this host
+EXPECTED_TARGET = {"qwen3_4b_tpu.yaml": "v5p-8", "qwen3_8b_tpu.yaml": "v5p-8", "tau2_qwen3_4b_tpu.yaml": "v5p-8",
+                   "qwen3_4b_h200x8.yaml": "h200x8", "qwen3_4b_h200.yaml": "h200x1",
+                   "tau2_qwen3_4b_h200.yaml": "h200x1", "main_remote_teacher.yaml": "h200x1"}
+LAYOUT_ERROR = ("train.microbatch_rows=1 must be a multiple of 8 (rows are split over mesh data x fsdp = 8 "
+                "and over 1 process(es))")
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_every_shipped_config_passes_check_for_its_target(name, capsys, monkeypatch):
+    for var in ("DASHSCOPE_API_KEY", "DEEPSEEK_API_KEY", "TEACHER_API_KEY", "MATCHER_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    code = train_cli.main(["--config", str(CONFIGS / name), "--check"])
+    out = capsys.readouterr()
+    assert code == 0, out.out + out.err
+    assert "config OK" in out.out
+    target = load_config(CONFIGS / name).mesh.target
+    if name in EXPECTED_TARGET:
+        assert target == EXPECTED_TARGET[name]
+    if target:  # planned for the target's chips whatever this host has (8 CPU devices here)
+        assert f"planned for mesh.target {target}" in out.out
+        assert f"device(s) of {target}" in out.out
+        assert f"x {USABLE_MEMORY_FRACTION:.2f} usable" in out.out and "-> fits" in out.out
+        assert "collection per device" in out.out  # the sampler's phase is planned too
+
+
+def test_a_layout_the_target_cannot_run_is_refused_as_the_run_refuses_it(tmp_path, capsys):
+    """The issue's case: the single-H200 recipe on an 8-GPU machine (fsdp -1 -> 8, one-row
+    microbatches). --check for h200x8 exits 2 with the run's message; the run itself, on this
+    host's 8 CPU devices, stops at start-up with the very same line."""
+    cfg = tmp_path / "h200_on_8.yaml"
+    cfg.write_text(f"base: {CONFIGS / 'qwen3_4b_h200.yaml'}\nmesh:\n  target: h200x8\n")
+    assert train_cli.main(["--config", str(cfg), "--check"]) == 2
+    check_err = capsys.readouterr().err.strip()
+    assert check_err == f"actionopd train: config error: {LAYOUT_ERROR}"
+
+    run = subprocess.run([sys.executable, "-m", "actionopd_jax.cli", "train", "--config", str(cfg),
+                          f"run.dir={tmp_path / 'run'}", "run.tensorboard=false"], cwd=tmp_path,
+                         env=cli_env(devices=8), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         timeout=300)
+    assert run.returncode == 2, run.stdout[-2000:] + run.stderr[-2000:]
+    assert check_err in run.stderr.splitlines(), run.stderr[-2000:]
+    assert not (tmp_path / "run" / "checkpoints").exists()
+
+
+def test_check_plans_for_the_target_not_this_host(capsys):
+    """On this host's 8 CPU devices the single-H200 recipe would be split 8 ways (and refused);
+    planned for h200x1 it is one GPU with the H200's memory."""
+    assert train_cli.main(["--config", str(CONFIGS / "qwen3_4b_h200.yaml"), "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "{'data': 1, 'fsdp': 1, 'tensor': 1} = 1 device(s) of h200x1" in out
+    assert "attention cudnn (auto on gpu)" in out
+    assert re.search(r"device memory\s+131\.32 GiB x 0\.90 usable = 118\.18 GiB", out), out
+
+
+def test_collection_can_be_the_peak_that_does_not_fit(capsys):
+    """A fixed sampler budget bigger than what is left after the trainer's state: the plan
+    names collection as the peak and the check exits 1."""
+    code = train_cli.main(["--config", str(CONFIGS / "qwen3_4b_h200.yaml"), "--check",
+                           "collect.sampler_token_budget=2000000"])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    assert "peak collection" in out and "DOES NOT FIT" in out
+
+
+def test_one_usable_memory_fraction():
+    assert GPU_ENV_DEFAULTS["XLA_PYTHON_CLIENT_MEM_FRACTION"] == f"{USABLE_MEMORY_FRACTION:.2f}"
+    for name in SHIPPED:  # no recipe carries its own idea of the usable share
+        assert "0.95" not in re.sub(r"p=0\.95|top_p: 0\.95|p 0\.95", "", (CONFIGS / name).read_text()), name
+
+
+def test_target_errors(capsys):
+    with pytest.raises(ConfigError, match="known targets"):
+        load_config(None, ["mesh.target=v9-1"])
