@@ -1,0 +1,67 @@
+"""`actionopd compare [--config configs/compare_tiny.yaml] [key=value ...]`: the equal-budget
+comparison of ActionOPD, KD and the ablations (compare_plan.py says what is compared and how
+the budget is held equal; compare_runner.py runs it; compare_report.py writes compare.md)."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import sys
+import time
+from pathlib import Path
+
+from actionopd_jax.config import ConfigError
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="actionopd compare", description=__doc__)
+    p.add_argument("--config", help="compare preset: a run config with a compare: section "
+                                    "(e.g. configs/compare_tiny.yaml; default: the main job's defaults)")
+    p.add_argument("overrides", nargs="*", help="compare.key=value (methods, seeds, updates, ...) or any "
+                                                "section.key=value of the run config")
+    p.add_argument("--run-dir", help="run directory (default runs/<utc>-<compare.name>)")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        from actionopd_jax.experiment.compare_plan import load_compare
+
+        cfg, settings = load_compare(args.config, args.overrides)
+        return compare(cfg, settings, args, command="actionopd compare " + shlex.join(argv))
+    except ConfigError as e:
+        print(f"actionopd compare: config error: {e}", file=sys.stderr)
+        return 2
+    except FileNotFoundError as e:
+        print(f"actionopd compare: {e}", file=sys.stderr)
+        return 2
+
+
+def compare(cfg, settings, args, *, command: str) -> int:
+    import dataclasses
+    import json
+    import logging
+
+    from actionopd_jax.experiment import compare_report
+    from actionopd_jax.experiment import teacher as teacher_lib
+    from actionopd_jax.experiment.compare_runner import run_compare
+    from actionopd_jax.experiment.job import enable_compile_cache
+    from actionopd_jax.train.reporting import new_run_dir, setup_logging, write_config
+
+    run_dir = Path(args.run_dir) if args.run_dir else new_run_dir(cfg.run.root, settings.name, int(time.time()))
+    teacher_lib.check_endpoint_settings(cfg)
+    teacher_lib.require_secrets(cfg)
+    setup_logging(run_dir, primary=True)
+    for chatty in ("httpx", "httpx2", "openai", "aiohttp.access"):
+        logging.getLogger(chatty).setLevel(logging.WARNING)
+    write_config(run_dir, cfg.to_yaml())
+    (run_dir / "compare_settings.json").write_text(json.dumps(dataclasses.asdict(settings), indent=1))
+    enable_compile_cache(cfg)
+    summary = run_compare(cfg, settings, run_dir)
+    print("\n[compare 4/4] report", file=sys.stderr, flush=True)
+    path = compare_report.write(summary, run_dir, command=command)
+    print(compare_report.summary_text(summary), flush=True)
+    print(f"report: {path}", flush=True)
+    ok = [r for r in summary["results"] if r.get("status") == "ok"]
+    return 0 if ok else 1

@@ -1,0 +1,207 @@
+"""`actionopd compare`: what is compared, and the budget every method gets.
+
+Methods (paper tables 2 and 3, in miniature), all started from ONE shared warm start:
+  actionopd      the state-group collector with the ActionOPD reward (r_lambda), argmax commit
+  validity       ablation: reward = 1 for any valid action, -1 otherwise (collect.reward=validity)
+  binary         ablation: reward = 1 if the action matches a teacher sample, else 0 (collect.reward=binary)
+  random_commit  ablation: the environment advances with a random candidate (collect.commit=random)
+  kd             supervised KD on the teacher's successful trajectories of the training tasks
+  opd            token-level OPD: needs the teacher's token logprobs (a local or served teacher model)
+  self_actionopd Self-ActionOPD: the student itself, with privileged context, is the teacher
+
+Budget, held equal EXACTLY: `compare.updates` optimizer updates per run, each over at most
+train.minibatch_rows rows (KD: exactly that many teacher turns per update). An ActionOPD-style
+run collects as many steps as it needs to reach the budget; in the step that would exceed it,
+`UpdateBudget` keeps a seeded random subset of the learning groups so that the update count
+lands on the budget, and drops the others (drop reason "over_budget"). Teacher samples are NOT
+held equal (they cannot be: KD learns from a fixed set of demonstrations, the on-policy methods
+ask the teacher at every state they visit); every run reports how many it used.
+
+The `compare:` section of a compare preset (configs/compare_tiny.yaml) holds these settings;
+the rest of the file is an ordinary run config (the main job's `experiment:` section sets the
+student, tasks, warm start and evaluation).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from actionopd_jax.config import Config, ConfigError
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    kind: str  # "actionopd" (the collector, with `overrides`) | "kd" | "opd" | "self"
+    label: str
+    overrides: dict[str, Any] = field(default_factory=dict)
+
+
+METHODS: dict[str, Method] = {m.name: m for m in (
+    Method("actionopd", "actionopd", "ActionOPD"),
+    Method("kd", "kd", "KD (teacher trajectories)"),
+    Method("validity", "actionopd", "ablation: validity reward", {"collect.reward": "validity"}),
+    Method("binary", "actionopd", "ablation: binary reward", {"collect.reward": "binary"}),
+    Method("random_commit", "actionopd", "ablation: random commit", {"collect.commit": "random"}),
+    Method("opd", "opd", "token-level OPD"),
+    Method("self_actionopd", "self", "Self-ActionOPD"),
+)}
+
+
+@dataclass(frozen=True)
+class CompareSettings:
+    methods: tuple[str, ...] = ("actionopd", "kd", "validity", "binary", "random_commit", "opd", "self_actionopd")
+    seeds: tuple[int, ...] = (0, 1, 2)
+    updates: int = 12  # optimizer updates per run (the budget held equal)
+    max_steps: int = 0  # collection steps an on-policy run may take to reach it (0: 4 x updates)
+    lr: float = 0.0  # every method's lr (0: experiment.opd_lr, else train.lr)
+    max_user_turns: int = 1  # tasks cut to their first user turns (0: whole tasks)
+    name: str = "compare"  # run directory runs/<utc>-<name>
+
+    @property
+    def step_cap(self) -> int:
+        return self.max_steps or 4 * self.updates
+
+
+def _settings_from(data: dict[str, Any]) -> CompareSettings:
+    names = {f.name for f in dataclasses.fields(CompareSettings)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"unknown compare key(s) {unknown}; expected some of {sorted(names)}")
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        default = getattr(CompareSettings, key) if key != "methods" and key != "seeds" else ()
+        try:
+            if key == "methods":
+                value = tuple(str(v) for v in (value.split(",") if isinstance(value, str) else value))
+            elif key == "seeds":
+                value = tuple(int(v) for v in (str(value).split(",") if isinstance(value, (str, int)) else value))
+            elif isinstance(default, bool):
+                value = bool(value)
+            elif isinstance(default, int):
+                value = int(value)
+            elif isinstance(default, float):
+                value = float(value)
+            else:
+                value = str(value)
+        except (TypeError, ValueError):
+            raise ConfigError(f"compare.{key}={value!r} has the wrong type") from None
+        out[key] = value
+    s = CompareSettings(**out)
+    validate_settings(s)
+    return s
+
+
+def validate_settings(s: CompareSettings) -> None:
+    bad = [m for m in s.methods if m not in METHODS]
+    if bad:
+        raise ConfigError(f"compare.methods: unknown method(s) {bad}; choose from {list(METHODS)}")
+    if not s.methods or len(set(s.methods)) != len(s.methods):
+        raise ConfigError(f"compare.methods must name each method once, got {list(s.methods)}")
+    if not s.seeds or len(set(s.seeds)) != len(s.seeds):
+        raise ConfigError(f"compare.seeds must be distinct seeds (e.g. [0, 1, 2]), got {list(s.seeds)}")
+    if s.updates < 1 or s.max_steps < 0 or s.max_user_turns < 0 or s.lr < 0:
+        raise ConfigError("compare.updates must be >= 1; compare.max_steps, max_user_turns and lr >= 0")
+
+
+def load_compare(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> tuple[Config, CompareSettings]:
+    """A compare preset: its `compare:` section and the run config around it. Overrides
+    `compare.k=v` go to the compare settings, every other `a.b=c` to the run config."""
+    import tempfile
+
+    import yaml
+
+    from actionopd_jax.config import load_config, parse_override
+
+    compare: dict[str, Any] = {}
+    run_path = None
+    if path:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"compare preset {p} does not exist")
+        raw = yaml.safe_load(p.read_text()) or {}
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{p}: the top level must be a mapping of sections")
+        compare = dict(raw.pop("compare", None) or {})
+        if "base" in raw and isinstance(raw["base"], str):  # relative to the preset, as in any config
+            raw["base"] = str((p.parent / raw["base"]).resolve())
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", delete=False) as f:
+            yaml.safe_dump(raw, f)
+            run_path = f.name
+    rest = []
+    for o in overrides:
+        key, value = parse_override(o)
+        if key.startswith("compare."):
+            compare[key.split(".", 1)[1]] = value
+        else:
+            rest.append(o)
+    try:
+        cfg = load_config(run_path, rest)
+    finally:
+        if run_path:
+            Path(run_path).unlink(missing_ok=True)
+    if not cfg.experiment.enabled:
+        raise ConfigError("actionopd compare builds on the main job's experiment: section; set experiment.enabled=true")
+    return cfg, _settings_from(compare)
+
+
+def not_runnable(method: Method, *, privileged_teacher: bool) -> str:
+    """Why `method` cannot run in this setting ("" when it can)."""
+    if method.kind == "opd" and privileged_teacher:
+        return ("needs the teacher's token log-probabilities; the teacher here is the privileged reference "
+                "server, which returns actions, not a token distribution (no local teacher model in the tiny "
+                "setting)")
+    if method.kind == "self":
+        return ("its teacher is the student reading privileged notes (the reference calls) in its system "
+                "prompt; a random-init tiny student was never trained to read such notes, so its 'teacher' "
+                "samples would be its own samples, and the harness does not wire it yet")
+    return ""
+
+
+# --- the update budget ---------------------------------------------------------------------------
+
+def rows_of(group: Any) -> int:
+    """Training rows a retained group gives (one per candidate with a non-empty response)."""
+    return sum(1 for c in group.candidates if np.asarray(c.token_ids).size > 0)
+
+
+class UpdateBudget:
+    """The collector source, trimmed so that a run's optimizer updates end exactly on the
+    budget. `remaining` is set by the runner before each step (budget - updates done); groups
+    beyond remaining x minibatch_rows rows are dropped, a seeded random choice."""
+
+    def __init__(self, inner: Any, *, minibatch_rows: int, seed: int):
+        self.inner, self.minibatch_rows, self.seed = inner, int(minibatch_rows), int(seed)
+        self.remaining = 0
+        self.trimmed_groups = 0
+
+    def collect(self, step: int, policy: Any):
+        groups = self.inner.collect(step, policy)
+        room = self.remaining * self.minibatch_rows
+        learning = [g for g in groups if g.retained]
+        if sum(rows_of(g) for g in learning) <= room:
+            return groups
+        rng = np.random.default_rng([self.seed, step, 0xB0D6E7])
+        used = 0
+        for i in rng.permutation(len(learning)):
+            g = learning[int(i)]
+            n = rows_of(g)
+            if used + n <= room:
+                used += n
+            else:
+                g.retained, g.drop_reason = False, "over_budget"
+                self.trimmed_groups += 1
+        return groups
+
+    def __getattr__(self, name: str) -> Any:  # state_dict, metrics, history, close ...
+        return getattr(self.inner, name)
+
+
+def expected_updates(rows: int, minibatch_rows: int) -> int:
+    return math.ceil(rows / minibatch_rows) if rows else 0

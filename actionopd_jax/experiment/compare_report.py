@@ -1,0 +1,168 @@
+"""`actionopd compare`'s outputs: compare.md (mean and spread over seeds per method), compare.png
+(the held-out metrics per method, one dot per seed), compare.json, and the summary table
+printed at the end.
+
+Spread = the sample standard deviation over seeds (n-1), with min..max alongside; with 3
+seeds it is a rough spread, not a confidence interval.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from actionopd_jax.experiment.report import HELDOUT, _fmt, _plt
+
+PLOTTED = ("bfcl_accuracy", "agreement_rate", "same_tool_rate", "valid_rate")
+LABELS = dict(HELDOUT)
+
+
+def _values(runs: list[dict[str, Any]], key: str) -> list[float]:
+    return [float(r["eval"][key]) for r in runs if r.get("status") == "ok" and key in r.get("eval", {})]
+
+
+def mean_spread(values: list[float], pct: bool = True) -> str:
+    vals = [v for v in values if not math.isnan(v)]
+    if not vals:
+        return "n/a"
+    scale, unit = (100.0, "%") if pct else (1.0, "")
+    m = scale * float(np.mean(vals))
+    if len(vals) == 1:
+        return f"{m:.1f}{unit} (1 seed)"
+    sd = scale * float(np.std(vals, ddof=1))
+    return f"{m:.1f} ± {sd:.1f}{unit}"
+
+
+def by_method(summary: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
+    out: dict[str, list[dict[str, Any]]] = {}
+    for r in summary["results"]:
+        out.setdefault(r["method"], []).append(r)
+    return out
+
+
+def table_rows(summary: dict[str, Any]) -> list[list[str]]:
+    """One row per method: status, budget, held-out metrics (mean ± sd over seeds)."""
+    rows = [["warm start only (every run's start)", "-", "0", "-",
+             *(_fmt(summary["warm_start_eval"].get(k), pct=True) for k in PLOTTED)]]
+    for name, runs in by_method(summary).items():
+        first = runs[0]
+        if first.get("status") == "not run":
+            rows.append([first["label"], "not run", "-", "-", *["-"] * len(PLOTTED)])
+            continue
+        ok = [r for r in runs if r["status"] == "ok"]
+        failed = len(runs) - len(ok)
+        status = f"{len(ok)}/{len(runs)} seeds" + (f" ({failed} failed)" if failed else "")
+        updates = sorted({r.get("updates") for r in runs if "updates" in r})
+        samples = [r["teacher_samples"] for r in ok if "teacher_samples" in r]
+        rows.append([first["label"], status, "/".join(str(u) for u in updates) or "-",
+                     f"{np.mean(samples):.0f}" if samples else "-",
+                     *(mean_spread(_values(runs, k)) for k in PLOTTED)])
+    return rows
+
+
+HEADER = ["method", "runs", "updates", "teacher samples", *(LABELS[k] for k in PLOTTED)]
+
+
+def markdown_table(rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def plot(summary: dict[str, Any], path: Path) -> None:
+    plt = _plt()
+    groups = [(name, runs) for name, runs in by_method(summary).items() if runs[0].get("status") != "not run"]
+    fig, axes = plt.subplots(1, len(PLOTTED), figsize=(3.2 * len(PLOTTED), 3.6), sharey=True)
+    for ax, key in zip(axes, PLOTTED):
+        for i, (name, runs) in enumerate(groups):
+            vals = _values(runs, key)
+            if vals:
+                ax.bar(i, np.mean(vals), color="#4C72B0" if name == "actionopd" else "#8C8C8C", alpha=0.6)
+                ax.scatter([i] * len(vals), vals, color="black", s=10, zorder=3)
+        start = summary["warm_start_eval"].get(key)
+        if isinstance(start, (int, float)):
+            ax.axhline(start, color="#DD8452", linestyle="--", linewidth=1, label="warm start only")
+        ax.set_xticks(range(len(groups)))
+        ax.set_xticklabels([n for n, _ in groups], rotation=40, ha="right", fontsize=8)
+        ax.set_title(LABELS[key], fontsize=9)
+        ax.set_ylim(0, 1)
+        ax.grid(axis="y", alpha=0.3)
+    axes[0].legend(fontsize=7)
+    fig.suptitle(f"held-out tasks, {summary['settings']['updates']} optimizer updates per run "
+                 f"(bar: mean over seeds, dots: seeds)", fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def per_run_table(summary: dict[str, Any]) -> str:
+    lines = ["| method | seed | status | updates | steps | teacher samples | teacher requests | BFCL accuracy | "
+             "agreement | same tool | valid | train s | eval s |", "|" + "---|" * 13]
+    for r in summary["results"]:
+        if r.get("status") == "not run":
+            continue
+        ev = r.get("eval", {})
+        lines.append("| " + " | ".join(str(x) for x in (
+            r["method"], r["seed"], r["status"] if r["status"] == "ok" else f"failed: {r.get('error', '')[:80]}",
+            r.get("updates", "-"), r.get("steps", "-"), r.get("teacher_samples", "-"), r.get("teacher_requests", "-"),
+            _fmt(ev.get("bfcl_accuracy"), True), _fmt(ev.get("agreement_rate"), True),
+            _fmt(ev.get("same_tool_rate"), True), _fmt(ev.get("valid_rate"), True),
+            r.get("train_s", "-"), r.get("eval_s", "-"))) + " |")
+    return "\n".join(lines)
+
+
+def write(summary: dict[str, Any], run_dir: Path, *, command: str = "") -> Path:
+    s = summary["settings"]
+    info = summary["info"]
+    (run_dir / "compare.json").write_text(json.dumps(summary, indent=1, default=str))
+    png = run_dir / "compare.png"
+    plot_error = ""
+    try:
+        plot(summary, png)
+    except Exception as e:  # noqa: BLE001 - a plotting problem must not lose the table
+        plot_error = f"(plot failed: {type(e).__name__}: {e})"
+    not_run = [r for r in summary["results"] if r.get("status") == "not run"]
+    md = [
+        "# Equal-budget comparison",
+        "",
+        f"Command: `{command}`" if command else "",
+        f"Wall time: {summary['wall_s'] / 60:.1f} min. Run directory: `{summary['run_dir']}`.",
+        "",
+        f"- Teacher: {info['teacher']}. Tasks: {len(info['train'])} training, {len(info['heldout'])} held out, "
+        + (f"each cut to its first {info['max_user_turns']} user turn(s)." if info["max_user_turns"] else "whole tasks."),
+        f"- One shared warm start{' (from the cache)' if info['warm_start_cached'] else ''}: {info['warm_start']}.",
+        f"- Budget held equal: **{s['updates']} optimizer updates per run** (at most {summary['minibatch_rows']} "
+        f"rows each; KD: {summary['minibatch_rows']} teacher turns each), lr {summary['lr']:g} for every method, "
+        f"seeds {s['seeds']}. Teacher samples are not held equal; the table reports them (on-policy methods: "
+        f"{summary['teacher_samples_per_state']} per visited state; KD: the demonstrated teacher turns it learns from).",
+        "- Metrics: held-out evaluation of every final policy, greedy (experiment/heldout.py): BFCL accuracy "
+        "(official checker, whole episodes), and per decision at the reference policy's states: valid action, "
+        "same tool, agreement with the reference action. Mean ± sample sd over seeds.",
+        "",
+        markdown_table(table_rows(summary)),
+        "",
+        f"![held-out metrics](compare.png) {plot_error}",
+        "",
+    ]
+    if not_run:
+        md += ["Not run:", ""] + [f"- {r['label']}: {r['reason']}." for r in not_run] + [""]
+    md += ["## Every run", "", per_run_table(summary), ""]
+    path = run_dir / "compare.md"
+    path.write_text("\n".join(line for line in md if line is not None))
+    return path
+
+
+def summary_text(summary: dict[str, Any]) -> str:
+    rows = table_rows(summary)
+    widths = [max(len(str(r[i])) for r in [HEADER, *rows]) for i in range(len(HEADER))]
+    line = "  ".join("{:<%d}" % w for w in widths)
+    bar = "=" * (sum(widths) + 2 * (len(widths) - 1))
+    out = [bar, f"compare summary: {summary['settings']['updates']} updates per run, seeds "
+           f"{summary['settings']['seeds']}, {summary['wall_s'] / 60:.1f} min", bar, line.format(*HEADER)]
+    out += [line.format(*r) for r in rows]
+    out.append(bar)
+    return "\n".join(out)

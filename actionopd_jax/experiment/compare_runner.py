@@ -1,0 +1,316 @@
+"""`actionopd compare`: the shared setup and warm start, then one run per (method, seed).
+
+1. setup (as the main job): the task split, cut to `compare.max_user_turns` user turns per task
+   (payload max_turns), the tokenizer, the random-init student, the embedded privileged
+   reference teacher over HTTP;
+2. ONE warm start (pretraining + KD, experiment/warm_start.py) shared by every run, cached
+   under the main job's cache directory by a hash of everything it depends on, and evaluated
+   once on the held-out tasks ("warm start only");
+3. per method and seed, from that warm start, `compare.updates` optimizer updates
+   (compare_plan: the budget), then the held-out evaluation of the final policy
+   (experiment/heldout.py: BFCL accuracy with the official checker + per-decision agreement).
+   A run that fails is recorded (error.txt, result.json status "failed") and the next runs;
+4. compare.md, compare.png, compare.json (compare_report.py) and the summary table.
+
+Run directory runs/<utc>-<name>/: config.yaml, compare_settings.json, train.log,
+warm_start.json, warm_start_eval/, runs/<method>-s<seed>/ (config, metrics.jsonl, checkpoints/,
+student_final/, eval/, result.json), compare.md, compare.png, compare.json.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Callable
+
+from actionopd_jax.config import Config, ConfigError
+from actionopd_jax.experiment.compare_plan import METHODS, CompareSettings, Method, UpdateBudget, not_runnable
+from actionopd_jax.types import Task
+
+log = logging.getLogger("actionopd_jax.compare")
+
+
+def say(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+@dataclasses.dataclass
+class Shared:
+    """What every run starts from."""
+
+    cfg: Config
+    teacher_cfg: Config  # cfg pointed at the teacher endpoint
+    teacher_over: dict[str, Any]
+    settings: CompareSettings
+    train: list[Task]
+    heldout: list[Task]
+    tokenizer: Any
+    tokenizer_dir: Path
+    start_dir: Path  # the warm-started student (HF directory)
+    trajectories: Path  # the teacher's trajectories of the training tasks (JSONL)
+    privileged: bool
+
+    @property
+    def lr(self) -> float:
+        return self.settings.lr or self.cfg.experiment.opd_lr or self.cfg.train.lr
+
+
+def cut_tasks(tasks: list[Task], max_turns: int) -> list[Task]:
+    if not max_turns:
+        return list(tasks)
+    return [dataclasses.replace(t, payload={**(t.payload or {}), "max_turns": int(max_turns)}) for t in tasks]
+
+
+# --- the shared warm start -------------------------------------------------------------------------
+
+def warm_start_key(cfg: Config, train: list[Task], student_dir: Path) -> str:
+    """Everything the warm start depends on: the config without run.*, the tasks, the student."""
+    tree = cfg.to_dict()
+    tree.pop("run", None)
+    weights = hashlib.sha256((student_dir / "model.safetensors").read_bytes()).hexdigest()
+    blob = json.dumps({"cfg": tree, "tasks": [(t.task_id, t.payload) for t in train], "student": weights},
+                      sort_keys=True, default=str)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def shared_warm_start(cfg: Config, teacher_cfg: Config, *, train: list[Task], tokenizer: Any, tokenizer_dir: Path,
+                      student_dir: Path, progress: bool) -> dict[str, Any]:
+    """The warm start of every run, from the cache when an identical one finished before."""
+    from actionopd_jax.baselines.wiring import endpoint_agent
+    from actionopd_jax.experiment.assets import cache_root
+    from actionopd_jax.experiment.job import warm_start_summary
+    from actionopd_jax.experiment.warm_start import warm_start
+
+    root = cache_root(cfg.experiment) / "compare_warm_start" / warm_start_key(cfg, train, student_dir)
+    done = root / "warm_start.json"
+    if done.is_file():
+        ws = json.loads(done.read_text())
+        if Path(ws["hf_dir"]).is_dir():
+            ws["cached"] = True
+            say(f"  shared warm start from the cache: {root}")
+            return ws
+    if root.exists():  # an unfinished earlier attempt: its trainers' checkpoints would collide
+        import shutil
+
+        shutil.rmtree(root)
+    ws = warm_start(teacher_cfg, agent=endpoint_agent(teacher_cfg), tasks=train, tokenizer=tokenizer,
+                    tokenizer_dir=tokenizer_dir, student_dir=student_dir, run_dir=root, progress=progress)
+    ws["summary"] = warm_start_summary(ws, cfg.experiment)
+    ws["trajectories_jsonl"] = str(root / "teacher_trajectories.jsonl")
+    done.write_text(json.dumps(ws, indent=1))
+    ws["cached"] = False
+    return ws
+
+
+def setup(cfg: Config, settings: CompareSettings, run_dir: Path, opened: list[Any]) -> tuple[Shared, dict[str, Any]]:
+    from actionopd_jax.chat import load_tokenizer
+    from actionopd_jax.experiment import assets
+    from actionopd_jax.experiment import teacher as teacher_lib
+    from actionopd_jax.experiment.tasks import job_tasks
+
+    exp = cfg.experiment
+    split = job_tasks(exp)
+    train, heldout = cut_tasks(split.train, settings.max_user_turns), cut_tasks(split.heldout, settings.max_user_turns)
+    tok_dir = assets.tokenizer_dir(cfg, train + heldout)
+    tokenizer = load_tokenizer(tok_dir)
+    student_dir = assets.initial_student(cfg, tokenizer, run_dir / "student_init")
+    endpoint = teacher_lib.start_teacher(cfg, train)
+    opened.append(endpoint)
+    over = teacher_lib.teacher_overrides(cfg, endpoint)
+    teacher_cfg = cfg.replace(**over)
+    say(f"  teacher: {endpoint.label}; tasks: {len(train)} training, {len(heldout)} held out "
+        f"(BFCL {exp.bfcl_category} {list(exp.bfcl_classes)}, "
+        f"{'first ' + str(settings.max_user_turns) + ' user turn(s)' if settings.max_user_turns else 'whole tasks'})")
+    ws = shared_warm_start(cfg, teacher_cfg, train=train, tokenizer=tokenizer, tokenizer_dir=tok_dir,
+                           student_dir=student_dir, progress=cfg.run.progress)
+    (run_dir / "warm_start.json").write_text(json.dumps(ws, indent=1))
+    shared = Shared(cfg=cfg, teacher_cfg=teacher_cfg, teacher_over=over, settings=settings, train=train,
+                    heldout=heldout, tokenizer=tokenizer, tokenizer_dir=tok_dir, start_dir=Path(ws["hf_dir"]),
+                    trajectories=Path(ws["trajectories_jsonl"]), privileged=endpoint.privileged)
+    info = {"teacher": endpoint.label, "train": [t.task_id for t in train], "heldout": [t.task_id for t in heldout],
+            "max_user_turns": settings.max_user_turns, "warm_start": ws.get("summary", ""),
+            "warm_start_cached": ws["cached"], "warm_start_dir": str(Path(ws["hf_dir"]))}
+    return shared, info
+
+
+# --- one run -----------------------------------------------------------------------------------------
+
+def _updates_done(trainer: Any) -> int:
+    from actionopd_jax.train.loop import host_scalar
+
+    return int(host_scalar(trainer.state["step"]))
+
+
+def run_collector_method(shared: Shared, method: Method, seed: int, rdir: Path) -> dict[str, Any]:
+    """ActionOPD or one of its ablations: collection steps until the update budget is spent."""
+    from actionopd_jax.collect.source import ActionOPDGroupSource
+    from actionopd_jax.envs.tasks import TaskSource, TaskStream
+    from actionopd_jax.experiment import phases
+    from actionopd_jax.train.loop import Trainer
+    from actionopd_jax.train.setup import build_mesh, model_config
+    from actionopd_jax.train.sources import SourceContext
+
+    s = shared.settings
+    pcfg = phases.opd_phase_config(shared.teacher_cfg, student_dir=shared.start_dir, tokenizer_dir=shared.tokenizer_dir,
+                                   run_dir=rdir, train_tasks=shared.train, heldout_tasks=shared.heldout,
+                                   teacher=shared.teacher_over)
+    pcfg = pcfg.replace(**{**method.overrides, "run.seed": seed, "train.lr": shared.lr, "train.steps": s.step_cap,
+                           "checkpoint.every_steps": 0})
+    phases.write_phase_config(pcfg, rdir / "config.yaml", f"compare: {method.label}, seed {seed}")
+    ctx = SourceContext(model_config=model_config(pcfg), run_dir=str(rdir), tokenizer_path=pcfg.model.tokenizer,
+                        process_index=0, process_count=1, mesh=build_mesh(pcfg))
+    stream = TaskStream([(TaskSource("bfcl:compare-train", shared.train), len(shared.train))], seed=seed)
+    inner = ActionOPDGroupSource(pcfg, ctx, stream=stream, buckets=phases.sampler_buckets(
+        pcfg, pcfg.collect.num_candidates, pcfg.collect.max_response_tokens))
+    job = phases.JobSource(inner)
+    source = UpdateBudget(job, minibatch_rows=pcfg.train.minibatch_rows, seed=seed)
+    trainer = Trainer(pcfg, run_dir=rdir, source=source)
+    http_calls = 0.0
+    try:
+        done = 0
+        while done < s.updates and trainer.step < s.step_cap:
+            source.remaining = s.updates - done
+            metrics = trainer.train_step()
+            trainer.writer.write(trainer.step, metrics)
+            http_calls += float(metrics.get("collect/teacher/http_calls", 0.0))
+            done = _updates_done(trainer)
+            say(f"    step {trainer.step}: {int(metrics.get('updates', 0))} update(s), {done}/{s.updates} done; "
+                f"reward {job.history[-1]['reward_mean']:.3f}, match {job.history[-1]['match_rate']:.3f}")
+        trainer.save()
+        trainer.ckpt.wait()
+        steps = trainer.step
+    finally:
+        trainer.close()
+        job.close()
+    final = phases.export_final_student(rdir, steps, rdir / "student_final", shared.tokenizer_dir)
+    K = pcfg.collect.teacher_samples
+    return {"final_dir": str(final), "updates": done, "steps": steps, "lr": shared.lr,
+            "teacher_samples": int(K * sum(h["groups"] for h in job.history)), "teacher_requests": int(http_calls),
+            "groups_over_budget": source.trimmed_groups, "history": job.history}
+
+
+def run_kd_method(shared: Shared, method: Method, seed: int, rdir: Path) -> dict[str, Any]:
+    """KD on the teacher's successful trajectories: `updates` steps of minibatch_rows teacher turns."""
+    from actionopd_jax.baselines.kd import KDGroupSource, KDResult, export_student, kd_examples, load_trajectories
+    from actionopd_jax.experiment import phases
+    from actionopd_jax.train.loop import Trainer
+
+    cfg, s = shared.cfg, shared.settings
+    per_step = cfg.train.minibatch_rows
+    records = load_trajectories(shared.trajectories)
+    budget = phases.context_overrides(cfg)["collect.max_prompt_tokens"]
+    examples = kd_examples(records, shared.tokenizer, max_prompt_tokens=budget,
+                           enable_thinking=cfg.collect.enable_thinking)
+    if not examples:
+        raise RuntimeError(f"KD: no teacher turns in {shared.trajectories}")
+    longest = max(len(e.prompt_ids) + len(e.target_ids) for e in examples)
+    kcfg = phases.kd_phase_config(cfg.replace(**{"experiment.kd_examples_per_step": per_step}),
+                                  student_dir=shared.start_dir, tokenizer_dir=shared.tokenizer_dir, run_dir=rdir,
+                                  steps=s.updates)
+    kcfg = kcfg.replace(**{"train.lr": shared.lr, "run.seed": seed,
+                           "train.max_seq_len": max(kcfg.train.max_seq_len, longest)})
+    phases.write_phase_config(kcfg, rdir / "config.yaml", f"compare: {method.label}, seed {seed}")
+    trainer = Trainer(kcfg, run_dir=rdir, source=KDGroupSource(examples, examples_per_step=per_step, seed=seed))
+    try:
+        code = trainer.run()
+        if code != 0:
+            raise RuntimeError(f"the KD trainer stopped early (exit code {code})")
+        done = _updates_done(trainer)
+        result = KDResult(steps=trainer.step, metrics=[], params=trainer.state["params"], graphdef=trainer.graphdef,
+                          model_config=trainer.qcfg, run_dir=rdir, checkpoint_step=trainer.step)
+        final = export_student(result, rdir / "student_final", tokenizer_dir=shared.tokenizer_dir)
+        steps = trainer.step
+    finally:
+        trainer.close()
+    say(f"    {done} update(s) of {per_step} teacher turns from {len(examples)} demonstrated turns")
+    return {"final_dir": str(final), "updates": done, "steps": steps, "lr": shared.lr,
+            "teacher_samples": len(examples), "teacher_requests": 0,
+            "note": f"{len(examples)} teacher turns of {len(records)} successful trajectories, the warm start's "
+                    "demonstrations (no new teacher requests)"}
+
+
+RUNNERS: dict[str, Callable[[Shared, Method, int, Path], dict[str, Any]]] = {
+    "actionopd": run_collector_method, "kd": run_kd_method}
+
+
+def run_one(shared: Shared, method: Method, seed: int, rdir: Path) -> dict[str, Any]:
+    """Train, export, evaluate; a failure anywhere is recorded, never raised."""
+    from actionopd_jax.experiment.heldout import evaluate_student
+
+    rdir.mkdir(parents=True, exist_ok=True)
+    out: dict[str, Any] = {"method": method.name, "label": method.label, "seed": seed, "dir": str(rdir)}
+    t0 = time.perf_counter()
+    try:
+        runner = RUNNERS.get(method.kind)
+        if runner is None:
+            raise ConfigError(f"no runner for method kind {method.kind!r}")
+        out.update(runner(shared, method, seed, rdir))
+        out["train_s"] = round(time.perf_counter() - t0, 1)
+        t1 = time.perf_counter()
+        out["eval"] = evaluate_student(Path(out["final_dir"]), shared.tokenizer_dir, shared.heldout, rdir / "eval",
+                                       cfg=shared.cfg, label=f"{method.name} seed {seed}",
+                                       progress=shared.cfg.run.progress)
+        out["eval_s"] = round(time.perf_counter() - t1, 1)
+        out["status"] = "ok"
+    except Exception as e:  # noqa: BLE001 - one failing run must not lose the others
+        out["status"] = "failed"
+        out["error"] = f"{type(e).__name__}: {e}"
+        (rdir / "error.txt").write_text(traceback.format_exc())
+        log.exception("compare run %s seed %d failed", method.name, seed)
+    out["wall_s"] = round(time.perf_counter() - t0, 1)
+    (rdir / "result.json").write_text(json.dumps({k: v for k, v in out.items() if k != "history"}, indent=1,
+                                                 default=str))
+    return out
+
+
+def run_compare(cfg: Config, settings: CompareSettings, run_dir: Path) -> dict[str, Any]:
+    """Every phase; returns the summary (also written as compare.json by the report)."""
+    from actionopd_jax.experiment.heldout import evaluate_student
+
+    t_total = time.perf_counter()
+    if cfg.train.ppo_epochs != 1:
+        raise ConfigError("compare counts one optimizer update per minibatch: set train.ppo_epochs=1")
+    methods = [METHODS[m] for m in settings.methods]
+    opened: list[Any] = []
+    results: list[dict[str, Any]] = []
+    try:
+        say("\n[compare 1/4] setup and the shared warm start")
+        shared, info = setup(cfg, settings, run_dir, opened)
+        say("\n[compare 2/4] held-out evaluation of the warm start (every run starts here)")
+        start_eval = evaluate_student(shared.start_dir, shared.tokenizer_dir, shared.heldout, run_dir / "warm_start_eval",
+                                      cfg=cfg, label="warm start", progress=cfg.run.progress)
+        runnable = [m for m in methods if not not_runnable(m, privileged_teacher=shared.privileged)]
+        total = len(runnable) * len(settings.seeds)
+        say(f"\n[compare 3/4] {total} runs: {[m.name for m in runnable]} x seeds {list(settings.seeds)}, "
+            f"{settings.updates} optimizer updates each, lr {shared.lr:g}")
+        i = 0
+        for m in methods:
+            reason = not_runnable(m, privileged_teacher=shared.privileged)
+            if reason:
+                results.append({"method": m.name, "label": m.label, "status": "not run", "reason": reason})
+                say(f"  {m.name}: not run ({reason})")
+                continue
+            for seed in settings.seeds:
+                i += 1
+                say(f"  [{i}/{total}] {m.name} seed {seed} ...")
+                r = run_one(shared, m, seed, run_dir / "runs" / f"{m.name}-s{seed}")
+                results.append(r)
+                if r["status"] == "ok":
+                    ev = r["eval"]
+                    say(f"  [{i}/{total}] {m.name} seed {seed}: {r['updates']} updates, held-out agreement "
+                        f"{ev['agreement_rate']:.3f}, BFCL accuracy {ev['bfcl_accuracy']:.3f} ({r['wall_s']:.0f} s)")
+                else:
+                    say(f"  [{i}/{total}] {m.name} seed {seed}: FAILED: {r['error']} (see {r['dir']}/error.txt)")
+    finally:
+        for resource in opened:
+            resource.close()
+    return {"run_dir": str(run_dir), "settings": dataclasses.asdict(settings), "info": info,
+            "warm_start_eval": start_eval, "results": results, "lr": shared.lr,
+            "minibatch_rows": cfg.train.minibatch_rows, "teacher_samples_per_state": cfg.collect.teacher_samples,
+            "wall_s": round(time.perf_counter() - t_total, 1)}
