@@ -58,7 +58,7 @@ def test_first_user_turn_tasks_are_played_and_scored_on_that_turn_only():
 # --- settings --------------------------------------------------------------------------------------
 
 def test_preset_loads_and_bad_settings_say_what_is_wrong():
-    cfg, s = load_compare(ROOT / "configs" / "compare_tiny.yaml", ["compare.seeds=0,1", "train.steps=2"])
+    cfg, s = load_compare(ROOT / "configs" / "compare" / "compare_tiny.yaml", ["compare.seeds=0,1", "train.steps=2"])
     assert s.seeds == (0, 1) and s.updates == 12 and s.max_user_turns == 1 and cfg.train.steps == 2
     assert cfg.experiment.pretrain_epochs == 30 and cfg.experiment.student.hidden_size == 128  # tiny_cpu's student
     with pytest.raises(ConfigError, match="unknown method"):
@@ -121,7 +121,7 @@ def test_compare_one_update_budget_failing_method_and_table(tmp_path, monkeypatc
     monkeypatch.setitem(compare_plan.METHODS, "broken", Method("broken", "broken", "deliberately failing"))
     monkeypatch.setitem(compare_runner.RUNNERS, "broken", broken)
     run = tmp_path / "run"
-    code = compare_cli.main(["--config", str(ROOT / "configs" / "compare_tiny.yaml"), "--run-dir", str(run),
+    code = compare_cli.main(["--config", str(ROOT / "configs" / "compare" / "compare_tiny.yaml"), "--run-dir", str(run),
                              *TINY, f"experiment.cache_dir={tmp_path / 'cache'}"])
     assert code == 0
     summary = json.loads((run / "compare.json").read_text())

@@ -1,4 +1,4 @@
-"""`actionopd compare [--config configs/compare_tiny.yaml] [key=value ...]`: the equal-budget
+"""`actionopd compare [--config configs/compare/compare_tiny.yaml] [key=value ...]`: the equal-budget
 comparison of ActionOPD, KD and the ablations (compare_plan.py says what is compared and how
 the budget is held equal; compare_runner.py runs it; compare_report.py writes compare.md)."""
 
@@ -16,7 +16,7 @@ from actionopd_jax.config import ConfigError
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="actionopd compare", description=__doc__)
     p.add_argument("--config", help="compare preset: a run config with a compare: section "
-                                    "(e.g. configs/compare_tiny.yaml; default: the main job's defaults)")
+                                    "(e.g. configs/compare/compare_tiny.yaml; default: the main job's defaults)")
     p.add_argument("overrides", nargs="*", help="compare.key=value (methods, seeds, updates, ...) or any "
                                                 "section.key=value of the run config")
     p.add_argument("--run-dir", help="run directory (default runs/<utc>-<compare.name>)")

@@ -17,7 +17,7 @@ lands on the budget, and drops the others (drop reason "over_budget"). Teacher s
 held equal (they cannot be: KD learns from a fixed set of demonstrations, the on-policy methods
 ask the teacher at every state they visit); every run reports how many it used.
 
-The `compare:` section of a compare preset (configs/compare_tiny.yaml) holds these settings;
+The `compare:` section of a compare preset (configs/compare/compare_tiny.yaml) holds these settings;
 the rest of the file is an ordinary run config (the main job's `experiment:` section sets the
 student, tasks, warm start and evaluation).
 """
