@@ -55,6 +55,33 @@ def test_budget_from_memory():
     assert budget.default_token_budget(cfg) is None      # CPU: no memory limit reported
 
 
+def test_budget_plans_within_the_usable_memory_fraction():
+    """The sampler's runtime budget and `train --check` plan the same usable memory: on TPU
+    the fraction of bytes_limit, on GPU bytes_limit itself (the runtime fraction, set by the
+    launchers and `actionopd train` from the same constant)."""
+    from actionopd_jax.config import USABLE_MEMORY_FRACTION
+
+    class Chip:
+        process_index, is_addressable = 0, True
+
+        def __init__(self, platform):
+            self.platform = platform
+
+        def memory_stats(self):
+            return {"bytes_limit": 96 * 2 ** 30, "bytes_in_use": 16 * 2 ** 30}
+
+    class Mesh:
+        def __init__(self, platform):
+            self.devices = np.array([Chip(platform)] * 4)
+
+    cfg = PRESETS["qwen3-4b"].replace(param_dtype="bfloat16", dtype="bfloat16")
+    per_token = budget.cache_bytes_per_token(cfg)
+    tpu = budget.default_token_budget(cfg, Mesh("tpu"), safety=1.0)
+    assert tpu == int((96 * USABLE_MEMORY_FRACTION - 16) * 2 ** 30 * 4 // per_token)
+    gpu = budget.default_token_budget(cfg, Mesh("gpu"), safety=1.0)
+    assert gpu == int(80 * 2 ** 30 * 4 // per_token)
+
+
 def test_budgeted_calls_give_the_same_samples():
     model = random_model(3, vocab_size=256)
     b = Buckets(prompt_len=(16, 64), prompts=(1, 2, 4), samples=(1, 2, 4), max_new=(8, 16))

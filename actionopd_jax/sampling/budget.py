@@ -17,10 +17,13 @@ prefill holds the prompt cache once plus the generated cache, so a chunk whose p
 decodes in less.
 
 The default budget (`default_token_budget`) is (bytes the device can still allocate) x
-safety / bytes per cached token, per chip: `memory_stats()['bytes_limit'] -
+safety / bytes per cached token, per chip: the usable limit minus `memory_stats()
 ['bytes_in_use']` (the parameters, and whatever else lives there -- a colocated trainer's
-optimizer state included) on an accelerator. CPUs report no limit: no budget (unchanged
-chunking by the buckets' prompts/max_rows).
+optimizer state included) on an accelerator. The usable limit is the share of memory every
+plan assumes (config.USABLE_MEMORY_FRACTION): on GPU the runtime's `bytes_limit` already is
+that share (XLA_PYTHON_CLIENT_MEM_FRACTION, set from it), elsewhere `bytes_limit` x the
+fraction -- so `train --check` plans the budget the sampler will take. CPUs report no limit:
+no budget (unchanged chunking by the buckets' prompts/max_rows).
 """
 
 from __future__ import annotations
@@ -57,6 +60,13 @@ def token_budget(cfg, free_bytes_per_chip: float, chips: int, *, safety: float =
     return max(1, int(free_bytes_per_chip * safety * chips // cache_bytes_per_token(cfg)))
 
 
+def usable_limit(bytes_limit: float, platform: str) -> float:
+    """The bytes a run may plan for on a device reporting `bytes_limit` (module docstring)."""
+    from actionopd_jax.config import USABLE_MEMORY_FRACTION
+
+    return bytes_limit if platform == "gpu" else bytes_limit * USABLE_MEMORY_FRACTION
+
+
 def default_token_budget(cfg, mesh=None, *, safety: float = SAFETY) -> int | None:
     """The budget from what the mesh's devices (or the default device) can still allocate;
     None where the platform reports no memory limit (CPU)."""
@@ -71,7 +81,7 @@ def default_token_budget(cfg, mesh=None, *, safety: float = SAFETY) -> int | Non
             stats = None
         if not stats or "bytes_limit" not in stats:
             return None
-        left = stats["bytes_limit"] - stats.get("bytes_in_use", 0)
+        left = usable_limit(stats["bytes_limit"], d.platform) - stats.get("bytes_in_use", 0)
         free = left if free is None else min(free, left)
     if free is None:
         return None
@@ -120,4 +130,4 @@ def describe(cfg, budget: int | None) -> str:
 
 
 __all__ = ["PREFILL_FACTOR", "SAFETY", "cache_bytes_per_token", "chunk_tokens", "default_token_budget",
-           "plan_chunks", "token_budget"]
+           "plan_chunks", "token_budget", "usable_limit"]
