@@ -8,7 +8,7 @@ import urllib.request
 import openai
 import pytest
 
-from actionopd_jax.serve.openai_http import ChatRequest, OpenAIServer, RequestError
+from actionopd_jax.serve.openai_http import ChatChoice, ChatRequest, OpenAIServer, RequestError
 from actionopd_jax.serve.scripted import ScriptedBackend, message_choice, tool_call_choice
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
@@ -128,3 +128,86 @@ def test_port_in_use_is_a_clear_error(server):
     srv, _ = server
     with pytest.raises(RuntimeError, match="could not start server"):
         OpenAIServer(ScriptedBackend("m", _reply), port=srv.port).start()
+
+
+def _assemble(chunks):
+    """Join streamed deltas into messages the way a client does: per choice index, content
+    and reasoning concatenated, tool calls by index (id/name once, arguments concatenated)."""
+    out = {}
+    for chunk in chunks:
+        for c in chunk.choices:
+            m = out.setdefault(c.index, {"role": None, "content": "", "reasoning": "", "calls": {}, "finish": None})
+            d = c.delta
+            m["role"] = d.role or m["role"]
+            m["content"] += d.content or ""
+            m["reasoning"] += (d.model_extra or {}).get("reasoning_content") or ""
+            for tc in d.tool_calls or []:
+                call = m["calls"].setdefault(tc.index, {"id": None, "name": "", "arguments": ""})
+                call["id"] = tc.id or call["id"]
+                call["name"] += (tc.function.name or "") if tc.function else ""
+                call["arguments"] += (tc.function.arguments or "") if tc.function else ""
+            m["finish"] = c.finish_reason or m["finish"]
+    return out
+
+
+def _as_assembled(choice):
+    msg = choice.message
+    calls = {k: {"id": c.id, "name": c.function.name, "arguments": c.function.arguments}
+             for k, c in enumerate(msg.tool_calls or [])}
+    return {"role": "assistant", "content": msg.content or "", "calls": calls, "finish": choice.finish_reason,
+            "reasoning": (msg.model_extra or {}).get("reasoning_content") or ""}
+
+
+def test_stream_yields_chunks_that_assemble_to_the_message():
+    long_args = {"city": "Paris", "note": "x" * 70, "days": [1, 2, 3]}
+
+    def reply(req):
+        if req.tools:  # fixed call ids, so the streamed and plain replies can be compared whole
+            calls = [{"id": f"call_{k}", "type": "function", "function": {"name": name, "arguments": json.dumps(args)}}
+                     for k, (name, args) in enumerate([("get_weather", long_args), ("get_time", {"tz": "CET"})])]
+            return ChatChoice(content="Checking two things for you, one moment.", tool_calls=calls,
+                              reasoning_content="the user wants weather and time")
+        return message_choice("A plain answer that is longer than one streamed piece.", reasoning="short")
+
+    with OpenAIServer(ScriptedBackend("m", reply)) as srv:
+        client = openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0)
+        for tools in (TOOLS, None):
+            plain = client.chat.completions.create(model="m", messages=USER, tools=tools, n=2)
+            chunks = list(client.chat.completions.create(model="m", messages=USER, tools=tools, n=2, stream=True,
+                                                         stream_options={"include_usage": True}))
+            assert len(chunks) > 8 and all(c.object == "chat.completion.chunk" for c in chunks)
+            assert len({c.id for c in chunks}) == 1
+            assembled = _assemble(chunks)
+            assert assembled == {c.index: _as_assembled(c) for c in plain.choices}
+            assert chunks[-1].choices == [] and chunks[-1].usage.total_tokens == plain.usage.total_tokens
+        assert assembled[0]["finish"] == "stop" and _assemble(chunks)[1]["content"].startswith("A plain")
+        # without include_usage there is no usage chunk; a bad streamed request is still a 400
+        chunks = list(client.chat.completions.create(model="m", messages=USER, stream=True))
+        assert all(c.choices for c in chunks) and chunks[-1].choices[0].finish_reason == "stop"
+        with pytest.raises(openai.BadRequestError, match="'n' must be between"):
+            client.chat.completions.create(model="m", messages=USER, n=0, stream=True)
+
+
+def test_stream_sse_framing_and_done_marker(server):
+    srv, _ = server
+    body = json.dumps({"model": "scripted", "messages": USER, "tools": TOOLS, "stream": True}).encode()
+    req = urllib.request.Request(srv.base_url + "/chat/completions", data=body,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=10) as resp:
+        assert resp.headers["Content-Type"].startswith("text/event-stream")
+        events = resp.read().decode().split("\n\n")
+    assert events[-2:] == ["data: [DONE]", ""]
+    payloads = [json.loads(e.removeprefix("data: ")) for e in events[:-2]]
+    first_call = next(p["choices"][0]["delta"]["tool_calls"][0] for p in payloads
+                      if p["choices"][0]["delta"].get("tool_calls"))
+    assert first_call["index"] == 0 and first_call["function"] == {"name": "get_weather", "arguments": ""}
+    assert payloads[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_top_logprobs_needs_logprobs_and_stream_options_need_stream(server):
+    srv, _ = server
+    client = openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="'top_logprobs' needs 'logprobs': true"):
+        client.chat.completions.create(model="scripted", messages=USER, top_logprobs=2)
+    with pytest.raises(openai.BadRequestError, match="'stream_options' is only allowed"):
+        client.chat.completions.create(model="scripted", messages=USER, stream_options={"include_usage": True})

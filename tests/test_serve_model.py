@@ -148,3 +148,46 @@ def test_concurrent_requests_are_batched_into_one_device_call(served):
     alone = backend.sampler.sample([render_ids(tokenizer, CHAT_CONVERSATION)], max_new_tokens=48,
                                    temperature=0.0, key=jax.random.key(0))
     assert tokenizer.decode(alone.generations[0][0].token_ids[:-1]) == "Hello! How can I help you today?"
+
+
+def test_stream_of_a_generated_tool_call_assembles_to_the_plain_reply(served):
+    from tests.test_openai_http import _assemble, _as_assembled
+
+    server, _, _ = served
+    client = _client(server)
+    kw = dict(model="tiny-student", messages=TOOL_CONVERSATION, tools=[WEATHER_TOOL], temperature=0.0)
+    plain = _as_assembled(client.chat.completions.create(**kw).choices[0])
+    (streamed,) = _assemble(client.chat.completions.create(stream=True, **kw)).values()
+    assert streamed["calls"][0]["id"].startswith("call_")
+    for reply in (plain, streamed):  # call ids are fresh per reply
+        reply["calls"][0].pop("id")
+    assert streamed == plain and plain["calls"][0]["name"] == "get_weather" and plain["finish"] == "tool_calls"
+
+
+def test_top_logprobs_are_the_most_likely_alternatives(served):
+    server, _, _ = served
+    client = _client(server)
+    for temperature in (0.0, 2.0):
+        r = client.chat.completions.create(model="tiny-student", messages=CHAT_CONVERSATION, temperature=temperature,
+                                           seed=1, max_tokens=12, logprobs=True, top_logprobs=4)
+        content = r.choices[0].logprobs.content
+        assert len(content) >= 5  # (a sampled reply may end early)
+        for tok in content:
+            alts = tok.top_logprobs
+            lps = [a.logprob for a in alts]
+            assert len(alts) == 4 and lps == sorted(lps, reverse=True) and max(lps) <= 0
+            assert np.exp(lps).sum() <= 1 + 1e-5 and len({a.token for a in alts}) == 4
+            if temperature == 0.0:  # greedy: the chosen token is the most likely one
+                assert alts[0].token == tok.token
+            chosen = [a.logprob for a in alts if a.token == tok.token]
+            if chosen:  # the same distribution as the reported logprob (at the sampling temperature)
+                assert abs(chosen[0] - tok.logprob) < 1e-3
+    # sampling at T=2 flattens the distribution the alternatives are reported under
+    assert content[0].top_logprobs[0].logprob < -0.05
+
+
+def test_max_context_beyond_the_model_is_refused_at_start(served):
+    _, backend, tokenizer = served
+    with pytest.raises(ValueError, match=f"max_context {MAX_CONTEXT + 1} must be between 1 and the model's "
+                                         f"context \\(max_position_embeddings {MAX_CONTEXT}\\)"):
+        ModelBackend(backend.sampler, tokenizer, max_context=MAX_CONTEXT + 1)

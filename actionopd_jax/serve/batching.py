@@ -4,13 +4,27 @@ The first request opens a short collection window; everything submitted before i
 (up to `max_items`) goes to `run_batch` in one worker thread call, so the event loop keeps
 accepting requests while the device works (those then form the next batch). One worker
 thread for all batches: device calls never overlap.
+
+A result may be `Continue(item)`: the work is not finished (a long generation runs as
+several device calls). The item is queued again ahead of new requests, and new requests join
+its next call. An item whose request was abandoned (the client disconnected: the server
+cancels its handler, which cancels the waiting future) is dropped before its next call, so a
+gone client holds the device for at most one call.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import dataclasses
 from typing import Any, Callable, Sequence
+
+
+@dataclasses.dataclass
+class Continue:
+    """A `run_batch` result meaning "not done: run `item` in a later call"."""
+
+    item: Any
 
 
 class MicroBatcher:
@@ -23,46 +37,61 @@ class MicroBatcher:
         self.max_items = max_items
         self._executor = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="device")
         self._queues: dict[asyncio.AbstractEventLoop, asyncio.Queue] = {}
+        self._resumed: dict[asyncio.AbstractEventLoop, list] = {}  # Continue items, served first
         self._collecting: set[asyncio.AbstractEventLoop] = set()
         self.batch_sizes: list[int] = []  # one entry per device call (tests and metrics read it)
+        self.abandoned = 0  # items dropped because their request was cancelled (client gone)
 
     async def submit(self, item: Any) -> Any:
         loop = asyncio.get_running_loop()
         queue = self._queues.get(loop)
         if queue is None:
             queue = self._queues[loop] = asyncio.Queue()
+            self._resumed[loop] = []
         future = loop.create_future()
         queue.put_nowait((item, future))
         # A collector runs only while work is queued, so no task is left pending when the
         # server's loop shuts down.
         if loop not in self._collecting:
             self._collecting.add(loop)
-            loop.create_task(self._collect(queue))
+            loop.create_task(self._collect(queue, self._resumed[loop]))
         return await future
 
-    async def _collect(self, queue: asyncio.Queue) -> None:
+    async def _collect(self, queue: asyncio.Queue, resumed: list) -> None:
         loop = asyncio.get_running_loop()
         try:
-            while not queue.empty():
-                await self._one_batch(loop, queue)
+            while resumed or not queue.empty():
+                await self._one_batch(loop, queue, resumed)
         finally:
             self._collecting.discard(loop)
 
-    async def _one_batch(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> None:
-        batch = [queue.get_nowait()]
-        deadline = loop.time() + self.window_s
-        while len(batch) < self.max_items:
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                # still take whatever is already waiting, without waiting longer
-                while len(batch) < self.max_items and not queue.empty():
-                    batch.append(queue.get_nowait())
-                break
-            try:
-                batch.append(await asyncio.wait_for(queue.get(), remaining))
-            except asyncio.TimeoutError:
-                continue
-        batch = [(item, fut) for item, fut in batch if not fut.cancelled()]
+    def _live(self, batch: list) -> list:
+        live = [(item, fut) for item, fut in batch if not fut.cancelled()]
+        self.abandoned += len(batch) - len(live)
+        return live
+
+    async def _one_batch(self, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue, resumed: list) -> None:
+        batch = self._live(resumed[:self.max_items])
+        del resumed[:self.max_items]
+        if batch:
+            # continuing work does not wait: it takes whatever arrived during the last call
+            while len(batch) < self.max_items and not queue.empty():
+                batch.append(queue.get_nowait())
+        elif not queue.empty():
+            batch.append(queue.get_nowait())
+            deadline = loop.time() + self.window_s
+            while len(batch) < self.max_items:
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    # still take whatever is already waiting, without waiting longer
+                    while len(batch) < self.max_items and not queue.empty():
+                        batch.append(queue.get_nowait())
+                    break
+                try:
+                    batch.append(await asyncio.wait_for(queue.get(), remaining))
+                except asyncio.TimeoutError:
+                    continue
+        batch = self._live(batch)
         if not batch:
             return
         self.batch_sizes.append(len(batch))
@@ -74,7 +103,9 @@ class MicroBatcher:
                     fut.set_exception(e)
             return
         for (_, fut), result in zip(batch, results):
-            if not fut.done():
+            if isinstance(result, Continue):
+                resumed.append((result.item, fut))
+            elif not fut.done():
                 fut.set_result(result)
 
     def close(self) -> None:

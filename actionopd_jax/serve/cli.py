@@ -72,10 +72,10 @@ def main(argv: list[str]) -> int:
             return 2
         name = args.model_name or ("tiny" if args.tiny else Path(args.hf or args.checkpoint).resolve().name)
         sampler = Sampler(model, cfg, eos_ids=end_token_ids(tokenizer), mesh=mesh, lm_head=args.lm_head)
-        backend = ModelBackend(sampler, tokenizer, model_name=name, max_context=args.max_context,
-                               default_max_tokens=args.default_max_tokens,
-                               batch_window_s=args.batch_window_ms / 1000.0, enable_thinking=args.enable_thinking)
-        try:
+        try:  # ValueError: --max-context beyond the model's context, an unset --api-key-env variable
+            backend = ModelBackend(sampler, tokenizer, model_name=name, max_context=args.max_context,
+                                   default_max_tokens=args.default_max_tokens,
+                                   batch_window_s=args.batch_window_ms / 1000.0, enable_thinking=args.enable_thinking)
             server = OpenAIServer(backend, host=args.host, port=args.port, api_key_env=args.api_key_env)
         except ValueError as e:
             print(f"actionopd serve: {e}", file=sys.stderr)

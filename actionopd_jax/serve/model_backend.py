@@ -8,7 +8,6 @@ first `stop` string, and split into content / tool_calls / reasoning_content.
 
 from __future__ import annotations
 
-import dataclasses
 import secrets
 from typing import Any
 
@@ -17,20 +16,11 @@ import numpy as np
 
 from actionopd_jax.chat import render_ids
 from actionopd_jax.sampling import Generation, Sampler
-from actionopd_jax.serve.batching import MicroBatcher
+from actionopd_jax.serve.batching import Continue, MicroBatcher
 from actionopd_jax.serve.openai_http import ChatChoice, ChatRequest, RequestError
 from actionopd_jax.serve.reply_format import message_fields
-
-
-@dataclasses.dataclass
-class _Job:
-    prompt_ids: np.ndarray
-    n: int
-    max_new: int
-    temperature: float
-    top_p: float
-    top_k: int
-    key: jax.Array
+from actionopd_jax.serve.scoring import top_logprob_entries
+from actionopd_jax.serve.segments import SegmentedJob
 
 
 def request_key(seed: int | None) -> jax.Array:
@@ -62,16 +52,26 @@ class ModelBackend:
 
     max_context: prompt + completion limit (default: the model's max_position_embeddings);
     default_max_tokens: completion budget when a request gives no max_tokens;
-    batch_window_s: how long the first queued request waits for others to join its batch.
+    batch_window_s: how long the first queued request waits for others to join its batch;
+    segment_tokens: new tokens per device call (serve/segments.py): a client that disconnects
+    holds the device for at most one segment, and new requests join between segments.
     """
 
     def __init__(self, sampler: Sampler, tokenizer: Any, *, model_name: str = "actionopd",
                  max_context: int | None = None, default_max_tokens: int = 1024,
-                 batch_window_s: float = 0.005, max_batch_requests: int = 64, enable_thinking: bool = False):
+                 batch_window_s: float = 0.005, max_batch_requests: int = 64, enable_thinking: bool = False,
+                 segment_tokens: int = 256):
         self.sampler = sampler
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.max_context = int(max_context or sampler.cfg.max_position_embeddings)
+        if not 1 <= self.max_context <= sampler.cfg.max_position_embeddings:
+            raise ValueError(f"max_context {self.max_context} must be between 1 and the model's context "
+                             f"(max_position_embeddings {sampler.cfg.max_position_embeddings}); "
+                             "lower --max-context or leave it unset")
+        if segment_tokens < 1:
+            raise ValueError(f"segment_tokens must be >= 1, got {segment_tokens}")
+        self.segment_tokens = int(segment_tokens)
         self.default_max_tokens = default_max_tokens
         self.enable_thinking = enable_thinking
         self.end_ids = set(int(i) for i in sampler.eos_ids)
@@ -106,23 +106,48 @@ class ModelBackend:
 
     async def complete(self, req: ChatRequest) -> tuple[list[ChatChoice], int]:
         prompt_ids = self._render(req)
-        job = _Job(prompt_ids=prompt_ids, n=req.n, max_new=self._budget(req, prompt_ids.size),
-                   # top_p 0 means "only the most likely token": greedy
-                   temperature=req.temperature if req.top_p > 0 else 0.0, top_p=req.top_p if req.top_p > 0 else 1.0,
-                   top_k=req.top_k, key=request_key(req.seed))
+        job = SegmentedJob(prompt_ids=prompt_ids, n=req.n, max_new=self._budget(req, prompt_ids.size),
+                           # top_p 0 means "only the most likely token": greedy
+                           temperature=req.temperature if req.top_p > 0 else 0.0,
+                           top_p=req.top_p if req.top_p > 0 else 1.0,
+                           top_k=req.top_k, key=request_key(req.seed), segment=self.segment_tokens)
         generations: list[Generation] = await self.batcher.submit(job)
-        return [self._choice(req, g) for g in generations], int(prompt_ids.size)
+        choices = [self._choice(req, g) for g in generations]
+        if req.logprobs and req.top_logprobs:
+            await self._fill_top_logprobs(req, prompt_ids, choices, job.temperature or 1.0)
+        return [c for c, _ in choices], int(prompt_ids.size)
+
+    async def _fill_top_logprobs(self, req: ChatRequest, prompt_ids: np.ndarray, choices, temperature: float):
+        """Alternatives at each generated token from one scoring pass over prompt + reply, at the
+        temperature the logprobs are reported at (the decode loop keeps only the chosen token's)."""
+        kept = [(c, ids) for c, ids in choices if ids.size]
+        scored = await self.score_tokens.top_alternatives(
+            [np.concatenate([prompt_ids, ids]) for _, ids in kept], req.top_logprobs, temperature)
+        for (choice, ids), (top_ids, top_lps) in zip(kept, scored):
+            at = prompt_ids.size - 1  # position predicting the first generated token
+            for t, entry in enumerate(choice.logprobs):
+                entry["top_logprobs"] = top_logprob_entries(self.tokenizer, top_ids[at + t], top_lps[at + t])
 
     # --- the device call ---------------------------------------------------------------------
-    def _sample_batch(self, jobs: list[_Job]) -> list[list[Generation]]:
+    def _sample_batch(self, jobs: list[SegmentedJob]) -> list:
+        """One device call for the next segment of every job: its generations when done, else
+        Continue(job) (the batcher runs it again, unless its client has gone)."""
+        calls = [(j, c) for j in jobs for c in j.calls()]
         result = self.sampler.sample(
-            [j.prompt_ids for j in jobs], n=[j.n for j in jobs], max_new_tokens=[j.max_new for j in jobs],
-            temperature=[j.temperature for j in jobs], top_p=[j.top_p for j in jobs],
-            top_k=[j.top_k for j in jobs], key=[j.key for j in jobs])
-        return result.generations
+            [c[0] for _, c in calls], n=[c[1] for _, c in calls], max_new_tokens=[c[2] for _, c in calls],
+            temperature=[j.temperature for j, _ in calls], top_p=[j.top_p for j, _ in calls],
+            top_k=[j.top_k for j, _ in calls], key=[c[3] for _, c in calls])
+        out, at = [], 0
+        for job in jobs:
+            count = sum(1 for j, _ in calls if j is job)
+            done = job.absorb(result.generations[at:at + count])
+            at += count
+            out.append(job.result() if done else Continue(job))
+        return out
 
     # --- generation -> choice ------------------------------------------------------------------
-    def _choice(self, req: ChatRequest, gen: Generation) -> ChatChoice:
+    def _choice(self, req: ChatRequest, gen: Generation) -> tuple[ChatChoice, np.ndarray]:
+        """The choice, and the generated ids its text and logprobs cover."""
         ids, logprobs = gen.token_ids, gen.logprobs
         if gen.finish_reason == "stop" and ids.size and int(ids[-1]) in self.end_ids:
             ids, logprobs = ids[:-1], logprobs[:-1]  # the end token is not part of the text
@@ -141,4 +166,4 @@ class ModelBackend:
                 token_logprobs.append({"token": piece, "logprob": float(lp),
                                        "bytes": list(piece.encode("utf-8", "replace")), "top_logprobs": []})
         return ChatChoice(content=content, tool_calls=tool_calls, reasoning_content=reasoning,
-                          finish_reason=finish, logprobs=token_logprobs, completion_tokens=produced)
+                          finish_reason=finish, logprobs=token_logprobs, completion_tokens=produced), ids

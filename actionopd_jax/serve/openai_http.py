@@ -55,6 +55,8 @@ class ChatRequest:
     stop: list[str] | None = None
     logprobs: bool = False
     top_logprobs: int = 0
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage: a final usage-only chunk
     raw: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -87,6 +89,15 @@ class ChatRequest:
             stop = [stop]
         if stop is not None and (not isinstance(stop, list) or not all(isinstance(s, str) for s in stop)):
             raise RequestError(400, "'stop' must be a string or a list of strings")
+        stream = body.get("stream") or False
+        options = body.get("stream_options")
+        if not isinstance(stream, bool) or (options is not None and not isinstance(options, dict)):
+            raise RequestError(400, "'stream' must be a boolean and 'stream_options' an object")
+        if options is not None and not stream:
+            raise RequestError(400, "'stream_options' is only allowed with 'stream': true")
+        top_logprobs = _number(body, "top_logprobs", int, 0, lo=0, hi=20)
+        if top_logprobs and not body.get("logprobs"):
+            raise RequestError(400, "'top_logprobs' needs 'logprobs': true")
         return cls(
             model=model,
             messages=messages,
@@ -102,7 +113,9 @@ class ChatRequest:
             seed=_number(body, "seed", int, None, lo=-(2**63), hi=2**63 - 1),
             stop=stop,
             logprobs=bool(body.get("logprobs") or False),
-            top_logprobs=_number(body, "top_logprobs", int, 0, lo=0, hi=20),
+            top_logprobs=top_logprobs,
+            stream=stream,
+            include_usage=bool((options or {}).get("include_usage")),
             raw=body,
         )
 
@@ -269,9 +282,14 @@ class OpenAIServer:
                                    code="model_not_found")
             self.request_count += 1
             choices, prompt_tokens = await backend.complete(req)
+            body = completion_body(req, choices, prompt_tokens)
         except Exception as e:  # noqa: BLE001 - mapped to an HTTP error below
             return _error_response(e)
-        return web.json_response(completion_body(req, choices, prompt_tokens))
+        if req.stream:
+            from actionopd_jax.serve.streaming import send_stream
+
+            return await send_stream(request, body, include_usage=req.include_usage)
+        return web.json_response(body)
 
     async def _completions(self, request: web.Request) -> web.Response:
         """vLLM-style prompt scoring: token-id prompt, echo, max_tokens 0 (see serve/scoring.py)."""
@@ -289,7 +307,9 @@ class OpenAIServer:
 
     # --- lifecycle -------------------------------------------------------------------------
     async def _start_site(self) -> None:
-        self._runner = web.AppRunner(self._app(), access_log=None)
+        # handler_cancellation: a client that disconnects cancels its handler, and with it its
+        # queued or segmented generation (serve/batching.py), instead of leaving it running
+        self._runner = web.AppRunner(self._app(), access_log=None, handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()

@@ -51,9 +51,9 @@ class TokenScorer:
         self.mesh = mesh
         self.temperature = float(temperature)
         self.chunk = int(position_chunk)
-        self._fn = jax.jit(self._score_impl)
+        self._fn = jax.jit(self._score_impl, static_argnames=("k",))
 
-    def _score_impl(self, state, tokens, mask):
+    def _score_impl(self, state, tokens, mask, temperature, *, k: int):
         model = nnx.merge(self.graphdef, state)
         b, t = tokens.shape
         positions = jnp.clip(jnp.cumsum(mask, axis=-1) - 1, 0).astype(jnp.int32)
@@ -67,20 +67,17 @@ class TokenScorer:
 
         def one(xs):
             hh, tt = xs
-            logits = model.logits(hh).astype(jnp.float32) / self.temperature
+            logits = model.logits(hh).astype(jnp.float32) / temperature
             lse = jax.nn.logsumexp(logits, axis=-1)
             lp = jnp.take_along_axis(logits, tt[..., None], axis=-1)[..., 0] - lse
-            return lp, jnp.argmax(logits, axis=-1).astype(jnp.int32), jnp.max(logits, axis=-1) - lse
+            top_lp, top_id = jax.lax.top_k(logits, k)  # k=1: the argmax (lowest id on ties, as argmax)
+            return lp, top_id.astype(jnp.int32), top_lp - lse[..., None]
 
         lp, top_id, top_lp = jax.lax.map(one, (hc, tc))
-        unchunk = lambda x: x.swapaxes(0, 1).reshape(b, t)[:, :-1]  # noqa: E731
+        unchunk = lambda x: x.swapaxes(0, 1).reshape(b, t, *x.shape[3:])[:, :-1]  # noqa: E731
         return unchunk(lp), unchunk(top_id), unchunk(top_lp)
 
-    def score(self, sequences: Sequence[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-        """Per sequence of length T: (logp[T-1] of tokens 1..T-1, argmax ids[T-1], their logp[T-1])."""
-        seqs = [np.asarray(s, np.int32).reshape(-1) for s in sequences]
-        if not seqs:
-            return []
+    def _run(self, seqs: list[np.ndarray], k: int, temperature: float):
         if any(s.size < 2 for s in seqs):
             raise ValueError("a scored sequence needs at least 2 tokens (the first has no context)")
         t = _bucket(max(s.size for s in seqs), self.chunk)
@@ -90,13 +87,34 @@ class TokenScorer:
         mask = np.zeros((b, t), bool)
         for i, s in enumerate(seqs):
             tokens[i, : s.size], mask[i, : s.size] = s, True
+        temperature = np.float32(temperature)
         if self.mesh is not None:
             with jax.set_mesh(self.mesh):
-                out = self._fn(self.state, tokens, mask)
+                out = self._fn(self.state, tokens, mask, temperature, k=k)
         else:
-            out = self._fn(self.state, tokens, mask)
-        lp, top_id, top_lp = (np.asarray(jax.device_get(x)) for x in out)
-        return [(lp[i, : s.size - 1], top_id[i, : s.size - 1], top_lp[i, : s.size - 1]) for i, s in enumerate(seqs)]
+            out = self._fn(self.state, tokens, mask, temperature, k=k)
+        return (np.asarray(jax.device_get(x)) for x in out)
+
+    def score(self, sequences: Sequence[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+        """Per sequence of length T: (logp[T-1] of tokens 1..T-1, argmax ids[T-1], their logp[T-1])."""
+        seqs = [np.asarray(s, np.int32).reshape(-1) for s in sequences]
+        if not seqs:
+            return []
+        lp, top_id, top_lp = self._run(seqs, 1, self.temperature)
+        return [(lp[i, : s.size - 1], top_id[i, : s.size - 1, 0], top_lp[i, : s.size - 1, 0])
+                for i, s in enumerate(seqs)]
+
+    def top_alternatives(self, sequences: Sequence[np.ndarray], k: int, temperature: float
+                         ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Per sequence of length T: the k most likely next tokens at every position, (ids
+        [T-1, k], logp [T-1, k]) best first, under softmax(logits / temperature)."""
+        if not temperature > 0:
+            raise ValueError(f"temperature must be > 0, got {temperature}")
+        seqs = [np.asarray(s, np.int32).reshape(-1) for s in sequences]
+        if not seqs:
+            return []
+        _, top_id, top_lp = self._run(seqs, int(k), temperature)
+        return [(top_id[i, : s.size - 1], top_lp[i, : s.size - 1]) for i, s in enumerate(seqs)]
 
     def response_logprobs(self, prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray]) -> list[np.ndarray]:
         """log p(response tokens | prompt, earlier response tokens), one array per pair."""
@@ -216,3 +234,18 @@ class BackendScorer:
             scorer = self._current()
             ((lp, top_id, top_lp),) = await asyncio.to_thread(scorer.score, [ids])
         return lp, top_id, top_lp
+
+    async def top_alternatives(self, sequences: Sequence[np.ndarray], k: int, temperature: float):
+        """`TokenScorer.top_alternatives` on the served model, off the event loop."""
+        async with self._lock:
+            scorer = self._current()
+            return await asyncio.to_thread(scorer.top_alternatives, sequences, k, temperature)
+
+
+def top_logprob_entries(tokenizer: Any, ids: np.ndarray, lps: np.ndarray) -> list[dict[str, Any]]:
+    """OpenAI `top_logprobs` entries ({token, logprob, bytes}) of one position, best first."""
+    out = []
+    for tid, lp in zip(ids.tolist(), lps.tolist()):
+        piece = _piece(tokenizer, tid)
+        out.append({"token": piece, "logprob": float(lp), "bytes": list(piece.encode("utf-8", "replace"))})
+    return out
