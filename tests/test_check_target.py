@@ -90,3 +90,15 @@ def test_one_usable_memory_fraction():
 def test_target_errors(capsys):
     with pytest.raises(ConfigError, match="known targets"):
         load_config(None, ["mesh.target=v9-1"])
+
+
+@pytest.mark.parametrize("config, message", [
+    # 8 chips on 2 hosts: rows split over fsdp 8 and 2 processes
+    ("qwen3_4b_tpu.yaml", "train.microbatch_rows=4 must be a multiple of 8 (rows are split over mesh data x fsdp = 8 "
+                          "and over 2 process(es))"),
+    # a fixed 4-chip mesh on a 2-host slice leaves the second host's chips out
+    ("qwen3_8b_tpu.yaml", "uses 4 of 8 devices; a multi-process run must use all of them"),
+])
+def test_multi_host_targets_get_the_runs_process_checks(config, message, capsys):
+    assert train_cli.main(["--config", str(CONFIGS / config), "--check", "mesh.target=v5p-16"]) == 2
+    assert message in capsys.readouterr().err
