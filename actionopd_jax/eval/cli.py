@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,13 +20,17 @@ from actionopd_jax.types import Task
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="actionopd eval", description=__doc__)
     who = p.add_mutually_exclusive_group(required=True)
-    who.add_argument("--checkpoint", help="Orbax run/checkpoint directory of a trained student")
+    who.add_argument("--checkpoint", help="a training run directory, its checkpoints/ folder or one step folder "
+                                          "(Orbax), or an exported HF directory")
     who.add_argument("--hf", help="HF directory (config.json + safetensors) of a student")
     who.add_argument("--endpoint", help="base URL of an OpenAI-compatible endpoint (e.g. a hosted teacher)")
     who.add_argument("--reference", action="store_true", help="the privileged reference policy (harness check)")
     p.add_argument("--model", help="model name at --endpoint")
     p.add_argument("--api-key-env", help="environment variable holding the endpoint's API key")
-    p.add_argument("--tokenizer", help="tokenizer directory (default: next to the weights)")
+    p.add_argument("--tokenizer", help="tokenizer directory (default: next to the weights, or the run's)")
+    p.add_argument("--step", type=int, help="with --checkpoint RUN: the step to evaluate (default: latest finished)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16"), help="parameter and compute dtype (default: as trained)")
+    p.add_argument("--mesh", help="shard the student over local devices, e.g. tensor=-1 (default: one device)")
     p.add_argument("--bench", action="append", required=True,
                    help="bfcl[:base,miss_func,miss_param,long_context] or tau2_<domain>[:split]; repeatable")
     p.add_argument("--limit", type=int, help="first N tasks of each benchmark")
@@ -54,16 +59,18 @@ def make_agent(args: argparse.Namespace) -> Agent:
 
 def model_backend(args: argparse.Namespace):
     """The in-process model backend for --hf / --checkpoint (same code path as `actionopd serve`)."""
-    from actionopd_jax.chat import load_tokenizer
+    from actionopd_jax.model import make_mesh
     from actionopd_jax.sampling import Sampler
-    from actionopd_jax.sampling.loading import end_token_ids, load_model
+    from actionopd_jax.sampling.cli import model_with_tokenizer
+    from actionopd_jax.sampling.loading import end_token_ids, model_name_of
+    from actionopd_jax.serve.cli import parse_mesh
     from actionopd_jax.serve.model_backend import ModelBackend
 
-    cfg, model, model_dir = load_model(hf=args.hf, checkpoint=args.checkpoint)
-    tokenizer = load_tokenizer(Path(args.tokenizer) if args.tokenizer else model_dir)
-    sampler = Sampler(model, cfg, eos_ids=end_token_ids(tokenizer))
-    return ModelBackend(sampler, tokenizer, model_name=Path(args.hf or args.checkpoint).resolve().name,
-                        default_max_tokens=args.max_new_tokens)
+    mesh = make_mesh(parse_mesh(args.mesh)) if args.mesh else None
+    cfg, model, tokenizer = model_with_tokenizer(hf=args.hf, checkpoint=args.checkpoint, tokenizer=args.tokenizer,
+                                                 mesh=mesh, dtype=args.dtype, step=args.step)
+    sampler = Sampler(model, cfg, eos_ids=end_token_ids(tokenizer), mesh=mesh)
+    return ModelBackend(sampler, tokenizer, model_name=model_name_of(args.hf or args.checkpoint), default_max_tokens=args.max_new_tokens)
 
 
 def env_factory(args: argparse.Namespace):
@@ -98,11 +105,13 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     out = Path(args.out)
     records, errors = asyncio.run(run_eval(agent, tasks, env_factory(args), out / "episodes.jsonl",
                                            trials=args.trials, concurrency=args.concurrency,
-                                           progress=not args.no_progress))
+                                           progress=not args.no_progress,
+                                           trajectories_jsonl=out / "trajectories.jsonl"))
     wanted = {(t.task_id, t.env) for t in tasks}
     records = [r for r in records if (r["task_id"], r["env"]) in wanted and r["trial"] < args.trials]
     rows = summarize(records, ks=range(1, args.trials + 1))
     paths = write_report(out, rows, agent=agent.name, errors=errors)
+    paths["trajectories"] = out / "trajectories.jsonl"
     return {"rows": rows, "errors": errors, "paths": paths}
 
 
@@ -110,7 +119,11 @@ def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
     from actionopd_jax.compile_cache import enable_compile_cache
     enable_compile_cache()  # persistent XLA compile cache (JAX_COMPILATION_CACHE_DIR or the default)
-    result = evaluate(args)
+    try:
+        result = evaluate(args)
+    except (FileNotFoundError, ValueError, argparse.ArgumentTypeError) as e:
+        print(f"actionopd eval: {e}", file=sys.stderr)
+        return 2
     print(markdown_table(result["rows"]))
     print(f"wrote {', '.join(str(p) for p in result['paths'].values())}")
     if result["errors"]:

@@ -6,7 +6,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-METRIC_ORDER = ("accuracy", "strict_accuracy", "pass^1", "pass^2", "pass^3", "pass^4", "reward")
+NOTE = ("(percentages; BFCL accuracy is the official checker's verdict on the calls this harness executed, "
+        "strict adds its irrelevance check; bfcl_eval_accuracy is the checker's verdict on the calls "
+        "bfcl_eval's executor would have run, which also runs calls to tools offered only in a later turn)")
+METRIC_ORDER = ("accuracy", "strict_accuracy", "bfcl_eval_accuracy", "pass^1", "pass^2", "pass^3", "pass^4", "reward")
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
@@ -19,7 +22,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         cells = [f"{100 * r[m]:.1f}" if m in r else "" for m in metrics]
         lines.append(f"| {r['env']} | {r['group']} | {r['episodes']} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + "\n\n(percentages; BFCL accuracy uses the official checker, strict adds its irrelevance check)\n"
+    return "\n".join(lines) + "\n\n" + NOTE + "\n"
 
 
 def bar_chart(rows: list[dict[str, Any]], path: Path, *, title: str) -> None:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -115,27 +116,71 @@ async def run_episode(agent: Agent, env: Environment, task: Task, trial: int, *,
     return record
 
 
+CONVERSATION_KEYS = ("messages", "tools", "tool_sets", "turns")
+
+
+def trajectory_record(rec: dict[str, Any], env: Environment) -> dict[str, Any]:
+    """An episode as a reader wants it: the whole conversation (messages with the tool calls
+    and tool results), the verdict and its reason, and for BFCL the call strings the official
+    checker scored (`scored_calls["ours"]`) and those bfcl_eval's executor would have recorded."""
+    score = rec["score"]
+    reason = rec["end_reason"]
+    if score.get("error_type") or score.get("error_message"):
+        reason += f"; {score.get('error_type', '')}: {score.get('error_message', '')}"
+    out = {k: rec[k] for k in ("task_id", "env", "split", "group", "trial", "agent", "actions")}
+    out.update(verdict={k: score[k] for k in ("reward", "official", "strict", "bfcl_eval_official") if k in score},
+               reason=reason, score=score, **{k: rec[k] for k in CONVERSATION_KEYS})
+    scored = getattr(env, "scored_calls", None)
+    if scored is not None:
+        out["scored_calls"] = scored()
+    return out
+
+
+def _keep_only(path: Path, keys: set[tuple]) -> None:
+    """Drop trajectory lines of episodes that never reached the scores file (a kill between
+    the two writes): those episodes run again and write their trajectory again."""
+    if not path.exists():
+        return
+    _drop_torn_tail(path)
+    kept = [line for line in path.read_text().splitlines()
+            if line.strip() and tuple(json.loads(line)[k] for k in ("task_id", "env", "trial")) in keys]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    tmp.replace(path)
+
+
 async def run_eval(agent: Agent, tasks: list[Task], make_env: EnvFactory, out_jsonl: str | Path, *,
                    trials: int = 1, concurrency: int = 8, max_actions: int = 200,
-                   progress: bool = True, record_conversation: bool = False) -> tuple[list[dict[str, Any]], list[str]]:
+                   progress: bool = True, record_conversation: bool = False,
+                   trajectories_jsonl: str | Path | None = None) -> tuple[list[dict[str, Any]], list[str]]:
     """Returns (all finished records, errors of episodes that could not finish).
-    `record_conversation`: see `run_episode`."""
+    `record_conversation`: see `run_episode`. `trajectories_jsonl`: also write each episode's
+    `trajectory_record` there (the scores file then stays compact unless record_conversation)."""
     out = Path(out_jsonl)
     out.parent.mkdir(parents=True, exist_ok=True)
     _drop_torn_tail(out)
     records = load_finished(out)
     done_keys = {(r["task_id"], r["env"], r["trial"]) for r in records}
+    traj = Path(trajectories_jsonl) if trajectories_jsonl is not None else None
+    if traj is not None:
+        _keep_only(traj, done_keys)
     todo = [(t, i) for t in tasks for i in range(trials) if (t.task_id, t.env, i) not in done_keys]
     errors: list[str] = []
     sem = asyncio.Semaphore(max(1, concurrency))
     bar = tqdm(total=len(todo), desc=f"eval {agent.name}", disable=not progress, unit="ep")
 
-    with out.open("a") as sink:
+    with out.open("a") as sink, (traj.open("a") if traj is not None else open(os.devnull, "w")) as traj_sink:
         async def one(task: Task, trial: int) -> None:
             async with sem:
                 try:
-                    rec = await run_episode(agent, make_env(task), task, trial, max_actions=max_actions,
-                                            record_conversation=record_conversation)
+                    env = make_env(task)
+                    rec = await run_episode(agent, env, task, trial, max_actions=max_actions,
+                                            record_conversation=record_conversation or traj is not None)
+                    if traj is not None:
+                        traj_sink.write(json.dumps(trajectory_record(rec, env)) + "\n")
+                        traj_sink.flush()
+                        if not record_conversation:
+                            rec = {k: v for k, v in rec.items() if k not in CONVERSATION_KEYS}
                 except AgentUnavailable as e:
                     errors.append(f"{task.task_id} trial {trial}: {e}")
                     return

@@ -20,28 +20,40 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     """Model source options shared with `actionopd serve`."""
     src = parser.add_mutually_exclusive_group(required=True)
     src.add_argument("--hf", metavar="DIR", help="Hugging Face Qwen3 directory (config.json + safetensors)")
-    src.add_argument("--checkpoint", metavar="DIR", help="exported or training checkpoint directory")
+    src.add_argument("--checkpoint", metavar="DIR",
+                     help="training run directory, its checkpoints/ folder or one step folder (Orbax), "
+                          "or an exported HF directory")
     src.add_argument("--tiny", action="store_true", help="tiny random model + tiny tokenizer (smoke test)")
     parser.add_argument("--tokenizer", metavar="DIR", help="tokenizer directory (default: the model directory)")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), help="parameter and compute dtype override")
+    parser.add_argument("--step", type=int, help="with --checkpoint RUN: the step to load (default: latest finished)")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"),
+                        help="parameter and compute dtype (default: as trained / as in config.json)")
 
 
 def resolve_model(args, workdir: Path, *, seed: int, mesh=None):
     """(cfg, model, tokenizer) for the options of add_model_args."""
-    from actionopd_jax.chat import load_tokenizer
-
-    overrides = {"param_dtype": args.dtype, "dtype": args.dtype} if args.dtype else None
     if args.tiny:
         model_dir, tok_dir = build_tiny_demo(workdir, seed=seed)
-        cfg, model, _ = load_model(hf=model_dir, mesh=mesh, cfg_overrides=overrides)
-    else:
-        cfg, model, model_dir = load_model(hf=args.hf, checkpoint=args.checkpoint, mesh=mesh, cfg_overrides=overrides)
-        tok_dir = Path(args.tokenizer) if args.tokenizer else model_dir
-    tokenizer = load_tokenizer(tok_dir)
-    if len(tokenizer) > cfg.vocab_size:
-        raise ValueError(f"tokenizer in {tok_dir} has {len(tokenizer)} ids but the model's vocabulary is "
+        return model_with_tokenizer(hf=model_dir, tokenizer=tok_dir, mesh=mesh, dtype=args.dtype)
+    return model_with_tokenizer(hf=args.hf, checkpoint=args.checkpoint, tokenizer=args.tokenizer, mesh=mesh,
+                                dtype=args.dtype, step=getattr(args, "step", None))
+
+
+def model_with_tokenizer(*, hf=None, checkpoint=None, tokenizer=None, mesh=None, dtype=None, step=None):
+    """(cfg, model, tokenizer): the model (load_model) and `tokenizer`, else the one next to the
+    HF weights or the one the training run recorded. Shared by generate, serve and eval."""
+    from actionopd_jax.chat import load_tokenizer
+
+    cfg, model, recorded = load_model(hf=hf, checkpoint=checkpoint, mesh=mesh, dtype=dtype, step=step)
+    tok_dir = Path(tokenizer) if tokenizer else recorded
+    if tok_dir is None:
+        raise ValueError(f"{checkpoint}: the run recorded no tokenizer (no <run>/tokenizer/, and its config "
+                         "names none that still exists); pass --tokenizer DIR")
+    tok = load_tokenizer(tok_dir)
+    if len(tok) > cfg.vocab_size:
+        raise ValueError(f"tokenizer in {tok_dir} has {len(tok)} ids but the model's vocabulary is "
                          f"{cfg.vocab_size}: they do not belong together (pass the right --tokenizer)")
-    return cfg, model, tokenizer
+    return cfg, model, tok
 
 
 def _parser() -> argparse.ArgumentParser:

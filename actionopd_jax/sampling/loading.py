@@ -3,7 +3,7 @@ the end-of-turn token ids, and a tiny random demo model for smoke runs."""
 
 from __future__ import annotations
 
-import importlib
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,31 +28,49 @@ def end_token_ids(tokenizer: Any) -> list[int]:
 
 
 def load_model(*, hf: str | Path | None = None, checkpoint: str | Path | None = None,
-               mesh=None, cfg_overrides: dict | None = None) -> tuple[Qwen3Config, Any, Path]:
-    """(config, model, directory) from a Hugging Face directory (`hf`, or an exported
-    `checkpoint` holding config.json) or a trainer checkpoint (read through
-    `actionopd_jax.train.checkpoint.load_model`, when the trainer provides it)."""
+               mesh=None, dtype: str | None = None, step: int | None = None,
+               cfg_overrides: dict | None = None) -> tuple[Qwen3Config, Any, Path | None]:
+    """(config, model, tokenizer directory or None) from a Hugging Face directory (`hf`, or a
+    `checkpoint` holding config.json) or a training run's Orbax checkpoint (`checkpoint` = run
+    directory, its checkpoints/ folder or one step folder; `step` picks one, default the latest
+    finished). The parameters land on `mesh` (None: the first local device) in `dtype` (None:
+    as recorded). Bad paths raise ValueError / FileNotFoundError with what to do."""
     from actionopd_jax.model.weights import load_hf
+    from actionopd_jax.train.checkpoint import CheckpointError
+    from actionopd_jax.train.run_model import load_model as load_run_checkpoint
 
     if (hf is None) == (checkpoint is None):
         raise ValueError("give exactly one of --hf DIR or --checkpoint DIR")
     path = Path(hf if hf is not None else checkpoint)
-    if not path.is_dir():
-        raise FileNotFoundError(f"{path} is not a directory")
-    if (path / "config.json").is_file():
-        cfg, model = load_hf(path, cfg_overrides=cfg_overrides, mesh=mesh)
+    if hf is not None or (path / "config.json").is_file():
+        if not path.is_dir():
+            raise FileNotFoundError(f"{path} is not a directory; pass a Hugging Face model directory "
+                                    "(config.json + *.safetensors)")
+        if not (path / "config.json").is_file():
+            hint = " (it looks like a training run: use --checkpoint)" if (path / "checkpoints").is_dir() else ""
+            raise FileNotFoundError(f"{path} has no config.json: not a Hugging Face model directory{hint}")
+        if step is not None:
+            raise ValueError(f"--step picks a step of a training run; {path} is an exported HF directory")
+        overrides = dict(cfg_overrides or {})
+        if dtype:
+            overrides.update(param_dtype=dtype, dtype=dtype)
+        cfg, model = load_hf(path, cfg_overrides=overrides or None, mesh=mesh)
         return cfg, model, path
-    if hf is not None:
-        raise FileNotFoundError(f"{path} has no config.json: not a Hugging Face model directory")
     try:
-        trainer_ckpt = importlib.import_module("actionopd_jax.train.checkpoint")
-        restore = trainer_ckpt.load_model
-    except (ImportError, AttributeError) as e:
-        raise FileNotFoundError(
-            f"{path} has no config.json; export the training checkpoint first with "
-            f"`actionopd export --checkpoint {path} --out DIR` and serve DIR") from e
-    cfg, model = restore(path, mesh=mesh)
-    return cfg, model, path
+        cfg, model, info = load_run_checkpoint(path, step=step, mesh=mesh, dtype=dtype)
+    except CheckpointError as e:
+        raise ValueError(str(e)) from e
+    print(f"loaded step {info['step']} of {info['ckpt_dir']}", file=sys.stderr)
+    return cfg, model, info["tokenizer"]
+
+
+def model_name_of(path: str | Path) -> str:
+    """A served / evaluated model's default name: its directory, or the run's name for a
+    checkpoints/ or step folder."""
+    p = Path(path).resolve()
+    while p.name.isdigit() or p.name == "checkpoints":
+        p = p.parent
+    return p.name
 
 
 def build_tiny_demo(out_dir: str | Path, *, seed: int) -> tuple[Path, Path]:

@@ -1,7 +1,7 @@
 """`actionopd serve`: an OpenAI-compatible chat-completions server over a checkpoint.
 
     actionopd serve --hf DIR [--port 8000] [--api-key-env ACTIONOPD_API_KEY]
-    actionopd serve --checkpoint DIR --tokenizer TOKDIR --mesh tensor=-1
+    actionopd serve --checkpoint RUN_DIR [--step N] [--dtype bfloat16] --mesh tensor=-1
     actionopd serve --hf DIR --lm-head float32    # exact float32 logprob normalisers
 
 Binds 127.0.0.1 unless --host says otherwise. With --api-key-env NAME, clients must send
@@ -58,7 +58,7 @@ def main(argv: list[str]) -> int:
     enable_compile_cache()  # persistent XLA compile cache (JAX_COMPILATION_CACHE_DIR or the default)
     from actionopd_jax.model import make_mesh
     from actionopd_jax.sampling import Sampler
-    from actionopd_jax.sampling.loading import end_token_ids
+    from actionopd_jax.sampling.loading import end_token_ids, model_name_of
     from actionopd_jax.serve.model_backend import ModelBackend
     from actionopd_jax.serve.openai_http import OpenAIServer
 
@@ -70,7 +70,7 @@ def main(argv: list[str]) -> int:
         except (FileNotFoundError, ValueError) as e:
             print(f"actionopd serve: {e}", file=sys.stderr)
             return 2
-        name = args.model_name or ("tiny" if args.tiny else Path(args.hf or args.checkpoint).resolve().name)
+        name = args.model_name or ("tiny" if args.tiny else model_name_of(args.hf or args.checkpoint))
         sampler = Sampler(model, cfg, eos_ids=end_token_ids(tokenizer), mesh=mesh, lm_head=args.lm_head)
         try:  # ValueError: --max-context beyond the model's context, an unset --api-key-env variable
             backend = ModelBackend(sampler, tokenizer, model_name=name, max_context=args.max_context,

@@ -31,6 +31,7 @@ from actionopd_jax.train.batching import (bucket_length, pack_minibatch, pack_sh
 from actionopd_jax.train.checkpoint import Checkpointer, CheckpointError
 from actionopd_jax.train.preflight import check_batch_layout
 from actionopd_jax.train.reporting import MetricsWriter
+from actionopd_jax.train.run_model import record_tokenizer
 from actionopd_jax.train.setup import build_mesh, build_train_step, initial_params, model_config
 from actionopd_jax.train.sources import GroupSource, Policy, SourceContext, build_source
 
@@ -60,6 +61,12 @@ class Trainer:
         self._stop_requested = False
         self._last_saved: int | None = None
 
+        if resume is None and self.ckpt.steps():
+            # a fresh run here would train from step 0 and then collide with the saved steps
+            raise CheckpointError(
+                f"{self.ckpt.directory} already holds checkpoints (steps {self.ckpt.steps()}): resume them "
+                f"(`actionopd train ... --resume`, the default when the run directory has checkpoints), or "
+                f"start a new run in another run directory / checkpoint.dir")
         saved_meta = self._resume_meta(resume, force) if resume is not None else None
         self.qcfg = model_config(cfg, saved_meta["model_config"] if saved_meta else None)
         self.step_fn = build_train_step(cfg, self.qcfg, self.mesh)
@@ -86,6 +93,8 @@ class Trainer:
                             tokenizer_path=cfg.model.tokenizer or cfg.model.hf_path,
                             process_index=jax.process_index(), process_count=jax.process_count(),
                             mesh=self.mesh)
+        if self.primary:  # the run directory alone is then enough to evaluate or serve a checkpoint
+            record_tokenizer(self.run_dir, ctx.tokenizer_path)
         self.source = source if source is not None else build_source(cfg, ctx)
         if data_state is not None:
             self.source.load_state_dict(data_state)
