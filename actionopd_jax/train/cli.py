@@ -141,12 +141,19 @@ def train(cfg: Config, args) -> int:
     import jax
 
     setup_logging(run_dir, primary=primary, process_index=jax.process_index())
-    if primary:
-        write_config(run_dir, cfg.to_yaml())
     log.info("run directory %s; process %d of %d, %d local / %d global devices", run_dir,
              jax.process_index(), jax.process_count(), jax.local_device_count(), jax.device_count())
     resume = None if args.resume is None else (args.resume if args.resume == "latest" else int(args.resume))
-    trainer = Trainer(cfg, run_dir=run_dir, resume=resume, force=args.force)
+    resume, auto = _resume_choice(cfg, run_dir, resume)
+    try:
+        trainer = Trainer(cfg, run_dir=run_dir, resume=resume, force=args.force)
+    except ConfigError as e:
+        if auto:  # the user did not ask to resume: say why this run is being resumed
+            raise ConfigError(f"{run_dir} already holds checkpoints, so this command resumes that run, but {e}\n"
+                              f"(or pass another --run-dir to start a new run)") from e
+        raise
+    if primary:  # only once the run is accepted: a refused resume leaves the run's config as it was
+        write_config(run_dir, cfg.to_yaml())
     try:
         code = trainer.run()
         if args.smoke:
@@ -154,6 +161,32 @@ def train(cfg: Config, args) -> int:
     finally:
         trainer.close()
     return code
+
+
+def _resume_choice(cfg: Config, run_dir: Path, resume):
+    """(resume, resumed without being asked). A rerun in a run directory with finished
+    checkpoints resumes the latest (after a crash or preemption that is what the user wants;
+    a fresh start would collide with the saved steps); `--resume` before the first checkpoint
+    was saved starts from step 0."""
+    from actionopd_jax.train.checkpoint import Checkpointer
+
+    ckpt_dir = Path(cfg.checkpoint.dir or run_dir / "checkpoints")
+    steps = []
+    if ckpt_dir.is_dir():
+        ckpt = Checkpointer(ckpt_dir, read_only=True)
+        try:
+            steps = ckpt.steps()
+        finally:
+            ckpt.close()
+    if resume is None and steps:
+        log.warning("%s holds checkpoints (steps %s): resuming from the latest (use another --run-dir for a "
+                    "new run)", ckpt_dir, steps)
+        return "latest", True
+    if resume == "latest" and not steps:
+        log.warning("--resume: no finished checkpoint in %s yet (the run stopped before its first save): "
+                    "starting from step 0", ckpt_dir)
+        return None, False
+    return resume, False
 
 
 def _verify_smoke(trainer) -> int:
