@@ -171,6 +171,7 @@ _MINIMAL = {"architectures": ["Qwen3ForCausalLM"], "vocab_size": 8, "hidden_size
     ({"rope_parameters": {"full_attention": {"rope_type": "default"}}}, "nested per layer type"),
     ({"partial_rotary_factor": 0.5}, "partial_rotary_factor=0.5"),
     ({"rope_theta": "big"}, "rope_theta='big'"),
+    ({"head_dim": None}, "a size field is null or not a number"),
 ])
 def test_error_unsupported_rope(extra, needle):
     with pytest.raises(ValueError, match=re.escape(needle)):

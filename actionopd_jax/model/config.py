@@ -98,25 +98,28 @@ class Qwen3Config:
         dt = file_dtype if file_dtype in _DTYPES else "float32"
         # absent fields take transformers' Qwen3Config defaults (not values derived from other
         # fields), so a config means here what it means there
-        max_pos = int(d.get("max_position_embeddings", _HF_DEFAULTS["max_position_embeddings"]))
-        theta, yarn = rope_from_hf(d, max_pos)
-        kv = d.get("num_key_value_heads", _HF_DEFAULTS["num_key_value_heads"])
-        kw = dict(
-            vocab_size=int(d["vocab_size"]),
-            hidden_size=int(d["hidden_size"]),
-            intermediate_size=int(d["intermediate_size"]),
-            num_hidden_layers=int(d["num_hidden_layers"]),
-            num_attention_heads=int(d["num_attention_heads"]),
-            num_key_value_heads=int(d["num_attention_heads"] if kv is None else kv),
-            head_dim=int(d.get("head_dim", _HF_DEFAULTS["head_dim"])),
-            rope_theta=theta,
-            rope_yarn=yarn,
-            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
-            max_position_embeddings=max_pos,
-            param_dtype=dt,
-            dtype=dt,
-        )
+        try:
+            max_pos = int(d.get("max_position_embeddings", _HF_DEFAULTS["max_position_embeddings"]))
+            theta, yarn = rope_from_hf(d, max_pos)
+            kv = d.get("num_key_value_heads", _HF_DEFAULTS["num_key_value_heads"])
+            kw = dict(
+                vocab_size=int(d["vocab_size"]),
+                hidden_size=int(d["hidden_size"]),
+                intermediate_size=int(d["intermediate_size"]),
+                num_hidden_layers=int(d["num_hidden_layers"]),
+                num_attention_heads=int(d["num_attention_heads"]),
+                num_key_value_heads=int(d["num_attention_heads"] if kv is None else kv),
+                head_dim=int(d.get("head_dim", _HF_DEFAULTS["head_dim"])),
+                rope_theta=theta,
+                rope_yarn=yarn,
+                rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+                tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+                max_position_embeddings=max_pos,
+                param_dtype=dt,
+                dtype=dt,
+            )
+        except TypeError as e:  # e.g. "head_dim": null
+            raise ValueError(f"unsupported Qwen3 config: a size field is null or not a number ({e})") from e
         kw.update(overrides)
         return cls(**kw)
 

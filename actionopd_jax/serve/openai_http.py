@@ -1,5 +1,6 @@
 """The OpenAI-compatible HTTP layer: request validation, response shape, errors, auth.
 
+`stream: true` chat requests are answered as server-sent events (serve/streaming.py).
 `POST /v1/completions` serves one thing only: vLLM-style scoring of given token ids (echo,
 max_tokens 0) by a backend with `score_tokens` (serve/scoring.py).
 
