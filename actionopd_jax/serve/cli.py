@@ -43,6 +43,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--default-max-tokens", type=int, default=1024)
     p.add_argument("--batch-window-ms", type=float, default=5.0,
                    help="how long a request waits for others to share its device call")
+    p.add_argument("--segment-tokens", type=int, default=256,
+                   help="new tokens per device call: a disconnected client's request stops within one segment "
+                        "and new requests join between segments")
     p.add_argument("--mesh", type=parse_mesh, help="shard over local devices, e.g. tensor=-1 or fsdp=2,tensor=4")
     p.add_argument("--enable-thinking", action="store_true", help="default for chat_template_kwargs.enable_thinking")
     p.add_argument("--seed", type=int, help="init seed of the --tiny model (default: random)")
@@ -75,7 +78,8 @@ def main(argv: list[str]) -> int:
         try:  # ValueError: --max-context beyond the model's context, an unset --api-key-env variable
             backend = ModelBackend(sampler, tokenizer, model_name=name, max_context=args.max_context,
                                    default_max_tokens=args.default_max_tokens,
-                                   batch_window_s=args.batch_window_ms / 1000.0, enable_thinking=args.enable_thinking)
+                                   batch_window_s=args.batch_window_ms / 1000.0, enable_thinking=args.enable_thinking,
+                                   segment_tokens=args.segment_tokens)
             server = OpenAIServer(backend, host=args.host, port=args.port, api_key_env=args.api_key_env)
         except ValueError as e:
             print(f"actionopd serve: {e}", file=sys.stderr)

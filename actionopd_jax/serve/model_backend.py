@@ -54,13 +54,14 @@ class ModelBackend:
     default_max_tokens: completion budget when a request gives no max_tokens;
     batch_window_s: how long the first queued request waits for others to join its batch;
     segment_tokens: new tokens per device call (serve/segments.py): a client that disconnects
-    holds the device for at most one segment, and new requests join between segments.
+    holds the device for at most one segment, and new requests join between segments; None
+    (default): each generation in one call, the fewest compiled shapes (batch evaluation).
     """
 
     def __init__(self, sampler: Sampler, tokenizer: Any, *, model_name: str = "actionopd",
                  max_context: int | None = None, default_max_tokens: int = 1024,
                  batch_window_s: float = 0.005, max_batch_requests: int = 64, enable_thinking: bool = False,
-                 segment_tokens: int = 256):
+                 segment_tokens: int | None = None):
         self.sampler = sampler
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -69,9 +70,9 @@ class ModelBackend:
             raise ValueError(f"max_context {self.max_context} must be between 1 and the model's context "
                              f"(max_position_embeddings {sampler.cfg.max_position_embeddings}); "
                              "lower --max-context or leave it unset")
-        if segment_tokens < 1:
-            raise ValueError(f"segment_tokens must be >= 1, got {segment_tokens}")
-        self.segment_tokens = int(segment_tokens)
+        if segment_tokens is not None and segment_tokens < 1:
+            raise ValueError(f"segment_tokens must be >= 1 (or None), got {segment_tokens}")
+        self.segment_tokens = segment_tokens
         self.default_max_tokens = default_max_tokens
         self.enable_thinking = enable_thinking
         self.end_ids = set(int(i) for i in sampler.eos_ids)
@@ -106,11 +107,12 @@ class ModelBackend:
 
     async def complete(self, req: ChatRequest) -> tuple[list[ChatChoice], int]:
         prompt_ids = self._render(req)
-        job = SegmentedJob(prompt_ids=prompt_ids, n=req.n, max_new=self._budget(req, prompt_ids.size),
+        max_new = self._budget(req, prompt_ids.size)
+        job = SegmentedJob(prompt_ids=prompt_ids, n=req.n, max_new=max_new,
                            # top_p 0 means "only the most likely token": greedy
                            temperature=req.temperature if req.top_p > 0 else 0.0,
                            top_p=req.top_p if req.top_p > 0 else 1.0,
-                           top_k=req.top_k, key=request_key(req.seed), segment=self.segment_tokens)
+                           top_k=req.top_k, key=request_key(req.seed), segment=self.segment_tokens or max_new)
         generations: list[Generation] = await self.batcher.submit(job)
         choices = [self._choice(req, g) for g in generations]
         if req.logprobs and req.top_logprobs:
