@@ -70,6 +70,11 @@ def test_short_main_job_through_the_cli(tmp_path):
     # evaluations and the report
     summary = json.loads((run / "report" / "summary.json").read_text())
     history = summary["actionopd"]["history"]
+    # the ActionOPD phase trains on the job's own explicit, disjoint split, recorded in the run dir
+    assert phase["env"]["task_ids"] == summary["tasks"]["train"] and not phase["env"]["allow_eval_overlap"]
+    assert phase["env"]["heldout_task_ids"] == summary["tasks"]["heldout"]
+    recorded = json.loads((run / "train_tasks.json").read_text())["tasks"]
+    assert sorted(r["task_id"] for r in recorded) == sorted(summary["tasks"]["train"])
     assert [h["step"] for h in history] == [0.0, 1.0]  # warm-start-only start, then the final policy
     for h in history:
         assert h["candidates"] > 0 and -1.0 <= h["reward_mean"] <= 1.5 and 0 <= h["invalid_rate"] <= 1
