@@ -102,3 +102,11 @@ def test_target_errors(capsys):
 def test_multi_host_targets_get_the_runs_process_checks(config, message, capsys):
     assert train_cli.main(["--config", str(CONFIGS / config), "--check", "mesh.target=v5p-16"]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_check_runs_the_baseline_sources_config_checks(tmp_path, capsys):
+    kd = ["collect.kind=kd", "train.loss=kd", "experiment.enabled=false"]
+    assert train_cli.main(["--check", *kd, f"kd.trajectories={tmp_path / 'none.jsonl'}"]) == 2
+    assert "KD trajectories file" in capsys.readouterr().err
+    assert train_cli.main(["--check", *kd, "env.name=bfcl"]) == 2  # no recorded episodes and no teacher
+    assert "KD without kd.trajectories runs the teacher first" in capsys.readouterr().err

@@ -49,19 +49,32 @@ def check_batch_layout(cfg: Config, sizes: dict[str, int], processes: int) -> No
 
 
 def check_collection(cfg: Config) -> None:
-    """The offline part of what the collector's source reads from the config when the run
-    builds it (collect/source.py): its settings, the teacher and matcher specs, the task sets
-    (loaded, so missing data or a refused split shows here) and the user simulator."""
-    if cfg.collect.kind != "actionopd" or cfg.teacher.kind == "self":
-        return  # synthetic: nothing to read; baselines check themselves when built
+    """The offline part of what the group source reads from the config when the run builds it
+    (collect/source.py, baselines/wiring.py): its settings, the teacher and matcher specs, the
+    task sets (loaded, so missing data or a refused split shows here) and the user simulator.
+    Not the tokenizer or checkpoint files, which a planning host may not hold."""
+    kind, teacher = cfg.collect.kind, cfg.teacher.kind
+    if kind == "synthetic":
+        return
     from actionopd_jax.collect import source
 
+    if kind == "kd":
+        from actionopd_jax.baselines import kd, wiring
+
+        if cfg.kd.trajectories:
+            kd.load_trajectories(cfg.kd.trajectories, min_reward=cfg.kd.min_reward)
+        else:  # the teacher runs first, on the training tasks
+            wiring.endpoint_agent(cfg)
+            wiring.tasks_from_env(cfg, limit=cfg.kd.max_tasks)
+            source.env_factory_from(cfg)
+        return
     try:
         source.collector_config_from(cfg)
     except ValueError as e:
         raise e if isinstance(e, ConfigError) else ConfigError(f"collect: {e}") from None
-    source.teacher_spec(cfg)
-    source.judge_spec(cfg)
+    if kind == "actionopd" and teacher != "self":
+        source.teacher_spec(cfg)
+        source.judge_spec(cfg)
     source.task_stream_from(cfg)
     source.env_factory_from(cfg)
 
