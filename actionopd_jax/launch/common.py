@@ -85,7 +85,8 @@ def resolve_config(config: str, repo_root: Path) -> str:
         raise LaunchError(f"config {config!r} is not valid YAML: {err}") from None
     if not isinstance(loaded, dict):
         raise LaunchError(f"config {config!r} must be a YAML mapping of settings, got {type(loaded).__name__}")
-    from actionopd_jax.config import ConfigError, read_config_file
+    from actionopd_jax.config import ConfigError
+    from actionopd_jax.config_files import read_config_file
 
     try:  # its `base:` chain too: a file the workers cannot load must not start a job
         read_config_file(path)

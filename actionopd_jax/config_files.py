@@ -1,0 +1,59 @@
+"""Config files: a YAML file and its `base:` chain, merged into one tree of settings.
+
+`base: other.yaml` (relative to the file that names it) is loaded first and the file's own
+keys override it, section by section, recursively; lists and scalars are replaced whole. Each
+file's keys are checked on their own, so an unknown key names the file it is in; a missing
+base and cycles are refused with the chain that led there.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from actionopd_jax.config import Config, ConfigError, _build
+
+
+def _read_yaml(p: Path) -> dict[str, Any]:
+    try:
+        loaded = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p} is not valid YAML: {e}") from e
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping of sections")
+    return loaded
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    """`over` on top of `base`, section by section (lists and scalars are replaced whole)."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def read_config_file(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+    """A YAML config with its `base:` chain resolved: `base: other.yaml` (relative to the file
+    that names it) is loaded first and this file's keys override it, recursively. Each file's
+    keys are checked on their own, so an unknown key names the file it is in."""
+    p = Path(path).resolve()
+    if p in _chain:
+        raise ConfigError("config files include each other in a cycle: " + " -> ".join(
+            str(x) for x in (*_chain, p)))
+    if not p.is_file():
+        raise ConfigError(f"config file {p} does not exist" if not _chain else
+                          f"{_chain[-1]}: base {p} does not exist (base paths are relative to the file "
+                          "that names them)")
+    loaded = _read_yaml(p)
+    base = loaded.pop("base", None)
+    try:
+        _build(Config, loaded, "")  # unknown keys / types in this file are reported as such
+    except ConfigError as e:
+        raise ConfigError(f"{p}: {e}") from None
+    if base is None:
+        return loaded
+    if not isinstance(base, str) or not base.strip():
+        raise ConfigError(f"{p}: base must be the path of another config file, got {base!r}")
+    return _merge(read_config_file(p.parent / base, (*_chain, p)), loaded)
