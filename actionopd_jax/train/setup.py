@@ -43,6 +43,13 @@ def build_mesh(cfg: Config):
     check_mesh_covers_processes(shape, jax.device_count(), jax.process_count())
     if used < jax.device_count():
         log.warning("mesh %s uses %d of the %d devices", shape, used, jax.device_count())
+    if cfg.mesh.target:
+        from actionopd_jax.aot.targets import get_target
+
+        t = get_target(cfg.mesh.target)
+        if t.platform == jax.devices()[0].platform and t.chips != jax.device_count():
+            log.warning("mesh.target %s has %d chips but this run has %d devices: `train --check` planned "
+                        "for the target, not for these devices", t.name, t.chips, jax.device_count())
     return make_mesh(shape)
 
 
