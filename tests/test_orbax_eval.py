@@ -111,6 +111,19 @@ def test_half_written_step_is_skipped_and_bad_paths_say_what_to_do(run, tmp_path
     assert load_model(copy)[2]["tokenizer"] == run["tokenizer"]
 
 
+def test_generate_from_a_step_folder(run, capsys):
+    from actionopd_jax.sampling import cli as generate_cli
+
+    step1 = run["run"] / "checkpoints" / "1"
+    assert generate_cli.main(["--checkpoint", str(step1), "--prompt", "Say hello.",
+                              "--max-new-tokens", "4", "--temperature", "0", "--seed", "0"]) == 0
+    captured = capsys.readouterr()
+    assert "=== prompt: Say hello." in captured.out and f"loaded step 1 of {step1.parent}" in captured.err
+    assert "read only" not in captured.err  # Orbax's read-only notices are kept out of the user's way
+    assert generate_cli.main(["--checkpoint", str(run["run"]), "--step", "5"]) == 2
+    assert "step 5 is not in" in capsys.readouterr().err
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

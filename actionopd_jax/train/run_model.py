@@ -13,7 +13,9 @@ config) and `<run>/tokenizer/` (copied by the trainer at start).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import logging
 import sys
 from pathlib import Path
 from typing import Any
@@ -128,7 +130,8 @@ def load_model(path: str | Path, *, step: int | None = None, mesh=None, dtype: s
 
     announce = announce or (lambda line: print(line, file=sys.stderr))
     found = locate(path, step, announce=announce)
-    ckpt = Checkpointer(found.ckpt_dir, read_only=True)
+    with _quiet_absl():  # Orbax logs three warnings that a read-only manager is read-only
+        ckpt = Checkpointer(found.ckpt_dir, read_only=True)
     try:
         steps = ckpt.steps()
         if not steps:
@@ -158,6 +161,17 @@ def load_model(path: str | Path, *, step: int | None = None, mesh=None, dtype: s
     info = {"step": restored.step, "ckpt_dir": found.ckpt_dir, "run_dir": found.run_dir,
             "tokenizer": recorded_tokenizer(found, restored.meta), "skipped": found.skipped}
     return qcfg, model, info
+
+
+@contextlib.contextmanager
+def _quiet_absl():
+    logger = logging.getLogger("absl")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
 
 
 def record_tokenizer(run_dir: str | Path, tokenizer_dir: str | Path | None) -> Path | None:
