@@ -14,6 +14,7 @@ import jax
 import numpy as np
 import openai
 import pytest
+import yaml
 from flax import nnx
 
 from actionopd_jax.eval import cli as eval_cli
@@ -107,8 +108,15 @@ def test_half_written_step_is_skipped_and_bad_paths_say_what_to_do(run, tmp_path
         assert message in capsys.readouterr().err
     assert eval_cli.main(["--checkpoint", str(copy), "--step", "7", *base]) == 2
     assert "step 7 is not in" in capsys.readouterr().err
+    # a run whose checkpoint.dir pointed elsewhere is found through its config.yaml
+    shutil.move(copy / "checkpoints", tmp_path / "elsewhere")
+    cfg = yaml.safe_load((copy / "config.yaml").read_text())
+    cfg["checkpoint"]["dir"] = str(tmp_path / "elsewhere")
+    (copy / "config.yaml").write_text(yaml.safe_dump(cfg))
+    _, _, info = load_model(copy, announce=lines.append)
+    assert info["step"] == 2 and info["tokenizer"] == copy / "tokenizer"
     shutil.rmtree(copy / "tokenizer")  # then the tokenizer directory the run's config named
-    assert load_model(copy)[2]["tokenizer"] == run["tokenizer"]
+    assert load_model(copy, announce=lines.append)[2]["tokenizer"] == run["tokenizer"]
 
 
 def test_generate_from_a_step_folder(run, capsys):

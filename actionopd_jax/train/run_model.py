@@ -44,6 +44,7 @@ def locate(path: str | Path, step: int | None = None, *, announce=print) -> RunC
     """Find the checkpoint folder behind `path` (a run directory, its checkpoints/ folder, or
     one step folder). Half-written steps are listed and announced, never read."""
     p = Path(path)
+    run_dir = None
     if not p.exists():
         raise CheckpointError(f"{p} does not exist; pass a run directory (runs/<utc>-<name>), its "
                               "checkpoints/ folder, one step folder, or an exported HF directory")
@@ -59,6 +60,8 @@ def locate(path: str | Path, step: int | None = None, *, announce=print) -> RunC
         ckpt_dir, step = p.parent, picked
     elif (p / "checkpoints").is_dir():
         ckpt_dir = p / "checkpoints"
+    elif _configured_dir(p) is not None:  # a run whose checkpoint.dir pointed elsewhere
+        ckpt_dir, run_dir = _configured_dir(p), p
     else:
         ckpt_dir = p
     skipped = sorted(str(c) for c in ckpt_dir.iterdir() if TMP_MARK in c.name)
@@ -70,9 +73,22 @@ def locate(path: str | Path, step: int | None = None, *, announce=print) -> RunC
         raise CheckpointError(f"{ckpt_dir} holds {what}: no finished checkpoint to load. Pass a run directory "
                               "(with checkpoints/<step>/) after at least one checkpoint was saved, or an HF "
                               "directory with config.json")
-    parent = ckpt_dir.parent
-    run_dir = parent if ckpt_dir.name == "checkpoints" or (parent / "config.yaml").is_file() else None
+    if run_dir is None:
+        parent = ckpt_dir.parent
+        run_dir = parent if ckpt_dir.name == "checkpoints" or (parent / "config.yaml").is_file() else None
     return RunCheckpoint(ckpt_dir, run_dir, None if step is None else int(step), skipped)
+
+
+def _configured_dir(run_dir: Path) -> Path | None:
+    import yaml
+
+    if not (run_dir / "config.yaml").is_file():
+        return None
+    try:
+        d = ((yaml.safe_load((run_dir / "config.yaml").read_text()) or {}).get("checkpoint") or {}).get("dir")
+    except yaml.YAMLError:
+        return None
+    return Path(d) if d and Path(d).is_dir() else None
 
 
 def model_config_of(meta: dict[str, Any], dtype: str | None = None):
