@@ -96,6 +96,7 @@ class CollectionEstimate:
     state_tokens: float      # cache-token equivalents of the largest single state
     call: float              # bytes of the largest call the budget allows, per chip
     states_per_call: int
+    prompt_bucket: int = 0   # the largest prompt, padded to the sampler's bucket
 
     @property
     def total(self) -> float:
@@ -114,9 +115,12 @@ def estimate_collection(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *,
     n = count_params(qcfg)["total"]
     copy_bytes = 2 if platform != "cpu" else _BYTES[qcfg.param_dtype]  # bf16 on accelerators
     rollout = 0.0 if platform == "cpu" else n * copy_bytes / chips_per_host
-    c = cfg.collect
-    state = sb.chunk_tokens(1, min(c.max_prompt_tokens, cfg.train.max_seq_len), c.num_candidates,
-                            c.max_response_tokens)
+    from actionopd_jax.sampling.buckets import Buckets
+
+    c, b = cfg.collect, Buckets()  # the sampler's default buckets: what a call really allocates
+    prompt = Buckets.fit(min(c.max_prompt_tokens, cfg.train.max_seq_len), b.prompt_len, "prompt_len")
+    state = sb.chunk_tokens(1, prompt, Buckets.fit(c.num_candidates, b.samples, "samples"),
+                            Buckets.fit(c.max_response_tokens, b.max_new, "max_new"))
     per_token = sb.cache_bytes_per_token(qcfg) / chips_per_host  # KV heads over the host's chips
     setting = c.sampler_token_budget.strip().lower()
     if setting.isdigit():
@@ -131,7 +135,7 @@ def estimate_collection(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *,
     else:
         states = int(budget // state)
         call = max(budget, state) * per_token  # a state over the budget still gets a call of its own
-    return CollectionEstimate(resident, rollout, budget, state, call, states)
+    return CollectionEstimate(resident, rollout, budget, state, call, states, prompt)
 
 
 def describe(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *, device_memory_gb: float | None,
@@ -194,7 +198,7 @@ def describe(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *, device_mem
             f"  params + AdamW     {coll.resident / GIB:8.2f} GiB",
             f"  rollout copy       {coll.rollout_copy / GIB:8.2f} GiB  ({copy_note})",
             f"  KV cache + prefill {coll.call / GIB:8.2f} GiB  ({budget}; a state: "
-            f"{min(cfg.collect.max_prompt_tokens, t.max_seq_len):,}-token prompt x 1.25 + "
+            f"{coll.prompt_bucket:,}-token prompt bucket x 1.25 + "
             f"{cfg.collect.num_candidates} x {cfg.collect.max_response_tokens:,} new)",
             f"  total              {coll.total / GIB:8.2f} GiB",
         ]
