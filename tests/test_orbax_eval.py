@@ -19,7 +19,6 @@ from flax import nnx
 
 from actionopd_jax.eval import cli as eval_cli
 from actionopd_jax.model import make_mesh
-from actionopd_jax.model.weights import load_hf
 from actionopd_jax.train import export_cli
 from actionopd_jax.train.checkpoint import Checkpointer
 from actionopd_jax.train.run_model import load_model

@@ -70,7 +70,8 @@ def model_backend(args: argparse.Namespace):
     cfg, model, tokenizer = model_with_tokenizer(hf=args.hf, checkpoint=args.checkpoint, tokenizer=args.tokenizer,
                                                  mesh=mesh, dtype=args.dtype, step=args.step)
     sampler = Sampler(model, cfg, eos_ids=end_token_ids(tokenizer), mesh=mesh)
-    return ModelBackend(sampler, tokenizer, model_name=model_name_of(args.hf or args.checkpoint), default_max_tokens=args.max_new_tokens)
+    return ModelBackend(sampler, tokenizer, model_name=model_name_of(args.hf or args.checkpoint),
+                        default_max_tokens=args.max_new_tokens)
 
 
 def env_factory(args: argparse.Namespace):
