@@ -110,3 +110,24 @@ def test_check_runs_the_baseline_sources_config_checks(tmp_path, capsys):
     assert "KD trajectories file" in capsys.readouterr().err
     assert train_cli.main(["--check", *kd, "env.name=bfcl"]) == 2  # no recorded episodes and no teacher
     assert "KD without kd.trajectories runs the teacher first" in capsys.readouterr().err
+
+
+def test_collection_estimate_by_hand():
+    """h200x1, Qwen3-4B: params f32 + AdamW (3 x 4 bytes x N) resident, a bf16 copy (2N), and
+    the sampler's 'auto' budget: 85% of what is left of 90% of the GPU, in KV-cache tokens."""
+    from actionopd_jax.model import PRESETS, count_params
+    from actionopd_jax.sampling import budget as sb
+    from actionopd_jax.train.plan import estimate_collection
+
+    cfg = load_config(CONFIGS / "qwen3_4b_h200.yaml")
+    q = PRESETS["qwen3-4b"].replace(dtype="bfloat16", param_dtype="float32", remat="full")
+    usable = 141e9 * USABLE_MEMORY_FRACTION
+    est = estimate_collection(cfg, q, {"data": 1, "fsdp": 1, "tensor": 1}, chips_per_host=1, usable_bytes=usable,
+                              platform="gpu")
+    n = count_params(q)["total"]
+    assert est.resident == pytest.approx(12 * n) and est.rollout_copy == pytest.approx(2 * n)
+    per_token = 2 * 36 * 8 * 128 * 2                     # k and v, 36 layers, 8 KV heads x 128, bf16
+    assert est.budget_tokens == int((usable - 14 * n) * sb.SAFETY // per_token)
+    assert est.state_tokens == 1.25 * 4096 + 4 * 4096
+    assert est.states_per_call == int(est.budget_tokens // est.state_tokens)
+    assert est.total <= usable
