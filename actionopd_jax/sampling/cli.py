@@ -1,6 +1,7 @@
 """`actionopd generate`: sample replies from a checkpoint (a smoke test of model + sampler).
 
     actionopd generate --hf DIR --prompt "What is 2+2?" [--n 2] [--temperature 0.7] [--seed 1]
+    actionopd generate --checkpoint runs/<run> [--step N] [--dtype bfloat16] --prompt "Hi"
     actionopd generate --tiny        # tiny random model + tiny tokenizer in a temp dir
 """
 
