@@ -59,14 +59,20 @@ def test_first_user_turn_tasks_are_played_and_scored_on_that_turn_only():
 
 def test_preset_loads_and_bad_settings_say_what_is_wrong():
     cfg, s = load_compare(ROOT / "configs" / "compare" / "compare_tiny.yaml", ["compare.seeds=0,1", "train.steps=2"])
-    assert s.seeds == (0, 1) and s.updates == 12 and s.max_user_turns == 1 and cfg.train.steps == 2
-    assert cfg.experiment.pretrain_epochs == 30 and cfg.experiment.student.hidden_size == 128  # tiny_cpu's student
+    assert s.seeds == (0, 1) and s.updates == 8 and cfg.train.steps == 2
+    assert (s.train_user_turns, s.eval_user_turns) == (0, (0, 1))
+    from actionopd_jax.config import load_config
+
+    main_job = load_config(ROOT / "configs" / "tiny_cpu.yaml")
+    assert cfg.experiment == main_job.experiment  # the main job's student, tasks and warm start
     with pytest.raises(ConfigError, match="unknown method"):
         load_compare(None, ["compare.methods=actionopd,nope"])
     with pytest.raises(ConfigError, match="unknown compare key"):
         load_compare(None, ["compare.budget=3"])
     with pytest.raises(ConfigError, match="compare.updates must be >= 1"):
         load_compare(None, ["compare.updates=0"])
+    with pytest.raises(ConfigError, match="eval_user_turns must be distinct"):
+        load_compare(None, ["compare.eval_user_turns=1,1"])
     assert "token log-probabilities" in compare_plan.not_runnable(compare_plan.METHODS["opd"], privileged_teacher=True)
 
 
@@ -109,6 +115,7 @@ TINY = ["experiment.max_train_tasks=1", "experiment.max_heldout_tasks=1", "exper
         "experiment.pretrain_epochs=20", "experiment.student.hidden_size=32", "experiment.student.intermediate_size=64",
         "collect.max_response_tokens=16", "experiment.eval_max_new_tokens=16", "run.progress=false",
         "mesh.fsdp=1", "compare.updates=1", "compare.max_steps=12", "compare.seeds=0",
+        "compare.train_user_turns=1", "compare.eval_user_turns=1",
         "compare.methods=actionopd,kd,broken,opd"]
 
 
@@ -134,7 +141,7 @@ def test_compare_one_update_budget_failing_method_and_table(tmp_path, monkeypatc
         assert r["status"] == "ok" and r["updates"] == 1, r
         logged = [json.loads(x) for x in (run / "runs" / f"{name}-s0" / "metrics.jsonl").read_text().splitlines()]
         assert sum(m.get("updates", 0) for m in logged) == 1
-        assert r["teacher_samples"] > 0 and 0.0 <= r["eval"]["agreement_rate"] <= 1.0
+        assert r["teacher_samples"] > 0 and 0.0 <= r["eval"]["first1"]["agreement_rate"] <= 1.0
     assert res["kd"]["teacher_requests"] == 0 and res["actionopd"]["teacher_requests"] > 0
 
     # the failing method is recorded and the others kept
@@ -147,4 +154,5 @@ def test_compare_one_update_budget_failing_method_and_table(tmp_path, monkeypatc
     assert "deliberately failing | 0/1 seeds (1 failed)" in md and "token-level OPD: needs" in md
     assert (run / "compare.png").read_bytes()[:4] == b"\x89PNG"
     for name in ("actionopd", "kd"):
-        assert (run / "runs" / f"{name}-s0" / "eval" / "summary.json").is_file()
+        assert (run / "runs" / f"{name}-s0" / "eval" / "first1" / "summary.json").is_file()
+    assert "first1: BFCL accuracy" in md

@@ -61,7 +61,11 @@ class CompareSettings:
     updates: int = 12  # optimizer updates per run (the budget held equal)
     max_steps: int = 0  # collection steps an on-policy run may take to reach it (0: 4 x updates)
     lr: float = 0.0  # every method's lr (0: experiment.opd_lr, else train.lr)
-    max_user_turns: int = 1  # tasks cut to their first user turns (0: whole tasks)
+    # Tasks cut to their first n user turns (0: whole tasks): the training tasks (collection,
+    # the warm start's trajectories), and each held-out evaluation (every final policy is
+    # evaluated once per entry; the first entry is the headline).
+    train_user_turns: int = 0
+    eval_user_turns: tuple[int, ...] = (0, 1)
     name: str = "compare"  # run directory runs/<utc>-<name>
 
     @property
@@ -76,11 +80,11 @@ def _settings_from(data: dict[str, Any]) -> CompareSettings:
         raise ConfigError(f"unknown compare key(s) {unknown}; expected some of {sorted(names)}")
     out: dict[str, Any] = {}
     for key, value in data.items():
-        default = getattr(CompareSettings, key) if key != "methods" and key != "seeds" else ()
+        default = getattr(CompareSettings, key) if key not in ("methods", "seeds", "eval_user_turns") else ()
         try:
             if key == "methods":
                 value = tuple(str(v) for v in (value.split(",") if isinstance(value, str) else value))
-            elif key == "seeds":
+            elif key in ("seeds", "eval_user_turns"):
                 value = tuple(int(v) for v in (str(value).split(",") if isinstance(value, (str, int)) else value))
             elif isinstance(default, bool):
                 value = bool(value)
@@ -106,8 +110,16 @@ def validate_settings(s: CompareSettings) -> None:
         raise ConfigError(f"compare.methods must name each method once, got {list(s.methods)}")
     if not s.seeds or len(set(s.seeds)) != len(s.seeds):
         raise ConfigError(f"compare.seeds must be distinct seeds (e.g. [0, 1, 2]), got {list(s.seeds)}")
-    if s.updates < 1 or s.max_steps < 0 or s.max_user_turns < 0 or s.lr < 0:
-        raise ConfigError("compare.updates must be >= 1; compare.max_steps, max_user_turns and lr >= 0")
+    if s.updates < 1 or s.max_steps < 0 or s.train_user_turns < 0 or s.lr < 0:
+        raise ConfigError("compare.updates must be >= 1; compare.max_steps, train_user_turns and lr >= 0")
+    if not s.eval_user_turns or min(s.eval_user_turns) < 0 or len(set(s.eval_user_turns)) != len(s.eval_user_turns):
+        raise ConfigError(f"compare.eval_user_turns must be distinct turn counts >= 0 (0: whole tasks), "
+                          f"got {list(s.eval_user_turns)}")
+
+
+def eval_name(turns: int) -> str:
+    """Name of a held-out evaluation: 'whole' tasks or their 'first<n>' user turns."""
+    return f"first{turns}" if turns else "whole"
 
 
 def load_compare(path: str | Path | None, overrides: list[str] | tuple[str, ...] = ()) -> tuple[Config, CompareSettings]:

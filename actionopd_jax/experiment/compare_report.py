@@ -1,6 +1,7 @@
 """`actionopd compare`'s outputs: compare.md (mean and spread over seeds per method), compare.png
 (the held-out metrics per method, one dot per seed), compare.json, and the summary table
-printed at the end.
+printed at the end. Columns: BFCL accuracy and agreement for each held-out evaluation
+("whole" tasks, "first1" = their first user turn), same tool and validity for the first one.
 
 Spread = the sample standard deviation over seeds (n-1), with min..max alongside; with 3
 seeds it is a rough spread, not a confidence interval.
@@ -15,14 +16,27 @@ from typing import Any
 
 import numpy as np
 
-from actionopd_jax.experiment.report import HELDOUT, _fmt, _plt
+from actionopd_jax.experiment.report import _fmt, _plt
 
-PLOTTED = ("bfcl_accuracy", "agreement_rate", "same_tool_rate", "valid_rate")
-LABELS = dict(HELDOUT)
+SHORT = {"bfcl_accuracy": "BFCL accuracy", "agreement_rate": "agrees with reference",
+         "same_tool_rate": "same tool", "valid_rate": "valid action"}
 
 
-def _values(runs: list[dict[str, Any]], key: str) -> list[float]:
-    return [float(r["eval"][key]) for r in runs if r.get("status") == "ok" and key in r.get("eval", {})]
+def columns(summary: dict[str, Any]) -> list[tuple[str, str]]:
+    """(evaluation name, metric key) of each metric column."""
+    names = summary["info"]["evals"]
+    out = [(n, k) for n in names for k in ("bfcl_accuracy", "agreement_rate")]
+    return out + [(names[0], "same_tool_rate"), (names[0], "valid_rate")]
+
+
+def label(col: tuple[str, str]) -> str:
+    return f"{col[0]}: {SHORT[col[1]]}"
+
+
+def _values(runs: list[dict[str, Any]], col: tuple[str, str]) -> list[float]:
+    name, key = col
+    return [float(r["eval"][name][key]) for r in runs
+            if r.get("status") == "ok" and key in r.get("eval", {}).get(name, {})]
 
 
 def mean_spread(values: list[float], pct: bool = True) -> str:
@@ -46,12 +60,13 @@ def by_method(summary: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
 
 def table_rows(summary: dict[str, Any]) -> list[list[str]]:
     """One row per method: status, budget, held-out metrics (mean ± sd over seeds)."""
+    cols = columns(summary)
     rows = [["warm start only (every run's start)", "-", "0", "-",
-             *(_fmt(summary["warm_start_eval"].get(k), pct=True) for k in PLOTTED)]]
+             *(_fmt(summary["warm_start_eval"][n].get(k), pct=True) for n, k in cols)]]
     for name, runs in by_method(summary).items():
         first = runs[0]
         if first.get("status") == "not run":
-            rows.append([first["label"], "not run", "-", "-", *["-"] * len(PLOTTED)])
+            rows.append([first["label"], "not run", "-", "-", *["-"] * len(cols)])
             continue
         ok = [r for r in runs if r["status"] == "ok"]
         failed = len(runs) - len(ok)
@@ -60,15 +75,17 @@ def table_rows(summary: dict[str, Any]) -> list[list[str]]:
         samples = [r["teacher_samples"] for r in ok if "teacher_samples" in r]
         rows.append([first["label"], status, "/".join(str(u) for u in updates) or "-",
                      f"{np.mean(samples):.0f}" if samples else "-",
-                     *(mean_spread(_values(runs, k)) for k in PLOTTED)])
+                     *(mean_spread(_values(runs, c)) for c in cols)])
     return rows
 
 
-HEADER = ["method", "runs", "updates", "teacher samples", *(LABELS[k] for k in PLOTTED)]
+def header(summary: dict[str, Any]) -> list[str]:
+    return ["method", "runs", "updates", "teacher samples", *(label(c) for c in columns(summary))]
 
 
-def markdown_table(rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+def markdown_table(summary: dict[str, Any], rows: list[list[str]]) -> str:
+    head = header(summary)
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines)
 
@@ -76,19 +93,20 @@ def markdown_table(rows: list[list[str]]) -> str:
 def plot(summary: dict[str, Any], path: Path) -> None:
     plt = _plt()
     groups = [(name, runs) for name, runs in by_method(summary).items() if runs[0].get("status") != "not run"]
-    fig, axes = plt.subplots(1, len(PLOTTED), figsize=(3.2 * len(PLOTTED), 3.6), sharey=True)
-    for ax, key in zip(axes, PLOTTED):
+    cols = columns(summary)
+    fig, axes = plt.subplots(1, len(cols), figsize=(2.9 * len(cols), 3.6), sharey=True)
+    for ax, col in zip(axes, cols):
         for i, (name, runs) in enumerate(groups):
-            vals = _values(runs, key)
+            vals = _values(runs, col)
             if vals:
                 ax.bar(i, np.mean(vals), color="#4C72B0" if name == "actionopd" else "#8C8C8C", alpha=0.6)
                 ax.scatter([i] * len(vals), vals, color="black", s=10, zorder=3)
-        start = summary["warm_start_eval"].get(key)
+        start = summary["warm_start_eval"][col[0]].get(col[1])
         if isinstance(start, (int, float)):
             ax.axhline(start, color="#DD8452", linestyle="--", linewidth=1, label="warm start only")
         ax.set_xticks(range(len(groups)))
         ax.set_xticklabels([n for n, _ in groups], rotation=40, ha="right", fontsize=8)
-        ax.set_title(LABELS[key], fontsize=9)
+        ax.set_title(label(col), fontsize=9)
         ax.set_ylim(0, 1)
         ax.grid(axis="y", alpha=0.3)
     axes[0].legend(fontsize=7)
@@ -100,8 +118,10 @@ def plot(summary: dict[str, Any], path: Path) -> None:
 
 
 def per_run_table(summary: dict[str, Any]) -> str:
-    lines = ["| method | seed | status | updates | steps | teacher samples | teacher requests | BFCL accuracy | "
-             "agreement | same tool | valid | train s | eval s |", "|" + "---|" * 13]
+    cols = columns(summary)
+    head = ["method", "seed", "status", "updates", "steps", "teacher samples", "teacher requests",
+            *(label(c) for c in cols), "train s", "eval s"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in summary["results"]:
         if r.get("status") == "not run":
             continue
@@ -109,8 +129,7 @@ def per_run_table(summary: dict[str, Any]) -> str:
         lines.append("| " + " | ".join(str(x) for x in (
             r["method"], r["seed"], r["status"] if r["status"] == "ok" else f"failed: {r.get('error', '')[:80]}",
             r.get("updates", "-"), r.get("steps", "-"), r.get("teacher_samples", "-"), r.get("teacher_requests", "-"),
-            _fmt(ev.get("bfcl_accuracy"), True), _fmt(ev.get("agreement_rate"), True),
-            _fmt(ev.get("same_tool_rate"), True), _fmt(ev.get("valid_rate"), True),
+            *(_fmt(ev.get(n, {}).get(k), True) for n, k in cols),
             r.get("train_s", "-"), r.get("eval_s", "-"))) + " |")
     return "\n".join(lines)
 
@@ -132,8 +151,11 @@ def write(summary: dict[str, Any], run_dir: Path, *, command: str = "") -> Path:
         f"Command: `{command}`" if command else "",
         f"Wall time: {summary['wall_s'] / 60:.1f} min. Run directory: `{summary['run_dir']}`.",
         "",
-        f"- Teacher: {info['teacher']}. Tasks: {len(info['train'])} training, {len(info['heldout'])} held out, "
-        + (f"each cut to its first {info['max_user_turns']} user turn(s)." if info["max_user_turns"] else "whole tasks."),
+        f"- Teacher: {info['teacher']}. Tasks: {len(info['train'])} training ("
+        + (f"cut to their first {info['train_user_turns']} user turn(s)" if info["train_user_turns"] else "whole tasks")
+        + f"), {len(info['heldout'])} held out, evaluated as {', '.join(info['evals'])} (whole: the whole "
+        "multi-turn task; firstN: the task cut to its first N user turns, played and scored by the official "
+        "checker on those turns only).",
         f"- One shared warm start{' (from the cache)' if info['warm_start_cached'] else ''}: {info['warm_start']}.",
         f"- Budget held equal: **{s['updates']} optimizer updates per run** (at most {summary['minibatch_rows']} "
         f"rows each; KD: {summary['minibatch_rows']} teacher turns each), lr {summary['lr']:g} for every method, "
@@ -143,7 +165,7 @@ def write(summary: dict[str, Any], run_dir: Path, *, command: str = "") -> Path:
         "(official checker, whole episodes), and per decision at the reference policy's states: valid action, "
         "same tool, agreement with the reference action. Mean ± sample sd over seeds.",
         "",
-        markdown_table(table_rows(summary)),
+        markdown_table(summary, table_rows(summary)),
         "",
         f"![held-out metrics](compare.png) {plot_error}",
         "",
@@ -158,11 +180,12 @@ def write(summary: dict[str, Any], run_dir: Path, *, command: str = "") -> Path:
 
 def summary_text(summary: dict[str, Any]) -> str:
     rows = table_rows(summary)
-    widths = [max(len(str(r[i])) for r in [HEADER, *rows]) for i in range(len(HEADER))]
+    head = header(summary)
+    widths = [max(len(str(r[i])) for r in [head, *rows]) for i in range(len(head))]
     line = "  ".join("{:<%d}" % w for w in widths)
     bar = "=" * (sum(widths) + 2 * (len(widths) - 1))
     out = [bar, f"compare summary: {summary['settings']['updates']} updates per run, seeds "
-           f"{summary['settings']['seeds']}, {summary['wall_s'] / 60:.1f} min", bar, line.format(*HEADER)]
+           f"{summary['settings']['seeds']}, {summary['wall_s'] / 60:.1f} min", bar, line.format(*head)]
     out += [line.format(*r) for r in rows]
     out.append(bar)
     return "\n".join(out)

@@ -1,14 +1,16 @@
 """`actionopd compare`: the shared setup and warm start, then one run per (method, seed).
 
-1. setup (as the main job): the task split, cut to `compare.max_user_turns` user turns per task
-   (payload max_turns), the tokenizer, the random-init student, the embedded privileged
-   reference teacher over HTTP;
+1. setup (as the main job): the task split (training tasks cut to `compare.train_user_turns`
+   user turns, 0: whole; held-out tasks once per entry of `compare.eval_user_turns`, through
+   the BFCL payload max_turns), the tokenizer, the random-init student, the embedded
+   privileged reference teacher over HTTP;
 2. ONE warm start (pretraining + KD, experiment/warm_start.py) shared by every run, cached
    under the main job's cache directory by a hash of everything it depends on, and evaluated
    once on the held-out tasks ("warm start only");
 3. per method and seed, from that warm start, `compare.updates` optimizer updates
-   (compare_plan: the budget), then the held-out evaluation of the final policy
-   (experiment/heldout.py: BFCL accuracy with the official checker + per-decision agreement).
+   (compare_plan: the budget), then the held-out evaluations of the final policy
+   (experiment/heldout.py: BFCL accuracy with the official checker + per-decision agreement),
+   one per held-out task set (whole tasks, first user turn).
    A run that fails is recorded (error.txt, result.json status "failed") and the next runs;
 4. compare.md, compare.png, compare.json (compare_report.py) and the summary table.
 
@@ -30,7 +32,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from actionopd_jax.config import Config, ConfigError
-from actionopd_jax.experiment.compare_plan import METHODS, CompareSettings, Method, UpdateBudget, not_runnable
+from actionopd_jax.experiment.compare_plan import (METHODS, CompareSettings, Method, UpdateBudget, eval_name,
+                                                   not_runnable)
 from actionopd_jax.types import Task
 
 log = logging.getLogger("actionopd_jax.compare")
@@ -49,7 +52,7 @@ class Shared:
     teacher_over: dict[str, Any]
     settings: CompareSettings
     train: list[Task]
-    heldout: list[Task]
+    heldout: dict[str, list[Task]]  # evaluation name ("whole", "first1") -> its held-out tasks
     tokenizer: Any
     tokenizer_dir: Path
     start_dir: Path  # the warm-started student (HF directory)
@@ -116,25 +119,26 @@ def setup(cfg: Config, settings: CompareSettings, run_dir: Path, opened: list[An
 
     exp = cfg.experiment
     split = job_tasks(exp)
-    train, heldout = cut_tasks(split.train, settings.max_user_turns), cut_tasks(split.heldout, settings.max_user_turns)
-    tok_dir = assets.tokenizer_dir(cfg, train + heldout)
+    train = cut_tasks(split.train, settings.train_user_turns)
+    heldout = {eval_name(n): cut_tasks(split.heldout, n) for n in settings.eval_user_turns}
+    tok_dir = assets.tokenizer_dir(cfg, split.train + split.heldout)
     tokenizer = load_tokenizer(tok_dir)
     student_dir = assets.initial_student(cfg, tokenizer, run_dir / "student_init")
     endpoint = teacher_lib.start_teacher(cfg, train)
     opened.append(endpoint)
     over = teacher_lib.teacher_overrides(cfg, endpoint)
     teacher_cfg = cfg.replace(**over)
-    say(f"  teacher: {endpoint.label}; tasks: {len(train)} training, {len(heldout)} held out "
-        f"(BFCL {exp.bfcl_category} {list(exp.bfcl_classes)}, "
-        f"{'first ' + str(settings.max_user_turns) + ' user turn(s)' if settings.max_user_turns else 'whole tasks'})")
+    say(f"  teacher: {endpoint.label}; tasks: {len(train)} training ("
+        f"{eval_name(settings.train_user_turns)}), {len(split.heldout)} held out, evaluated as {list(heldout)} "
+        f"(BFCL {exp.bfcl_category} {list(exp.bfcl_classes)})")
     ws = shared_warm_start(cfg, teacher_cfg, train=train, tokenizer=tokenizer, tokenizer_dir=tok_dir,
                            student_dir=student_dir, progress=cfg.run.progress)
     (run_dir / "warm_start.json").write_text(json.dumps(ws, indent=1))
     shared = Shared(cfg=cfg, teacher_cfg=teacher_cfg, teacher_over=over, settings=settings, train=train,
                     heldout=heldout, tokenizer=tokenizer, tokenizer_dir=tok_dir, start_dir=Path(ws["hf_dir"]),
                     trajectories=Path(ws["trajectories_jsonl"]), privileged=endpoint.privileged)
-    info = {"teacher": endpoint.label, "train": [t.task_id for t in train], "heldout": [t.task_id for t in heldout],
-            "max_user_turns": settings.max_user_turns, "warm_start": ws.get("summary", ""),
+    info = {"teacher": endpoint.label, "train": [t.task_id for t in train], "heldout": [t.task_id for t in split.heldout],
+            "train_user_turns": settings.train_user_turns, "evals": list(heldout), "warm_start": ws.get("summary", ""),
             "warm_start_cached": ws["cached"], "warm_start_dir": str(Path(ws["hf_dir"]))}
     return shared, info
 
@@ -158,7 +162,8 @@ def run_collector_method(shared: Shared, method: Method, seed: int, rdir: Path) 
 
     s = shared.settings
     pcfg = phases.opd_phase_config(shared.teacher_cfg, student_dir=shared.start_dir, tokenizer_dir=shared.tokenizer_dir,
-                                   run_dir=rdir, train_tasks=shared.train, heldout_tasks=shared.heldout,
+                                   run_dir=rdir, train_tasks=shared.train,
+                                   heldout_tasks=next(iter(shared.heldout.values())),
                                    teacher=shared.teacher_over)
     pcfg = pcfg.replace(**{**method.overrides, "run.seed": seed, "train.lr": shared.lr, "train.steps": s.step_cap,
                            "checkpoint.every_steps": 0})
@@ -239,10 +244,22 @@ RUNNERS: dict[str, Callable[[Shared, Method, int, Path], dict[str, Any]]] = {
     "actionopd": run_collector_method, "kd": run_kd_method}
 
 
-def run_one(shared: Shared, method: Method, seed: int, rdir: Path) -> dict[str, Any]:
-    """Train, export, evaluate; a failure anywhere is recorded, never raised."""
+def evaluate_all(shared: Shared, student_dir: Path, out_dir: Path, label: str) -> dict[str, dict[str, float]]:
+    """Every held-out evaluation of one student: {evaluation name: metrics}."""
     from actionopd_jax.experiment.heldout import evaluate_student
 
+    return {name: evaluate_student(student_dir, shared.tokenizer_dir, tasks, out_dir / name, cfg=shared.cfg,
+                                   label=f"{label} ({name})", progress=shared.cfg.run.progress)
+            for name, tasks in shared.heldout.items()}
+
+
+def headline(evals: dict[str, dict[str, float]]) -> str:
+    return ", ".join(f"{name}: agreement {ev['agreement_rate']:.3f}, BFCL accuracy {ev['bfcl_accuracy']:.3f}"
+                     for name, ev in evals.items())
+
+
+def run_one(shared: Shared, method: Method, seed: int, rdir: Path) -> dict[str, Any]:
+    """Train, export, evaluate; a failure anywhere is recorded, never raised."""
     rdir.mkdir(parents=True, exist_ok=True)
     out: dict[str, Any] = {"method": method.name, "label": method.label, "seed": seed, "dir": str(rdir)}
     t0 = time.perf_counter()
@@ -253,9 +270,7 @@ def run_one(shared: Shared, method: Method, seed: int, rdir: Path) -> dict[str, 
         out.update(runner(shared, method, seed, rdir))
         out["train_s"] = round(time.perf_counter() - t0, 1)
         t1 = time.perf_counter()
-        out["eval"] = evaluate_student(Path(out["final_dir"]), shared.tokenizer_dir, shared.heldout, rdir / "eval",
-                                       cfg=shared.cfg, label=f"{method.name} seed {seed}",
-                                       progress=shared.cfg.run.progress)
+        out["eval"] = evaluate_all(shared, Path(out["final_dir"]), rdir / "eval", f"{method.name} seed {seed}")
         out["eval_s"] = round(time.perf_counter() - t1, 1)
         out["status"] = "ok"
     except Exception as e:  # noqa: BLE001 - one failing run must not lose the others
@@ -271,8 +286,6 @@ def run_one(shared: Shared, method: Method, seed: int, rdir: Path) -> dict[str, 
 
 def run_compare(cfg: Config, settings: CompareSettings, run_dir: Path) -> dict[str, Any]:
     """Every phase; returns the summary (also written as compare.json by the report)."""
-    from actionopd_jax.experiment.heldout import evaluate_student
-
     t_total = time.perf_counter()
     if cfg.train.ppo_epochs != 1:
         raise ConfigError("compare counts one optimizer update per minibatch: set train.ppo_epochs=1")
@@ -283,8 +296,8 @@ def run_compare(cfg: Config, settings: CompareSettings, run_dir: Path) -> dict[s
         say("\n[compare 1/4] setup and the shared warm start")
         shared, info = setup(cfg, settings, run_dir, opened)
         say("\n[compare 2/4] held-out evaluation of the warm start (every run starts here)")
-        start_eval = evaluate_student(shared.start_dir, shared.tokenizer_dir, shared.heldout, run_dir / "warm_start_eval",
-                                      cfg=cfg, label="warm start", progress=cfg.run.progress)
+        start_eval = evaluate_all(shared, shared.start_dir, run_dir / "warm_start_eval", "warm start")
+        say(f"  warm start: {headline(start_eval)}")
         runnable = [m for m in methods if not not_runnable(m, privileged_teacher=shared.privileged)]
         total = len(runnable) * len(settings.seeds)
         say(f"\n[compare 3/4] {total} runs: {[m.name for m in runnable]} x seeds {list(settings.seeds)}, "
@@ -302,9 +315,8 @@ def run_compare(cfg: Config, settings: CompareSettings, run_dir: Path) -> dict[s
                 r = run_one(shared, m, seed, run_dir / "runs" / f"{m.name}-s{seed}")
                 results.append(r)
                 if r["status"] == "ok":
-                    ev = r["eval"]
-                    say(f"  [{i}/{total}] {m.name} seed {seed}: {r['updates']} updates, held-out agreement "
-                        f"{ev['agreement_rate']:.3f}, BFCL accuracy {ev['bfcl_accuracy']:.3f} ({r['wall_s']:.0f} s)")
+                    say(f"  [{i}/{total}] {m.name} seed {seed}: {r['updates']} updates; held out {headline(r['eval'])} "
+                        f"({r['wall_s']:.0f} s)")
                 else:
                     say(f"  [{i}/{total}] {m.name} seed {seed}: FAILED: {r['error']} (see {r['dir']}/error.txt)")
     finally:
