@@ -66,3 +66,25 @@ def test_resume_keeps_scores_and_trajectories_in_step(tmp_path):
     got = _lines(tr)
     assert [t["task_id"] for t in got] == [t.task_id for t in tasks]
     assert got[1]["messages"] != orphan["messages"]  # rerun, not the stale copy
+
+
+def test_tau2_trajectories_hold_the_user_simulator_turns(tmp_path):
+    """tau2 through the same writer: the conversation includes the simulated user's turns (a
+    scripted user on a real server) and the tool results of the agent's calls."""
+    from actionopd_jax.envs.user_sim import UserSimConfig, UserSimulator
+    from tests._envs_fixtures import USER_MODEL, start_user_server
+
+    task = select_tasks("tau2_telecom:train", limit=1)[0]
+    server, _ = start_user_server()
+    try:
+        sim = UserSimulator(UserSimConfig(base_url=server.base_url, model=USER_MODEL, max_retries=0))
+        records, errors = asyncio.run(run_eval(ReferenceAgent(), [task], lambda t: make_environment(t.env, user_sim=sim),
+                                               tmp_path / "ep.jsonl", progress=False,
+                                               trajectories_jsonl=tmp_path / "tr.jsonl"))
+    finally:
+        server.stop()
+    assert errors == [] and records[0]["score"]["reward"] == 1.0
+    (t,) = _lines(tmp_path / "tr.jsonl")
+    roles = {m["role"] for m in t["messages"]}
+    assert {"user", "assistant", "tool"} <= roles and t["verdict"] == {"reward": 1.0}
+    assert "scored_calls" not in t and t["reason"]
