@@ -78,7 +78,8 @@ def test_tau2_trajectories_hold_the_user_simulator_turns(tmp_path):
     server, _ = start_user_server()
     try:
         sim = UserSimulator(UserSimConfig(base_url=server.base_url, model=USER_MODEL, max_retries=0))
-        records, errors = asyncio.run(run_eval(ReferenceAgent(), [task], lambda t: make_environment(t.env, user_sim=sim),
+        records, errors = asyncio.run(run_eval(ReferenceAgent(), [task],
+                                               lambda t: make_environment(t.env, user_sim=sim),
                                                tmp_path / "ep.jsonl", progress=False,
                                                trajectories_jsonl=tmp_path / "tr.jsonl"))
     finally:
