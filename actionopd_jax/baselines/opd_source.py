@@ -73,6 +73,11 @@ class OPDGroupSource:
             tokenizer = tokenizer_from(ctx, needed_by="collect.kind=opd")
         self.tokenizer = tokenizer
         self.stream = stream if stream is not None else task_stream_from(cfg)
+        tasks = getattr(self.stream, "tasks", None)
+        if isinstance(tasks, list) and ctx.process_index == 0:  # what `eval` warns about later
+            from actionopd_jax.envs.splits import record_train_tasks
+
+            record_train_tasks(ctx.run_dir, tasks)
         self.env_factory = env_factory or env_factory_from(cfg)
         self.scorer = scorer if scorer is not None else scorer_from_config(cfg, ctx)
         eos = int(tokenizer.convert_tokens_to_ids("<|im_end|>"))

@@ -71,7 +71,10 @@ def check(cfg: Config, devices: int = 0) -> int:
                           platform=where.platform, usable_fraction=where.usable_fraction,
                           chips_per_host=where.devices_per_process)
     print(text)
-    for line in (*notes, *where.notes):
+    from actionopd_jax.collect.source import check_training_tasks
+
+    tasks_line = check_training_tasks(cfg)  # the run's training tasks vs what eval scores
+    for line in (*([tasks_line] if tasks_line else []), *notes, *where.notes):
         print(line)
     if not fits:
         print("config valid, but the plan DOES NOT FIT the usable device memory (see above)")
