@@ -19,16 +19,13 @@ task information the student never sees.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import json
 import logging
 from typing import Any, Callable, Sequence
 
-import jax
-import numpy as np
-
 from actionopd_jax.collect.source import ActionOPDGroupSource
-from actionopd_jax.types import Action, ChatMessage, Invalid, Task, ToolSchema
+from actionopd_jax.teacher.hf_local import parse_reply, prompt_key, reply_texts
+from actionopd_jax.types import Action, ChatMessage, Task, ToolSchema
 
 log = logging.getLogger(__name__)
 
@@ -169,22 +166,7 @@ class SelfTeacher:
 
     # --- generation ---------------------------------------------------------------------------
     def _parse(self, text: str, tools: list[ToolSchema]) -> Action:
-        from actionopd_jax.chat import parse_teacher
-
-        if text in self._truncated:
-            return Invalid("teacher reply truncated at max_new_tokens")
-        return parse_teacher(text, tools)
-
-    def _key(self, prompt_ids: np.ndarray) -> jax.Array:
-        # from (seed, step, the teacher prompt, how often it was asked this step): never from
-        # the arrival order of async calls; a regeneration of the same state gets a fresh key
-        digest = hashlib.sha256(np.asarray(prompt_ids, np.int32).tobytes()).hexdigest()
-        count = self._calls.get(digest, 0)
-        self._calls[digest] = count + 1
-        key = jax.random.fold_in(jax.random.key(self.seed), SELF_TEACHER_PURPOSE)
-        for value in (self.step, int(digest[:7], 16), count):
-            key = jax.random.fold_in(key, value)
-        return key
+        return parse_reply(text, tools, self._truncated)
 
     async def _generate(self, messages: list[ChatMessage], tools: list[ToolSchema], n: int) -> list[str]:
         prompt = self.prompts.build(messages, tools)
@@ -192,14 +174,10 @@ class SelfTeacher:
             raise RuntimeError(f"the teacher prompt with privileged context exceeds its budget of "
                                f"{self.settings.max_prompt_tokens} tokens")
         self.teacher_prompts.append(prompt.messages)
-        generations = await self.batcher.submit((prompt.ids, n, self._key(prompt.ids)))
-        texts = []
-        for g in generations:
-            text = self.decoder.text(g.token_ids)
-            if g.finish_reason == "length":
-                self._truncated.add(text)
-            texts.append(text)
-        return texts
+        # keys from (seed, step, the teacher prompt, how often it was asked this step)
+        key = prompt_key(self.seed, SELF_TEACHER_PURPOSE, prompt.ids, self._calls, self.step)
+        generations = await self.batcher.submit((prompt.ids, n, key))
+        return reply_texts(self.decoder, generations, self._truncated)
 
     def _sample_batch(self, jobs):
         model, mesh = self.weights()  # the student's current snapshot, shared, never copied

@@ -45,27 +45,13 @@ class HFLocalGenerator:
         self._asked: dict[str, int] = {}
         self.truncated: set[str] = set()
 
-    def _key(self, ids: np.ndarray) -> jax.Array:
-        digest = hashlib.sha256(np.asarray(ids, np.int32).tobytes()).hexdigest()
-        count = self._asked.get(digest, 0)
-        self._asked[digest] = count + 1
-        key = jax.random.fold_in(jax.random.key(self.seed), LOCAL_TEACHER_PURPOSE)
-        for value in (int(digest[:7], 16), count):
-            key = jax.random.fold_in(key, value)
-        return key
-
     async def __call__(self, messages: list[ChatMessage], tools: list[ToolSchema], n: int) -> list[str]:
         prompt = self.prompts.build(messages, tools)
         if prompt is None:
             raise RuntimeError("the state does not fit the local teacher's prompt budget")
-        generations = await self.batcher.submit((prompt.ids, n, self._key(prompt.ids)))
-        texts = []
-        for g in generations:
-            text = self.decoder.text(g.token_ids)
-            if g.finish_reason == "length":
-                self.truncated.add(text)
-            texts.append(text)
-        return texts
+        key = prompt_key(self.seed, LOCAL_TEACHER_PURPOSE, prompt.ids, self._asked)
+        generations = await self.batcher.submit((prompt.ids, n, key))
+        return reply_texts(self.decoder, generations, self.truncated)
 
     def _sample_batch(self, jobs: Sequence[tuple[np.ndarray, int, Any]]):
         d = self.decoding
@@ -75,11 +61,39 @@ class HFLocalGenerator:
         return result.generations
 
     def parse(self, text: str, tools: list[ToolSchema]) -> Action:
-        from actionopd_jax.chat import parse_teacher
+        return parse_reply(text, tools, self.truncated)
 
-        if text in self.truncated:
-            return Invalid("teacher reply truncated at max_new_tokens")
-        return parse_teacher(text, tools)
+
+def prompt_key(seed: int, purpose: int, prompt_ids: np.ndarray, asked: dict[str, int], *prefix: int) -> jax.Array:
+    """An in-process teacher's sampling key from (seed, purpose, *prefix, the prompt, how often
+    this prompt was asked): never from the arrival order of async calls, and a regeneration of
+    the same state gets a fresh key. Counts `asked` up."""
+    digest = hashlib.sha256(np.asarray(prompt_ids, np.int32).tobytes()).hexdigest()
+    count = asked.get(digest, 0)
+    asked[digest] = count + 1
+    key = jax.random.fold_in(jax.random.key(seed), purpose)
+    for value in (*prefix, int(digest[:7], 16), count):
+        key = jax.random.fold_in(key, value)
+    return key
+
+
+def reply_texts(decoder: Any, generations: Sequence[Any], truncated: set[str]) -> list[str]:
+    """Decoded replies; those cut at max_new_tokens are remembered so `parse_reply` refuses them."""
+    texts = []
+    for g in generations:
+        text = decoder.text(g.token_ids)
+        if g.finish_reason == "length":
+            truncated.add(text)
+        texts.append(text)
+    return texts
+
+
+def parse_reply(text: str, tools: list[ToolSchema], truncated: set[str]) -> Action:
+    from actionopd_jax.chat import parse_teacher
+
+    if text in truncated:
+        return Invalid("teacher reply truncated at max_new_tokens")
+    return parse_teacher(text, tools)
 
 
 def weights_digest(path: Path) -> str:

@@ -1,0 +1,85 @@
+"""Cross-field checks of a loaded `Config` (choices, positive sizes, which objective goes with
+which group source). Run by `config.from_dict`, so every way of building a config passes
+through them; start-up checks that need the devices live in `train/preflight.py`."""
+
+from __future__ import annotations
+
+from actionopd_jax.config import CHOICES, Config, ConfigError, flatten
+from actionopd_jax.experiment.settings import validate_experiment
+
+
+def validate(cfg: Config) -> None:
+    """Cross-field checks; raises ConfigError naming the key."""
+    flat = flatten(cfg.to_dict())
+    for key, allowed in CHOICES.items():
+        if flat[key] not in allowed:
+            raise ConfigError(f"{key}={flat[key]!r}; expected one of {allowed}")
+    if cfg.model.scan_unroll < 0:
+        raise ConfigError(f"model.scan_unroll must be >= 0 (0: unroll every layer), got {cfg.model.scan_unroll}")
+    if cfg.mesh.target:
+        from actionopd_jax.aot.targets import TARGETS
+
+        if cfg.mesh.target not in TARGETS:
+            raise ConfigError(f"mesh.target={cfg.mesh.target!r}; known targets: {', '.join(TARGETS)}")
+    t = cfg.train
+    positive = {"train.minibatch_rows": t.minibatch_rows, "train.microbatch_rows": t.microbatch_rows,
+                "train.max_seq_len": t.max_seq_len, "train.bucket_multiple": t.bucket_multiple,
+                "train.ppo_epochs": t.ppo_epochs, "collect.num_candidates": cfg.collect.num_candidates,
+                "collect.teacher_samples": cfg.collect.teacher_samples, "checkpoint.keep": cfg.checkpoint.keep}
+    for key, v in positive.items():
+        if v <= 0:
+            raise ConfigError(f"{key} must be positive, got {v}")
+    if t.minibatch_rows % t.microbatch_rows:
+        raise ConfigError(f"train.minibatch_rows={t.minibatch_rows} must be a multiple of "
+                          f"train.microbatch_rows={t.microbatch_rows}")
+    budget = cfg.collect.sampler_token_budget.strip().lower()
+    if not (budget in ("auto", "none", "off", "") or (budget.isdigit())):
+        raise ConfigError(f"collect.sampler_token_budget={cfg.collect.sampler_token_budget!r}; expected "
+                          "'auto', 'none' or a number of tokens")
+    per_micro = cfg.collect.num_candidates * t.microbatch_rows
+    if t.shared_prompt and t.minibatch_rows % per_micro:
+        raise ConfigError(f"train.shared_prompt: a microbatch holds microbatch_rows x N = {per_micro} candidates; "
+                          f"train.minibatch_rows={t.minibatch_rows} must be a multiple of it")
+    if t.lr <= 0:
+        raise ConfigError(f"train.lr must be > 0, got {t.lr}")
+    if not 0 < t.clip_eps < 1:
+        raise ConfigError(f"train.clip_eps must be in (0, 1), got {t.clip_eps}")
+    if t.dual_clip <= 1:
+        raise ConfigError(f"train.dual_clip must be > 1 (paper: 3), got {t.dual_clip}")
+    if t.logits_chunk < 0:
+        raise ConfigError(f"train.logits_chunk must be >= 0, got {t.logits_chunk}")
+    if t.vocab_chunk < 0:
+        raise ConfigError(f"train.vocab_chunk must be >= 0 (0: plain LM head), got {t.vocab_chunk}")
+    if cfg.collect.temperature <= 0:
+        raise ConfigError("collect.temperature must be > 0: the loss scores tokens under "
+                          "softmax(logits / T); greedy rollouts cannot be trained on")
+    for axis in ("data", "fsdp", "tensor"):
+        v = getattr(cfg.mesh, axis)
+        if v == 0 or v < -1:
+            raise ConfigError(f"mesh.{axis} must be a positive size or -1, got {v}")
+    if [cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor].count(-1) > 1:
+        raise ConfigError("at most one of mesh.data / mesh.fsdp / mesh.tensor may be -1")
+    s = cfg.collect.synthetic
+    if not (0 < s.prompt_tokens_min <= s.prompt_tokens_max and 0 < s.response_tokens_min <= s.response_tokens_max):
+        raise ConfigError("collect.synthetic: need 0 < *_tokens_min <= *_tokens_max")
+    _validate_method(cfg)
+    validate_experiment(cfg.experiment, ConfigError)
+    if cfg.checkpoint.every_steps < 0:
+        raise ConfigError(f"checkpoint.every_steps must be >= 0, got {cfg.checkpoint.every_steps}")
+
+
+def _validate_method(cfg: Config) -> None:
+    """Which objective goes with which group source (the baselines of paper B.4/B.5)."""
+    kind, loss = cfg.collect.kind, cfg.train.loss
+    needs = {"kd": "kd", "opd": "opd"}
+    if kind in needs and loss != needs[kind]:
+        raise ConfigError(f"collect.kind={kind} produces {kind.upper()} data; set train.loss={needs[kind]} "
+                          f"(got train.loss={loss})")
+    if kind == "actionopd" and loss != "actionopd":
+        raise ConfigError(f"collect.kind=actionopd trains the ActionOPD surrogate; set train.loss=actionopd "
+                          f"(got {loss}), or collect.kind={loss} for the {loss.upper()} baseline")
+    if cfg.teacher.kind == "self" and kind != "actionopd":
+        raise ConfigError("teacher.kind=self is Self-ActionOPD: it needs collect.kind=actionopd "
+                          f"(got collect.kind={kind})")
+    if cfg.kd.trials < 1 or cfg.kd.max_tasks < 0 or cfg.kd.examples_per_step < 0:
+        raise ConfigError("kd.trials must be >= 1, kd.max_tasks and kd.examples_per_step >= 0")
