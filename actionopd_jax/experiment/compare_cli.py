@@ -43,10 +43,10 @@ def compare(cfg, settings, args, *, command: str) -> int:
     import json
     import logging
 
+    from actionopd_jax.compile_cache import enable_compile_cache
     from actionopd_jax.experiment import compare_report
     from actionopd_jax.experiment import teacher as teacher_lib
     from actionopd_jax.experiment.compare_runner import run_compare
-    from actionopd_jax.experiment.job import enable_compile_cache
     from actionopd_jax.train.reporting import new_run_dir, setup_logging, write_config
 
     run_dir = Path(args.run_dir) if args.run_dir else new_run_dir(cfg.run.root, settings.name, int(time.time()))
@@ -57,7 +57,7 @@ def compare(cfg, settings, args, *, command: str) -> int:
         logging.getLogger(chatty).setLevel(logging.WARNING)
     write_config(run_dir, cfg.to_yaml())
     (run_dir / "compare_settings.json").write_text(json.dumps(dataclasses.asdict(settings), indent=1))
-    enable_compile_cache(cfg)
+    enable_compile_cache(cfg.run.compile_cache_dir)  # as every train / eval / serve
     summary = run_compare(cfg, settings, run_dir)
     print("\n[compare 4/4] report", file=sys.stderr, flush=True)
     path = compare_report.write(summary, run_dir, command=command)

@@ -18,7 +18,6 @@ report.md, report/*.png, report/summary.json.
 from __future__ import annotations
 
 import logging
-import os
 import sys
 import time
 from pathlib import Path
@@ -34,18 +33,6 @@ PHASES = ("setup", "warm start (pretraining + KD)", "evaluation before ActionOPD
 
 def _phase(index: int) -> None:
     print(f"\n[main job {index + 1}/{len(PHASES)}] {PHASES[index]}", file=sys.stderr, flush=True)
-
-
-def enable_compile_cache(cfg: Config) -> None:
-    """A persistent XLA compile cache (unless one is configured): a rerun skips compilation."""
-    import jax
-
-    from actionopd_jax.experiment.assets import cache_root
-
-    if os.environ.get("JAX_COMPILATION_CACHE_DIR") or jax.config.jax_compilation_cache_dir:
-        return
-    jax.config.update("jax_compilation_cache_dir", str(cache_root(cfg.experiment) / "jax_cache"))
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
 def run_dir_for(cfg: Config, args: Any) -> Path:
@@ -99,7 +86,6 @@ def run_main_job(cfg: Config, args: Any) -> int:
     for chatty in ("httpx", "httpx2", "openai", "aiohttp.access"):  # one line per HTTP request otherwise
         logging.getLogger(chatty).setLevel(logging.WARNING)
     write_config(run_dir, cfg.to_yaml())
-    enable_compile_cache(cfg)
     log.info("main job: run directory %s", run_dir)
     timings: dict[str, float] = {}
     opened: list[Any] = []  # the teacher endpoint, closed whatever happens
