@@ -62,8 +62,8 @@ class OPDGroupSource:
     def __init__(self, cfg: Any, ctx: Any, *, scorer: Scorer | None = None, stream: Any = None,
                  env_factory: Any = None, tokenizer: Any = None, buckets: Any = None):
         from actionopd_jax.collect.prompt import CandidateDecoder, PromptBuilder
-        from actionopd_jax.collect.source import (collector_config_from, env_factory_from, task_stream_from,
-                                                  tokenizer_from)
+        from actionopd_jax.collect.source import (collector_config_from, env_factory_from, stream_tasks,
+                                                  task_stream_from, tokenizer_from)
         from actionopd_jax.sampling import Sampler
 
         self.cfg = collector_config_from(cfg)
@@ -73,8 +73,8 @@ class OPDGroupSource:
             tokenizer = tokenizer_from(ctx, needed_by="collect.kind=opd")
         self.tokenizer = tokenizer
         self.stream = stream if stream is not None else task_stream_from(cfg)
-        tasks = getattr(self.stream, "tasks", None)
-        if isinstance(tasks, list) and ctx.process_index == 0:  # what `eval` warns about later
+        tasks = stream_tasks(self.stream)
+        if tasks is not None and ctx.process_index == 0:  # what `eval` warns about later
             from actionopd_jax.envs.splits import record_train_tasks
 
             record_train_tasks(ctx.run_dir, tasks)

@@ -343,12 +343,13 @@ class ActionOPDGroupSource:
                                         local=build_hf_local_teacher(cfg, ctx, tokenizer, buckets=buckets))
             else:
                 teacher = build_teacher(spec, cache=cache)
-        self.stream = stream if stream is not None else task_stream_from(cfg)
+        self.stream = stream if stream is not None else task_stream_from(cfg)  # the latter checks the overlap
         tasks = stream_tasks(self.stream)
         if tasks is not None:
             from actionopd_jax.envs.splits import check_eval_overlap, record_train_tasks
 
-            check_eval_overlap(cfg.env, tasks)  # a stream passed in obeys the same rule
+            if stream is not None:  # a stream passed in obeys the same rule
+                check_eval_overlap(cfg.env, tasks)
             if ctx.process_index == 0:
                 record_train_tasks(run_dir, tasks)
         if matcher is None:

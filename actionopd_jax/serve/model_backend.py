@@ -134,16 +134,16 @@ class ModelBackend:
     def _sample_batch(self, jobs: list[SegmentedJob]) -> list:
         """One device call for the next segment of every job: its generations when done, else
         Continue(job) (the batcher runs it again, unless its client has gone)."""
-        calls = [(j, c) for j in jobs for c in j.calls()]
+        per_job = [j.calls() for j in jobs]
+        calls = [(j, c) for j, cs in zip(jobs, per_job) for c in cs]
         result = self.sampler.sample(
             [c[0] for _, c in calls], n=[c[1] for _, c in calls], max_new_tokens=[c[2] for _, c in calls],
             temperature=[j.temperature for j, _ in calls], top_p=[j.top_p for j, _ in calls],
             top_k=[j.top_k for j, _ in calls], key=[c[3] for _, c in calls])
         out, at = [], 0
-        for job in jobs:
-            count = sum(1 for j, _ in calls if j is job)
-            done = job.absorb(result.generations[at:at + count])
-            at += count
+        for job, cs in zip(jobs, per_job):
+            done = job.absorb(result.generations[at:at + len(cs)])
+            at += len(cs)
             out.append(job.result() if done else Continue(job))
         return out
 

@@ -21,17 +21,13 @@ def export(checkpoint: str | Path, out: str | Path, step: int | None = None, *, 
     """Export and return the step written. The parameters are restored onto this host's first
     device (whatever mesh wrote them), the same path eval and serve use; with `tokenizer` the
     run's recorded tokenizer files are copied next to the weights."""
-    import shutil
-
     from actionopd_jax.model.weights import save_hf
-    from actionopd_jax.train.run_model import TOKENIZER_FILES, load_model
+    from actionopd_jax.train.run_model import copy_tokenizer, load_model
 
     qcfg, model, info = load_model(checkpoint, step=step, dtype=dtype)
     save_hf(model, qcfg, out)
-    if tokenizer and info["tokenizer"] is not None:
-        for name in TOKENIZER_FILES:
-            if (info["tokenizer"] / name).is_file():
-                shutil.copy2(info["tokenizer"] / name, Path(out) / name)
+    if tokenizer:
+        copy_tokenizer(info["tokenizer"], out)
     return info["step"]
 
 

@@ -190,17 +190,23 @@ def _quiet_absl():
         logger.setLevel(level)
 
 
-def record_tokenizer(run_dir: str | Path, tokenizer_dir: str | Path | None) -> Path | None:
-    """Copy the run's tokenizer files (not weights) to <run>/tokenizer so the run directory is
-    enough to evaluate or serve its checkpoints later. No-op without a tokenizer directory."""
+def copy_tokenizer(tokenizer_dir: str | Path | None, dst: str | Path) -> Path | None:
+    """Copy a tokenizer's files (TOKENIZER_FILES, never weights) into `dst`; None, copying
+    nothing, when `tokenizer_dir` holds no tokenizer.json."""
     import shutil
 
     if not tokenizer_dir or not (Path(tokenizer_dir) / "tokenizer.json").is_file():
         return None
-    dst = Path(run_dir) / TOKENIZER_DIR
+    dst = Path(dst)
     dst.mkdir(parents=True, exist_ok=True)
     for name in TOKENIZER_FILES:
         src = Path(tokenizer_dir) / name
         if src.is_file():
             shutil.copy2(src, dst / name)
     return dst
+
+
+def record_tokenizer(run_dir: str | Path, tokenizer_dir: str | Path | None) -> Path | None:
+    """The run's tokenizer copied to <run>/tokenizer, so the run directory is enough to
+    evaluate or serve its checkpoints later. No-op without a tokenizer directory."""
+    return copy_tokenizer(tokenizer_dir, Path(run_dir) / TOKENIZER_DIR)
