@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from actionopd_jax.config import CHOICES, Config, ConfigError, flatten
 from actionopd_jax.experiment.settings import validate_experiment
+from actionopd_jax.sampling.budget import parse_token_budget
 
 
 def validate(cfg: Config) -> None:
@@ -32,10 +33,10 @@ def validate(cfg: Config) -> None:
     if t.minibatch_rows % t.microbatch_rows:
         raise ConfigError(f"train.minibatch_rows={t.minibatch_rows} must be a multiple of "
                           f"train.microbatch_rows={t.microbatch_rows}")
-    budget = cfg.collect.sampler_token_budget.strip().lower()
-    if not (budget in ("auto", "none", "off", "") or (budget.isdigit())):
-        raise ConfigError(f"collect.sampler_token_budget={cfg.collect.sampler_token_budget!r}; expected "
-                          "'auto', 'none' or a number of tokens")
+    try:
+        parse_token_budget(cfg.collect.sampler_token_budget)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
     per_micro = cfg.collect.num_candidates * t.microbatch_rows
     if t.shared_prompt and t.minibatch_rows % per_micro:
         raise ConfigError(f"train.shared_prompt: a microbatch holds microbatch_rows x N = {per_micro} candidates; "

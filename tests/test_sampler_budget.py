@@ -59,7 +59,7 @@ def test_budget_plans_within_the_usable_memory_fraction():
     """The sampler's runtime budget and `train --check` plan the same usable memory: on TPU
     the fraction of bytes_limit, on GPU bytes_limit itself (the runtime fraction, set by the
     launchers and `actionopd train` from the same constant)."""
-    from actionopd_jax.config import USABLE_MEMORY_FRACTION
+    from actionopd_jax.aot.targets import USABLE_MEMORY_FRACTION
 
     class Chip:
         process_index, is_addressable = 0, True

@@ -13,6 +13,13 @@ import os
 
 GiB = 1024 ** 3
 
+# The share of an accelerator's memory a run plans for and lets XLA take, defined once: the GPU
+# launchers and `actionopd train` set XLA_PYTHON_CLIENT_MEM_FRACTION to it, `train --check`
+# compares its plan (train step and collection) with it, `--check --aot` wants compiled peaks
+# below it, and the planned sampler budget lives within it. The rest is the runtime's (CUDA
+# context, cuDNN/NCCL workspaces, fragmentation).
+USABLE_MEMORY_FRACTION = 0.90
+
 
 @dataclasses.dataclass(frozen=True)
 class Target:

@@ -32,6 +32,7 @@ from actionopd_jax.collect.collector import Collector, CollectResult, default_en
 from actionopd_jax.collect.config import CollectorConfig
 from actionopd_jax.collect.sampler_worker import SamplingSettings, sampler_fn
 from actionopd_jax.rewards import RewardConfig
+from actionopd_jax.sampling.budget import parse_token_budget
 from actionopd_jax.types import StateGroup
 
 log = logging.getLogger(__name__)
@@ -61,16 +62,11 @@ def collector_config_from(cfg: Any) -> CollectorConfig:
 
 
 def token_budget_setting(value: Any) -> int | str | None:
-    """`collect.sampler_token_budget` of the run config: "auto" (default: from the
-    accelerator's free memory), "none"/None/0 (no budget), or a positive int."""
-    if value is None or (isinstance(value, str) and value.lower() in ("none", "off", "")) or value == 0:
-        return None
-    if isinstance(value, str) and value.lower() == "auto":
-        return "auto"
+    """`collect.sampler_token_budget` of the run config, read by `sampling.budget.parse_token_budget`."""
     try:
-        return int(value)
-    except (TypeError, ValueError):
-        raise _config_error(f"collect.sampler_token_budget must be 'auto', 'none' or a positive int, got {value!r}")
+        return parse_token_budget(value)
+    except ValueError as e:
+        raise _config_error(str(e)) from None
 
 
 def teacher_spec(cfg: Any) -> dict[str, Any]:

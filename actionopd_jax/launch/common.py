@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from actionopd_jax.config import USABLE_MEMORY_FRACTION
+from actionopd_jax.aot.targets import USABLE_MEMORY_FRACTION
 
 
 class LaunchError(ValueError):

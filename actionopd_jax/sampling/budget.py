@@ -20,7 +20,7 @@ The default budget (`default_token_budget`) is (bytes the device can still alloc
 safety / bytes per cached token, per chip: the usable limit minus `memory_stats()
 ['bytes_in_use']` (the parameters, and whatever else lives there -- a colocated trainer's
 optimizer state included) on an accelerator. The usable limit is the share of memory every
-plan assumes (config.USABLE_MEMORY_FRACTION): on GPU the runtime's `bytes_limit` already is
+plan assumes (aot.targets.USABLE_MEMORY_FRACTION): on GPU the runtime's `bytes_limit` already is
 that share (XLA_PYTHON_CLIENT_MEM_FRACTION, set from it), elsewhere `bytes_limit` x the
 fraction -- so `train --check` plans the budget the sampler will take. CPUs report no limit:
 no budget (unchanged chunking by the buckets' prompts/max_rows).
@@ -38,6 +38,22 @@ import jax
 # the plan (params + budget tokens x bytes) against compiled prefill peaks: 64 x 4,096:
 # 49.12 vs 48.66 GiB; 32 x 24,576: 53.62 vs 50.82; 32 x 32,768: 64.87 vs 65.89 (SAFETY covers).
 PREFILL_FACTOR = 1.25
+
+
+def parse_token_budget(value) -> int | str | None:
+    """The one reading of `collect.sampler_token_budget`: "auto" (from the accelerator's free
+    memory at each call), "none" / "off" / "" / 0 (no budget: the buckets alone), or a positive
+    number of tokens (an int or its digits). Anything else is a ValueError naming the setting."""
+    if value is None or value == 0 or (isinstance(value, str) and value.strip().lower() in ("none", "off", "", "0")):
+        return None
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+        return value
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    raise ValueError(f"collect.sampler_token_budget={value!r}; expected 'auto', 'none' or a positive "
+                     "number of tokens")
 SAFETY = 0.85  # fraction of the free memory a call may plan for (fragmentation, compiler slack)
 
 
@@ -62,7 +78,7 @@ def token_budget(cfg, free_bytes_per_chip: float, chips: int, *, safety: float =
 
 def usable_limit(bytes_limit: float, platform: str) -> float:
     """The bytes a run may plan for on a device reporting `bytes_limit` (module docstring)."""
-    from actionopd_jax.config import USABLE_MEMORY_FRACTION
+    from actionopd_jax.aot.targets import USABLE_MEMORY_FRACTION
 
     return bytes_limit if platform == "gpu" else bytes_limit * USABLE_MEMORY_FRACTION
 

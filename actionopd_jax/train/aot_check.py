@@ -22,7 +22,8 @@ import jax
 import jax.numpy as jnp
 
 from actionopd_jax.aot import CompileReport, Target, compile_for, format_bytes, get_target, target_devices
-from actionopd_jax.config import USABLE_MEMORY_FRACTION, Config
+from actionopd_jax.aot.targets import USABLE_MEMORY_FRACTION
+from actionopd_jax.config import Config
 from actionopd_jax.model import Qwen3Config, make_mesh
 from actionopd_jax.model.attention import SharedPrefix, resolve
 from actionopd_jax.model.config import count_params
@@ -202,7 +203,7 @@ def format_estimates(cfg: Config, qcfg: Qwen3Config, target: Target, estimates: 
 def run_check(cfg: Config, qcfg: Qwen3Config, target_name: str, lengths_spec: str = "",
               cost: bool = True, out=print) -> bool:
     """Compile and print; True when every program compiled and its peak stays within the usable
-    share of HBM (config.USABLE_MEMORY_FRACTION)."""
+    share of HBM (aot.targets.USABLE_MEMORY_FRACTION)."""
     from actionopd_jax.train.setup import mesh_shape
 
     target = get_target(target_name)

@@ -14,7 +14,8 @@ import sys
 import time
 from pathlib import Path
 
-from actionopd_jax.config import USABLE_MEMORY_FRACTION, Config, ConfigError, load_config
+from actionopd_jax.aot.targets import USABLE_MEMORY_FRACTION
+from actionopd_jax.config import Config, ConfigError, load_config
 
 log = logging.getLogger("actionopd_jax.train")
 

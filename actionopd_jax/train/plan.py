@@ -122,9 +122,9 @@ def estimate_collection(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *,
     state = sb.chunk_tokens(1, prompt, Buckets.fit(c.num_candidates, b.samples, "samples"),
                             Buckets.fit(c.max_response_tokens, b.max_new, "max_new"))
     per_token = sb.cache_bytes_per_token(qcfg) / chips_per_host  # KV heads over the host's chips
-    setting = c.sampler_token_budget.strip().lower()
-    if setting.isdigit():
-        budget = int(setting)
+    setting = sb.parse_token_budget(c.sampler_token_budget)
+    if isinstance(setting, int):
+        budget = setting
     elif setting == "auto" and usable_bytes is not None and platform != "cpu":
         budget = sb.token_budget(qcfg, max(0.0, usable_bytes - resident - rollout), chips_per_host)
     else:

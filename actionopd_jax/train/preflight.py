@@ -11,7 +11,8 @@ import dataclasses
 import math
 from pathlib import Path
 
-from actionopd_jax.config import USABLE_MEMORY_FRACTION, Config, ConfigError
+from actionopd_jax.aot.targets import USABLE_MEMORY_FRACTION
+from actionopd_jax.config import Config, ConfigError
 
 
 def mesh_sizes(cfg: Config, device_count: int) -> dict[str, int]:
