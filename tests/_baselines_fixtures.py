@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 
-from actionopd_jax.config import load_config
+from actionopd_jax.config.load import load_config
 from actionopd_jax.serve.scripted import ScriptedBackend, message_choice, tool_call_choice
 from tests._collect_fixtures import ToyEnv, toy_task
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from actionopd_jax.config import Config
+from actionopd_jax.config.load import replace_keys
 from actionopd_jax.model.weights import save_hf
 from actionopd_jax.testing.tiny_checkpoint import tiny_config
 from actionopd_jax.train.loop import Trainer
@@ -37,7 +38,7 @@ def build_run(tmp: Path, *, steps: int = 2) -> dict[str, Path]:
     model = trained_model(tokenizer)
     start = tmp / "start"
     save_hf(model, tiny_config(vocab_size=len(tokenizer), max_position_embeddings=CONTEXT), start)
-    cfg = Config().replace(**{
+    cfg = replace_keys(Config(), **{
         **MESH_222, "experiment.enabled": False, "model.hf_path": str(start),
         "model.tokenizer": str(tmp / "tokenizer"), "train.steps": steps, "train.lr": 1e-5,
         "collect.synthetic.groups_per_step": 3, "run.progress": False, "run.tensorboard": False})

@@ -17,7 +17,8 @@ import pytest
 
 from actionopd_jax.collect import keys
 from actionopd_jax.collect.source import ActionOPDGroupSource, collector_config_from
-from actionopd_jax.config import ConfigError, load_config
+from actionopd_jax.config import ConfigError
+from actionopd_jax.config.load import load_config
 from actionopd_jax.chat import build_tiny_tokenizer, load_tokenizer
 from actionopd_jax.matching.matcher import Matcher
 from actionopd_jax.sampling import Buckets

@@ -11,6 +11,7 @@ from flax import nnx
 from actionopd_jax.baselines.opd import EndpointScorer, LocalTeacherScorer
 from actionopd_jax.baselines.opd_source import OPDGroupSource, scorer_from_config
 from actionopd_jax.chat import build_tiny_tokenizer, load_tokenizer
+from actionopd_jax.config.load import replace_keys
 from actionopd_jax.model import PRESETS, Qwen3
 from actionopd_jax.model.weights import save_hf
 from actionopd_jax.sampling import Buckets, Sampler
@@ -104,15 +105,15 @@ def test_local_and_endpoint_scorers_give_the_teachers_logprobs_at_the_students_t
     from actionopd_jax.config import ConfigError
 
     with pytest.raises(ConfigError, match="shared token space"):
-        scorer_from_config(cfg.replace(**{"model.preset": "bench-tiny"}),
+        scorer_from_config(replace_keys(cfg, **{"model.preset": "bench-tiny"}),
                            SourceContext(model_config=PRESETS["bench-tiny"], run_dir="", tokenizer_path="",
                                          process_index=0, process_count=1, mesh=ctx.mesh))
     with pytest.raises(ConfigError, match="teacher.kind must be local or openai"):
-        scorer_from_config(cfg.replace(**{"teacher.kind": "none"}), ctx)
+        scorer_from_config(replace_keys(cfg, **{"teacher.kind": "none"}), ctx)
     # `actionopd train collect.kind=opd ...` builds this source through the trainer's factory
     from actionopd_jax.train.sources import build_source
 
-    cli_cfg = cfg.replace(**{"env.name": "bfcl", "env.domains": ["base"], "env.allow_eval_overlap": True,
+    cli_cfg = replace_keys(cfg, **{"env.name": "bfcl", "env.domains": ["base"], "env.allow_eval_overlap": True,
                              "collect.task_starts_per_step": 1,
                              "model.tokenizer": str(tok_dir)})
     source = build_source(cli_cfg, SourceContext(model_config=model_config(cli_cfg), run_dir=str(tmp_path),

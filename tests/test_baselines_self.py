@@ -10,6 +10,7 @@ from actionopd_jax.baselines.kd import kd_examples
 from actionopd_jax.baselines.self_opd import (GUIDANCE, TEACHER_EXTRA_TOKENS, SelfActionOPDGroupSource,
                                               privileged_context)
 from actionopd_jax.chat import build_tiny_tokenizer, load_tokenizer
+from actionopd_jax.config.load import replace_keys
 from actionopd_jax.eval.tasks import select_tasks
 from actionopd_jax.model import PRESETS
 from actionopd_jax.model.weights import save_hf
@@ -134,4 +135,4 @@ def test_config_builds_the_self_source_and_rejects_self_teacher_outside_actionop
     source = build_source(cfg, ctx)
     assert isinstance(source, SelfActionOPDGroupSource) and source.collector.teacher is source.self_teacher
     with pytest.raises(ConfigError, match="teacher.kind=self"):
-        cfg.replace(**{"collect.kind": "kd", "train.loss": "kd"})
+        replace_keys(cfg, **{"collect.kind": "kd", "train.loss": "kd"})

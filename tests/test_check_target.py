@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from actionopd_jax.aot.targets import USABLE_MEMORY_FRACTION
-from actionopd_jax.config import ConfigError, load_config
+from actionopd_jax.config import ConfigError
+from actionopd_jax.config.load import load_config
 from actionopd_jax.launch.common import GPU_ENV_DEFAULTS
 from actionopd_jax.train import cli as train_cli
 from tests._subprocess_fixtures import cli_env

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from actionopd_jax.config import Config, ConfigError
+from actionopd_jax.config.load import replace_keys
 from actionopd_jax.train.checkpoint import Checkpointer, CheckpointError
 from actionopd_jax.train.loop import SIGTERM_EXIT_CODE, Trainer
 from tests._train_fixtures import max_abs_diff, to_host
@@ -26,7 +27,7 @@ MESH_222 = {"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2}
 
 
 def cfg_with(**kw) -> Config:
-    return Config().replace(**{**BASE, **kw})
+    return replace_keys(Config(), **{**BASE, **kw})
 
 
 def run(cfg, run_dir, **kw) -> Trainer:
@@ -112,7 +113,7 @@ def test_resume_refuses_an_experiment_change_unless_forced(tmp_path):
         Trainer(changed, run_dir=d, resume="latest")
     assert run(changed, d, resume="latest", force=True).step == 2
     # the forced config is now the run's; a layout change on top of it is not an experiment change
-    relaid = changed.replace(**{"train.steps": 3, "train.microbatch_rows": 16, "mesh.fsdp": 2, "mesh.data": 4})
+    relaid = replace_keys(changed, **{"train.steps": 3, "train.microbatch_rows": 16, "mesh.fsdp": 2, "mesh.data": 4})
     assert run(relaid, d, resume="latest").step == 3
 
 

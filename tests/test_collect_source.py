@@ -7,7 +7,8 @@ import pytest
 
 from actionopd_jax.collect import ActionOPDGroupSource
 from actionopd_jax.collect.source import collector_config_from, judge_spec, task_stream_from, teacher_spec
-from actionopd_jax.config import ConfigError, from_dict
+from actionopd_jax.config import ConfigError
+from actionopd_jax.config.load import from_dict, replace_keys
 from actionopd_jax.sampling import Buckets
 from actionopd_jax.train.advantages import assign_advantages
 from actionopd_jax.train.batching import rows_from_groups
@@ -36,13 +37,13 @@ def test_config_mapping_and_errors():
     assert cc.decision_limit("bfcl") == 2 and cc.decision_limit("tau2_airline") == 2
     spec = teacher_spec(cfg)
     assert spec["model"] == "teacher" and spec["max_regenerations"] == 2 and spec["api_key_env"] is None
-    assert judge_spec(cfg.replace(**{"matcher.kind": "rules"})) is None
+    assert judge_spec(replace_keys(cfg, **{"matcher.kind": "rules"})) is None
     with pytest.raises(ConfigError, match="teacher.kind"):
-        teacher_spec(cfg.replace(**{"teacher.kind": "none"}))
+        teacher_spec(replace_keys(cfg, **{"teacher.kind": "none"}))
     with pytest.raises(ConfigError, match="env.name"):
-        task_stream_from(cfg.replace(**{"env.name": "synthetic"}))
+        task_stream_from(replace_keys(cfg, **{"env.name": "synthetic"}))
     with pytest.raises(ConfigError, match="env.domains"):
-        task_stream_from(cfg.replace(**{"env.name": "tau2", "env.domains": []}))
+        task_stream_from(replace_keys(cfg, **{"env.name": "tau2", "env.domains": []}))
     # every process builds the same stream: the same global task starts per step
     a, b = task_stream_from(cfg), task_stream_from(cfg)
     first = [t.task_id for t in a.next_step()]
@@ -81,7 +82,7 @@ def test_one_trainer_step_over_the_collector(tiny_tokenizer, tmp_path):
     from actionopd_jax.train.setup import build_mesh, model_config
     from actionopd_jax.train.sources import SourceContext
 
-    cfg = _cfg().replace(**{"run.dir": str(tmp_path / "run")})
+    cfg = replace_keys(_cfg(), **{"run.dir": str(tmp_path / "run")})
     qcfg = model_config(cfg)
     assert qcfg.vocab_size >= len(tiny_tokenizer)
     ctx = SourceContext(model_config=qcfg, run_dir=str(tmp_path / "run"), tokenizer_path="", process_index=0,

@@ -61,7 +61,7 @@ def test_preset_loads_and_bad_settings_say_what_is_wrong():
     cfg, s = load_compare(ROOT / "configs" / "compare" / "compare_tiny.yaml", ["compare.seeds=0,1", "train.steps=2"])
     assert s.seeds == (0, 1) and s.updates == 8 and cfg.train.steps == 2
     assert (s.train_user_turns, s.eval_user_turns) == (0, (0, 1))
-    from actionopd_jax.config import load_config
+    from actionopd_jax.config.load import load_config
 
     main_job = load_config(ROOT / "configs" / "tiny_cpu.yaml")
     assert cfg.experiment == main_job.experiment  # the main job's student, tasks and warm start

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from actionopd_jax.config import (Config, ConfigError, experiment_changes, flatten, load_config, parse_override)
+from actionopd_jax.config import Config, ConfigError
+from actionopd_jax.config.load import experiment_changes, flatten, load_config, parse_override, replace_keys
 from actionopd_jax.train import cli as train_cli
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
@@ -119,11 +120,11 @@ def test_cli_reports_config_errors(capsys):
 def test_resume_compatibility_rule():
     saved = Config().to_dict()
     # layout, paths, logging and length of the run may change ...
-    ok = Config().replace(**{"mesh.fsdp": 4, "train.steps": 50, "train.microbatch_rows": 4,
+    ok = replace_keys(Config(), **{"mesh.fsdp": 4, "train.steps": 50, "train.microbatch_rows": 4,
                              "checkpoint.every_steps": 9, "run.name": "other", "teacher.base_url": "http://x"})
     assert experiment_changes(saved, ok.to_dict()) == []
     # ... but not the method, the optimizer, the model or the seed
-    bad = Config().replace(**{"train.lr": 2e-6, "collect.freq_bonus": 0.0, "run.seed": 1})
+    bad = replace_keys(Config(), **{"train.lr": 2e-6, "collect.freq_bonus": 0.0, "run.seed": 1})
     assert experiment_changes(saved, bad.to_dict()) == [
         "collect.freq_bonus: 0.5 -> 0.0", "run.seed: 0 -> 1", "train.lr: 1e-06 -> 2e-06"]
 

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from actionopd_jax.collect.source import task_stream_from, training_task_sets
-from actionopd_jax.config import ConfigError, load_config
+from actionopd_jax.config import ConfigError
+from actionopd_jax.config.load import load_config, replace_keys
 from actionopd_jax.envs.splits import (TRAIN_TASKS_FILE, check_eval_overlap, eval_overlap_warning, overlap_summary,
                                        record_train_tasks, scored_task_ids)
 from actionopd_jax.envs.tau2_tasks import DOMAINS, tau2_tasks
@@ -50,11 +51,11 @@ def test_an_explicit_disjoint_bfcl_split_needs_no_opt_in():
     assert overlap_summary(cfg.env, stream.tasks) == ("2 training task(s), 1 held out (env.heldout_task_ids); "
                                                       "disjoint from the held-out tasks")
     # a held-out task among the training tasks is refused, naming it
-    bad = cfg.replace(**{"env.heldout_task_ids": ["multi_turn_base_5"]})
+    bad = replace_keys(cfg, **{"env.heldout_task_ids": ["multi_turn_base_5"]})
     with pytest.raises(ConfigError, match=r"1 of 2 .*env.heldout_task_ids.*multi_turn_base_5"):
         task_stream_from(bad)
     with pytest.raises(ConfigError, match="env.task_ids: 1 id.*multi_turn_base_9999"):
-        task_stream_from(cfg.replace(**{"env.task_ids": ["multi_turn_base_9999"]}))
+        task_stream_from(replace_keys(cfg, **{"env.task_ids": ["multi_turn_base_9999"]}))
 
 
 def test_tau2_official_splits_are_disjoint_and_the_train_split_trains():
@@ -73,9 +74,9 @@ def test_tau2_official_splits_are_disjoint_and_the_train_split_trains():
                "collect.task_starts_per_step=3")
     assert len(task_stream_from(cfg).tasks) == 178
     with pytest.raises(ConfigError, match=r"100 of 278 .*tau2 airline.*env.split=train"):
-        task_stream_from(cfg.replace(**{"env.split": "base"}))
+        task_stream_from(replace_keys(cfg, **{"env.split": "base"}))
     with pytest.raises(ConfigError, match=r"20 of 20 .*tau2 airline"):
-        task_stream_from(cfg.replace(**{"env.split": "test", "env.domains": ["airline"]}))
+        task_stream_from(replace_keys(cfg, **{"env.split": "test", "env.domains": ["airline"]}))
 
 
 def test_run_records_its_training_tasks_and_eval_warns_on_them(tmp_path):
@@ -110,6 +111,6 @@ def test_check_line_and_baselines_obey_the_same_rule():
     with pytest.raises(ConfigError, match="200 of 200"):
         check_training_tasks(bfcl)  # --check refuses with the run's own message
     with pytest.raises(ConfigError, match="200 of 200"):
-        tasks_from_env(bfcl.replace(**{"collect.kind": "kd", "train.loss": "kd"}))  # KD's teacher trajectories
-    assert len(tasks_from_env(bfcl.replace(**{"env.task_ids": ["multi_turn_base_7"],
+        tasks_from_env(replace_keys(bfcl, **{"collect.kind": "kd", "train.loss": "kd"}))  # KD's teacher trajectories
+    assert len(tasks_from_env(replace_keys(bfcl, **{"env.task_ids": ["multi_turn_base_7"],
                                               "env.heldout_task_ids": ["multi_turn_base_8"]}))) == 1

@@ -14,7 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from actionopd_jax.config import ConfigError, load_config
+from actionopd_jax.config import ConfigError
+from actionopd_jax.config.load import load_config, replace_keys
 from actionopd_jax.experiment import teacher as teacher_lib
 from actionopd_jax.experiment.phases import step_stats
 from actionopd_jax.experiment.tasks import job_tasks, opening_collisions, split_tasks, subset_tasks
@@ -204,9 +205,9 @@ def test_remote_teacher_missing_key_names_the_variable(monkeypatch):
         teacher_lib.require_secrets(cfg)
     assert "DEEPSEEK_API_KEY" not in str(e.value)
     with pytest.raises(ConfigError, match="matcher.kind=rules"):
-        teacher_lib.check_endpoint_settings(cfg.replace(**{"matcher.base_url": ""}))
+        teacher_lib.check_endpoint_settings(replace_keys(cfg, **{"matcher.base_url": ""}))
     with pytest.raises(ConfigError, match="teacher.base_url and teacher.model"):
-        teacher_lib.check_endpoint_settings(cfg.replace(**{"teacher.model": ""}))
+        teacher_lib.check_endpoint_settings(replace_keys(cfg, **{"teacher.model": ""}))
 
 
 def test_remote_teacher_runs_through_the_real_client_with_the_key_from_env(monkeypatch):

@@ -10,6 +10,7 @@ import logging
 import pytest
 
 from actionopd_jax.config import Config, ConfigError
+from actionopd_jax.config.load import replace_keys
 from actionopd_jax.train import cli as train_cli
 from actionopd_jax.train.checkpoint import Checkpointer, CheckpointError
 from actionopd_jax.train.loop import Trainer
@@ -76,7 +77,7 @@ def test_resume_before_the_first_checkpoint_starts_from_step_0(tmp_path):
 
 
 def test_a_fresh_trainer_refuses_a_checkpoint_dir_it_would_collide_with(tmp_path):
-    cfg = Config().replace(**{"experiment.enabled": False, "run.progress": False, "run.tensorboard": False,
+    cfg = replace_keys(Config(), **{"experiment.enabled": False, "run.progress": False, "run.tensorboard": False,
                               "collect.synthetic.groups_per_step": 2, "train.steps": 1})
     trainer = Trainer(cfg, run_dir=tmp_path)
     try:

@@ -10,6 +10,7 @@ from flax import nnx
 from actionopd_jax.chat import build_tiny_tokenizer, load_tokenizer
 from actionopd_jax.collect.source import ActionOPDGroupSource, judge_spec, teacher_spec
 from actionopd_jax.config import ConfigError
+from actionopd_jax.config.load import replace_keys
 from actionopd_jax.model import PRESETS, Qwen3
 from actionopd_jax.model.weights import save_hf
 from actionopd_jax.sampling import Buckets
@@ -91,6 +92,6 @@ def test_local_teacher_kind_builds_an_in_process_teacher(tok_dir, tmp_path):
     assert batch.requested == 2 and teacher.inner.usage.http_calls >= 1
     assert len(batch.samples) + batch.invalid_replies >= 2
     with pytest.raises(ConfigError, match="teacher.kind=local needs teacher.model"):
-        ActionOPDGroupSource(cfg.replace(**{"teacher.model": str(tmp_path)}), ctx,
+        ActionOPDGroupSource(replace_keys(cfg, **{"teacher.model": str(tmp_path)}), ctx,
                              stream=ListTaskStream(toy_tasks(1, "x"), per_step=1), env_factory=toy_env_factory,
                              tokenizer=load_tokenizer(tok_dir), buckets=buckets)

@@ -28,6 +28,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from actionopd_jax.config.load import replace_keys
 from actionopd_jax.train.sources import StepIndexedSource
 from actionopd_jax.types import Candidate, ChatMessage, Message, StateGroup, Task, ToolSchema
 
@@ -232,7 +233,7 @@ def kd_config(cfg: Any, *, steps: int | None = None) -> Any:
     over: dict[str, Any] = {"train.loss": "kd", "train.old_logprobs": "sampler", "collect.kind": "kd"}
     if steps is not None:
         over["train.steps"] = int(steps)
-    return cfg.replace(**over)
+    return replace_keys(cfg, **over)
 
 
 @dataclass

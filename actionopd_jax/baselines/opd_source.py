@@ -17,15 +17,10 @@ import numpy as np
 
 from actionopd_jax.baselines.opd import (EndpointScorer, LocalTeacherScorer, Scorer, StudentTrajectory,
                                          groups_from_trajectories, run_student_trajectory)
+from actionopd_jax.config.errors import ConfigError
 from actionopd_jax.types import StateGroup
 
 log = logging.getLogger(__name__)
-
-
-def _config_error(message: str) -> Exception:
-    from actionopd_jax.config import ConfigError
-
-    return ConfigError(message)
 
 
 def scorer_from_config(cfg: Any, ctx: Any) -> Scorer:
@@ -37,25 +32,25 @@ def scorer_from_config(cfg: Any, ctx: Any) -> Scorer:
         if ctx.process_count > 1:
             # each process scores its own rows (different counts): a teacher sharded over the
             # global mesh would need lockstep calls; serve it and score over HTTP instead
-            raise _config_error("OPD with teacher.kind=local runs on one process only; with several hosts serve "
+            raise ConfigError("OPD with teacher.kind=local runs on one process only; with several hosts serve "
                                 "the teacher (vLLM or `actionopd serve`) and set teacher.kind=openai")
         if not t.model or not (Path(t.model) / "config.json").is_file():
-            raise _config_error("OPD with teacher.kind=local needs teacher.model = an HF checkpoint directory "
+            raise ConfigError("OPD with teacher.kind=local needs teacher.model = an HF checkpoint directory "
                                 f"(config.json + safetensors); got {t.model!r}")
         from actionopd_jax.model.weights import load_hf
 
         tcfg, model = load_hf(t.model, mesh=ctx.mesh)
         if tcfg.vocab_size != ctx.model_config.vocab_size:
-            raise _config_error(f"OPD needs a shared token space: teacher vocab {tcfg.vocab_size} != student vocab "
+            raise ConfigError(f"OPD needs a shared token space: teacher vocab {tcfg.vocab_size} != student vocab "
                                 f"{ctx.model_config.vocab_size}")
         return LocalTeacherScorer(model, mesh=ctx.mesh)
     if t.kind == "openai":
         if not t.base_url or not t.model:
-            raise _config_error("OPD with teacher.kind=openai needs teacher.base_url and teacher.model "
+            raise ConfigError("OPD with teacher.kind=openai needs teacher.base_url and teacher.model "
                                 "(a server answering /v1/completions echo scoring, e.g. vLLM)")
         return EndpointScorer(t.base_url, t.model, api_key_env=t.api_key_env or None, concurrency=t.concurrency,
                               timeout_s=t.timeout_s)
-    raise _config_error(f"OPD needs teacher log-probabilities: teacher.kind must be local or openai, got {t.kind!r}")
+    raise ConfigError(f"OPD needs teacher log-probabilities: teacher.kind must be local or openai, got {t.kind!r}")
 
 
 class OPDGroupSource:

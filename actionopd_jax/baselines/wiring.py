@@ -13,15 +13,10 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from actionopd_jax.config.errors import ConfigError
 from actionopd_jax.types import Task
 
 log = logging.getLogger(__name__)
-
-
-def _config_error(message: str) -> Exception:
-    from actionopd_jax.config import ConfigError
-
-    return ConfigError(message)
 
 
 def tasks_from_env(cfg: Any, *, limit: int = 0) -> list[Task]:
@@ -41,7 +36,7 @@ def endpoint_agent(cfg: Any):
 
     t = cfg.teacher
     if t.kind != "openai" or not t.base_url or not t.model:
-        raise _config_error("KD without kd.trajectories runs the teacher first: set teacher.kind=openai, "
+        raise ConfigError("KD without kd.trajectories runs the teacher first: set teacher.kind=openai, "
                             "teacher.base_url and teacher.model (or point kd.trajectories at recorded episodes)")
     extra: dict[str, Any] = {"top_p": t.top_p, "chat_template_kwargs": {"enable_thinking": t.enable_thinking}}
     if t.top_k:
@@ -90,4 +85,4 @@ def build_baseline_source(cfg: Any, ctx: Any):
         from actionopd_jax.baselines.self_opd import build_self_source
 
         return build_self_source(cfg, ctx)
-    raise _config_error(f"no baseline source for collect.kind={kind} with teacher.kind={cfg.teacher.kind}")
+    raise ConfigError(f"no baseline source for collect.kind={kind} with teacher.kind={cfg.teacher.kind}")

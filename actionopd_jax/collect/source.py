@@ -31,17 +31,12 @@ import numpy as np
 from actionopd_jax.collect.collector import Collector, CollectResult, default_env_factory
 from actionopd_jax.collect.config import CollectorConfig
 from actionopd_jax.collect.sampler_worker import SamplingSettings, sampler_fn
+from actionopd_jax.config.errors import ConfigError
 from actionopd_jax.rewards import RewardConfig
 from actionopd_jax.sampling.budget import parse_token_budget
 from actionopd_jax.types import StateGroup
 
 log = logging.getLogger(__name__)
-
-
-def _config_error(message: str) -> Exception:
-    from actionopd_jax.config import ConfigError
-
-    return ConfigError(message)
 
 
 def collector_config_from(cfg: Any) -> CollectorConfig:
@@ -66,7 +61,7 @@ def token_budget_setting(value: Any) -> int | str | None:
     try:
         return parse_token_budget(value)
     except ValueError as e:
-        raise _config_error(str(e)) from None
+        raise ConfigError(str(e)) from None
 
 
 def teacher_spec(cfg: Any) -> dict[str, Any]:
@@ -74,16 +69,16 @@ def teacher_spec(cfg: Any) -> dict[str, Any]:
     in-process: `local_teacher_from` builds it (it needs the run's mesh and tokenizer)."""
     t = cfg.teacher
     if t.kind == "none":
-        raise _config_error("collect.kind=actionopd needs a teacher: set teacher.kind (openai | vertex | local) "
+        raise ConfigError("collect.kind=actionopd needs a teacher: set teacher.kind (openai | vertex | local) "
                             "with teacher.model (and teacher.base_url for openai)")
     if t.kind == "self":
-        raise _config_error("teacher.kind=self is Self-ActionOPD: its source is baselines.self_opd "
+        raise ConfigError("teacher.kind=self is Self-ActionOPD: its source is baselines.self_opd "
                             "(`actionopd train` picks it from the config); it has no endpoint spec")
     if t.kind == "local":
         return {"provider": "local", "model": t.model}
     if t.kind == "vertex":
         if t.provider not in ("", "vertex"):
-            raise _config_error(f"teacher.kind=vertex with teacher.provider={t.provider!r}: leave provider empty")
+            raise ConfigError(f"teacher.kind=vertex with teacher.provider={t.provider!r}: leave provider empty")
         return {"provider": "vertex", "model": t.model}
     spec: dict[str, Any] = {"provider": t.provider or "openai", "model": t.model}
     spec.update(base_url=t.base_url, api_key_env=t.api_key_env or None, temperature=t.temperature,
@@ -112,9 +107,9 @@ def task_set_names(cfg: Any, *, needed_by: str) -> list[tuple[str, str]]:
         return [("bfcl", d) for d in (e.domains or ("all",))]
     if e.name == "tau2":
         if not e.domains:
-            raise _config_error("env.name=tau2 needs env.domains (airline, retail, telecom)")
+            raise ConfigError("env.name=tau2 needs env.domains (airline, retail, telecom)")
         return [(f"tau2_{d}", e.split) for d in e.domains]
-    raise _config_error(f"{needed_by} needs env.name bfcl or tau2, got {e.name!r}")
+    raise ConfigError(f"{needed_by} needs env.name bfcl or tau2, got {e.name!r}")
 
 
 def training_task_sets(cfg: Any, *, needed_by: str) -> list[tuple[str, list]]:
@@ -139,7 +134,7 @@ def task_stream_from(cfg: Any):
     per_step = cfg.collect.task_starts_per_step
     sets = training_task_sets(cfg, needed_by="collect.kind=actionopd")
     if per_step < len(sets):
-        raise _config_error(f"collect.task_starts_per_step={per_step} is smaller than the {len(sets)} task sources")
+        raise ConfigError(f"collect.task_starts_per_step={per_step} is smaller than the {len(sets)} task sources")
     quotas = [per_step // len(sets) + (i < per_step % len(sets)) for i in range(len(sets))]
     sources = [(TaskSource(name, tasks), q) for (name, tasks), q in zip(sets, quotas)]
     return TaskStream(sources, seed=int(cfg.run.seed))
@@ -189,7 +184,7 @@ def env_factory_from(cfg: Any):
     from actionopd_jax.envs.user_sim import UserSimConfig, UserSimulator
 
     if not e.user_model or not e.user_base_url:
-        raise _config_error("env.name=tau2 needs a user simulator: set env.user_model and env.user_base_url")
+        raise ConfigError("env.name=tau2 needs a user simulator: set env.user_model and env.user_base_url")
     sim = UserSimulator(UserSimConfig(base_url=e.user_base_url, model=e.user_model,
                                       api_key_env=e.user_api_key_env or None, temperature=e.user_temperature,
                                       max_tokens=e.user_max_tokens))
@@ -292,7 +287,7 @@ def tokenizer_from(ctx: Any, *, needed_by: str) -> Any:
     """The run's tokenizer (ctx.tokenizer_path), with one clear error when none is configured;
     shared by the collector's and the baselines' sources. `needed_by` names the caller."""
     if not ctx.tokenizer_path:
-        raise _config_error(f"{needed_by} needs a tokenizer: set model.tokenizer (or model.hf_path)")
+        raise ConfigError(f"{needed_by} needs a tokenizer: set model.tokenizer (or model.hf_path)")
     from actionopd_jax.chat import load_tokenizer
 
     return load_tokenizer(ctx.tokenizer_path)

@@ -21,15 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
+from actionopd_jax.config.errors import ConfigError
 from actionopd_jax.types import Task
 
 TRAIN_TASKS_FILE = "train_tasks.json"
-
-
-def _config_error(message: str) -> Exception:
-    from actionopd_jax.config import ConfigError
-
-    return ConfigError(message)
 
 
 def benchmark_of(env: str) -> str:
@@ -93,7 +88,7 @@ def check_eval_overlap(env_cfg: Any, tasks: Sequence[Task]) -> Overlap:
                   "env.heldout_task_ids (held out), or"
                   if "BFCL multi-turn" in overlap.by_benchmark else
                   "use env.split=train (tau2's official 178-task training split), or")
-        raise _config_error(
+        raise ConfigError(
             f"the training tasks include {overlap.count} of {len(tasks)} that evaluation scores "
             f"({overlap.against}): {overlap.describe()}. Scores on them would not measure held-out "
             f"performance. {advice} set env.allow_eval_overlap: true to train on them anyway.")
@@ -108,7 +103,7 @@ def select_task_ids(tasks: list[Task], wanted: Sequence[str], *, where: str = "e
     have = {t.task_id for t in tasks}
     missing = [i for i in wanted if i not in have]
     if missing:
-        raise _config_error(f"{where}: {len(missing)} id(s) are not tasks of the configured env.name / "
+        raise ConfigError(f"{where}: {len(missing)} id(s) are not tasks of the configured env.name / "
                             f"env.domains / env.split: {missing[:5]}")
     keep = set(wanted)
     return [t for t in tasks if t.task_id in keep]

@@ -8,5 +8,5 @@ OpenAI-compatible server answering with the environment's reference policy); a c
 (teacher.kind=openai + base URL/model/API-key variable, model.hf_path) points the same job at
 a real remote teacher and a real student checkpoint. See job.py for the phases.
 
-Submodules are imported lazily: `actionopd_jax.config` imports `experiment.settings`.
+Submodules are imported lazily (the `experiment:` section itself is `actionopd_jax.config.experiment`).
 """

@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from actionopd_jax.config import Config
+from actionopd_jax.config.load import replace_keys
 
 
 def _student_config(cfg: Config, notes: list[str]):
@@ -69,7 +70,7 @@ def check_main_job(cfg: Config, devices: int = 0) -> int:
 
         phase.update({"teacher.kind": "openai", "teacher.model": MODEL_NAME, "teacher.base_url": "<embedded>",
                       "matcher.kind": "rules"})
-    plan_cfg = cfg.replace(**phase)
+    plan_cfg = replace_keys(cfg, **phase)
     # the run's start-up checks for the devices it will have (mesh.target, else this host)
     where = placement(cfg, devices)
     notes += where.notes

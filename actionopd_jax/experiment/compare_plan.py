@@ -129,7 +129,7 @@ def load_compare(path: str | Path | None, overrides: list[str] | tuple[str, ...]
 
     import yaml
 
-    from actionopd_jax.config import load_config, parse_override
+    from actionopd_jax.config.load import load_config, parse_override
 
     compare: dict[str, Any] = {}
     run_path = None

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from actionopd_jax.config import Config, ConfigError
+from actionopd_jax.config.load import replace_keys
 from actionopd_jax.experiment.compare_plan import (METHODS, CompareSettings, Method, UpdateBudget, eval_name,
                                                    not_runnable)
 from actionopd_jax.types import Task
@@ -127,7 +128,7 @@ def setup(cfg: Config, settings: CompareSettings, run_dir: Path, opened: list[An
     endpoint = teacher_lib.start_teacher(cfg, train)
     opened.append(endpoint)
     over = teacher_lib.teacher_overrides(cfg, endpoint)
-    teacher_cfg = cfg.replace(**over)
+    teacher_cfg = replace_keys(cfg, **over)
     say(f"  teacher: {endpoint.label}; tasks: {len(train)} training ("
         f"{eval_name(settings.train_user_turns)}), {len(split.heldout)} held out, evaluated as {list(heldout)} "
         f"(BFCL {exp.bfcl_category} {list(exp.bfcl_classes)})")
@@ -165,7 +166,7 @@ def run_collector_method(shared: Shared, method: Method, seed: int, rdir: Path) 
                                    run_dir=rdir, train_tasks=shared.train,
                                    heldout_tasks=next(iter(shared.heldout.values())),
                                    teacher=shared.teacher_over)
-    pcfg = pcfg.replace(**{**method.overrides, "run.seed": seed, "train.lr": shared.lr, "train.steps": s.step_cap,
+    pcfg = replace_keys(pcfg, **{**method.overrides, "run.seed": seed, "train.lr": shared.lr, "train.steps": s.step_cap,
                            "checkpoint.every_steps": 0})
     phases.write_phase_config(pcfg, rdir / "config.yaml", f"compare: {method.label}, seed {seed}")
     ctx = SourceContext(model_config=model_config(pcfg), run_dir=str(rdir), tokenizer_path=pcfg.model.tokenizer,
@@ -215,10 +216,10 @@ def run_kd_method(shared: Shared, method: Method, seed: int, rdir: Path) -> dict
     if not examples:
         raise RuntimeError(f"KD: no teacher turns in {shared.trajectories}")
     longest = max(len(e.prompt_ids) + len(e.target_ids) for e in examples)
-    kcfg = phases.kd_phase_config(cfg.replace(**{"experiment.kd_examples_per_step": per_step}),
+    kcfg = phases.kd_phase_config(replace_keys(cfg, **{"experiment.kd_examples_per_step": per_step}),
                                   student_dir=shared.start_dir, tokenizer_dir=shared.tokenizer_dir, run_dir=rdir,
                                   steps=s.updates)
-    kcfg = kcfg.replace(**{"train.lr": shared.lr, "run.seed": seed,
+    kcfg = replace_keys(kcfg, **{"train.lr": shared.lr, "run.seed": seed,
                            "train.max_seq_len": max(kcfg.train.max_seq_len, longest)})
     phases.write_phase_config(kcfg, rdir / "config.yaml", f"compare: {method.label}, seed {seed}")
     trainer = Trainer(kcfg, run_dir=rdir, source=KDGroupSource(examples, examples_per_step=per_step, seed=seed))

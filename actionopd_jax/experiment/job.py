@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from actionopd_jax.config import Config, ConfigError
+from actionopd_jax.config.load import replace_keys
 
 log = logging.getLogger("actionopd_jax.main_job")
 
@@ -141,7 +142,7 @@ def _run_phases(cfg: Config, run_dir: Path, timings: dict[str, float], opened: l
         "student": {"description": student_description(cfg, student_dir), "initial_dir": str(student_dir),
                     "tokenizer": str(tok_dir)},
     }
-    teacher_cfg = cfg.replace(**teacher_lib.teacher_overrides(cfg, endpoint))
+    teacher_cfg = replace_keys(cfg, **teacher_lib.teacher_overrides(cfg, endpoint))
     timings["setup"] = time.perf_counter() - t0
 
     # 2. warm start: pretraining + KD on the teacher's trajectories of the training tasks

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from actionopd_jax.config import Config
+from actionopd_jax.config.load import replace_keys
 from actionopd_jax.types import Invalid, StateGroup, Task
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ def kd_phase_config(cfg: Config, *, student_dir: Path, tokenizer_dir: Path, run_
             "train.minibatch_rows": per_step, "train.microbatch_rows": micro, "kd.examples_per_step": per_step,
             "run.dir": str(run_dir), "checkpoint.dir": "", "checkpoint.every_steps": 0,
             "experiment.enabled": False, **context_overrides(cfg)}
-    return kd_config(cfg.replace(**over), steps=steps)
+    return kd_config(replace_keys(cfg, **over), steps=steps)
 
 
 def opd_phase_config(cfg: Config, *, student_dir: Path, tokenizer_dir: Path, run_dir: Path, train_tasks: list[Task],
@@ -58,7 +59,7 @@ def opd_phase_config(cfg: Config, *, student_dir: Path, tokenizer_dir: Path, run
             "run.dir": str(run_dir), "experiment.enabled": False, **context_overrides(cfg), **teacher}
     if cfg.experiment.opd_lr > 0:
         over["train.lr"] = cfg.experiment.opd_lr
-    return cfg.replace(**over)
+    return replace_keys(cfg, **over)
 
 
 def write_phase_config(cfg: Config, path: Path, note: str) -> None:

@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from actionopd_jax.config import Config
+from actionopd_jax.config.load import replace_keys
 from actionopd_jax.experiment.phases import context_overrides, kd_phase_config, read_metric, write_phase_config
 from actionopd_jax.types import Task
 
@@ -61,7 +62,7 @@ def train_examples(cfg: Config, examples: list, *, student_dir: Path, tokenizer_
     steps = epochs * math.ceil(len(examples) / per_step)
     longest = max(len(e.prompt_ids) + len(e.target_ids) for e in examples)
     kcfg = kd_phase_config(cfg, student_dir=student_dir, tokenizer_dir=tokenizer_dir, run_dir=run_dir, steps=steps)
-    kcfg = kcfg.replace(**{"train.lr": lr, "train.max_seq_len": max(kcfg.train.max_seq_len, longest)})
+    kcfg = replace_keys(kcfg, **{"train.lr": lr, "train.max_seq_len": max(kcfg.train.max_seq_len, longest)})
     write_phase_config(kcfg, run_dir / "config.yaml", f"{note}: {len(examples)} examples, {steps} steps")
     trainer = Trainer(kcfg, run_dir=run_dir, source=KDGroupSource(examples, examples_per_step=per_step,
                                                                  seed=kcfg.run.seed))

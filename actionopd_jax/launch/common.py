@@ -86,7 +86,7 @@ def resolve_config(config: str, repo_root: Path) -> str:
     if not isinstance(loaded, dict):
         raise LaunchError(f"config {config!r} must be a YAML mapping of settings, got {type(loaded).__name__}")
     from actionopd_jax.config import ConfigError
-    from actionopd_jax.config_files import read_config_file
+    from actionopd_jax.config.files import read_config_file
 
     try:  # its `base:` chain too: a file the workers cannot load must not start a job
         read_config_file(path)
@@ -100,7 +100,8 @@ def check_config_for_machine(path: Path, overrides: list[str], *, machine: str, 
     """Refuse, before a job is submitted, a config the run would refuse on this machine: its
     mesh.target names other hardware, or its batch layout cannot be split over these chips
     and processes (the trainer's own start-up checks, train/preflight.py)."""
-    from actionopd_jax.config import ConfigError, load_config
+    from actionopd_jax.config import ConfigError
+    from actionopd_jax.config.load import load_config
     from actionopd_jax.train.preflight import check_batch_layout, check_mesh_covers_processes, mesh_sizes
 
     try:

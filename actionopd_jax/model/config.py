@@ -11,6 +11,7 @@ from actionopd_jax.model.rope import RopeYarn, rope_from_hf
 
 _DTYPES = ("float32", "bfloat16")
 _REMAT = ("none", "full", "dots", "attn", "offload")
+DTYPES, REMAT_MODES = _DTYPES, _REMAT  # public: the run config's model.* choices (config/checks.py)
 _ATTENTION = ("auto", "splash", "cudnn", "xla", "cpu")  # model/attention.py
 _SUPPORTED_ARCH = "Qwen3ForCausalLM"
 # transformers' Qwen3Config defaults for fields a config.json may leave out

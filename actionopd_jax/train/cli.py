@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 
 from actionopd_jax.aot.targets import USABLE_MEMORY_FRACTION
-from actionopd_jax.config import Config, ConfigError, load_config
+from actionopd_jax.config import Config, ConfigError
+from actionopd_jax.config.load import load_config, replace_keys
 
 log = logging.getLogger("actionopd_jax.train")
 
@@ -96,7 +97,7 @@ def check_aot(cfg: Config, target: str, lengths: str = "", cost: bool = True) ->
     if target not in TARGETS:
         raise ConfigError(f"unknown --aot target {target!r}; known: {', '.join(TARGETS)}")
     if cfg.model.hf_path and not (Path(cfg.model.hf_path) / "config.json").is_file():
-        cfg = cfg.replace(**{"model.hf_path": ""})   # same shapes from the preset (noted by check)
+        cfg = replace_keys(cfg, **{"model.hf_path": ""})   # same shapes from the preset (noted by check)
     try:
         fits = run_check(cfg, model_config(cfg), target, lengths, cost=cost)
     except TargetUnavailable as e:
@@ -226,7 +227,7 @@ def main(argv: list[str]) -> int:
 
             if args.target not in TARGETS:
                 raise ConfigError(f"unknown --aot target {args.target!r}; known: {', '.join(TARGETS)}")
-            cfg = cfg.replace(**{"mesh.target": args.target})
+            cfg = replace_keys(cfg, **{"mesh.target": args.target})
         if args.check:
             code = check(cfg, args.devices)
             if code in (0, 1) and args.aot:  # valid: the compiler's verdict replaces the estimate's

@@ -23,7 +23,8 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from actionopd_jax.config import Config, ConfigError, experiment_changes
+from actionopd_jax.config import Config, ConfigError
+from actionopd_jax.config.schema import experiment_changes
 from actionopd_jax.train import distributed
 from actionopd_jax.train.advantages import assign_advantages
 from actionopd_jax.train.batching import (bucket_length, pack_minibatch, pack_shared_minibatch, plan_minibatches,

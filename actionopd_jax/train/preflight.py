@@ -156,5 +156,5 @@ def plan_model_config(cfg: Config, notes: list[str]):
 
     if cfg.model.hf_path and not (Path(cfg.model.hf_path) / "config.json").is_file():
         notes.append(f"note: {cfg.model.hf_path}/config.json not found; planned with preset {cfg.model.preset!r}")
-        cfg = cfg.replace(**{"model.hf_path": ""})
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, hf_path=""))  # a path: nothing to re-check
     return cfg, model_config(cfg)

@@ -1,4 +1,4 @@
-"""Settings of the main job (`experiment:` section of the run config), as plain data.
+"""The `experiment:` section of the run config: the main job's settings, as plain data.
 
 The main job is what `actionopd train` runs with the embedded defaults: a warm start with KD
 on BFCL training tasks, ActionOPD steps, and an evaluation of the student before and after
@@ -6,7 +6,8 @@ ActionOPD on held-out tasks (see `actionopd_jax/experiment/job.py`). The trainer
 the config (train.*, collect.*, teacher.*, matcher.*, model.*) keep their meaning; this
 section only says what the main job adds around them and where it departs from them.
 
-This module imports nothing heavy: `actionopd_jax.config` imports it.
+A leaf of the config package (config.schema imports it); the section's checks are in
+config/checks.py with the other checks.
 """
 
 from __future__ import annotations
@@ -73,32 +74,3 @@ class ExperimentConfig:
     # Shape buckets of the job's sampler (prompt lengths): few programs to compile.
     prompt_buckets: tuple[int, ...] = (512, 1024, 2048, 3072)
 
-
-def validate_experiment(exp: ExperimentConfig, error: type[Exception] = ValueError) -> None:
-    """Field checks of the `experiment:` section; `error` is the exception type to raise
-    (the config loader passes its ConfigError)."""
-    if exp.teacher not in TEACHER_MODES:
-        raise error(f"experiment.teacher={exp.teacher!r}; expected one of {TEACHER_MODES}")
-    if not 0.0 < exp.heldout_fraction < 1.0:
-        raise error(f"experiment.heldout_fraction must be in (0, 1), got {exp.heldout_fraction}")
-    if not exp.bfcl_classes:
-        raise error("experiment.bfcl_classes must name at least one BFCL class (e.g. [TradingBot])")
-    for key in ("max_train_tasks", "max_heldout_tasks", "pretrain_epochs", "kd_epochs", "max_prompt_tokens"):
-        if getattr(exp, key) < 0:
-            raise error(f"experiment.{key} must be >= 0, got {getattr(exp, key)}")
-    for key in ("kd_examples_per_step", "eval_max_new_tokens", "eval_concurrency", "tokenizer_vocab"):
-        if getattr(exp, key) < 1:
-            raise error(f"experiment.{key} must be >= 1, got {getattr(exp, key)}")
-    if exp.kd_lr <= 0 or exp.opd_lr < 0:
-        raise error(f"experiment.kd_lr must be > 0 and experiment.opd_lr >= 0 (0: train.lr), "
-                    f"got {exp.kd_lr} and {exp.opd_lr}")
-    if list(exp.prompt_buckets) != sorted(set(exp.prompt_buckets)) or not exp.prompt_buckets \
-            or exp.prompt_buckets[0] < 1:
-        raise error(f"experiment.prompt_buckets must be strictly increasing positive lengths, got {exp.prompt_buckets}")
-    s = exp.student
-    if min(s.hidden_size, s.intermediate_size, s.num_hidden_layers, s.num_attention_heads,
-           s.num_key_value_heads, s.head_dim, s.max_position_embeddings) < 1:
-        raise error("experiment.student: every size must be >= 1")
-    if s.num_attention_heads % s.num_key_value_heads:
-        raise error(f"experiment.student.num_attention_heads={s.num_attention_heads} must be a multiple of "
-                    f"num_key_value_heads={s.num_key_value_heads}")

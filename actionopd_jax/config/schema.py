@@ -1,9 +1,12 @@
-"""Run configuration: nested frozen dataclasses whose defaults are the tiny CPU job.
+"""Run configuration schema: nested frozen dataclasses whose defaults are the tiny CPU job.
 
-A config is built from the defaults, then a YAML file, then `a.b=c` overrides (in that
-order). Unknown keys are errors that name the key and suggest the closest valid one; values
-are checked against the field types. `Config.to_dict()` is what gets written to a run
-directory and into every checkpoint.
+This module is the data only: the sections, `Config`, and `build_section`, which turns a
+plain tree into them (unknown keys are errors that name the key and suggest the closest
+valid one; values are checked against the field types). Building a checked config from
+the defaults, a YAML file and `a.b=c` overrides is config/load.py; the cross-field checks
+are config/checks.py. `Config.to_dict()` is what gets written to a run directory and into
+every checkpoint; `experiment_changes` compares two of those trees (resume), so the trainer
+reads it from here without importing the front end.
 
 Paper settings (ActionOPD, sec. 3 and appendix B): N=4 candidates, K=3 teacher samples,
 lambda=0.5, AdamW lr 1e-6 constant without warmup, PPO clip 0.2, dual clip 3, one PPO epoch
@@ -18,12 +21,12 @@ import difflib
 import types
 import typing
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-from actionopd_jax.experiment.settings import ExperimentConfig
+from actionopd_jax.config.errors import ConfigError
+from actionopd_jax.config.experiment import ExperimentConfig
 
 
 @dataclass(frozen=True)
@@ -234,6 +237,9 @@ class RunConfig:
 
 @dataclass(frozen=True)
 class Config:
+    """The whole run config. Build a checked one with config.load (load_config, from_dict);
+    a copy with dotted keys changed, checked again: config.load.replace_keys(cfg, **changes)."""
+
     model: ModelConfig = field(default_factory=ModelConfig)
     mesh: MeshConfig = field(default_factory=MeshConfig)
     train: TrainConfig = field(default_factory=TrainConfig)
@@ -253,31 +259,6 @@ class Config:
     def to_yaml(self) -> str:
         return yaml.safe_dump(self.to_dict(), sort_keys=False)
 
-    def replace(self, **dotted: Any) -> "Config":
-        """Copy with dotted keys changed: cfg.replace(**{"train.lr": 1e-5})."""
-        return from_dict(_set_dotted(self.to_dict(), dotted))
-
-
-# choices checked after loading (key -> allowed values)
-CHOICES: dict[str, tuple[str, ...]] = {
-    "model.dtype": ("float32", "bfloat16"),
-    "model.param_dtype": ("float32", "bfloat16"),
-    "model.remat": ("none", "full", "dots", "attn", "offload"),
-    "model.attention": ("auto", "splash", "cudnn", "xla", "cpu"),
-    "train.loss": ("actionopd", "kd", "opd"),
-    "train.old_logprobs": ("recompute", "sampler"),
-    "collect.kind": ("synthetic", "actionopd", "kd", "opd"),
-    "collect.reward": ("actionopd", "binary", "validity"),
-    "collect.commit": ("argmax", "random"),
-    "teacher.kind": ("openai", "vertex", "local", "self", "none"),
-    "matcher.kind": ("rules+llm", "rules"),
-    "run.distributed.mode": ("auto", "on", "off"),
-}
-
-
-class ConfigError(ValueError):
-    """A config file or override is wrong; the message says which key and what to do."""
-
 
 def _to_plain(obj):
     if dataclasses.is_dataclass(obj):
@@ -287,7 +268,7 @@ def _to_plain(obj):
     return obj
 
 
-def _suggest(key: str, valid: list[str], prefix: str = "") -> str:
+def suggest(key: str, valid: list[str], prefix: str = "") -> str:
     close = difflib.get_close_matches(key, valid, n=1, cutoff=0.5)
     if close:
         return f"; did you mean {prefix + close[0]!r}?"
@@ -336,59 +317,24 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
     raise ConfigError(f"{where}: unsupported field type {hint}")
 
 
-def _build(cls, data: dict[str, Any], prefix: str):
+def build_section(cls, data: dict[str, Any], prefix: str):
+    """`cls` (a section dataclass or `Config`) from a plain tree, keys and types checked; the
+    cross-field checks are not run here (config.load.from_dict runs them)."""
     if not isinstance(data, dict):
-        raise ConfigError(f"{prefix or 'config'}: expected a mapping of keys, got {data!r}")
+        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping of keys, got {data!r}")
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     kwargs = {}
     for key, value in data.items():
         full = f"{prefix}{key}"
         if key not in names:
-            raise ConfigError(f"unknown config key {full!r}" + _suggest(key, names, prefix))
+            raise ConfigError(f"unknown config key {full!r}" + suggest(key, names, prefix))
         hint = hints[key]
         if dataclasses.is_dataclass(hint):
-            kwargs[key] = _build(hint, value or {}, f"{full}.")
+            kwargs[key] = build_section(hint, value or {}, f"{full}.")
         else:
             kwargs[key] = _coerce(value, hint, full)
     return cls(**kwargs)
-
-
-def from_dict(data: dict[str, Any]) -> Config:
-    from actionopd_jax.config_checks import validate
-
-    cfg = _build(Config, data or {}, "")
-    validate(cfg)
-    return cfg
-
-
-def _set_dotted(tree: dict[str, Any], dotted: dict[str, Any]) -> dict[str, Any]:
-    valid = sorted(flatten(Config().to_dict()))
-    for key, value in dotted.items():
-        parts = key.split(".")
-        node = tree
-        for i, part in enumerate(parts[:-1]):
-            nxt = node.get(part)
-            if not isinstance(nxt, dict):
-                raise ConfigError(f"unknown config key {key!r}" + _suggest(key, valid))
-            node = nxt
-        if parts[-1] not in node:
-            raise ConfigError(f"unknown config key {key!r}" + _suggest(key, valid))
-        node[parts[-1]] = value
-    return tree
-
-
-def parse_override(text: str) -> tuple[str, Any]:
-    """'a.b=c' -> ("a.b", value parsed as YAML: numbers, true/false, [lists], strings)."""
-    if "=" not in text:
-        raise ConfigError(f"override {text!r} must look like section.key=value")
-    key, raw = text.split("=", 1)
-    key = key.strip()
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError:
-        value = raw
-    return key, value
 
 
 def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -399,17 +345,6 @@ def flatten(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{k}"] = v
     return out
-
-
-def load_config(path: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> Config:
-    """Defaults, then the YAML file (if any, with its `base:` chain), then `a.b=c` overrides."""
-    from actionopd_jax.config_files import read_config_file
-
-    tree = Config().to_dict()
-    if path:
-        _set_dotted(tree, flatten(read_config_file(path)))
-    _set_dotted(tree, dict(parse_override(o) for o in overrides))
-    return from_dict(tree)
 
 
 # Keys that may differ between a checkpoint and the config that resumes it: they change how

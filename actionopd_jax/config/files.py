@@ -13,7 +13,8 @@ from typing import Any
 
 import yaml
 
-from actionopd_jax.config import Config, ConfigError, _build
+from actionopd_jax.config.errors import ConfigError
+from actionopd_jax.config.schema import Config, build_section
 
 
 def _read_yaml(p: Path) -> dict[str, Any]:
@@ -49,7 +50,7 @@ def read_config_file(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[st
     loaded = _read_yaml(p)
     base = loaded.pop("base", None)
     try:
-        _build(Config, loaded, "")  # unknown keys / types in this file are reported as such
+        build_section(Config, loaded, "")  # unknown keys / types in this file are reported as such
     except ConfigError as e:
         raise ConfigError(f"{p}: {e}") from None
     if base is None:
