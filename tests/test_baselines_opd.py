@@ -114,8 +114,8 @@ def test_local_and_endpoint_scorers_give_the_teachers_logprobs_at_the_students_t
     from actionopd_jax.train.sources import build_source
 
     cli_cfg = replace_keys(cfg, **{"env.name": "bfcl", "env.domains": ["base"], "env.allow_eval_overlap": True,
-                             "collect.task_starts_per_step": 1,
-                             "model.tokenizer": str(tok_dir)})
+                                   "collect.task_starts_per_step": 1,
+                                   "model.tokenizer": str(tok_dir)})
     source = build_source(cli_cfg, SourceContext(model_config=model_config(cli_cfg), run_dir=str(tmp_path),
                                                  tokenizer_path=str(tok_dir), process_index=0, process_count=1,
                                                  mesh=ctx.mesh))

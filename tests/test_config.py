@@ -121,7 +121,7 @@ def test_resume_compatibility_rule():
     saved = Config().to_dict()
     # layout, paths, logging and length of the run may change ...
     ok = replace_keys(Config(), **{"mesh.fsdp": 4, "train.steps": 50, "train.microbatch_rows": 4,
-                             "checkpoint.every_steps": 9, "run.name": "other", "teacher.base_url": "http://x"})
+                                   "checkpoint.every_steps": 9, "run.name": "other", "teacher.base_url": "http://x"})
     assert experiment_changes(saved, ok.to_dict()) == []
     # ... but not the method, the optimizer, the model or the seed
     bad = replace_keys(Config(), **{"train.lr": 2e-6, "collect.freq_bonus": 0.0, "run.seed": 1})
@@ -193,3 +193,54 @@ def test_recipes_use_a_base_and_mark_unstated_values():
     for key in ("minibatch_rows: 256", "max_decisions: 40"):  # values the paper does not state
         line = next(x for x in root.splitlines() if key in x)
         assert "# ours" in line, line
+
+
+def test_replace_keys_copies_and_checks_again():
+    base = Config()
+    changed = replace_keys(base, **{"train.lr": 1e-5, "env.domains": ["a"]})
+    assert changed.train.lr == 1e-5 and changed.env.domains == ("a",) and base.train.lr == 1e-6
+    with pytest.raises(ConfigError, match="did you mean 'train.lr'"):
+        replace_keys(base, **{"train.lrr": 1.0})
+    with pytest.raises(ConfigError, match="teacher.kind=self is Self-ActionOPD"):  # cross-field checks run
+        replace_keys(base, **{"teacher.kind": "self"})
+
+
+def test_a_section_given_as_a_scalar_names_the_section(tmp_path):
+    f = tmp_path / "flat.yaml"
+    f.write_text("train: 3\n")
+    with pytest.raises(ConfigError, match=r"train: expected a mapping of keys, got 3"):
+        load_config(f)
+
+
+def test_choice_lists_are_the_owners():
+    """config/checks.py reads each choice list from the module that acts on the setting."""
+    import typing
+
+    from actionopd_jax.collect.group import CommitMode
+    from actionopd_jax.config.checks import CHOICES
+    from actionopd_jax.model.attention import IMPLEMENTATIONS
+    from actionopd_jax.model.config import DTYPES, REMAT_MODES
+    from actionopd_jax.rewards import RewardMode
+    from actionopd_jax.train.step import LOSS_KINDS
+
+    assert CHOICES["model.attention"] is IMPLEMENTATIONS and CHOICES["train.loss"] is LOSS_KINDS
+    assert CHOICES["model.dtype"] is DTYPES and CHOICES["model.remat"] is REMAT_MODES
+    assert CHOICES["collect.reward"] == typing.get_args(RewardMode)
+    assert CHOICES["collect.commit"] == typing.get_args(CommitMode)
+
+
+def test_config_package_leaves_import_only_leaves():
+    """config.schema / errors / experiment (layer 0) import no other actionopd_jax module than
+    each other, and the package itself re-exports only those names."""
+    import ast
+
+    import actionopd_jax.config as package
+
+    here = Path(package.__file__).parent
+    leaves = {"actionopd_jax.config.schema", "actionopd_jax.config.errors", "actionopd_jax.config.experiment"}
+    for name in ("__init__", "schema", "errors", "experiment"):
+        tree = ast.parse((here / f"{name}.py").read_text())
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module} | {
+            a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        assert {m for m in imported if m.startswith("actionopd_jax")} <= leaves, name
+    assert "load_config" not in vars(package) and "from_dict" not in vars(package)

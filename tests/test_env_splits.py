@@ -113,4 +113,4 @@ def test_check_line_and_baselines_obey_the_same_rule():
     with pytest.raises(ConfigError, match="200 of 200"):
         tasks_from_env(replace_keys(bfcl, **{"collect.kind": "kd", "train.loss": "kd"}))  # KD's teacher trajectories
     assert len(tasks_from_env(replace_keys(bfcl, **{"env.task_ids": ["multi_turn_base_7"],
-                                              "env.heldout_task_ids": ["multi_turn_base_8"]}))) == 1
+                                                    "env.heldout_task_ids": ["multi_turn_base_8"]}))) == 1

@@ -78,7 +78,7 @@ def test_resume_before_the_first_checkpoint_starts_from_step_0(tmp_path):
 
 def test_a_fresh_trainer_refuses_a_checkpoint_dir_it_would_collide_with(tmp_path):
     cfg = replace_keys(Config(), **{"experiment.enabled": False, "run.progress": False, "run.tensorboard": False,
-                              "collect.synthetic.groups_per_step": 2, "train.steps": 1})
+                                    "collect.synthetic.groups_per_step": 2, "train.steps": 1})
     trainer = Trainer(cfg, run_dir=tmp_path)
     try:
         assert trainer.run() == 0

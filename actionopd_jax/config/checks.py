@@ -29,11 +29,11 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.attention": IMPLEMENTATIONS,
     "train.loss": LOSS_KINDS,
     "train.old_logprobs": ("recompute", "sampler"),  # owner: train/loop.py (no constant yet)
-    "collect.kind": ("synthetic", "actionopd", "kd", "opd"),  # owner: train/sources.build_source (no constant yet)
+    "collect.kind": ("synthetic", "actionopd", "kd", "opd"),  # owner: train/sources.build_source
     "collect.reward": typing.get_args(RewardMode),
     "collect.commit": typing.get_args(CommitMode),
-    "teacher.kind": ("openai", "vertex", "local", "self", "none"),  # owner: collect/source.teacher_spec (no constant yet)
-    "matcher.kind": ("rules+llm", "rules"),  # owner: collect/source.judge_spec (no constant yet)
+    "teacher.kind": ("openai", "vertex", "local", "self", "none"),  # owner: teacher_spec (collect/source.py today)
+    "matcher.kind": ("rules+llm", "rules"),  # owner: judge_spec (collect/source.py today)
     "run.distributed.mode": ("auto", "on", "off"),  # owner: train/distributed.py (no constant yet)
 }
 

@@ -167,7 +167,7 @@ def run_collector_method(shared: Shared, method: Method, seed: int, rdir: Path) 
                                    heldout_tasks=next(iter(shared.heldout.values())),
                                    teacher=shared.teacher_over)
     pcfg = replace_keys(pcfg, **{**method.overrides, "run.seed": seed, "train.lr": shared.lr, "train.steps": s.step_cap,
-                           "checkpoint.every_steps": 0})
+                                 "checkpoint.every_steps": 0})
     phases.write_phase_config(pcfg, rdir / "config.yaml", f"compare: {method.label}, seed {seed}")
     ctx = SourceContext(model_config=model_config(pcfg), run_dir=str(rdir), tokenizer_path=pcfg.model.tokenizer,
                         process_index=0, process_count=1, mesh=build_mesh(pcfg))
@@ -220,7 +220,7 @@ def run_kd_method(shared: Shared, method: Method, seed: int, rdir: Path) -> dict
                                   student_dir=shared.start_dir, tokenizer_dir=shared.tokenizer_dir, run_dir=rdir,
                                   steps=s.updates)
     kcfg = replace_keys(kcfg, **{"train.lr": shared.lr, "run.seed": seed,
-                           "train.max_seq_len": max(kcfg.train.max_seq_len, longest)})
+                                 "train.max_seq_len": max(kcfg.train.max_seq_len, longest)})
     phases.write_phase_config(kcfg, rdir / "config.yaml", f"compare: {method.label}, seed {seed}")
     trainer = Trainer(kcfg, run_dir=rdir, source=KDGroupSource(examples, examples_per_step=per_step, seed=seed))
     try:
