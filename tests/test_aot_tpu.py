@@ -10,9 +10,8 @@ import pytest
 pytest.importorskip("libtpu", reason="libtpu (the tpu/test extra) compiles for TPU topologies")
 
 from actionopd_jax.train import cli  # noqa: E402
-from tests._configs import CONFIGS  # noqa: E402
 
-RECIPE = str(CONFIGS / "qwen3_4b_tpu.yaml")
+RECIPE = "configs/paper/qwen3_4b_tpu.yaml"
 TINY = ["model.preset=tiny", "model.hf_path=", "collect.max_response_tokens=128", "train.shared_prompt=false"]
 
 
