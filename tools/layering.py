@@ -235,86 +235,49 @@ def _name(module: str) -> str:
     return f"{PACKAGE}.{module}" if module else PACKAGE
 
 
+def _shortest_cycle(graph: dict[str, dict[str, Edge]], start: str, members: set[str]) -> list[str] | None:
+    """The shortest path start -> ... -> start inside `members` (breadth first), as its nodes."""
+    parent: dict[str, str | None] = {start: None}
+    queue = [start]
+    while queue:
+        nxt = []
+        for v in queue:
+            for w in sorted(graph[v]):
+                if w == start:
+                    path = [v]
+                    while parent[path[-1]] is not None:
+                        path.append(parent[path[-1]])
+                    return path[::-1]
+                if w in members and w not in parent:
+                    parent[w] = v
+                    nxt.append(w)
+        queue = nxt
+    return None
+
+
 def cycles(modules: dict[str, Path], edges: list[Edge]) -> list[list[Edge]]:
     """One shortest cycle (as its edges) per strongly connected component of the module graph."""
     graph: dict[str, dict[str, Edge]] = {m: {} for m in modules}
     for e in edges:
-        graph[e.source].setdefault(e.target, e)  # first occurrence names the line
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    components: list[list[str]] = []
-    counter = 0
-    # iterative Tarjan: the graph is small, but recursion limits should not decide the result
-    for start in sorted(graph):
-        if start in index:
+        graph[e.source].setdefault(e.target, e)  # the first occurrence names the line
+    reach: dict[str, set[str]] = {}
+    for start in graph:  # a few hundred modules: plain reachability is fast enough
+        seen, todo = set(), [start]
+        while todo:
+            for w in graph[todo.pop()]:
+                if w not in seen:
+                    seen.add(w)
+                    todo.append(w)
+        reach[start] = seen
+    found, done = [], set()
+    for v in sorted(graph):
+        if v in done or v not in reach[v]:
             continue
-        work = [(start, iter(sorted(graph[start])))]
-        index[start] = low[start] = counter
-        counter += 1
-        stack.append(start)
-        on_stack.add(start)
-        while work:
-            v, children = work[-1]
-            advanced = False
-            for w in children:
-                if w not in index:
-                    index[w] = low[w] = counter
-                    counter += 1
-                    stack.append(w)
-                    on_stack.add(w)
-                    work.append((w, iter(sorted(graph[w]))))
-                    advanced = True
-                    break
-                if w in on_stack:
-                    low[v] = min(low[v], index[w])
-            if advanced:
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[v])
-            if low[v] == index[v]:
-                comp = []
-                while True:
-                    w = stack.pop()
-                    on_stack.discard(w)
-                    comp.append(w)
-                    if w == v:
-                        break
-                if len(comp) > 1:
-                    components.append(sorted(comp))
-    found = []
-    for comp in sorted(components):
-        members = set(comp)
-        best: list[str] | None = None
-        for start in comp:  # shortest cycle through any member (BFS inside the component)
-            parent = {start: None}
-            queue = [start]
-            path = None
-            while queue and path is None:
-                nxt = []
-                for v in queue:
-                    for w in sorted(graph[v]):
-                        if w not in members:
-                            continue
-                        if w == start:
-                            path = [v]
-                            while parent[path[-1]] is not None:
-                                path.append(parent[path[-1]])
-                            path = path[::-1]
-                            break
-                        if w not in parent:
-                            parent[w] = v
-                            nxt.append(w)
-                    if path is not None:
-                        break
-                queue = nxt
-            if path is not None and (best is None or len(path) < len(best)):
-                best = path
-        assert best is not None
+        members = {w for w in reach[v] if v in reach[w]}
+        done |= members
+        best = min((c for c in (_shortest_cycle(graph, m, members) for m in sorted(members)) if c), key=len)
         loop = best + [best[0]]
-        found.append([graph[a][b] for a, b in zip(loop, loop[1:])])
+        found.append([graph[x][y] for x, y in zip(loop, loop[1:])])
     return found
 
 
