@@ -1,6 +1,6 @@
 """The train step compiled ahead of time for a TPU topology on this CPU host (libtpu from the
 test extra): TPU lowering, layout and memory errors surface here, not on a rented slice.
-Small models only; the paper-scale numbers are in BUILD_NOTES (`actionopd train --check --aot`)."""
+Small models only; the paper-scale numbers are in docs/measurements.md (`actionopd train --check --aot`)."""
 
 import contextlib
 import io
@@ -11,7 +11,7 @@ pytest.importorskip("libtpu", reason="libtpu (the tpu/test extra) compiles for T
 
 from actionopd_jax.train import cli  # noqa: E402
 
-RECIPE = "configs/qwen3_4b_tpu.yaml"
+RECIPE = "configs/paper/qwen3_4b_tpu.yaml"
 TINY = ["model.preset=tiny", "model.hf_path=", "collect.max_response_tokens=128", "train.shared_prompt=false"]
 
 

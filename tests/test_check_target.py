@@ -16,8 +16,7 @@ from actionopd_jax.launch.common import GPU_ENV_DEFAULTS
 from actionopd_jax.train import cli as train_cli
 from tests._subprocess_fixtures import cli_env
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-SHIPPED = sorted(p.name for p in CONFIGS.glob("*.yaml"))
+from tests._configs import CONFIGS, SHIPPED  # found recursively under configs/, by file name
 # the tiny job names no target: it plans for this host
 EXPECTED_TARGET = {"qwen3_4b_tpu.yaml": "v5p-8", "qwen3_8b_tpu.yaml": "v5p-8", "tau2_qwen3_4b_tpu.yaml": "v5p-8",
                    "qwen3_4b_h200x8.yaml": "h200x8", "qwen3_4b_h200.yaml": "h200x1",

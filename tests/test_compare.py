@@ -17,6 +17,7 @@ from actionopd_jax.config import ConfigError
 from actionopd_jax.experiment import compare_plan, compare_runner
 from actionopd_jax.experiment.compare_plan import Method, UpdateBudget, load_compare
 from actionopd_jax.types import Candidate, Message, StateGroup, Task, ToolCall
+from tests._configs import CONFIGS
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,12 +59,12 @@ def test_first_user_turn_tasks_are_played_and_scored_on_that_turn_only():
 # --- settings --------------------------------------------------------------------------------------
 
 def test_preset_loads_and_bad_settings_say_what_is_wrong():
-    cfg, s = load_compare(ROOT / "configs" / "compare" / "compare_tiny.yaml", ["compare.seeds=0,1", "train.steps=2"])
+    cfg, s = load_compare(CONFIGS / "compare_tiny.yaml", ["compare.seeds=0,1", "train.steps=2"])
     assert s.seeds == (0, 1) and s.updates == 8 and cfg.train.steps == 2
     assert (s.train_user_turns, s.eval_user_turns) == (0, (0, 1))
     from actionopd_jax.config.load import load_config
 
-    main_job = load_config(ROOT / "configs" / "tiny_cpu.yaml")
+    main_job = load_config(CONFIGS / "tiny_cpu.yaml")
     assert cfg.experiment == main_job.experiment  # the main job's student, tasks and warm start
     with pytest.raises(ConfigError, match="unknown method"):
         load_compare(None, ["compare.methods=actionopd,nope"])
@@ -128,7 +129,7 @@ def test_compare_one_update_budget_failing_method_and_table(tmp_path, monkeypatc
     monkeypatch.setitem(compare_plan.METHODS, "broken", Method("broken", "broken", "deliberately failing"))
     monkeypatch.setitem(compare_runner.RUNNERS, "broken", broken)
     run = tmp_path / "run"
-    code = compare_cli.main(["--config", str(ROOT / "configs" / "compare" / "compare_tiny.yaml"), "--run-dir", str(run),
+    code = compare_cli.main(["--config", str(CONFIGS / "compare_tiny.yaml"), "--run-dir", str(run),
                              *TINY, f"experiment.cache_dir={tmp_path / 'cache'}"])
     assert code == 0
     summary = json.loads((run / "compare.json").read_text())

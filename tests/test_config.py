@@ -10,8 +10,7 @@ from actionopd_jax.config import Config, ConfigError
 from actionopd_jax.config.load import experiment_changes, flatten, load_config, parse_override, replace_keys
 from actionopd_jax.train import cli as train_cli
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
-SHIPPED = sorted(p.name for p in CONFIGS.glob("*.yaml"))
+from tests._configs import CONFIGS, SHIPPED  # found recursively under configs/, by file name
 
 
 def test_tiny_cpu_yaml_is_the_embedded_default():

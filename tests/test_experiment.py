@@ -20,9 +20,10 @@ from actionopd_jax.experiment import teacher as teacher_lib
 from actionopd_jax.experiment.phases import step_stats
 from actionopd_jax.experiment.tasks import job_tasks, opening_collisions, split_tasks, subset_tasks
 from actionopd_jax.types import Candidate, Invalid, Message, StateGroup, Task, ToolCall
+from tests._configs import CONFIGS as SHIPPED_CONFIGS, SHIPPED
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = sorted((ROOT / "configs").glob("*.yaml"))
+CONFIGS = [SHIPPED_CONFIGS / name for name in SHIPPED]  # every training config, found recursively
 
 
 # --- tasks ---------------------------------------------------------------------------------------
@@ -192,7 +193,7 @@ def test_report_shows_curves_and_before_after(tmp_path):
 # --- remote teacher switch (offline) -------------------------------------------------------------
 
 def _remote_cfg(base_url="https://teacher.example/v1", key_env="ACTIONOPD_TEST_TEACHER_KEY", *extra):
-    return load_config(ROOT / "configs" / "main_remote_teacher.yaml",
+    return load_config(SHIPPED_CONFIGS / "main_remote_teacher.yaml",
                        [f"teacher.base_url={base_url}", f"teacher.api_key_env={key_env}", *extra])
 
 
@@ -285,7 +286,7 @@ def test_check_passes_for_every_shipped_config(tmp_path):
 
 def test_remote_config_run_without_key_stops_at_once_naming_it(tmp_path):
     r = subprocess.run([sys.executable, "-m", "actionopd_jax.cli", "train", "--config",
-                        str(ROOT / "configs" / "main_remote_teacher.yaml")], cwd=tmp_path, env=_one_device_env(),
+                        str(SHIPPED_CONFIGS / "main_remote_teacher.yaml")], cwd=tmp_path, env=_one_device_env(),
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
     assert r.returncode == 2, r.stdout[-2000:]
     assert "DASHSCOPE_API_KEY (teacher.api_key_env)" in r.stdout and "DEEPSEEK_API_KEY (matcher.api_key_env)" in r.stdout

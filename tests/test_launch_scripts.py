@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests._configs import SHIPPED, repo_path
+
 REPO = Path(__file__).resolve().parents[1]
 FAKE_SECRET_VALUE = "sk-test-FAKE-VALUE-never-printed-42"
 
@@ -37,7 +39,7 @@ TARGETS = {"_tpu.yaml": ["tpu_pod", "vertex-tpu"], "_h200.yaml": ["local-gpu"],
 
 
 def _shipped() -> list[tuple[str, str]]:
-    names = sorted({*REQUIRED, *(p.name for p in (REPO / "configs").glob("*.yaml"))})
+    names = sorted({*REQUIRED, *SHIPPED})
     cases = []
     for name in names:
         targets = [t for suffix, ts in TARGETS.items() if name.endswith(suffix) for t in ts]
@@ -46,13 +48,13 @@ def _shipped() -> list[tuple[str, str]]:
 
 
 def test_required_configs_are_shipped():
-    missing = [name for name in REQUIRED if not (REPO / "configs" / name).is_file()]
+    missing = [name for name in REQUIRED if name not in SHIPPED]
     assert not missing, f"configs missing: {missing}"
 
 
 @pytest.mark.parametrize("config, target", _shipped())
 def test_shipped_config_dry_runs(config, target):
-    path = f"configs/{config}"
+    path = repo_path(config)
     assert (REPO / path).is_file(), f"shipped config {path} is missing"
     secret = ["--secret", "OPENAI_API_KEY=teacher-api-key"]
     vertex_common = ["--project", "my-proj", "--region", "us-central1", "--staging-bucket", "gs://b",
@@ -85,7 +87,7 @@ def test_vertex_refuses_a_recipe_for_other_hardware():
     target; with mesh.target overridden, the trainer's batch-layout message."""
     common = ["--project", "my-proj", "--region", "us-central1", "--staging-bucket", "gs://b",
               "--image", "us-docker.pkg.dev/my-proj/r/actionopd-jax:latest", "--machine-type", "a3-ultragpu-8g",
-              "--config", "configs/qwen3_4b_h200.yaml", "--dry-run"]
+              "--config", repo_path("qwen3_4b_h200.yaml"), "--dry-run"]
     proc = _script("vertex", *common)
     assert proc.returncode == 2 and "is for mesh.target h200x1 (1 GPU chip(s))" in proc.stderr, proc.stderr
     proc = _script("vertex", *common, "mesh.target=h200x8")

@@ -62,7 +62,7 @@ def resolve_config(config: str, repo_root: Path) -> str:
     (copied, cloned or baked into an image) and finds the file at the same relative place.
     """
     if not config:
-        raise LaunchError("missing --config: pass a training config, e.g. --config configs/tiny_cpu.yaml")
+        raise LaunchError("missing --config: pass a training config, e.g. --config configs/tiny/tiny_cpu.yaml")
     path = Path(config)
     if not path.is_absolute():
         # relative to cwd first, then to the checkout (so `configs/x.yaml` works from anywhere)
@@ -71,7 +71,7 @@ def resolve_config(config: str, repo_root: Path) -> str:
     if path.suffix not in (".yaml", ".yml"):
         raise LaunchError(f"config {config!r} is not a .yaml file")
     if not path.is_file():
-        shipped = sorted(p.name for p in (repo_root / "configs").glob("*.yaml"))
+        shipped = sorted(str(p.relative_to(repo_root / "configs")) for p in (repo_root / "configs").rglob("*.yaml"))
         raise LaunchError(f"config file {config!r} not found (looked at {path}); "
                           f"shipped configs in {repo_root / 'configs'}: {', '.join(shipped) or 'none'}")
     try:

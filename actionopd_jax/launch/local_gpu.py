@@ -1,11 +1,11 @@
 """Local launcher: one process per host owning all its GPUs (JAX CUDA), optionally multi-node.
 
     # one host, all local GPUs (install first: pip install -e .[cuda])
-    python launch/local_gpu.py --config configs/qwen3_4b_h200x8.yaml train.steps=100
+    python launch/local_gpu.py --config configs/paper/qwen3_4b_h200x8.yaml train.steps=100
     # node i of N (run on every node with the same coordinator; i = 0 .. N-1)
     python launch/local_gpu.py --config ... --coordinator 10.0.0.2:1234 --num-processes N --process-id i
     # N processes on this machine (CPU rehearsal of the multi-host code path)
-    python launch/local_gpu.py --config configs/tiny_cpu.yaml --local-processes 2 --platform cpu
+    python launch/local_gpu.py --config configs/tiny/tiny_cpu.yaml --local-processes 2 --platform cpu
 
 Multi-process settings reach the trainer as ACTIONOPD_COORDINATOR / ACTIONOPD_NUM_PROCESSES /
 ACTIONOPD_PROCESS_ID (read by `actionopd_jax.launch.distributed_env.initialize_from_env`).
@@ -102,7 +102,7 @@ def run_concurrently(commands: list[PlannedCommand], *, timeout_s: float | None 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python launch/local_gpu.py", description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--config", help="training config, e.g. configs/qwen3_4b_h200x8.yaml (8 GPUs)")
+    p.add_argument("--config", help="training config, e.g. configs/paper/qwen3_4b_h200x8.yaml (8 GPUs)")
     p.add_argument("overrides", nargs="*", help="config overrides section.key=value")
     p.add_argument("--platform", choices=("gpu", "cpu"), default="gpu")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",

@@ -2,7 +2,7 @@
 
     python launch/tpu_pod.py --name my-v5e-32 --zone us-west4-a --project my-proj \
         --setup copy --secret OPENAI_API_KEY=teacher-api-key \
-        --config configs/qwen3_8b_tpu.yaml train.steps=200 [--dry-run]
+        --config configs/paper/qwen3_8b_tpu.yaml train.steps=200 [--dry-run]
 
 Every step is one `gcloud compute tpus tpu-vm {scp,ssh} ... --worker=all` invocation (plus a
 local `git archive` for --setup copy). JAX's multi-controller model needs the same program
@@ -146,7 +146,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--name", help="TPU VM (slice) name, as created with `gcloud compute tpus tpu-vm create`")
     p.add_argument("--zone", help="zone of the slice, e.g. us-west4-a")
     p.add_argument("--project", help="Google Cloud project id")
-    p.add_argument("--config", help="training config inside the checkout, e.g. configs/qwen3_8b_tpu.yaml")
+    p.add_argument("--config", help="training config inside the checkout, e.g. configs/paper/qwen3_8b_tpu.yaml")
     p.add_argument("overrides", nargs="*", help="config overrides section.key=value")
     p.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
                    help="plain environment variable for the trainer (not for credentials)")

@@ -4,7 +4,7 @@
         --image us-docker.pkg.dev/my-proj/actionopd/actionopd-jax:tpu \
         --machine-type ct5lp-hightpu-4t --tpu-topology 4x4 \
         --staging-bucket gs://my-bucket --secret OPENAI_API_KEY=teacher-api-key \
-        --config configs/qwen3_8b_tpu.yaml train.steps=200 [--dry-run]
+        --config configs/paper/qwen3_8b_tpu.yaml train.steps=200 [--dry-run]
 
 The job is an `aiplatform_v1.CustomJob` proto built offline; `--dry-run` prints the exact
 CreateCustomJob request (parent + job) as JSON and the real run sends that same proto with
@@ -145,7 +145,7 @@ def _parser() -> argparse.ArgumentParser:
                                           f"GPU: {', '.join(vertex_pools.GPU_MACHINES)}")
     p.add_argument("--tpu-topology", help="TPU slice shape, e.g. 4x4 (TPU machine types only)")
     p.add_argument("--replicas", type=int, default=1, help="GPU nodes (one process each)")
-    p.add_argument("--config", help="training config inside the checkout, e.g. configs/qwen3_4b_h200x8.yaml")
+    p.add_argument("--config", help="training config inside the checkout, e.g. configs/paper/qwen3_4b_h200x8.yaml")
     p.add_argument("overrides", nargs="*", help="config overrides section.key=value")
     p.add_argument("--staging-bucket", help="gs:// bucket; outputs go under BUCKET/actionopd/DISPLAY_NAME")
     p.add_argument("--base-output-dir", help="gs:// directory for job outputs (sets AIP_MODEL_DIR etc.)")

@@ -3,7 +3,7 @@
     actionopd train [--config configs/X.yaml] [section.key=value ...]
                     [--check [--devices N] [--aot [--target T] [--lengths L,...]]] [--smoke] [--resume [STEP]] [--force] [--run-dir DIR]
 
-Without --config the embedded defaults are used (the tiny CPU job, = configs/tiny_cpu.yaml).
+Without --config the embedded defaults are used (the tiny CPU job, = configs/tiny/tiny_cpu.yaml).
 """
 
 from __future__ import annotations
