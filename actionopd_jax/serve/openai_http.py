@@ -153,7 +153,7 @@ class OpenAIServer:
     # --- lifecycle -------------------------------------------------------------------------
     async def _start_site(self) -> None:
         # handler_cancellation: a client that disconnects cancels its handler, and with it its
-        # queued or segmented generation (serve/batching.py), instead of leaving it running
+        # queued or segmented generation (sampling/batching.py), instead of leaving it running
         self._runner = web.AppRunner(self._app(), access_log=None, handler_cancellation=True)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
