@@ -93,6 +93,8 @@ def _signature(tree) -> tuple:
 
 def _leaf_specs(params) -> dict[str, tuple]:
     """{leaf path: (shape, dtype, sharding)} of a parameter tree (pure dict or nnx.State)."""
+    if isinstance(params, nnx.State):
+        params = nnx.to_pure_dict(params)  # the same paths for both forms
     leaves = jax.tree_util.tree_flatten_with_path(params)[0]
     return {jax.tree_util.keystr(path): (tuple(x.shape), jnp.dtype(x.dtype), getattr(x, "sharding", None))
             for path, x in leaves}
@@ -103,7 +105,7 @@ def _config_shapes(cfg) -> dict[str, tuple]:
     from actionopd_jax.model import Qwen3
 
     abstract = nnx.eval_shape(lambda: Qwen3(cfg, rngs=nnx.Rngs(0)))
-    return {path: spec[0] for path, spec in _leaf_specs(nnx.to_pure_dict(nnx.state(abstract))).items()}
+    return {path: spec[0] for path, spec in _leaf_specs(nnx.state(abstract)).items()}
 
 
 def check_policy(expected: dict[str, tuple], got: dict[str, tuple]) -> None:
@@ -207,7 +209,7 @@ class Sampler:
         got = _leaf_specs(params)
         if self._policy is None:
             if self.model is not None:
-                self._policy = _leaf_specs(nnx.to_pure_dict(nnx.state(self.model)))
+                self._policy = _leaf_specs(nnx.state(self.model))
             else:
                 shapes = _config_shapes(self.cfg)
                 self._policy = {path: (shapes[path], *got[path][1:]) if path in got else (shape, None, None)
