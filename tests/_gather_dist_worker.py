@@ -1,7 +1,7 @@
 """One process of the two-process behaviour-snapshot test (run as a script by
 tests/test_collect_gather_multihost.py): joins jax.distributed on CPU, places a tiny student's
 parameters sharded over a mesh that spans BOTH processes (so no process holds them whole),
-then asks `collect.source.rollout_params` / `behaviour_model` for the rollout copy this
+then asks `sampling.rollout.rollout_params` / `behaviour_model` for the rollout copy this
 process samples with (resharded on device over a (process x local) mesh, then wrapped as
 local arrays), and greedy-samples from it. Writes what it saw as JSON."""
 
@@ -57,7 +57,7 @@ def main() -> int:
 
     jax.distributed.initialize(coordinator_address=args.coordinator, num_processes=2, process_id=args.process_id,
                                initialization_timeout=120)
-    from actionopd_jax.collect.source import behaviour_model, rollout_params
+    from actionopd_jax.sampling.rollout import behaviour_model, rollout_params
     from actionopd_jax.model.sharding import make_mesh, param_shardings
 
     cfg, graphdef, params = build()

@@ -11,7 +11,7 @@ from flax import nnx
 from actionopd_jax.baselines.kd import (KDExample, KDGroupSource, kd_examples, kd_train, load_trajectories,
                                         teacher_trajectories)
 from actionopd_jax.chat import build_tiny_tokenizer, load_tokenizer, render_ids, render_text
-from actionopd_jax.envs.base import make_environment
+from actionopd_jax.envs.registry import make_environment
 from actionopd_jax.eval.agents import EndpointAgent
 from actionopd_jax.eval.tasks import select_tasks
 from actionopd_jax.model import PRESETS, Qwen3

@@ -16,7 +16,7 @@ import pytest
 
 from actionopd_jax.config import Config, ConfigError
 from actionopd_jax.config.load import replace_keys
-from actionopd_jax.train.checkpoint import Checkpointer, CheckpointError
+from actionopd_jax.checkpoint import Checkpointer, CheckpointError
 from actionopd_jax.train.loop import SIGTERM_EXIT_CODE, Trainer
 from tests._train_fixtures import max_abs_diff, to_host
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from actionopd_jax.train.checkpoint import Checkpointer
+from actionopd_jax.checkpoint import Checkpointer
 from tests._subprocess_fixtures import cli_env
 from tests._train_fixtures import max_abs_diff, to_host
 

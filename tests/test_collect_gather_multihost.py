@@ -1,4 +1,4 @@
-"""The collector's multi-host rollout copy (`collect.source.rollout_params` /
+"""The collector's multi-host rollout copy (`sampling.rollout.rollout_params` /
 `behaviour_model`), in a real two-process `jax.distributed` run on CPU: the trainer's
 parameters are sharded over a mesh spanning both processes; one on-device reshard (a jitted
 identity with out_shardings on a (process x local) mesh: tensor-parallel over a process's

@@ -1,4 +1,4 @@
-"""The sampler's rollout copy (`collect.source.rollout_params`) in one process: on CPU the
+"""The sampler's rollout copy (`sampling.rollout.rollout_params`) in one process: on CPU the
 training placement as it is (the float32 "checked" head); the bf16 accelerator copy is a new
 array resharded on device, tensor-parallel over the local devices."""
 
@@ -8,7 +8,7 @@ import numpy as np
 from flax import nnx
 from jax.sharding import PartitionSpec
 
-from actionopd_jax.collect.source import behaviour_model, rollout_dtype, rollout_params
+from actionopd_jax.sampling.rollout import behaviour_model, rollout_dtype, rollout_params
 from actionopd_jax.model import Qwen3
 from actionopd_jax.model.sharding import make_mesh, param_shardings
 from actionopd_jax.testing.tiny_checkpoint import tiny_config
@@ -51,7 +51,7 @@ def test_bf16_copy_is_resharded_on_device_tensor_parallel_over_local_devices():
 
 
 def test_the_reshard_program_is_reused_across_steps():
-    from actionopd_jax.collect import source
+    from actionopd_jax.sampling import rollout as source
 
     graphdef, params, _ = _placed()
     rollout_params(params, graphdef, dtype=jnp.bfloat16)

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from actionopd_jax.collect import ActionOPDGroupSource
-from actionopd_jax.collect.source import collector_config_from, judge_spec, task_stream_from, teacher_spec
+from actionopd_jax.collect.source import collector_config_from, train_task_stream
+from actionopd_jax.teacher.specs import judge_spec, teacher_spec
 from actionopd_jax.config import ConfigError
 from actionopd_jax.config.load import from_dict, replace_keys
 from actionopd_jax.sampling import Buckets
@@ -35,17 +36,17 @@ def test_config_mapping_and_errors():
     cc = collector_config_from(cfg)
     assert (cc.seed, cc.n, cc.k, cc.reward.lam, cc.reward.mode, cc.commit) == (3, 4, 3, 0.5, "validity", "random")
     assert cc.decision_limit("bfcl") == 2 and cc.decision_limit("tau2_airline") == 2
-    spec = teacher_spec(cfg)
+    spec = teacher_spec(cfg.teacher)
     assert spec["model"] == "teacher" and spec["max_regenerations"] == 2 and spec["api_key_env"] is None
-    assert judge_spec(replace_keys(cfg, **{"matcher.kind": "rules"})) is None
+    assert judge_spec(replace_keys(cfg, **{"matcher.kind": "rules"}).matcher) is None
     with pytest.raises(ConfigError, match="teacher.kind"):
-        teacher_spec(replace_keys(cfg, **{"teacher.kind": "none"}))
+        teacher_spec(replace_keys(cfg, **{"teacher.kind": "none"}).teacher)
     with pytest.raises(ConfigError, match="env.name"):
-        task_stream_from(replace_keys(cfg, **{"env.name": "synthetic"}))
+        train_task_stream(replace_keys(cfg, **{"env.name": "synthetic"}))
     with pytest.raises(ConfigError, match="env.domains"):
-        task_stream_from(replace_keys(cfg, **{"env.name": "tau2", "env.domains": []}))
+        train_task_stream(replace_keys(cfg, **{"env.name": "tau2", "env.domains": []}))
     # every process builds the same stream: the same global task starts per step
-    a, b = task_stream_from(cfg), task_stream_from(cfg)
+    a, b = train_task_stream(cfg), train_task_stream(cfg)
     first = [t.task_id for t in a.next_step()]
     assert first == [t.task_id for t in b.next_step()] and len(first) == 4
     assert all(t.startswith("multi_turn_base_") for t in first)

@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # --- tasks cut to their first user turn ----------------------------------------------------------
 
 async def _play(task: Task, actions: list) -> tuple[int, dict]:
-    from actionopd_jax.envs.base import make_environment
+    from actionopd_jax.envs.registry import make_environment
 
     env = make_environment(task.env)
     obs = await env.reset(task)

@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from actionopd_jax.envs.context import fit_context, removable_units
+from actionopd_jax.chat.context import fit_context, removable_units
 
 TOOLS = [{"type": "function", "function": {"name": "ls", "description": "list", "parameters": {"type": "object", "properties": {}}}}]
 

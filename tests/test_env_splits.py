@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from actionopd_jax.collect.source import task_stream_from, training_task_sets
+from actionopd_jax.collect.source import train_task_stream
+from actionopd_jax.envs.task_sets import training_task_sets
 from actionopd_jax.config import ConfigError
 from actionopd_jax.config.load import load_config, replace_keys
 from actionopd_jax.envs.splits import (TRAIN_TASKS_FILE, check_eval_overlap, eval_overlap_warning, overlap_summary,
@@ -24,16 +25,16 @@ def test_bfcl_training_without_opt_in_is_refused_naming_the_overlap():
     # empty domains = every BFCL category; env.split=train means nothing for BFCL
     cfg = _cfg("env.name=bfcl", "env.split=train")
     with pytest.raises(ConfigError) as err:
-        task_stream_from(cfg)
+        train_task_stream(cfg)
     msg = str(err.value)
     assert "800 of 800" in msg and "BFCL multi-turn" in msg and "multi_turn_base_0" in msg
     assert "env.allow_eval_overlap: true" in msg and "env.task_ids" in msg and "env.heldout_task_ids" in msg
     with pytest.raises(ConfigError, match="200 of 200 .* BFCL multi-turn"):
-        task_stream_from(_cfg("env.name=bfcl", "env.domains=[miss_param]"))
+        train_task_stream(_cfg("env.name=bfcl", "env.domains=[miss_param]"))
     # the opt-in trains on them, and says so for --check
     ok = _cfg("env.name=bfcl", "env.allow_eval_overlap=true")
-    assert len(task_stream_from(ok).tasks) == 800
-    tasks = [t for _, ts in training_task_sets(ok, needed_by="test") for t in ts]
+    assert len(train_task_stream(ok).tasks) == 800
+    tasks = [t for _, ts in training_task_sets(ok.env, needed_by="test") for t in ts]
     assert "800 are scored by evaluation" in overlap_summary(ok.env, tasks)
     assert "ALLOWED by env.allow_eval_overlap: true" in overlap_summary(ok.env, tasks)
     # exactly what `eval --bench bfcl` scores
@@ -45,7 +46,7 @@ def test_an_explicit_disjoint_bfcl_split_needs_no_opt_in():
     held = ["multi_turn_base_2"]
     cfg = _cfg("env.name=bfcl", "env.domains=[base]", f"env.task_ids={train}", f"env.heldout_task_ids={held}",
                "collect.task_starts_per_step=2")
-    stream = task_stream_from(cfg)
+    stream = train_task_stream(cfg)
     assert sorted(t.task_id for t in stream.tasks) == train
     assert {t.task_id for t in stream.next_step()} <= set(train)
     assert overlap_summary(cfg.env, stream.tasks) == ("2 training task(s), 1 held out (env.heldout_task_ids); "
@@ -53,9 +54,9 @@ def test_an_explicit_disjoint_bfcl_split_needs_no_opt_in():
     # a held-out task among the training tasks is refused, naming it
     bad = replace_keys(cfg, **{"env.heldout_task_ids": ["multi_turn_base_5"]})
     with pytest.raises(ConfigError, match=r"1 of 2 .*env.heldout_task_ids.*multi_turn_base_5"):
-        task_stream_from(bad)
+        train_task_stream(bad)
     with pytest.raises(ConfigError, match="env.task_ids: 1 id.*multi_turn_base_9999"):
-        task_stream_from(replace_keys(cfg, **{"env.task_ids": ["multi_turn_base_9999"]}))
+        train_task_stream(replace_keys(cfg, **{"env.task_ids": ["multi_turn_base_9999"]}))
 
 
 def test_tau2_official_splits_are_disjoint_and_the_train_split_trains():
@@ -72,11 +73,11 @@ def test_tau2_official_splits_are_disjoint_and_the_train_split_trains():
     assert (train_total, test_total) == (178, 100)  # paper B.3: 30/20, 74/40, 74/40
     cfg = _cfg("env.name=tau2", "env.domains=[airline,retail,telecom]", "env.split=train",
                "collect.task_starts_per_step=3")
-    assert len(task_stream_from(cfg).tasks) == 178
+    assert len(train_task_stream(cfg).tasks) == 178
     with pytest.raises(ConfigError, match=r"100 of 278 .*tau2 airline.*env.split=train"):
-        task_stream_from(replace_keys(cfg, **{"env.split": "base"}))
+        train_task_stream(replace_keys(cfg, **{"env.split": "base"}))
     with pytest.raises(ConfigError, match=r"20 of 20 .*tau2 airline"):
-        task_stream_from(replace_keys(cfg, **{"env.split": "test", "env.domains": ["airline"]}))
+        train_task_stream(replace_keys(cfg, **{"env.split": "test", "env.domains": ["airline"]}))
 
 
 def test_run_records_its_training_tasks_and_eval_warns_on_them(tmp_path):
@@ -113,4 +114,4 @@ def test_check_line_and_baselines_obey_the_same_rule():
     with pytest.raises(ConfigError, match="200 of 200"):
         tasks_from_env(replace_keys(bfcl, **{"collect.kind": "kd", "train.loss": "kd"}))  # KD's teacher trajectories
     assert len(tasks_from_env(replace_keys(bfcl, **{"env.task_ids": ["multi_turn_base_7"],
-                                                    "env.heldout_task_ids": ["multi_turn_base_8"]}))) == 1
+                                              "env.heldout_task_ids": ["multi_turn_base_8"]}))) == 1

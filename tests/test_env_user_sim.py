@@ -183,7 +183,7 @@ def test_config_validation():
 
 
 def test_env_step_rejects_non_actions():
-    from actionopd_jax.envs.base import make_environment
+    from actionopd_jax.envs.registry import make_environment
 
     env = make_environment("bfcl")
     with pytest.raises(TypeError, match="ToolCall, Message or Invalid"):

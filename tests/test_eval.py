@@ -7,7 +7,7 @@ from math import comb
 
 import pytest
 
-from actionopd_jax.envs.base import make_environment
+from actionopd_jax.envs.registry import make_environment
 from actionopd_jax.eval import cli as eval_cli
 from actionopd_jax.eval.agents import EndpointAgent, ReferenceAgent
 from actionopd_jax.eval.metrics import pass_hat_k, summarize

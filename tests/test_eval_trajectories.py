@@ -5,7 +5,7 @@ executor (a call to a tool offered only in a later turn) reported next to our ve
 import asyncio
 import json
 
-from actionopd_jax.envs.base import make_environment
+from actionopd_jax.envs.registry import make_environment
 from actionopd_jax.eval import cli as eval_cli
 from actionopd_jax.eval.agents import ReferenceAgent
 from actionopd_jax.eval.runner import load_finished, run_eval

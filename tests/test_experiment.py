@@ -217,7 +217,7 @@ def test_remote_teacher_runs_through_the_real_client_with_the_key_from_env(monke
     remote provider; it serves the reference policy so the episode can succeed)."""
     from actionopd_jax.baselines.kd import teacher_trajectories
     from actionopd_jax.baselines.wiring import endpoint_agent
-    from actionopd_jax.envs.base import make_environment
+    from actionopd_jax.envs.registry import make_environment
     from actionopd_jax.serve.openai_http import OpenAIServer
     from actionopd_jax.serve.reference_backend import ReferenceBackend
 

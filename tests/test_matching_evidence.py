@@ -5,7 +5,7 @@ made -- and wired from `matcher.tool_evidence` by the collector's source."""
 
 import asyncio
 
-from actionopd_jax.collect.source import tool_evidence_from
+from actionopd_jax.matching.build import tool_evidence_from
 from actionopd_jax.config.load import load_config, replace_keys
 from actionopd_jax.envs.evidence import tool_evidence
 from actionopd_jax.envs.tau2_tasks import DOMAINS, environment_constructor
@@ -62,7 +62,7 @@ def test_config_switch_wires_evidence_per_environment():
              Task("t", "toy", "train", {})]
     cfg = load_config(None, ["matcher.kind=rules+llm"])
     assert cfg.matcher.tool_evidence  # on by default: the paper's rule
-    wired = tool_evidence_from(cfg, tasks)
+    wired = tool_evidence_from(cfg.matcher, tasks)
     assert set(wired) == {"bfcl", "tau2_airline"} and "get_stock_info" in wired["bfcl"]
-    assert tool_evidence_from(replace_keys(cfg, **{"matcher.tool_evidence": False}), tasks) is None
-    assert tool_evidence_from(replace_keys(cfg, **{"matcher.kind": "rules"}), tasks) is None
+    assert tool_evidence_from(replace_keys(cfg, **{"matcher.tool_evidence": False}).matcher, tasks) is None
+    assert tool_evidence_from(replace_keys(cfg, **{"matcher.kind": "rules"}).matcher, tasks) is None

@@ -14,7 +14,7 @@ import sys
 import pytest
 
 from actionopd_jax.config import Config
-from actionopd_jax.train.checkpoint import Checkpointer
+from actionopd_jax.checkpoint import Checkpointer
 from tests._subprocess_fixtures import cli_env, finish_all
 
 pytestmark = pytest.mark.slow

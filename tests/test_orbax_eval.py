@@ -20,8 +20,8 @@ from flax import nnx
 from actionopd_jax.eval import cli as eval_cli
 from actionopd_jax.model import make_mesh
 from actionopd_jax.train import export_cli
-from actionopd_jax.train.checkpoint import Checkpointer
-from actionopd_jax.train.run_model import load_model
+from actionopd_jax.checkpoint import Checkpointer
+from actionopd_jax.checkpoint import load_model
 from tests._serve_fixtures import TOOL_CONVERSATION, WEATHER_TOOL
 from tests._subprocess_fixtures import cli_env
 from tests._orbax_run_fixtures import build_run

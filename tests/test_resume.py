@@ -12,7 +12,7 @@ import pytest
 from actionopd_jax.config import Config, ConfigError
 from actionopd_jax.config.load import replace_keys
 from actionopd_jax.train import cli as train_cli
-from actionopd_jax.train.checkpoint import Checkpointer, CheckpointError
+from actionopd_jax.checkpoint import Checkpointer, CheckpointError
 from actionopd_jax.train.loop import Trainer
 
 COMMON = ["experiment.enabled=false", "run.progress=false", "run.tensorboard=false",

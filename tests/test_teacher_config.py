@@ -8,7 +8,8 @@ import pytest
 from flax import nnx
 
 from actionopd_jax.chat import build_tiny_tokenizer, load_tokenizer
-from actionopd_jax.collect.source import ActionOPDGroupSource, judge_spec, teacher_spec
+from actionopd_jax.collect.source import ActionOPDGroupSource
+from actionopd_jax.teacher.specs import judge_spec, teacher_spec
 from actionopd_jax.config import ConfigError
 from actionopd_jax.config.load import replace_keys
 from actionopd_jax.model import PRESETS, Qwen3
@@ -16,7 +17,8 @@ from actionopd_jax.model.weights import save_hf
 from actionopd_jax.sampling import Buckets
 from actionopd_jax.serve.scripted import ScriptedBackend, message_choice, tool_call_choice
 from actionopd_jax.teacher.cached import CachedTeacher
-from actionopd_jax.teacher.factory import build_matcher, build_teacher
+from actionopd_jax.matching.build import build_matcher
+from actionopd_jax.teacher.factory import build_teacher
 from actionopd_jax.teacher.local_provider import LocalTeacher
 from actionopd_jax.train.setup import build_mesh, model_config
 from actionopd_jax.train.sources import SourceContext
@@ -39,7 +41,7 @@ def test_reasoning_effort_and_provider_reach_the_request(tok_dir):
     backend = ScriptedBackend("big", lambda req: tool_call_choice("get_weather", {"city": "Paris"}))
     with serve(backend) as server:
         cfg = _endpoint_cfg(tok_dir, server.base_url, "teacher.provider=deepseek", "teacher.reasoning_effort=max")
-        teacher = build_teacher(teacher_spec(cfg))
+        teacher = build_teacher(teacher_spec(cfg.teacher))
         samples = asyncio.run(teacher.sample(STATE, TOOLS, 1))
         assert len(samples) == 1 and samples[0].action.name == "get_weather"
         body = backend.requests[-1].raw
@@ -47,16 +49,16 @@ def test_reasoning_effort_and_provider_reach_the_request(tok_dir):
         assert body["thinking"] == {"type": "enabled"}  # DeepSeek's switch, from enable_thinking
         assert teacher.identity["decoding"]["reasoning_effort"] == "max"
         # the default provider: no reasoning_effort unless configured, no vendor thinking field
-        plain = build_teacher(teacher_spec(_endpoint_cfg(tok_dir, server.base_url)))
+        plain = build_teacher(teacher_spec(_endpoint_cfg(tok_dir, server.base_url).teacher))
         asyncio.run(plain.sample(STATE, TOOLS, 1))
         body = backend.requests[-1].raw
         assert "reasoning_effort" not in body and "thinking" not in body
         # vLLM-style servers get the chat-template switch
-        vllm = build_teacher(teacher_spec(_endpoint_cfg(tok_dir, server.base_url, "teacher.provider=vllm")))
+        vllm = build_teacher(teacher_spec(_endpoint_cfg(tok_dir, server.base_url, "teacher.provider=vllm").teacher))
         asyncio.run(vllm.sample(STATE, TOOLS, 1))
         assert backend.requests[-1].raw["chat_template_kwargs"] == {"enable_thinking": True}
     with pytest.raises(ValueError, match="unknown provider 'nope'"):
-        build_teacher(teacher_spec(_endpoint_cfg(tok_dir, "http://127.0.0.1:9/v1", "teacher.provider=nope")))
+        build_teacher(teacher_spec(_endpoint_cfg(tok_dir, "http://127.0.0.1:9/v1", "teacher.provider=nope").teacher))
 
 
 def test_matcher_provider_reaches_the_judge_request(tok_dir):
@@ -64,7 +66,7 @@ def test_matcher_provider_reaches_the_judge_request(tok_dir):
     with serve(backend) as server:
         cfg = _endpoint_cfg(tok_dir, server.base_url, "matcher.kind=rules+llm", "matcher.model=judge",
                             f"matcher.base_url={server.base_url}", "matcher.provider=dashscope")
-        m = build_matcher(judge_spec(cfg))
+        m = build_matcher(judge_spec(cfg.matcher))
         from tests.test_matching_judge import PARIS, ROME
 
         assert asyncio.run(m.verdict(ROME, PARIS, messages=STATE, tools=TOOLS)) == "no_match"
@@ -77,7 +79,7 @@ def test_local_teacher_kind_builds_an_in_process_teacher(tok_dir, tmp_path):
     save_hf(Qwen3(tiny, rngs=nnx.Rngs(5)), tiny, hf)
     cfg = tiny_run_config(tok_dir, "collect.kind=actionopd", "teacher.kind=local", f"teacher.model={hf}",
                           "teacher.max_tokens=8", "teacher.temperature=1.0", "matcher.kind=rules")
-    assert teacher_spec(cfg) == {"provider": "local", "model": str(hf)}
+    assert teacher_spec(cfg.teacher) == {"provider": "local", "model": str(hf)}
     ctx = SourceContext(model_config=model_config(cfg), run_dir=str(tmp_path / "run"), tokenizer_path=str(tok_dir),
                         process_index=0, process_count=1, mesh=build_mesh(cfg))
     buckets = Buckets(prompt_len=(256,), prompts=(1,), samples=(2,), max_new=(8,))

@@ -139,7 +139,8 @@ def test_local_teacher_privileged_context_never_reaches_the_student(tmp_path):
 
 
 def test_factory_builds_from_plain_dicts(tmp_path):
-    from actionopd_jax.teacher.factory import build_matcher, build_teacher
+    from actionopd_jax.matching.build import build_matcher
+    from actionopd_jax.teacher.factory import build_teacher
     from actionopd_jax.teacher.openai_provider import OpenAITeacher
 
     t = build_teacher({"provider": "vllm", "model": "m", "base_url": "http://127.0.0.1:1/v1", "api_key_env": None,

@@ -127,7 +127,7 @@ def kd_examples(trajectories: Sequence[dict[str, Any]], tokenizer: Any, *, max_p
     """One example per assistant turn (see the module docstring). Turns whose protected
     context does not fit `max_prompt_tokens` are skipped (counted in the log)."""
     from actionopd_jax.chat import render_text
-    from actionopd_jax.collect.prompt import PromptBuilder
+    from actionopd_jax.chat.prompt import PromptBuilder
 
     builder = PromptBuilder(tokenizer, max_prompt_tokens=max_prompt_tokens, enable_thinking=enable_thinking)
     out: list[KDExample] = []

@@ -56,9 +56,10 @@ def scorer_from_config(cfg: Any, ctx: Any) -> Scorer:
 class OPDGroupSource:
     def __init__(self, cfg: Any, ctx: Any, *, scorer: Scorer | None = None, stream: Any = None,
                  env_factory: Any = None, tokenizer: Any = None, buckets: Any = None):
-        from actionopd_jax.collect.prompt import CandidateDecoder, PromptBuilder
-        from actionopd_jax.collect.source import (collector_config_from, env_factory_from, stream_tasks,
-                                                  task_stream_from, tokenizer_from)
+        from actionopd_jax.chat.prompt import CandidateDecoder, PromptBuilder
+        from actionopd_jax.collect.source import collector_config_from, tokenizer_from, train_task_stream
+        from actionopd_jax.envs.registry import env_factory_from
+        from actionopd_jax.envs.task_sets import stream_tasks
         from actionopd_jax.sampling import Sampler
 
         self.cfg = collector_config_from(cfg)
@@ -67,13 +68,13 @@ class OPDGroupSource:
         if tokenizer is None:
             tokenizer = tokenizer_from(ctx, needed_by="collect.kind=opd")
         self.tokenizer = tokenizer
-        self.stream = stream if stream is not None else task_stream_from(cfg)
+        self.stream = stream if stream is not None else train_task_stream(cfg)
         tasks = stream_tasks(self.stream)
         if tasks is not None and ctx.process_index == 0:  # what `eval` warns about later
             from actionopd_jax.envs.splits import record_train_tasks
 
             record_train_tasks(ctx.run_dir, tasks)
-        self.env_factory = env_factory or env_factory_from(cfg)
+        self.env_factory = env_factory or env_factory_from(cfg.env)
         self.scorer = scorer if scorer is not None else scorer_from_config(cfg, ctx)
         eos = int(tokenizer.convert_tokens_to_ids("<|im_end|>"))
         self.sampler = Sampler(None, ctx.model_config, eos_ids=[eos], buckets=buckets)
@@ -111,10 +112,10 @@ class OPDGroupSource:
 
     def collect(self, step: int, policy: Any) -> list[StateGroup]:
         from actionopd_jax.collect import local_task_starts
-        from actionopd_jax.collect.source import behaviour_model
+        from actionopd_jax.sampling.rollout import load_behaviour
 
         tasks = self.stream.next_step()
-        self.sampler.model, self.sampler.mesh = behaviour_model(policy, self.ctx)  # one snapshot for the step
+        load_behaviour(self.sampler, policy, self.ctx.mesh)  # one snapshot for the step
         starts = [(i, tasks[i]) for i in local_task_starts(len(tasks), self.ctx.process_index, self.ctx.process_count)]
         trajectories = asyncio.run(self._rollouts(starts, step))
         trajectories.sort(key=lambda t: (t.task_start, t.index))

@@ -23,6 +23,8 @@ import json
 import logging
 from typing import Any, Callable, Sequence
 
+from flax import nnx
+
 from actionopd_jax.collect.source import ActionOPDGroupSource
 from actionopd_jax.teacher.hf_local import parse_reply, prompt_key, reply_texts
 from actionopd_jax.types import Action, ChatMessage, Task, ToolSchema
@@ -111,9 +113,9 @@ class SelfTeacher:
     def __init__(self, tokenizer: Any, model_config: Any, weights: Callable[[], tuple[Any, Any]], *, seed: int,
                  eos_ids: Sequence[int], settings: SelfTeacherSettings, buckets: Any = None,
                  observe: Callable[[int, Any], None] | None = None):
-        from actionopd_jax.collect.prompt import CandidateDecoder, PromptBuilder
+        from actionopd_jax.chat.prompt import CandidateDecoder, PromptBuilder
         from actionopd_jax.sampling import Sampler
-        from actionopd_jax.serve.batching import MicroBatcher
+        from actionopd_jax.sampling.batching import MicroBatcher
         from actionopd_jax.teacher.local_provider import LocalTeacher, LocalTeacherConfig
 
         self.settings = settings
@@ -121,6 +123,7 @@ class SelfTeacher:
         self.weights = weights
         self.observe = observe
         self.sampler = Sampler(None, model_config, eos_ids=list(eos_ids), buckets=buckets)
+        self._loaded: Any = None  # the student model whose weights self.sampler holds
         self.prompts = PromptBuilder(tokenizer, max_prompt_tokens=settings.max_prompt_tokens,
                                      enable_thinking=settings.enable_thinking)
         self.decoder = CandidateDecoder(tokenizer, eos_ids=list(eos_ids))
@@ -183,7 +186,9 @@ class SelfTeacher:
         model, mesh = self.weights()  # the student's current snapshot, shared, never copied
         if model is None:
             raise RuntimeError("the student's weights are not set: Self-ActionOPD samples only during collection")
-        self.sampler.model, self.sampler.mesh = model, mesh
+        if model is not self._loaded:  # once per student snapshot, not per batch
+            self.sampler.load_policy(*nnx.split(model), mesh)
+            self._loaded = model
         if self.observe is not None and self._observed_step != self.step:
             self._observed_step = self.step
             self.observe(self.step, model)
@@ -218,7 +223,7 @@ class SelfActionOPDGroupSource(ActionOPDGroupSource):
     def __init__(self, cfg: Any, ctx: Any, *, matcher: Any = None, stream: Any = None, env_factory: Any = None,
                  tokenizer: Any = None, buckets: Any = None, teacher_buckets: Any = None,
                  observe: Callable[[int, Any], None] | None = None):
-        from actionopd_jax.collect.source import task_stream_from, tokenizer_from
+        from actionopd_jax.collect.source import tokenizer_from, train_task_stream
 
         if tokenizer is None:
             tokenizer = tokenizer_from(ctx, needed_by="this baseline")
@@ -230,7 +235,7 @@ class SelfActionOPDGroupSource(ActionOPDGroupSource):
         self.self_teacher = SelfTeacher(tokenizer, ctx.model_config, self._student_weights, seed=cfg.run.seed,
                                         eos_ids=[eos], settings=settings, buckets=teacher_buckets, observe=observe)
         self._step = 0
-        stream = _StepTasks(stream if stream is not None else task_stream_from(cfg),
+        stream = _StepTasks(stream if stream is not None else train_task_stream(cfg),
                             lambda tasks: self.self_teacher.begin_step(self._step, tasks))
         super().__init__(cfg, ctx, teacher=self.self_teacher, matcher=matcher, stream=stream,
                          env_factory=env_factory, tokenizer=tokenizer, buckets=buckets)

@@ -22,10 +22,10 @@ log = logging.getLogger(__name__)
 def tasks_from_env(cfg: Any, *, limit: int = 0) -> list[Task]:
     """Every training task of the configured environment / domains / split / env.task_ids (first
     `limit` of each, 0: all); evaluation tasks are refused as for the collector (envs/splits.py)."""
-    from actionopd_jax.collect.source import training_task_sets
+    from actionopd_jax.envs.task_sets import training_task_sets
 
     out: list[Task] = []
-    for _, tasks in training_task_sets(cfg, needed_by="this baseline"):
+    for _, tasks in training_task_sets(cfg.env, needed_by="this baseline"):
         out.extend(tasks[:limit] if limit else tasks)
     return out
 
@@ -58,12 +58,12 @@ def build_kd_source(cfg: Any, ctx: Any, *, tokenizer: Any = None, agent: Any = N
     if k.trajectories:
         records = load_trajectories(k.trajectories, min_reward=k.min_reward)
     else:
-        from actionopd_jax.collect.source import env_factory_from
+        from actionopd_jax.envs.registry import env_factory_from
 
         out = Path(ctx.run_dir) / "kd" / f"trajectories-p{ctx.process_index}.jsonl"
         out.parent.mkdir(parents=True, exist_ok=True)
         records = asyncio.run(teacher_trajectories(
-            agent or endpoint_agent(cfg), tasks_from_env(cfg, limit=k.max_tasks), env_factory_from(cfg),
+            agent or endpoint_agent(cfg), tasks_from_env(cfg, limit=k.max_tasks), env_factory_from(cfg.env),
             trials=k.trials, concurrency=cfg.teacher.concurrency, min_reward=k.min_reward, out_jsonl=out,
             progress=cfg.run.progress))
     examples = kd_examples(records, tokenizer, max_prompt_tokens=cfg.collect.max_prompt_tokens,

@@ -6,7 +6,7 @@ from actionopd_jax.collect.collector import CollectResult, Collector, default_en
 from actionopd_jax.collect.config import VARIANTS, CollectorConfig
 from actionopd_jax.collect.group import NO_COMMIT, GroupOutcome, build_group, commit_index
 from actionopd_jax.collect.metrics import StepMetrics, TrajectoryRecord
-from actionopd_jax.collect.prompt import CandidateDecoder, Prompt, PromptBuilder
+from actionopd_jax.chat.prompt import CandidateDecoder, Prompt, PromptBuilder
 from actionopd_jax.collect.sampler_worker import SamplerError, SamplerWorker, SamplingSettings, sampler_fn
 from actionopd_jax.collect.source import ActionOPDGroupSource, build_group_source
 

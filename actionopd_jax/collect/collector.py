@@ -28,23 +28,22 @@ import asyncio
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
-from actionopd_jax.collect import keys
+import actionopd_jax.collect.keys as keys  # the module itself: collect/__init__ imports this one
 from actionopd_jax.collect.config import CollectorConfig
 from actionopd_jax.collect.group import NO_COMMIT, GroupOutcome, build_group
 from actionopd_jax.collect.metrics import StepMetrics, TrajectoryRecord
-from actionopd_jax.collect.prompt import CandidateDecoder, FitFn, Prompt, PromptBuilder
+from actionopd_jax.chat.prompt import CandidateDecoder, FitFn, Prompt, PromptBuilder
 from actionopd_jax.collect.sampler_worker import SampleFn, SamplerError, SamplerWorker
-from actionopd_jax.envs.base import Environment, make_environment
+from actionopd_jax.envs.base import Environment
+from actionopd_jax.envs.registry import EnvFactory, default_env_factory  # noqa: F401  (re-exported)
 from actionopd_jax.teacher.base import TeacherBatch, UsageReport
 from actionopd_jax.types import Candidate, Observation, StateGroup, Task, Verdict
 
 log = logging.getLogger(__name__)
-
-EnvFactory = Callable[[Task], Environment]
 
 
 @dataclass
@@ -79,17 +78,6 @@ def local_task_starts(num_starts: int, process_index: int, process_count: int) -
     if process_count < 1 or not 0 <= process_index < process_count:
         raise ValueError(f"process_index {process_index} must lie in [0, process_count={process_count})")
     return list(range(process_index, num_starts, process_count))
-
-
-def default_env_factory(env_options: dict[str, dict[str, Any]] | None = None) -> EnvFactory:
-    """A fresh environment per task start, built by `envs.make_environment` with per-env
-    options (e.g. {"tau2_airline": {"user_sim": sim}})."""
-    options = dict(env_options or {})
-
-    def make(task: Task) -> Environment:
-        return make_environment(task.env, **options.get(task.env, {}))
-
-    return make
 
 
 @dataclass

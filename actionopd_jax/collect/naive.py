@@ -13,7 +13,7 @@ from typing import Sequence
 
 import numpy as np
 
-from actionopd_jax.collect import keys
+import actionopd_jax.collect.keys as keys
 from actionopd_jax.collect.collector import Collector, CollectResult, _safe_score
 from actionopd_jax.collect.group import NO_COMMIT
 from actionopd_jax.collect.metrics import StepMetrics, TrajectoryRecord

@@ -74,17 +74,3 @@ def check_step(action: Any, *, started: bool, done: bool) -> Action:
     if done:
         raise EnvError("the episode has ended; call reset(task) for a new one")
     return action
-
-
-def make_environment(env_name: str, **options: Any) -> Environment:
-    """Build a fresh environment for `Task.env` names: "bfcl", "tau2_airline", "tau2_retail",
-    "tau2_telecom". tau2 environments need `user_sim=` (a `UserSimulator`)."""
-    if env_name == "bfcl":
-        from actionopd_jax.envs.bfcl import BFCLEnv
-
-        return BFCLEnv(**options)
-    if env_name.startswith("tau2_"):
-        from actionopd_jax.envs.tau2_env import Tau2Env
-
-        return Tau2Env(domain=env_name[len("tau2_"):], **options)
-    raise ValueError(f"unknown environment '{env_name}'; expected bfcl, tau2_airline, tau2_retail or tau2_telecom")

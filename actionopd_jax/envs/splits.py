@@ -19,12 +19,18 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Iterable, Sequence
 
-from actionopd_jax.config.errors import ConfigError
+from actionopd_jax.config import EnvConfig
 from actionopd_jax.types import Task
 
 TRAIN_TASKS_FILE = "train_tasks.json"
+
+
+def _config_error(message: str) -> Exception:
+    from actionopd_jax.config import ConfigError
+
+    return ConfigError(message)
 
 
 def benchmark_of(env: str) -> str:
@@ -66,7 +72,7 @@ class Overlap:
         return "; ".join(parts)
 
 
-def find_overlap(env_cfg: Any, tasks: Iterable[Task]) -> Overlap:
+def find_overlap(env_cfg: EnvConfig, tasks: Iterable[Task]) -> Overlap:
     """The training `tasks` that evaluation scores: compared with `env.heldout_task_ids` when the
     config names its own held-out tasks, else with each benchmark's eval set (scored_task_ids)."""
     heldout = frozenset(env_cfg.heldout_task_ids)
@@ -79,7 +85,7 @@ def find_overlap(env_cfg: Any, tasks: Iterable[Task]) -> Overlap:
     return Overlap(by, "env.heldout_task_ids" if heldout else "the tasks `actionopd eval` scores")
 
 
-def check_eval_overlap(env_cfg: Any, tasks: Sequence[Task]) -> Overlap:
+def check_eval_overlap(env_cfg: EnvConfig, tasks: Sequence[Task]) -> Overlap:
     """Refuse (ConfigError) training on tasks evaluation scores unless env.allow_eval_overlap;
     returns the overlap (empty, or accepted by the opt-in)."""
     overlap = find_overlap(env_cfg, tasks)
@@ -88,7 +94,7 @@ def check_eval_overlap(env_cfg: Any, tasks: Sequence[Task]) -> Overlap:
                   "env.heldout_task_ids (held out), or"
                   if "BFCL multi-turn" in overlap.by_benchmark else
                   "use env.split=train (tau2's official 178-task training split), or")
-        raise ConfigError(
+        raise _config_error(
             f"the training tasks include {overlap.count} of {len(tasks)} that evaluation scores "
             f"({overlap.against}): {overlap.describe()}. Scores on them would not measure held-out "
             f"performance. {advice} set env.allow_eval_overlap: true to train on them anyway.")
@@ -103,13 +109,13 @@ def select_task_ids(tasks: list[Task], wanted: Sequence[str], *, where: str = "e
     have = {t.task_id for t in tasks}
     missing = [i for i in wanted if i not in have]
     if missing:
-        raise ConfigError(f"{where}: {len(missing)} id(s) are not tasks of the configured env.name / "
+        raise _config_error(f"{where}: {len(missing)} id(s) are not tasks of the configured env.name / "
                             f"env.domains / env.split: {missing[:5]}")
     keep = set(wanted)
     return [t for t in tasks if t.task_id in keep]
 
 
-def overlap_summary(env_cfg: Any, tasks: Sequence[Task]) -> str:
+def overlap_summary(env_cfg: EnvConfig, tasks: Sequence[Task]) -> str:
     """One line for `train --check`: how many tasks the run trains on and the eval overlap."""
     overlap = find_overlap(env_cfg, tasks)
     head = f"{len(tasks)} training task(s)"

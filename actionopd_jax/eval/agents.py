@@ -14,7 +14,7 @@ import os
 from typing import Any, Protocol
 
 from actionopd_jax.chat import action_from_openai_message
-from actionopd_jax.serve.openai_http import ChatRequest, RequestError
+from actionopd_jax.serve.requests import ChatRequest, RequestError
 from actionopd_jax.types import Action, Observation, Task
 
 

@@ -75,7 +75,7 @@ def model_backend(args: argparse.Namespace):
 
 
 def env_factory(args: argparse.Namespace):
-    from actionopd_jax.envs.base import make_environment
+    from actionopd_jax.envs.registry import make_environment
 
     user_sim = None
 

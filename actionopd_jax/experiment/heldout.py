@@ -36,7 +36,7 @@ MAX_REFERENCE_DECISIONS = 200
 
 async def reference_states(task: Task) -> list[tuple[Observation, Action]]:
     """(observation, reference action) at every decision of the reference path of `task`."""
-    from actionopd_jax.envs.base import make_environment
+    from actionopd_jax.envs.registry import make_environment
     from actionopd_jax.envs.reference import reference_policy
 
     env = make_environment(task.env)
@@ -138,7 +138,7 @@ def evaluate_student(student_dir: Path, tokenizer_dir: Path, tasks: list[Task], 
     """Both measurements for the student in `student_dir`; outputs under `out_dir`
     (episodes.jsonl, decisions.jsonl, and the harness's results.json / report.md / scores.png)."""
     from actionopd_jax.chat import load_tokenizer
-    from actionopd_jax.envs.base import make_environment
+    from actionopd_jax.envs.registry import make_environment
     from actionopd_jax.eval.metrics import summarize
     from actionopd_jax.eval.report import write_report
     from actionopd_jax.eval.runner import run_eval

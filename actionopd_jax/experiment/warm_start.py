@@ -82,7 +82,7 @@ def warm_start(cfg: Config, *, agent: Any, tasks: list[Task], tokenizer: Any, to
     """Trajectories -> pretraining -> KD (see the module docstring); the returned "hf_dir" is
     the warm-started student."""
     from actionopd_jax.baselines.kd import kd_examples, teacher_trajectories
-    from actionopd_jax.envs.base import make_environment
+    from actionopd_jax.envs.registry import make_environment
 
     exp = cfg.experiment
     run_dir.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,7 @@ from actionopd_jax.aot.targets import topology_devices
 from actionopd_jax.model import Qwen3
 from actionopd_jax.model.config import Qwen3Config
 from actionopd_jax.model.sharding import logical_to_spec, make_mesh, param_shardings
-from actionopd_jax.sampling import decode as decode_lib
+import actionopd_jax.sampling.decode as decode_lib
 from actionopd_jax.sampling.buckets import Buckets
 from actionopd_jax.sampling.token_choice import DEFAULT_CAP
 

@@ -78,7 +78,7 @@ def main(argv: list[str]) -> int:
     import jax
 
     from actionopd_jax.chat import render_ids
-    from actionopd_jax.sampling import Sampler
+    from actionopd_jax.sampling.sampler import Sampler
 
     seed = args.seed if args.seed is not None else secrets.randbits(31)
     with tempfile.TemporaryDirectory(prefix="actionopd-generate-") as tmp:

@@ -50,7 +50,7 @@ from actionopd_jax.model import KVCache, left_pad_positions
 from actionopd_jax.model.attention import target_platform
 from actionopd_jax.model.layers import rope_tables
 from actionopd_jax.model.sharding import constrain
-from actionopd_jax.sampling import cpu_backend
+import actionopd_jax.sampling.cpu_backend as cpu_backend
 from actionopd_jax.sampling.checked_head import CheckedHead
 from actionopd_jax.sampling.token_choice import choose_tokens
 

@@ -36,8 +36,8 @@ def load_model(*, hf: str | Path | None = None, checkpoint: str | Path | None = 
     finished). The parameters land on `mesh` (None: the first local device) in `dtype` (None:
     as recorded). Bad paths raise ValueError / FileNotFoundError with what to do."""
     from actionopd_jax.model.weights import load_hf
-    from actionopd_jax.train.checkpoint import CheckpointError
-    from actionopd_jax.train.run_model import load_model as load_run_checkpoint
+    from actionopd_jax.checkpoint import CheckpointError
+    from actionopd_jax.checkpoint import load_model as load_run_checkpoint
 
     if (hf is None) == (checkpoint is None):
         raise ValueError("give exactly one of --hf DIR or --checkpoint DIR")

@@ -23,7 +23,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from actionopd_jax.serve.openai_http import ChatChoice, ChatRequest, RequestError, completion_body
+from actionopd_jax.serve.requests import ChatChoice, ChatRequest, RequestError, completion_body
 
 FAULT_KINDS = ("rate_limit", "server_error", "hang", "malformed", "invalid_tool_call")
 

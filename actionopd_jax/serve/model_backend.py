@@ -16,8 +16,8 @@ import numpy as np
 
 from actionopd_jax.chat import render_ids
 from actionopd_jax.sampling import Generation, Sampler
-from actionopd_jax.serve.batching import Continue, MicroBatcher
-from actionopd_jax.serve.openai_http import ChatChoice, ChatRequest, RequestError
+from actionopd_jax.sampling.batching import Continue, MicroBatcher
+from actionopd_jax.serve.requests import ChatChoice, ChatRequest, RequestError
 from actionopd_jax.serve.reply_format import message_fields
 from actionopd_jax.serve.scoring import top_logprob_entries
 from actionopd_jax.serve.segments import SegmentedJob

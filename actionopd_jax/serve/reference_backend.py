@@ -17,7 +17,7 @@ import hashlib
 from typing import Any, Iterable
 
 from actionopd_jax.envs.reference import reference_policy
-from actionopd_jax.serve.openai_http import ChatChoice, ChatRequest, RequestError
+from actionopd_jax.serve.requests import ChatChoice, ChatRequest, RequestError
 from actionopd_jax.serve.scripted import message_choice, tool_call_choice
 from actionopd_jax.types import Message, Observation, Task, ToolCall
 

@@ -26,14 +26,13 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from actionopd_jax.serve.openai_http import RequestError, requested_model
+from actionopd_jax.sampling.buckets import bucket_length
+from actionopd_jax.serve.requests import RequestError, requested_model
 
 POSITION_CHUNK = 128  # positions per LM-head chunk: [rows, chunk, vocab] logits at a time
 
 
 def _bucket(n: int, multiple: int) -> int:
-    from actionopd_jax.train.batching import bucket_length
-
     return bucket_length(n, multiple)
 
 

@@ -8,7 +8,7 @@ import json
 import uuid
 from typing import Any, Awaitable, Callable, Union
 
-from actionopd_jax.serve.openai_http import ChatChoice, ChatRequest
+from actionopd_jax.serve.requests import ChatChoice, ChatRequest
 
 Reply = Union[ChatChoice, list[ChatChoice]]
 ReplyFn = Callable[[ChatRequest], Union[Reply, Awaitable[Reply]]]

@@ -1,6 +1,6 @@
 """One chat request's generation, run as segments of at most `segment` new tokens per device
 call, so that between calls the server can drop a request whose client has gone and let new
-requests join (serve/batching.py `Continue`).
+requests join (sampling/batching.py `Continue`).
 
 After the first segment each unfinished sample continues as its own prompt (the request's
 prompt + what that sample generated so far, re-prefilled), n=1, with key

@@ -1,5 +1,6 @@
-"""Build teachers, the judge and the matcher from plain config dicts (the YAML recipe's
-`teacher:` / `judge:` sections). Unknown keys are errors that list the accepted ones."""
+"""Build teachers from plain config dicts (the YAML recipe's `teacher:` section, or
+`teacher.specs.teacher_spec`). Unknown keys are errors that list the accepted ones. The judge and
+the matcher are built by matching/build.py (matching imports teacher, never the reverse)."""
 
 from __future__ import annotations
 
@@ -13,14 +14,14 @@ from actionopd_jax.teacher.cached import CachedTeacher
 from actionopd_jax.teacher.transport import RetryPolicy
 
 
-def _make(cls: type, spec: Mapping[str, Any], *, section: str) -> Any:
+def make_from_spec(cls: type, spec: Mapping[str, Any], *, section: str) -> Any:
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(spec) - names)
     if unknown:
         raise ValueError(f"{section}: unknown key(s) {unknown}; accepted: {sorted(names)}")
     values = dict(spec)
     if isinstance(values.get("retry"), Mapping):
-        values["retry"] = _make(RetryPolicy, values["retry"], section=f"{section}.retry")
+        values["retry"] = make_from_spec(RetryPolicy, values["retry"], section=f"{section}.retry")
     try:
         return cls(**values)
     except TypeError as e:  # a required key is missing
@@ -39,7 +40,7 @@ def build_teacher(spec: Mapping[str, Any], *, cache: PersistentCache | str | Pat
         from actionopd_jax.teacher.vertex_provider import VertexTeacher, VertexTeacherConfig
 
         spec.pop("provider")
-        teacher: Any = VertexTeacher(_make(VertexTeacherConfig, spec, section="teacher"))
+        teacher: Any = VertexTeacher(make_from_spec(VertexTeacherConfig, spec, section="teacher"))
     elif provider == "local" and local is not None:
         teacher = local
     elif provider == "local":
@@ -47,26 +48,12 @@ def build_teacher(spec: Mapping[str, Any], *, cache: PersistentCache | str | Pat
 
         if local_generate is None:
             raise ValueError("teacher.provider 'local' needs a generate function (the in-process sampler)")
-        teacher = LocalTeacher(local_generate, _make(LocalTeacherConfig, spec, section="teacher"))
+        teacher = LocalTeacher(local_generate, make_from_spec(LocalTeacherConfig, spec, section="teacher"))
     else:
         from actionopd_jax.teacher.openai_provider import OpenAITeacher, OpenAITeacherConfig
 
-        teacher = OpenAITeacher(_make(OpenAITeacherConfig, spec, section="teacher"))
+        teacher = OpenAITeacher(make_from_spec(OpenAITeacherConfig, spec, section="teacher"))
     if cache is None:
         return teacher
     store = cache if isinstance(cache, PersistentCache) else PersistentCache(cache)
     return CachedTeacher(teacher, store)
-
-
-def build_matcher(judge_spec: Mapping[str, Any] | None, *, cache: PersistentCache | str | Path | None = None,
-                  evidence: dict[str, str] | None = None,
-                  evidence_by_env: Mapping[str, Mapping[str, str]] | None = None) -> Any:
-    """A Matcher with an LLM judge (or rules only when `judge_spec` is None). `evidence_by_env`:
-    per environment, each tool's implementation evidence; the judge then needs it (a judged
-    tool-call pair of such an environment without evidence for its tool is unavailable)."""
-    from actionopd_jax.matching.judge import JudgeConfig, LLMJudge
-    from actionopd_jax.matching.matcher import Matcher
-
-    judge = LLMJudge(_make(JudgeConfig, judge_spec, section="judge")) if judge_spec is not None else None
-    store = cache if (cache is None or isinstance(cache, PersistentCache)) else PersistentCache(cache)
-    return Matcher(judge, cache=store, evidence=evidence, evidence_by_env=evidence_by_env)

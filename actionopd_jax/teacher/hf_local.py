@@ -18,6 +18,7 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
+from actionopd_jax.config import ConfigError, TeacherConfig
 from actionopd_jax.types import Action, ChatMessage, Invalid, ToolSchema
 
 LOCAL_TEACHER_PURPOSE = 33  # fold_in constant: independent of the student's and the self-teacher's keys
@@ -29,13 +30,15 @@ class HFLocalGenerator:
     def __init__(self, model: Any, model_config: Any, tokenizer: Any, *, mesh: Any, seed: int,
                  max_prompt_tokens: int, max_new_tokens: int, temperature: float, top_p: float, top_k: int,
                  enable_thinking: bool, buckets: Any = None):
-        from actionopd_jax.collect.prompt import CandidateDecoder, PromptBuilder
-        from actionopd_jax.sampling import Sampler
-        from actionopd_jax.serve.batching import MicroBatcher
+        from flax import nnx
+
+        from actionopd_jax.chat.prompt import CandidateDecoder, PromptBuilder
+        from actionopd_jax.sampling.batching import MicroBatcher
+        from actionopd_jax.sampling.sampler import Sampler
 
         eos = [int(tokenizer.convert_tokens_to_ids("<|im_end|>"))]
-        self.sampler = Sampler(model, model_config, eos_ids=eos, buckets=buckets)
-        self.sampler.mesh = mesh
+        self.sampler = Sampler(None, model_config, eos_ids=eos, buckets=buckets)
+        self.sampler.load_policy(*nnx.split(model), mesh)
         self.prompts = PromptBuilder(tokenizer, max_prompt_tokens=max_prompt_tokens, enable_thinking=enable_thinking)
         self.decoder = CandidateDecoder(tokenizer, eos_ids=eos)
         self.batcher = MicroBatcher(self._sample_batch, window_s=0.005, max_items=64)
@@ -89,7 +92,7 @@ def reply_texts(decoder: Any, generations: Sequence[Any], truncated: set[str]) -
 
 
 def parse_reply(text: str, tools: list[ToolSchema], truncated: set[str]) -> Action:
-    from actionopd_jax.chat import parse_teacher
+    from actionopd_jax.chat.actions import parse_teacher
 
     if text in truncated:
         return Invalid("teacher reply truncated at max_new_tokens")
@@ -107,20 +110,20 @@ def weights_digest(path: Path) -> str:
     return h.hexdigest()[:12]
 
 
-def build_hf_local_teacher(cfg: Any, ctx: Any, student_tokenizer: Any, *, buckets: Any = None):
+def build_hf_local_teacher(t: TeacherConfig, student_tokenizer: Any, *, mesh: Any, process_count: int, seed: int,
+                           max_prompt_tokens: int, buckets: Any = None):
     """The LocalTeacher of `teacher.kind: local` (teacher.model: an HF Qwen3 directory), on the
-    run's mesh. One process only: each process collects its own share with different call
-    counts, and a model sharded over several hosts would need lockstep calls."""
-    from actionopd_jax.config import ConfigError
+    run's mesh; prompts within collect.max_prompt_tokens, keys from run.seed. One process
+    only: each process collects its own share with different call counts, and a model
+    sharded over several hosts would need lockstep calls."""
     from actionopd_jax.model.weights import load_hf
     from actionopd_jax.teacher.local_provider import LocalTeacher, LocalTeacherConfig
 
-    t = cfg.teacher
     path = Path(t.model) if t.model else None
     if path is None or not (path / "config.json").is_file():
         raise ConfigError("teacher.kind=local needs teacher.model = an HF Qwen3 checkpoint directory "
                           f"(config.json + safetensors); got {t.model!r}")
-    if ctx.process_count > 1:
+    if process_count > 1:
         raise ConfigError("teacher.kind=local runs on one process only; with several hosts serve the teacher "
                           "(vLLM, SGLang or `actionopd serve`) and set teacher.kind=openai with teacher.provider")
     tokenizer = student_tokenizer
@@ -128,9 +131,9 @@ def build_hf_local_teacher(cfg: Any, ctx: Any, student_tokenizer: Any, *, bucket
         from actionopd_jax.chat import load_tokenizer
 
         tokenizer = load_tokenizer(path)
-    mcfg, model = load_hf(path, mesh=ctx.mesh)
-    gen = HFLocalGenerator(model, mcfg, tokenizer, mesh=ctx.mesh, seed=cfg.run.seed,
-                           max_prompt_tokens=cfg.collect.max_prompt_tokens, max_new_tokens=t.max_tokens,
+    mcfg, model = load_hf(path, mesh=mesh)
+    gen = HFLocalGenerator(model, mcfg, tokenizer, mesh=mesh, seed=seed,
+                           max_prompt_tokens=max_prompt_tokens, max_new_tokens=t.max_tokens,
                            temperature=t.temperature, top_p=t.top_p, top_k=t.top_k,
                            enable_thinking=t.enable_thinking, buckets=buckets)
     local_cfg = LocalTeacherConfig(model=f"{path.resolve()}@{weights_digest(path)}", decoding=gen.decoding,

@@ -18,12 +18,12 @@ positions only.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
 
+from actionopd_jax.sampling.buckets import bucket_length  # shared with serve/scoring.py
 from actionopd_jax.types import StateGroup
 
 # array name -> (dtype, per-row trailing dim: "T" sequence, "R" response, None scalar)
@@ -132,18 +132,6 @@ def rows_from_groups(groups: Sequence[StateGroup], *, need_teacher_logp: bool = 
                 group=gi,
             ))
     return rows
-
-
-def bucket_length(n: int, multiple: int) -> int:
-    """Round n up to a bucket: a multiple of max(multiple, (largest power of 2 <= n) / 4).
-
-    Four buckets per octave: rounding wastes at most ~25% and a run compiles O(log T)
-    distinct shapes instead of one per length.
-    """
-    if n <= 0:
-        return multiple
-    granularity = max(multiple, (1 << (int(n).bit_length() - 1)) // 4)
-    return int(math.ceil(n / granularity) * granularity)
 
 
 def plan_minibatches(

@@ -173,7 +173,7 @@ def _resume_choice(cfg: Config, run_dir: Path, resume):
     checkpoints resumes the latest (after a crash or preemption that is what the user wants;
     a fresh start would collide with the saved steps); `--resume` before the first checkpoint
     was saved starts from step 0."""
-    from actionopd_jax.train.checkpoint import Checkpointer
+    from actionopd_jax.checkpoint import Checkpointer
 
     ckpt_dir = Path(cfg.checkpoint.dir or run_dir / "checkpoints")
     steps = []
@@ -241,7 +241,7 @@ def main(argv: list[str]) -> int:
         print(f"actionopd train: {e}", file=sys.stderr)
         return 2
     except Exception as e:
-        from actionopd_jax.train.checkpoint import CheckpointError
+        from actionopd_jax.checkpoint import CheckpointError
 
         if isinstance(e, CheckpointError):
             print(f"actionopd train: checkpoint error: {e}", file=sys.stderr)

@@ -22,7 +22,7 @@ def export(checkpoint: str | Path, out: str | Path, step: int | None = None, *, 
     device (whatever mesh wrote them), the same path eval and serve use; with `tokenizer` the
     run's recorded tokenizer files are copied next to the weights."""
     from actionopd_jax.model.weights import save_hf
-    from actionopd_jax.train.run_model import copy_tokenizer, load_model
+    from actionopd_jax.checkpoint import copy_tokenizer, load_model
 
     qcfg, model, info = load_model(checkpoint, step=step, dtype=dtype)
     save_hf(model, qcfg, out)
@@ -38,7 +38,7 @@ def main(argv: list[str]) -> int:
     p.add_argument("--out", required=True, help="output directory for config.json + model.safetensors")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), help="weights dtype (default: as trained)")
     args = p.parse_args(argv)
-    from actionopd_jax.train.checkpoint import CheckpointError
+    from actionopd_jax.checkpoint import CheckpointError
 
     try:
         step = export(args.checkpoint, args.out, args.step, dtype=args.dtype)

@@ -29,10 +29,10 @@ from actionopd_jax.train import distributed
 from actionopd_jax.train.advantages import assign_advantages
 from actionopd_jax.train.batching import (bucket_length, pack_minibatch, pack_shared_minibatch, plan_minibatches,
                                           rows_from_groups, share_prompts)
-from actionopd_jax.train.checkpoint import Checkpointer, CheckpointError
+from actionopd_jax.checkpoint import Checkpointer, CheckpointError
 from actionopd_jax.train.preflight import check_batch_layout
 from actionopd_jax.train.reporting import MetricsWriter
-from actionopd_jax.train.run_model import record_tokenizer
+from actionopd_jax.checkpoint import record_tokenizer
 from actionopd_jax.train.setup import build_mesh, build_train_step, initial_params, model_config
 from actionopd_jax.train.sources import GroupSource, Policy, SourceContext, build_source
 

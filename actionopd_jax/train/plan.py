@@ -9,7 +9,7 @@ compiler's own numbers (train/aot_check.py).
 
 Collection is planned too, since it is often the peak: the trainer's parameters and AdamW
 moments stay resident while the sampler holds its bf16 rollout copy (tensor-parallel over a
-host's chips, collect/source.rollout_params) and the KV cache and prefill activations of one
+host's chips, sampling/rollout.rollout_params) and the KV cache and prefill activations of one
 call, sized by the same token budget the sampler uses (sampling/budget.py).
 """
 

@@ -58,6 +58,8 @@ def check_collection(cfg: Config) -> None:
     if kind == "synthetic":
         return
     from actionopd_jax.collect import source
+    from actionopd_jax.envs.registry import env_factory_from
+    from actionopd_jax.teacher.specs import judge_spec, teacher_spec
 
     if kind == "kd":
         from actionopd_jax.baselines import kd, wiring
@@ -67,17 +69,17 @@ def check_collection(cfg: Config) -> None:
         else:  # the teacher runs first, on the training tasks
             wiring.endpoint_agent(cfg)
             wiring.tasks_from_env(cfg, limit=cfg.kd.max_tasks)
-            source.env_factory_from(cfg)
+            env_factory_from(cfg.env)
         return
     try:
         source.collector_config_from(cfg)
     except ValueError as e:
         raise e if isinstance(e, ConfigError) else ConfigError(f"collect: {e}") from None
     if kind == "actionopd" and teacher != "self":
-        source.teacher_spec(cfg)
-        source.judge_spec(cfg)
-    source.task_stream_from(cfg)
-    source.env_factory_from(cfg)
+        teacher_spec(cfg.teacher)
+        judge_spec(cfg.matcher)
+    source.train_task_stream(cfg)
+    env_factory_from(cfg.env)
 
 
 def check_run(cfg: Config, qcfg, sizes: dict[str, int], *, device_count: int, processes: int,

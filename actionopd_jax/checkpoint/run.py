@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from actionopd_jax.train.checkpoint import Checkpointer, CheckpointError
+from actionopd_jax.checkpoint.checkpointer import Checkpointer, CheckpointError
 
 TMP_MARK = ".orbax-checkpoint-tmp"
 TOKENIZER_DIR = "tokenizer"  # <run>/tokenizer: the trainer's copy of the run's tokenizer

@@ -1,7 +1,7 @@
 """From an observation to the prompt both the student and the teacher see, and from the
 student's generated ids back to text and an action.
 
-Context budget (paper A.3), by `envs.context.fit_context`: system/task content and the full
+Context budget (paper A.3), by `chat.context.fit_context`: system/task content and the full
 tool schemas are protected; the oldest removable exchanges are dropped until the prompt fits.
 When even the protected part cannot fit, `build` returns None and the collector ends the
 trajectory without fabricating an action. The environment's own history is never modified.
@@ -30,7 +30,7 @@ FitFn = Callable[[list[ChatMessage], list[ToolSchema]], "tuple[list[ChatMessage]
 
 
 class PromptBuilder:
-    """`fit` replaces the context policy (default: `envs.context.fit_context` with the
+    """`fit` replaces the context policy (default: `chat.context.fit_context` with the
     rendered token count and `max_prompt_tokens` as the budget)."""
 
     def __init__(self, tokenizer: Any, *, max_prompt_tokens: int, enable_thinking: bool, fit: FitFn | None = None):
@@ -42,13 +42,13 @@ class PromptBuilder:
         self._fit = fit or self._fit_budget
 
     def render(self, messages: list[ChatMessage], tools: list[ToolSchema]) -> np.ndarray:
-        from actionopd_jax.chat import render_ids
+        from actionopd_jax.chat.template import render_ids
 
         return render_ids(self.tokenizer, messages, tools, add_generation_prompt=True,
                           enable_thinking=self.enable_thinking)
 
     def _fit_budget(self, messages: list[ChatMessage], tools: list[ToolSchema]):
-        from actionopd_jax.envs.context import fit_context
+        from actionopd_jax.chat.context import fit_context
 
         rendered: dict[tuple[int, ...], np.ndarray] = {}  # by message identities: render each candidate once
 
@@ -89,7 +89,7 @@ class CandidateDecoder:
         return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def action(self, text: str, tools: list[ToolSchema], finish_reason: str) -> Action:
-        from actionopd_jax.chat import parse_student
+        from actionopd_jax.chat.actions import parse_student
 
         if finish_reason == "length" and self.truncated_is_invalid:
             # A reply cut off at max_new_tokens never finished its turn: not one action.

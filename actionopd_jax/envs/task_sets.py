@@ -1,0 +1,63 @@
+"""The training task sets the `env` config section names, and the seeded stream a trainer's
+source draws each step's task starts from (envs.tasks.TaskStream). One reading of env.* for
+the collector, the baselines and `train --check`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from actionopd_jax.config import ConfigError, EnvConfig
+from actionopd_jax.envs.splits import check_eval_overlap, overlap_summary, select_task_ids
+from actionopd_jax.envs.tasks import TaskSource, TaskStream, load_task_set
+
+
+def task_set_names(env: EnvConfig, *, needed_by: str) -> list[tuple[str, str]]:
+    """The (environment, split) task sets `env` names: BFCL categories or tau2 domains.
+    `needed_by` names the caller in the error for an unsupported env.name."""
+    if env.name == "bfcl":
+        return [("bfcl", d) for d in (env.domains or ("all",))]
+    if env.name == "tau2":
+        if not env.domains:
+            raise ConfigError("env.name=tau2 needs env.domains (airline, retail, telecom)")
+        return [(f"tau2_{d}", env.split) for d in env.domains]
+    raise ConfigError(f"{needed_by} needs env.name bfcl or tau2, got {env.name!r}")
+
+
+def training_task_sets(env: EnvConfig, *, needed_by: str) -> list[tuple[str, list]]:
+    """(name, tasks) of every task set `env` names, narrowed to env.task_ids when given; training
+    on tasks evaluation scores is refused unless env.allow_eval_overlap (envs/splits.py)."""
+    sets = [(f"{name}:{split}", load_task_set(name, split)) for name, split in task_set_names(env, needed_by=needed_by)]
+    every = select_task_ids([t for _, tasks in sets for t in tasks], env.task_ids)
+    keep = {(t.env, t.task_id) for t in every}
+    sets = [(name, [t for t in tasks if (t.env, t.task_id) in keep]) for name, tasks in sets]
+    sets = [(name, tasks) for name, tasks in sets if tasks]
+    check_eval_overlap(env, every)
+    return sets
+
+
+def task_stream_from(env: EnvConfig, *, per_step: int, seed: int, needed_by: str = "collect.kind=actionopd") -> TaskStream:
+    """`per_step` task starts a step (collect.task_starts_per_step) shared over the task sets.
+    Every process builds the same stream (same seed): the same global list per step."""
+    sets = training_task_sets(env, needed_by=needed_by)
+    if per_step < len(sets):
+        raise ConfigError(f"collect.task_starts_per_step={per_step} is smaller than the {len(sets)} task sources")
+    quotas = [per_step // len(sets) + (i < per_step % len(sets)) for i in range(len(sets))]
+    sources = [(TaskSource(name, tasks), q) for (name, tasks), q in zip(sets, quotas)]
+    return TaskStream(sources, seed=int(seed))
+
+
+def training_tasks_summary(env: EnvConfig, *, needed_by: str) -> str:
+    """One line on the training tasks `env` names and their overlap with what evaluation scores
+    (envs/splits.overlap_summary); raises ConfigError when the run would refuse them."""
+    tasks = [t for _, ts in training_task_sets(env, needed_by=needed_by) for t in ts]
+    return f"tasks      {overlap_summary(env, tasks)}"
+
+
+def stream_tasks(stream: Any) -> list | None:
+    """Every task a stream can start, when it says (envs.tasks.TaskStream, or a wrapper of one
+    with `.stream`); None for other streams (test doubles)."""
+    for s in (stream, getattr(stream, "stream", None)):
+        tasks = getattr(s, "tasks", None)
+        if isinstance(tasks, list):
+            return tasks
+    return None

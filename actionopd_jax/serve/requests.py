@@ -1,0 +1,168 @@
+"""The OpenAI protocol's request and response types, apart from the HTTP server: what a
+`Backend` receives (`ChatRequest`), returns (`ChatChoice`) and raises (`RequestError`), and the
+chat completion body. Backends, the scoring route and the server all import them from here, so
+the server (openai_http.py) and the scoring route (scoring.py) do not import each other."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+
+class RequestError(Exception):
+    """A 4xx the client caused. Backends raise it for e.g. a context that is too long."""
+
+    def __init__(self, status: int, message: str, type_: str = "invalid_request_error", code: str | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type_
+        self.code = code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "code": self.code}}
+
+
+@dataclass
+class ChatRequest:
+    model: str
+    messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | None = None
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_tokens: int | None = None
+    seed: int | None = None
+    stop: list[str] | None = None
+    logprobs: bool = False
+    top_logprobs: int = 0
+    stream: bool = False
+    include_usage: bool = False  # stream_options.include_usage: a final usage-only chunk
+    raw: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, body: Any) -> "ChatRequest":
+        """Validate a decoded JSON body; every problem is a 400 that names the field."""
+        model = requested_model(body)
+        messages = body.get("messages")
+        if not isinstance(messages, list) or not messages:
+            raise RequestError(400, "'messages' is required and must be a non-empty list")
+        for i, m in enumerate(messages):
+            if not isinstance(m, dict) or m.get("role") not in ("system", "developer", "user", "assistant", "tool"):
+                raise RequestError(400, f"messages[{i}] must be an object with role system/user/assistant/tool")
+            content = m.get("content")
+            if content is not None and not isinstance(content, (str, list)):
+                raise RequestError(400, f"messages[{i}].content must be a string, a list of parts, or null")
+        tools = body.get("tools")
+        if tools is not None:
+            if not isinstance(tools, list) or not all(
+                isinstance(t, dict) and isinstance(t.get("function"), dict) and isinstance(t["function"].get("name"), str)
+                for t in tools
+            ):
+                raise RequestError(400, "'tools' must be a list of {type: function, function: {name, parameters}}")
+        tool_choice = body.get("tool_choice")
+        if tool_choice is not None and tool_choice not in ("auto", "none", "required") and not isinstance(tool_choice, dict):
+            raise RequestError(400, "'tool_choice' must be 'auto', 'none', 'required' or a function object")
+        if isinstance(tool_choice, dict):
+            tool_choice = "auto"  # forcing one named function is not supported; treated as auto
+        stop = body.get("stop")
+        if isinstance(stop, str):
+            stop = [stop]
+        if stop is not None and (not isinstance(stop, list) or not all(isinstance(s, str) for s in stop)):
+            raise RequestError(400, "'stop' must be a string or a list of strings")
+        stream = body.get("stream") or False
+        options = body.get("stream_options")
+        if not isinstance(stream, bool) or (options is not None and not isinstance(options, dict)):
+            raise RequestError(400, "'stream' must be a boolean and 'stream_options' an object")
+        if options is not None and not stream:
+            raise RequestError(400, "'stream_options' is only allowed with 'stream': true")
+        top_logprobs = _number(body, "top_logprobs", int, 0, lo=0, hi=20)
+        if top_logprobs and not body.get("logprobs"):
+            raise RequestError(400, "'top_logprobs' needs 'logprobs': true")
+        return cls(
+            model=model,
+            messages=messages,
+            tools=tools or None,
+            tool_choice=tool_choice,
+            n=_number(body, "n", int, 1, lo=1, hi=64),
+            temperature=_number(body, "temperature", float, 1.0, lo=0.0, hi=5.0),
+            top_p=_number(body, "top_p", float, 1.0, lo=0.0, hi=1.0),
+            top_k=_number(body, "top_k", int, 0, lo=0, hi=1_000_000),
+            max_tokens=_number(body, "max_tokens", int, None, lo=1, hi=1_000_000)
+            if body.get("max_tokens") is not None
+            else _number(body, "max_completion_tokens", int, None, lo=1, hi=1_000_000),
+            seed=_number(body, "seed", int, None, lo=-(2**63), hi=2**63 - 1),
+            stop=stop,
+            logprobs=bool(body.get("logprobs") or False),
+            top_logprobs=top_logprobs,
+            stream=stream,
+            include_usage=bool((options or {}).get("include_usage")),
+            raw=body,
+        )
+
+
+def requested_model(body: Any) -> str:
+    """The 'model' of a decoded request body, or a 400 when the body is not an object or names
+    no model. Shared by the chat and the scoring routes so both reject such bodies alike."""
+    if not isinstance(body, dict):
+        raise RequestError(400, "request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str) or not model:
+        raise RequestError(400, "'model' is required and must be a non-empty string")
+    return model
+
+
+def _number(body: dict, key: str, kind: type, default, *, lo, hi):
+    value = body.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or (kind is int and not float(value).is_integer()):
+        raise RequestError(400, f"'{key}' must be a{'n integer' if kind is int else ' number'}, got {value!r}")
+    if not lo <= value <= hi:
+        raise RequestError(400, f"'{key}' must be between {lo} and {hi}, got {value!r}")
+    return kind(value)
+
+
+@dataclass
+class ChatChoice:
+    content: str | None
+    tool_calls: list[dict[str, Any]] | None = None
+    reasoning_content: str | None = None
+    finish_reason: str = "stop"
+    logprobs: list[dict[str, Any]] | None = None
+    completion_tokens: int = 0
+
+
+class Backend(Protocol):
+    model_name: str
+
+    async def complete(self, req: ChatRequest) -> tuple[list[ChatChoice], int]:
+        """Return the choices and the prompt token count."""
+        ...
+
+
+def completion_body(req: ChatRequest, choices: list[ChatChoice], prompt_tokens: int) -> dict[str, Any]:
+    out = []
+    for i, ch in enumerate(choices):
+        message: dict[str, Any] = {"role": "assistant", "content": ch.content}
+        if ch.tool_calls:
+            message["tool_calls"] = ch.tool_calls
+        if ch.reasoning_content:
+            message["reasoning_content"] = ch.reasoning_content
+        finish = "tool_calls" if ch.tool_calls and ch.finish_reason == "stop" else ch.finish_reason
+        choice: dict[str, Any] = {"index": i, "message": message, "finish_reason": finish}
+        choice["logprobs"] = {"content": ch.logprobs} if (req.logprobs and ch.logprobs is not None) else None
+        out.append(choice)
+    completion = sum(c.completion_tokens for c in choices)
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": req.model,
+        "choices": out,
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion},
+    }
