@@ -15,10 +15,10 @@ from flax import nnx
 from actionopd_jax.model import rope as rope_lib
 from actionopd_jax.model.config import Qwen3Config
 from actionopd_jax.model.rope import RopeYarn
+# the attention functions live in model/attention/; kept importable from here for old callers
+from actionopd_jax.model.attention.cpu import causal_attend, causal_blocks  # noqa: F401
+from actionopd_jax.model.attention.reference import attend  # noqa: F401
 
-# Large negative instead of -inf: a query with no visible key (a left-pad row) then gets a
-# uniform softmax over masked keys, which is finite and ignored, rather than NaN.
-_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 _INIT_STD = 0.02  # HF Qwen3 initializer_range
 
 
@@ -69,61 +69,6 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     cos = cos[:, :, None, :].astype(x.dtype)
     sin = sin[:, :, None, :].astype(x.dtype)
     return x * cos + rotated * sin
-
-
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, dtype) -> jax.Array:
-    """Grouped-query attention.
-
-    q: [B, T, KVH, G, Dh]; k, v: [B, S, KVH, Dh]; mask: bool [B, T, S] (True = may attend).
-    Scores and softmax in float32; returns [B, T, KVH, G, Dh] in `dtype`.
-    """
-    scale = q.shape[-1] ** -0.5
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
-    scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
-    return jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(dtype))
-
-
-def causal_blocks(t: int) -> int:
-    """How many query blocks `causal_attend` splits a length-t sequence into: the most (up to
-    16, blocks of >= 64 tokens) that divide t evenly; 1 when none does."""
-    for n in range(min(16, t // 64), 1, -1):
-        if t % n == 0:
-            return n
-    return 1
-
-
-def causal_attend(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array, dtype) -> jax.Array:
-    """Causal self-attention over one sequence (no cache), computed block by block.
-
-    q: [B, T, KVH, G, Dh]; k, v: [B, T, KVH, Dh]; key_mask: bool [B, T] (False = padding key).
-    Same result as `attend` with mask = causal & key_mask at every query that can see at least
-    one key (a fully masked query, i.e. a left-pad position, gets some finite average instead;
-    nothing reads it). Why blocks: query block i only needs keys [0, (i+1) * block), so the
-    masked upper triangle is skipped (about half the score, softmax and value work), and every
-    contraction is a plain batched [M, K] @ [K, N] matmul with heads leading, the layout CPU
-    XLA runs fastest (measured: fwd+bwd of one benchmark layer 392 ms -> 126 ms).
-    """
-    b, t, kvh, g, dh = q.shape
-    n = causal_blocks(t)
-    blk = t // n
-    qh = (q * dh ** -0.5).transpose(0, 2, 3, 1, 4)                 # [B, KVH, G, T, Dh]
-    k_t = k.transpose(0, 2, 3, 1)                                   # [B, KVH, Dh, T]
-    vh = v.transpose(0, 2, 1, 3).astype(dtype)                      # [B, KVH, T, Dh]
-    diagonal = jnp.tril(jnp.ones((blk, blk), bool))
-    outs = []
-    for i in range(n):
-        keys = (i + 1) * blk
-        qi = qh[:, :, :, i * blk:(i + 1) * blk].reshape(b, kvh, g * blk, dh)
-        scores = jnp.matmul(qi, k_t[..., :keys], preferred_element_type=jnp.float32)
-        scores = scores.reshape(b, kvh, g, blk, keys)
-        visible = jnp.concatenate([jnp.ones((blk, i * blk), bool), diagonal], axis=1)
-        visible = visible[None] & key_mask[:, None, :keys]          # [B, blk, keys]
-        scores = jnp.where(visible[:, None, None], scores, _MASK_VALUE)
-        probs = jax.nn.softmax(scores, axis=-1).astype(dtype).reshape(b, kvh, g * blk, keys)
-        outs.append(jnp.matmul(probs, vh[:, :, :keys]).reshape(b, kvh, g, blk, dh))
-    out = jnp.concatenate(outs, axis=3)
-    return out.transpose(0, 3, 1, 2, 4).astype(dtype)
 
 
 class Attention(nnx.Module):

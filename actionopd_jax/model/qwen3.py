@@ -12,8 +12,11 @@ from flax import nnx
 
 from actionopd_jax.model.cache import KVCache
 from actionopd_jax.model.config import Qwen3Config
-from actionopd_jax.model.attention import ATTENTION_OUT, SharedPrefix, causal_self_attention
-from actionopd_jax.model.layers import DecoderLayer, RMSNorm, _param, attend, rope_tables
+from actionopd_jax.model.attention.dispatch import causal_self_attention
+from actionopd_jax.model.attention.names import ATTENTION_OUT
+from actionopd_jax.model.attention.reference import attend
+from actionopd_jax.model.attention.shared_prefix import SharedPrefix
+from actionopd_jax.model.layers import DecoderLayer, RMSNorm, _param, rope_tables
 from actionopd_jax.model.sharding import constrain
 
 _ACT = ("batch", "length", "act_embed")

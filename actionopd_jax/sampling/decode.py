@@ -47,14 +47,14 @@ import jax.numpy as jnp
 from flax import nnx
 
 from actionopd_jax.model import KVCache, left_pad_positions
-from actionopd_jax.model.attention import target_platform
+from actionopd_jax.model.attention.decode import shared_prompt_step
+from actionopd_jax.model.attention.dispatch import resolve, target_platform
 from actionopd_jax.model.layers import rope_tables
 from actionopd_jax.model.sharding import constrain
 from actionopd_jax.sampling import cpu_backend
 from actionopd_jax.sampling.checked_head import CheckedHead
 from actionopd_jax.sampling.token_choice import choose_tokens
 
-_MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite: a fully masked row stays NaN-free
 
 BACKENDS = ("auto", "accelerator", "cpu")
 
@@ -224,8 +224,6 @@ def prefill_layout(cfg, platform: str | None = None) -> str:
     per-row roll of the int32 tokens, `right_align`) rather than falling back to the
     materialising "xla" attention; decode reads the prompt cache through its validity mask
     and RoPE positions count real tokens, so either layout decodes the same."""
-    from actionopd_jax.model.attention import resolve
-
     return "right" if resolve(cfg.attention, platform) == "cudnn" else "left"
 
 
@@ -294,30 +292,6 @@ def prefill(graphdef: nnx.GraphDef, params: Any, prompt_tokens: jax.Array, promp
     return _record(state, tok, logp, rows, end_ids)
 
 
-def _attend_shared_prompt(q, k_new, v_new, prompt_k, prompt_v, prompt_valid, gen_k, gen_v, gen_visible, dtype):
-    """One decode step's attention for one layer over [own prompt | own generated | itself].
-
-    q [P_rows, KVH, G, Gq, Dh] (Gq = query heads per KV head); k_new/v_new [P_rows, KVH, G, Dh]:
-    the fed token's own key/value (not yet in the cache); prompt_k/v [P_rows, KVH, S, Dh],
-    shared by the G samples of a prompt (their queries are the rows of one contraction
-    against it); prompt_valid bool[P_rows, S]; gen_k/v [P_rows, KVH, G, N, Dh] with
-    gen_visible bool[N] (the slots written by earlier steps). Scores and softmax in float32
-    (as the model's attention). Returns [P_rows, KVH, G, Gq, Dh] in `dtype`."""
-    scale = q.shape[-1] ** -0.5
-    f32 = jnp.float32
-    s_prompt = jnp.einsum("pkghd,pksd->pkghs", q, prompt_k.astype(dtype), preferred_element_type=f32) * scale
-    s_prompt = jnp.where(prompt_valid[:, None, None, None, :], s_prompt, _MASKED)
-    s_gen = jnp.einsum("pkghd,pkgnd->pkghn", q, gen_k.astype(dtype), preferred_element_type=f32) * scale
-    s_gen = jnp.where(gen_visible, s_gen, _MASKED)
-    s_self = jnp.einsum("pkghd,pkgd->pkgh", q, k_new.astype(dtype), preferred_element_type=f32)[..., None] * scale
-    top = jnp.maximum(jnp.maximum(s_prompt.max(-1, keepdims=True), s_gen.max(-1, keepdims=True)), s_self)
-    e_prompt, e_gen, e_self = jnp.exp(s_prompt - top), jnp.exp(s_gen - top), jnp.exp(s_self - top)
-    denom = e_prompt.sum(-1, keepdims=True) + e_gen.sum(-1, keepdims=True) + e_self
-    out = jnp.einsum("pkghs,pksd->pkghd", (e_prompt / denom).astype(dtype), prompt_v.astype(dtype))
-    out = out + jnp.einsum("pkghn,pkgnd->pkghd", (e_gen / denom).astype(dtype), gen_v.astype(dtype))
-    return out + (e_self / denom).astype(dtype) * v_new.astype(dtype)[:, :, :, None, :]
-
-
 def decode(graphdef: nnx.GraphDef, params: Any, state: DecodeState, rows: RowSettings,
            end_ids: jax.Array, checked: CheckedHead | None = None, *, cap: int,
            head: str = "checked", layer_unroll: int = 1) -> DecodeState:
@@ -365,7 +339,7 @@ def decode(graphdef: nnx.GraphDef, params: Any, state: DecodeState, rows: RowSet
             q = attn.group_queries(q)[:, 0].reshape(n_prompts, samples, kvh, -1, dh).transpose(0, 2, 1, 3, 4)
             k = k[:, 0].reshape(n_prompts, samples, kvh, dh).transpose(0, 2, 1, 3)
             v = v[:, 0].reshape(n_prompts, samples, kvh, dh).transpose(0, 2, 1, 3)
-            out = _attend_shared_prompt(q, k, v, prompt_k, prompt_v, prompt.valid, gen_k, gen_v, gen_visible, dt)
+            out = shared_prompt_step(q, k, v, prompt_k, prompt_v, prompt.valid, gen_k, gen_v, gen_visible, dt)
             h = h + attn.output(out.transpose(0, 2, 1, 3, 4).reshape(n_rows, 1, kvh, -1, dh))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
             return constrain(h, ("batch", "length", "act_embed")), (k, v)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from actionopd_jax.config import Config
 from actionopd_jax.model import Qwen3Config, count_params
+from actionopd_jax.model.attention import FUSED as FUSED_ATTENTION
 
 _BYTES = {"float32": 4, "bfloat16": 2}
 GIB = 1024**3
@@ -38,9 +39,6 @@ class MemoryEstimate:
     def total(self) -> float:
         # +10% for XLA temporaries, fragmentation and the batch itself
         return 1.10 * (self.params + self.grads + self.optimizer + self.activations + self.logits)
-
-
-FUSED_ATTENTION = ("splash", "cudnn")
 
 
 def estimate_memory(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], attention: str = "cpu"

@@ -98,13 +98,9 @@ def check_attention(cfg: Config, qcfg: Qwen3Config, platform: str) -> None:
     from actionopd_jax.model.attention import resolve
 
     try:
-        impl = resolve(qcfg.attention, platform)
+        resolve(qcfg.attention, platform, shared_prompt=cfg.train.shared_prompt)
     except ValueError as e:
         raise ConfigError(f"model.attention: {e}") from None
-    if cfg.train.shared_prompt and impl == "cudnn":
-        raise ConfigError("train.shared_prompt needs an attention kernel with arbitrary masks (splash on TPU, "
-                          "xla); cuDNN flash attention takes causal + padding only: set train.shared_prompt=false "
-                          "or model.attention=xla on GPU")
 
 
 def build_train_step(cfg: Config, qcfg: Qwen3Config, mesh) -> TrainStep:
