@@ -15,6 +15,7 @@ from flax import nnx
 from actionopd_jax.model import rope as rope_lib
 from actionopd_jax.model.config import Qwen3Config
 from actionopd_jax.model.rope import RopeYarn
+from actionopd_jax.model.runtime import RuntimeOptions
 # the attention functions live in model/attention/; kept importable from here for old callers
 from actionopd_jax.model.attention.cpu import causal_attend, causal_blocks  # noqa: F401
 from actionopd_jax.model.attention.reference import attend  # noqa: F401
@@ -72,7 +73,7 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
 
 
 class Attention(nnx.Module):
-    def __init__(self, cfg: Qwen3Config, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: Qwen3Config, runtime: RuntimeOptions, *, rngs: nnx.Rngs):
         pd = jnp.dtype(cfg.param_dtype)
         d, h, kv, dh = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.q_proj = _param(rngs, (d, h, dh), pd, ("embed", "heads", "head_dim"))
@@ -84,7 +85,7 @@ class Attention(nnx.Module):
         self.num_kv_heads = kv
         self.groups = h // kv
         self.rope_theta = cfg.rope_theta
-        self.dtype = jnp.dtype(cfg.dtype)
+        self.dtype = jnp.dtype(runtime.dtype)
 
     def project_qkv(self, x, cos, sin, qkv_weight: jax.Array | None = None):
         """q, k, v [B, T, heads, Dh] with q/k-norm and RoPE. qkv_weight: `fused_qkv_weight()`
@@ -154,13 +155,13 @@ def dense_output_major(x: jax.Array, w: jax.Array, *, in_dims: int) -> jax.Array
 class MLP(nnx.Module):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
 
-    def __init__(self, cfg: Qwen3Config, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: Qwen3Config, runtime: RuntimeOptions, *, rngs: nnx.Rngs):
         pd = jnp.dtype(cfg.param_dtype)
         d, i = cfg.hidden_size, cfg.intermediate_size
         self.gate_proj = _param(rngs, (d, i), pd, ("embed", "mlp"))
         self.up_proj = _param(rngs, (d, i), pd, ("embed", "mlp"))
         self.down_proj = _param(rngs, (i, d), pd, ("mlp", "embed"))
-        self.dtype = jnp.dtype(cfg.dtype)
+        self.dtype = jnp.dtype(runtime.dtype)
 
     def __call__(self, x: jax.Array, gate_up_weight: jax.Array | None = None,
                  down_weight: jax.Array | None = None) -> jax.Array:
@@ -188,11 +189,11 @@ class MLP(nnx.Module):
 
 
 class DecoderLayer(nnx.Module):
-    def __init__(self, cfg: Qwen3Config, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: Qwen3Config, runtime: RuntimeOptions, *, rngs: nnx.Rngs):
         pd = jnp.dtype(cfg.param_dtype)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=pd,
                                        axis_name="norm", rngs=rngs)
-        self.self_attn = Attention(cfg, rngs=rngs)
+        self.self_attn = Attention(cfg, runtime, rngs=rngs)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=pd,
                                                 axis_name="norm", rngs=rngs)
-        self.mlp = MLP(cfg, rngs=rngs)
+        self.mlp = MLP(cfg, runtime, rngs=rngs)

@@ -118,7 +118,7 @@ def decode_unrolled(model, state, rows, *, choose, record, step_keys):
     bench-small). Each phase is one more copy of the loop body in the program (compile
     time), which is why accelerators run one phase over stacked layers instead."""
     cfg = model.cfg
-    dt = jnp.dtype(cfg.dtype)
+    dt = jnp.dtype(model.runtime.dtype)
     n_prompts, kvh, samples = state.gen_k[0][0].shape[:3]
     n_rows = n_prompts * samples
     max_new = state.tokens.shape[1]

@@ -4,7 +4,7 @@ Shapes are static (bucketed by the caller); everything else is traced data.
 
 Rows are laid out prompt-major: row r = prompt r // G, sample r % G (G = samples per prompt,
 bucketed). The prompt's keys/values are computed once (prefill: on the accelerator path by
-`Qwen3.prefill_kv`, the fused causal attention of `cfg.attention` -- splash on TPU, cuDNN on
+`Qwen3.prefill_kv`, the fused causal attention of `model.runtime.attention` -- splash on TPU, cuDNN on
 GPU -- which never materialises [T, T] scores, so 24,576-token prompts fit; on the CPU
 backend by the model's cached forward) and then SHARED by its G samples: decode attention reads each prompt's cache once
 for all of its samples instead of once per sample (N=4 candidates per state read a quarter of
@@ -215,16 +215,16 @@ def attention_spans(max_new: int, ladder: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(int(s) for s in ladder if 0 < s < max_new) + (max_new,)
 
 
-def prefill_layout(cfg, platform: str | None = None) -> str:
+def prefill_layout(runtime, platform: str | None = None) -> str:
     """How the accelerator path lays out prompts for prefill: "left" (as the Sampler pads
     them) for splash (TPU: padding through segment ids, any layout), the XLA reference and
-    the CPU blocked path; "right" for cuDNN (GPU: `cfg.attention` "auto"/"cudnn" on a GPU
+    the CPU blocked path; "right" for cuDNN (GPU: `runtime.attention` "auto"/"cudnn" on a GPU
     target), whose flash attention takes padding as sequence lengths, so valid tokens must be
     a prefix. Decision: on GPU the prompts are right-aligned inside the prefill program (a
     per-row roll of the int32 tokens, `right_align`) rather than falling back to the
     materialising "xla" attention; decode reads the prompt cache through its validity mask
     and RoPE positions count real tokens, so either layout decodes the same."""
-    return "right" if resolve(cfg.attention, platform) == "cudnn" else "left"
+    return "right" if resolve(runtime.attention, platform) == "cudnn" else "left"
 
 
 def right_align(tokens: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -251,10 +251,10 @@ def prefill(graphdef: nnx.GraphDef, params: Any, prompt_tokens: jax.Array, promp
     if backend == "accelerator":
         # the whole prompt through the model's fused causal attention (splash on TPU, cuDNN
         # on GPU): no [T, T] score matrix, so 24,576-token prompts fit (see prefill_layout)
-        if prefill_layout(cfg) == "right":
+        if prefill_layout(model.runtime) == "right":
             prompt_tokens, prompt_mask = right_align(prompt_tokens, prompt_mask)
         hidden, k, v = model.prefill_kv(prompt_tokens, left_pad_positions(prompt_mask), prompt_mask)
-        last = jnp.maximum(prompt_mask.sum(-1) - 1, 0) if prefill_layout(cfg) == "right" else None
+        last = jnp.maximum(prompt_mask.sum(-1) - 1, 0) if prefill_layout(model.runtime) == "right" else None
         hidden_last = hidden[:, -1] if last is None else jnp.take_along_axis(hidden, last[:, None, None], 1)[:, 0]
         # the first token from the model's head (a once-per-call cost) unless the rounded
         # "bfloat16" mode was asked for
@@ -266,7 +266,7 @@ def prefill(graphdef: nnx.GraphDef, params: Any, prompt_tokens: jax.Array, promp
         gen_k = constrain(jnp.zeros(gen_shape, k.dtype), _GEN_KV)
         gen_v = constrain(jnp.zeros(gen_shape, v.dtype), _GEN_KV)
     else:
-        cache = KVCache.init(cfg, n_prompts, prompt_len)
+        cache = KVCache.init(cfg, n_prompts, prompt_len, model.runtime.dtype)
         cache = cache.replace(k=constrain(cache.k, _MODEL_KV), v=constrain(cache.v, _MODEL_KV))
         hidden, cache = model(prompt_tokens, left_pad_positions(prompt_mask), attention_mask=prompt_mask, cache=cache)
         # left padding: the last position is real
@@ -317,7 +317,7 @@ def decode(graphdef: nnx.GraphDef, params: Any, state: DecodeState, rows: RowSet
         return cpu_backend.decode_unrolled(model, state, rows, choose=choose, record=record, step_keys=_step_keys)
 
     cfg = model.cfg
-    dt = jnp.dtype(cfg.dtype)
+    dt = jnp.dtype(model.runtime.dtype)
     n_layers, n_prompts, kvh, samples, max_new, dh = state.gen_k.shape
     n_rows = n_prompts * samples
     layer_def, layer_state = nnx.split(model.layers)
