@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from actionopd_jax.model import rope as rope_lib
+import actionopd_jax.model.rope as rope_lib
 from actionopd_jax.model.config import Qwen3Config
 from actionopd_jax.model.rope import RopeYarn
 from actionopd_jax.model.runtime import RuntimeOptions

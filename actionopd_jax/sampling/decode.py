@@ -51,7 +51,7 @@ from actionopd_jax.model.attention.decode import shared_prompt_step
 from actionopd_jax.model.attention.dispatch import resolve, target_platform
 from actionopd_jax.model.layers import rope_tables
 from actionopd_jax.model.sharding import constrain
-from actionopd_jax.sampling import cpu_backend
+import actionopd_jax.sampling.cpu_backend as cpu_backend
 from actionopd_jax.sampling.checked_head import CheckedHead
 from actionopd_jax.sampling.token_choice import choose_tokens
 
