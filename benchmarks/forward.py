@@ -19,7 +19,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from actionopd_jax.model import PRESETS, KVCache, Qwen3, count_params, flops_per_token, init_model
+from actionopd_jax.model import PRESETS, KVCache, Qwen3, RuntimeOptions, count_params, flops_per_token, init_model
 
 
 def _prefill_fn(graphdef):
@@ -38,22 +38,22 @@ def _decode_fn(graphdef):
     return jax.jit(step, donate_argnums=(3,))
 
 
-def compile_seconds(cfg, batch, seq) -> dict[str, float]:
-    abstract = nnx.eval_shape(lambda: Qwen3(cfg, rngs=nnx.Rngs(params=jax.random.key(0))))
+def compile_seconds(cfg, batch, seq, runtime=None) -> dict[str, float]:
+    abstract = nnx.eval_shape(lambda: Qwen3(cfg, runtime=runtime, rngs=nnx.Rngs(params=jax.random.key(0))))
     graphdef, state = nnx.split(abstract)
     tok = jax.ShapeDtypeStruct((batch, seq), jnp.int32)
     t0 = time.perf_counter()
     _prefill_fn(graphdef).lower(state, tok, tok).compile()
     t1 = time.perf_counter()
-    cache = jax.eval_shape(lambda: KVCache.init(cfg, batch, seq + 64))
+    cache = jax.eval_shape(lambda: KVCache.init(cfg, batch, seq + 64, runtime and runtime.dtype))
     one = jax.ShapeDtypeStruct((batch, 1), jnp.int32)
     _decode_fn(graphdef).lower(state, one, one, cache).compile()
     t2 = time.perf_counter()
     return {"forward": t1 - t0, "decode": t2 - t1}
 
 
-def throughput(cfg, batch, seq, decode_steps, reps, key) -> dict[str, float]:
-    model = init_model(cfg, key)
+def throughput(cfg, batch, seq, decode_steps, reps, key, runtime=None) -> dict[str, float]:
+    model = init_model(cfg, key, runtime=runtime)
     graphdef, state = nnx.split(model)
     rng = np.random.default_rng(0)
     tokens = jnp.asarray(rng.integers(0, cfg.vocab_size, (batch, seq)), jnp.int32)
@@ -68,7 +68,7 @@ def throughput(cfg, batch, seq, decode_steps, reps, key) -> dict[str, float]:
     fwd_s = float(np.median(times))
 
     decode = _decode_fn(graphdef)
-    cache = KVCache.init(cfg, batch, seq + decode_steps + 1)
+    cache = KVCache.init(cfg, batch, seq + decode_steps + 1, model.runtime.dtype)
     # fill the cache with the prompt via the cached path (prefill of the whole prompt)
     h, cache = jax.jit(lambda s, t, p, c: nnx.merge(graphdef, s)(t, p, cache=c))(state, tokens, positions, cache)
     tok = tokens[:, -1:]
@@ -105,10 +105,10 @@ def main(argv=None) -> int:
     print("\ncompile time vs depth (seconds; full forward / one decode step)")
     print(f"{'shape':<12}" + "".join(f"{f'L={n}':>18}" for n in args.layers))
     for name in args.shapes:
-        cfg = PRESETS[name].replace(param_dtype=args.dtype, dtype=args.dtype)
+        cfg = PRESETS[name].replace(param_dtype=args.dtype)
         row = []
         for n in args.layers:
-            c = compile_seconds(cfg.replace(num_hidden_layers=n), args.batch, args.seq)
+            c = compile_seconds(cfg.replace(num_hidden_layers=n), args.batch, args.seq, RuntimeOptions(dtype=args.dtype))
             row.append(f"{c['forward']:.2f} / {c['decode']:.2f}")
             results["compile"].append({"shape": name, "layers": n, **c})
         print(f"{name:<12}" + "".join(f"{r:>18}" for r in row))
@@ -117,8 +117,8 @@ def main(argv=None) -> int:
     print(f"{'shape':<12}{'params':>10}{'fwd tok/s':>12}{'fwd GFLOP/s':>13}{'decode tok/s':>14}{'step ms':>10}")
     key = jax.random.key(args.seed)
     for name in args.shapes:
-        cfg = PRESETS[name].replace(param_dtype=args.dtype, dtype=args.dtype)
-        r = throughput(cfg, args.batch, args.seq, args.decode_steps, args.reps, key)
+        cfg = PRESETS[name].replace(param_dtype=args.dtype)
+        r = throughput(cfg, args.batch, args.seq, args.decode_steps, args.reps, key, RuntimeOptions(dtype=args.dtype))
         results["throughput"].append({"shape": name, **r})
         print(f"{name:<12}{count_params(cfg)['total'] / 1e6:>9.1f}M{r['forward_tok_s']:>12.0f}"
               f"{r['forward_gflop_s']:>13.1f}{r['decode_tok_s']:>14.1f}{r['decode_step_ms']:>10.1f}")

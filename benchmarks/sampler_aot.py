@@ -37,6 +37,7 @@ os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")   # the host compiles; the target is the topology
 
 from actionopd_jax.model.config import PRESETS, count_params  # noqa: E402
+from actionopd_jax.model.runtime import RuntimeOptions  # noqa: E402
 from actionopd_jax.sampling import aot  # noqa: E402
 
 
@@ -65,7 +66,7 @@ def _budgeted(cfg, mesh, args) -> None:
 
     hbm = args.hbm_gib * aot.GIB
     params = _param_bytes_per_chip(cfg, mesh)
-    tokens = budget.token_budget(cfg, hbm - params, mesh.size)
+    tokens = budget.token_budget(cfg, hbm - params, mesh.size, dtype=args.dtype)
     b = Buckets()
     chunks = budget.plan_chunks([args.samples] * args.prompts, [args.prompt_len] * args.prompts,
                                 [args.max_new] * args.prompts, b, tokens)
@@ -83,12 +84,12 @@ def _budgeted(cfg, mesh, args) -> None:
         used = budget.chunk_tokens(rows, plen, args.samples, new)
         try:
             programs = aot.compile_sampler_programs(cfg, mesh, prompts=rows, prompt_len=plen, samples=args.samples,
-                                                    max_new=new)
+                                                    max_new=new, runtime=RuntimeOptions(dtype=args.dtype))
         except Exception as e:  # noqa: BLE001 - the compiler's verdict is the result
             print(f"part of {size} states ({rows} x {plen}): {str(e).strip().splitlines()[0][:200]}")
             continue
         pre, dec = aot.memory_gib(programs.prefill), aot.memory_gib(programs.decode)
-        planned = (params + used * budget.cache_bytes_per_token(cfg) / mesh.size) / aot.GIB
+        planned = (params + used * budget.cache_bytes_per_token(cfg, args.dtype) / mesh.size) / aot.GIB
         print(f"  planned peak (params + budget tokens) {planned:.2f} GiB vs compiled prefill peak {pre['peak']:.2f}")
         print(f"part of {size} states ({rows} prompts x {plen}, {args.samples} x {new} new; {used:.0f} of {tokens} "
               f"budget tokens): prefill peak {pre['peak']:.2f} GiB ({100 * (1 - pre['peak'] / args.hbm_gib):.0f}% "
@@ -118,7 +119,8 @@ def main() -> None:
                          "minus parameters, sampling/budget.py) and compile prefill + decode of each distinct part")
     args = ap.parse_args()
 
-    cfg = PRESETS[args.preset].replace(param_dtype=args.dtype, dtype=args.dtype)
+    cfg = PRESETS[args.preset].replace(param_dtype=args.dtype)
+    runtime = RuntimeOptions(dtype=args.dtype)
     topo = aot.v5p_topology(args.topology)
     mesh = aot.tpu_mesh(topo, {k: int(v) for k, v in (kv.split("=") for kv in args.mesh.split(","))})
     chips = mesh.size
@@ -135,14 +137,14 @@ def main() -> None:
         return
     step = None
     if not args.skip_cost:
-        two, _ = aot.compile_decode(cfg.replace(num_hidden_layers=2), mesh, **shape, layer_unroll=2)
-        four, _ = aot.compile_decode(cfg.replace(num_hidden_layers=4), mesh, **shape, layer_unroll=4)
+        two, _ = aot.compile_decode(cfg.replace(num_hidden_layers=2), mesh, **shape, layer_unroll=2, runtime=runtime)
+        four, _ = aot.compile_decode(cfg.replace(num_hidden_layers=4), mesh, **shape, layer_unroll=4, runtime=runtime)
         c2, c4 = _cost(two), _cost(four)
         per_layer = {k: (c4[k] - c2[k]) / 2 for k in c2}
         rest = {k: c2[k] - 2 * per_layer[k] for k in c2}
         step = {k: rest[k] + L * per_layer[k] for k in c2}
 
-    small, small_s = aot.compile_decode(cfg.replace(num_hidden_layers=args.small_layers), mesh, **shape)
+    small, small_s = aot.compile_decode(cfg.replace(num_hidden_layers=args.small_layers), mesh, **shape, runtime=runtime)
     full, full_s = aot.compile_decode(cfg, mesh, **shape)
     table.append((f"decode compile, {L} layers (s)", f"{full_s:.1f}"))
     table.append((f"decode compile, {args.small_layers} layers (s)", f"{small_s:.1f}"))

@@ -8,6 +8,7 @@ import numpy as np
 from flax import nnx
 
 from actionopd_jax.model import Qwen3
+from actionopd_jax.model.runtime import RuntimeOptions
 from actionopd_jax.testing.tiny_checkpoint import tiny_config
 
 REF_LEN = 128  # reference forwards are right-padded to this length: one compiled program
@@ -15,9 +16,11 @@ REF_LEN = 128  # reference forwards are right-padded to this length: one compile
 
 def random_model(seed: int, *, std: float = 0.1, **overrides) -> Qwen3:
     """A tiny Qwen3 whose weights are large enough (std 0.1, not HF's 0.02) that greedy
-    continuations vary from step to step instead of repeating one token."""
+    continuations vary from step to step instead of repeating one token. `dtype` sets the
+    parameter and compute dtypes."""
     cfg = tiny_config(**overrides)
-    model = Qwen3(cfg, rngs=nnx.Rngs(params=seed))
+    runtime = RuntimeOptions(dtype=overrides.get("dtype", "float32"))
+    model = Qwen3(cfg, runtime=runtime, rngs=nnx.Rngs(params=seed))
     params = nnx.state(model, nnx.Param)
     key = jax.random.key(seed)
     leaves, treedef = jax.tree.flatten(params)

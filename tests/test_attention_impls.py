@@ -13,6 +13,7 @@ from flax import nnx
 
 from actionopd_jax.model import PRESETS, Qwen3, make_mesh
 from actionopd_jax.model.attention import causal_self_attention, resolve
+from actionopd_jax.model.runtime import RuntimeOptions
 from actionopd_jax.model.layers import attend
 
 B, KVH, G, DH = 3, 2, 2, 16
@@ -102,13 +103,13 @@ def test_auto_follows_the_target_platform_and_cudnn_refuses_cpu():
 def test_model_forward_and_gradient_equal_the_cpu_path(impl):
     """The whole model (bf16-free tiny preset) with each kernel: same hidden states and
     parameter gradients as the default CPU path."""
-    cfg = PRESETS["tiny"].replace(remat="attn")
+    cfg = PRESETS["tiny"]
     tokens = jax.random.randint(jax.random.key(3), (2, 96), 0, cfg.vocab_size)
     mask = jnp.ones((2, 96), bool).at[1, 70:].set(False)
     positions = jnp.broadcast_to(jnp.arange(96), (2, 96))
     results = {}
     for name in ("cpu", impl):
-        model = Qwen3(cfg.replace(attention=name), rngs=nnx.Rngs(0))
+        model = Qwen3(cfg, runtime=RuntimeOptions(remat="attn", attention=name), rngs=nnx.Rngs(0))
         graphdef, state = nnx.split(model)
 
         def loss(state, graphdef=graphdef):
@@ -130,8 +131,8 @@ def test_prefill_kv_equals_the_cached_forward(impl):
     scores) gives the cached forward's hidden states and keys/values on left-padded prompts."""
     from actionopd_jax.model import KVCache, left_pad_positions
 
-    cfg = PRESETS["tiny"].replace(attention=impl)
-    model = Qwen3(cfg, rngs=nnx.Rngs(1))
+    cfg = PRESETS["tiny"]
+    model = Qwen3(cfg, runtime=RuntimeOptions(attention=impl), rngs=nnx.Rngs(1))
     tokens = jax.random.randint(jax.random.key(4), (2, 80), 0, cfg.vocab_size)
     mask = jnp.ones((2, 80), bool).at[1, :30].set(False)
     positions = left_pad_positions(mask)
@@ -169,7 +170,7 @@ def test_shared_prefix_row_equals_the_separate_rows(impl):
     """Each response of a packed row gets exactly the hidden states (and so the logprobs) it
     gets as its own row [prompt, response]: the prompt is computed once for all of them."""
     layout, prompt, responses, tokens, positions, mask = _packed()
-    model = Qwen3(PRESETS["tiny"].replace(attention=impl), rngs=nnx.Rngs(2))
+    model = Qwen3(PRESETS["tiny"], runtime=RuntimeOptions(attention=impl), rngs=nnx.Rngs(2))
     packed, _ = model(jnp.asarray(tokens), jnp.asarray(positions), attention_mask=jnp.asarray(mask),
                       shared_prefix=layout)
     for i, r in enumerate(responses):

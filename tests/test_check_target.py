@@ -121,7 +121,8 @@ def test_collection_estimate_by_hand():
     from actionopd_jax.train.plan import estimate_collection
 
     cfg = load_config(CONFIGS / "qwen3_4b_h200.yaml")
-    q = PRESETS["qwen3-4b"].replace(dtype="bfloat16", param_dtype="float32", remat="full")
+    q = PRESETS["qwen3-4b"].replace(param_dtype="float32")
+    assert (cfg.model.dtype, cfg.model.remat) == ("bfloat16", "full")  # the execution settings come from cfg
     usable = 141e9 * USABLE_MEMORY_FRACTION
     est = estimate_collection(cfg, q, {"data": 1, "fsdp": 1, "tensor": 1}, chips_per_host=1, usable_bytes=usable,
                               platform="gpu")

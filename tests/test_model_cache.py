@@ -8,13 +8,14 @@ from flax import nnx
 
 from actionopd_jax.model import KVCache, Qwen3, left_pad_positions
 from actionopd_jax.model.layers import rope_cos_sin
+from actionopd_jax.model.runtime import RuntimeOptions
 from actionopd_jax.testing.tiny_checkpoint import tiny_config
 
 CFG = tiny_config(num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, vocab_size=128)
 
 
-def _model(key_seed, cfg=CFG):
-    return Qwen3(cfg, rngs=nnx.Rngs(params=jax.random.key(key_seed)))
+def _model(key_seed, cfg=CFG, runtime=None):
+    return Qwen3(cfg, runtime=runtime, rngs=nnx.Rngs(params=jax.random.key(key_seed)))
 
 
 @nnx.jit
@@ -87,12 +88,12 @@ def test_stale_cache_contents_are_ignored():
 
 
 def test_bf16_cache_decoding_close_to_full():
-    cfg = CFG.replace(param_dtype="bfloat16", dtype="bfloat16")
-    model = _model(7, cfg)
+    cfg = CFG.replace(param_dtype="bfloat16")
+    model = _model(7, cfg, RuntimeOptions(dtype="bfloat16"))
     tokens, mask = _left_padded(8, [5, 3], 6)
     pos = np.asarray(left_pad_positions(jnp.asarray(mask)))
     full = np.asarray(_full(model, tokens, pos, mask))
-    cache = KVCache.init(cfg, 2, 8)
+    cache = KVCache.init(cfg, 2, 8, model.runtime.dtype)
     assert cache.k.dtype == jnp.bfloat16
     pre, cache = _step(model, tokens[:, :5], pos[:, :5], mask[:, :5], cache)
     last, cache = _step(model, tokens[:, 5:], pos[:, 5:], mask[:, 5:], cache)

@@ -91,7 +91,7 @@ def test_bf16_logits_within_stated_tolerance(tmp_path):
     overrides = CONFIGS["gqa2_untied_hd32"]
     ckpt = make_tiny_hf_checkpoint(tmp_path / "bf16", seed=4, init_std=0.08, dtype="bfloat16", **overrides)
     cfg, model = load_hf(ckpt)
-    assert cfg.param_dtype == "bfloat16" and cfg.dtype == "bfloat16"
+    assert cfg.param_dtype == "bfloat16" and model.runtime.dtype == "bfloat16"
     assert model.embed_tokens[...].dtype == jnp.bfloat16
     tokens, mask, positions = _batch(cfg.vocab_size, seed=5)
     ref32 = _torch_logits(ckpt, tokens, mask, positions, torch.float32)

@@ -8,6 +8,7 @@ import pytest
 from flax import nnx
 
 from actionopd_jax.model import KVCache, PRESETS, Qwen3, count_params, flops_per_token
+from actionopd_jax.model.runtime import RuntimeOptions
 from actionopd_jax.testing.tiny_checkpoint import tiny_config
 
 
@@ -54,8 +55,8 @@ def test_remat_gives_same_loss_and_gradients():
     tokens = jnp.asarray(np.random.default_rng(0).integers(0, 256, (2, 12)), jnp.int32)
     results = {}
     for policy in ("none", "full", "dots"):
-        cfg = tiny_config(num_hidden_layers=3, remat=policy)
-        model = Qwen3(cfg, rngs=nnx.Rngs(params=jax.random.key(1)))
+        cfg = tiny_config(num_hidden_layers=3)
+        model = Qwen3(cfg, runtime=RuntimeOptions(remat=policy), rngs=nnx.Rngs(params=jax.random.key(1)))
         loss, grads = nnx.jit(nnx.value_and_grad(_loss))(model, tokens)
         results[policy] = (float(loss), jax.tree.leaves(nnx.to_pure_dict(grads)))
     base_loss, base_grads = results["none"]
@@ -72,8 +73,8 @@ def test_scan_unroll_gives_same_loss_and_gradients_and_unrolls_the_program():
     tokens = jnp.asarray(np.random.default_rng(2).integers(0, 256, (2, 12)), jnp.int32)
     results = {}
     for unroll in (1, 2, 0):  # 2 does not divide 3 layers: lax.scan handles the remainder
-        cfg = tiny_config(num_hidden_layers=3, scan_unroll=unroll)
-        model = Qwen3(cfg, rngs=nnx.Rngs(params=jax.random.key(1)))
+        cfg = tiny_config(num_hidden_layers=3)
+        model = Qwen3(cfg, runtime=RuntimeOptions(scan_unroll=unroll), rngs=nnx.Rngs(params=jax.random.key(1)))
         loss, grads = nnx.jit(nnx.value_and_grad(_loss))(model, tokens)
         results[unroll] = (float(loss), jax.tree.leaves(nnx.to_pure_dict(grads)))
     for unroll in (2, 0):
@@ -82,21 +83,21 @@ def test_scan_unroll_gives_same_loss_and_gradients_and_unrolls_the_program():
             np.testing.assert_allclose(np.asarray(a), np.asarray(b), atol=1e-6, rtol=1e-5)
     # the layer scan carries the unroll factor to XLA (0 = every layer)
     for unroll, want in ((0, 4), (3, 3), (9, 4)):
-        cfg = tiny_config(num_hidden_layers=4, scan_unroll=unroll)
-        model = nnx.eval_shape(lambda cfg=cfg: Qwen3(cfg, rngs=nnx.Rngs(params=jax.random.key(0))))
+        cfg, rt = tiny_config(num_hidden_layers=4), RuntimeOptions(scan_unroll=unroll)
+        model = nnx.eval_shape(lambda cfg=cfg, rt=rt: Qwen3(cfg, runtime=rt, rngs=nnx.Rngs(params=jax.random.key(0))))
         graphdef, state = nnx.split(model)
         jaxpr = jax.make_jaxpr(lambda st, t: nnx.merge(graphdef, st)(t, t)[0])(state, jnp.zeros((1, 4), jnp.int32))
         scans = [e for e in jaxpr.jaxpr.eqns if e.primitive.name == "scan"]
         assert [e.params["unroll"] for e in scans] == [want]
     with pytest.raises(ValueError, match="scan_unroll must be >= 0"):
-        tiny_config(scan_unroll=-1)
+        RuntimeOptions(scan_unroll=-1)
 
 
 def test_remat_changes_the_backward_program():
     """The checkpoint is really applied: the 'full' policy recomputes the layer in the backward pass."""
     def grad_eqns(policy):
-        cfg = tiny_config(num_hidden_layers=2, remat=policy)
-        model = nnx.eval_shape(lambda: Qwen3(cfg, rngs=nnx.Rngs(params=jax.random.key(0))))
+        cfg = tiny_config(num_hidden_layers=2)
+        model = nnx.eval_shape(lambda: Qwen3(cfg, runtime=RuntimeOptions(remat=policy), rngs=nnx.Rngs(params=jax.random.key(0))))
         graphdef, state = nnx.split(model)
         fn = jax.grad(lambda s, t: _loss(nnx.merge(graphdef, s), t))
         text = str(jax.make_jaxpr(fn)(state, jnp.zeros((1, 4), jnp.int32)))
@@ -131,6 +132,6 @@ def test_config_validation_messages():
     with pytest.raises(ValueError, match="multiple of num_key_value_heads"):
         tiny_config(num_attention_heads=4, num_key_value_heads=3)
     with pytest.raises(ValueError, match="remat='some'"):
-        tiny_config(remat="some")
+        RuntimeOptions(remat="some")
     with pytest.raises(ValueError, match="param_dtype='float16'"):
         tiny_config().replace(param_dtype="float16")

@@ -48,9 +48,9 @@ def test_a_collector_call_is_split_by_the_budget():
 
 
 def test_budget_from_memory():
-    cfg = PRESETS["qwen3-4b"].replace(param_dtype="bfloat16", dtype="bfloat16")
-    assert budget.cache_bytes_per_token(cfg) == 2 * 36 * 8 * 128 * 2
-    got = budget.token_budget(cfg, 10 * 2 ** 30, 4, safety=1.0)
+    cfg = PRESETS["qwen3-4b"].replace(param_dtype="bfloat16")
+    assert budget.cache_bytes_per_token(cfg, "bfloat16") == 2 * 36 * 8 * 128 * 2
+    got = budget.token_budget(cfg, 10 * 2 ** 30, 4, safety=1.0, dtype="bfloat16")
     assert got == 40 * 2 ** 30 // (2 * 36 * 8 * 128 * 2)
     assert budget.default_token_budget(cfg) is None      # CPU: no memory limit reported
 
@@ -74,11 +74,11 @@ def test_budget_plans_within_the_usable_memory_fraction():
         def __init__(self, platform):
             self.devices = np.array([Chip(platform)] * 4)
 
-    cfg = PRESETS["qwen3-4b"].replace(param_dtype="bfloat16", dtype="bfloat16")
-    per_token = budget.cache_bytes_per_token(cfg)
-    tpu = budget.default_token_budget(cfg, Mesh("tpu"), safety=1.0)
+    cfg = PRESETS["qwen3-4b"].replace(param_dtype="bfloat16")
+    per_token = budget.cache_bytes_per_token(cfg, "bfloat16")
+    tpu = budget.default_token_budget(cfg, Mesh("tpu"), safety=1.0, dtype="bfloat16")
     assert tpu == int((96 * USABLE_MEMORY_FRACTION - 16) * 2 ** 30 * 4 // per_token)
-    gpu = budget.default_token_budget(cfg, Mesh("gpu"), safety=1.0)
+    gpu = budget.default_token_budget(cfg, Mesh("gpu"), safety=1.0, dtype="bfloat16")
     assert gpu == int(80 * 2 ** 30 * 4 // per_token)
 
 

@@ -1,5 +1,5 @@
 """The accelerator path's prefill goes through `Qwen3.prefill_kv` (the fused causal attention of
-`cfg.attention`), never the cached forward's dense [T, S] scores; tokens stay those of the
+`model.runtime.attention`), never the cached forward's dense [T, S] scores; tokens stay those of the
 CPU backend (which keeps the cached forward)."""
 
 import jax
@@ -33,11 +33,11 @@ def test_right_align_moves_real_tokens_to_the_front():
 
 
 def test_prefill_layout_follows_the_attention_kernel():
-    cfg = random_model(0, vocab_size=VOCAB).cfg
-    assert decode.prefill_layout(cfg) == "left"                       # CPU: blocked path
-    assert decode.prefill_layout(cfg, "gpu") == "right"                # auto = cuDNN on GPU
-    assert decode.prefill_layout(cfg.replace(attention="xla"), "gpu") == "left"
-    assert decode.prefill_layout(cfg, "tpu") == "left"                 # splash: any layout
+    rt = random_model(0, vocab_size=VOCAB).runtime
+    assert decode.prefill_layout(rt) == "left"                        # CPU: blocked path
+    assert decode.prefill_layout(rt, "gpu") == "right"                 # auto = cuDNN on GPU
+    assert decode.prefill_layout(rt.replace(attention="xla"), "gpu") == "left"
+    assert decode.prefill_layout(rt, "tpu") == "left"                  # splash: any layout
 
 
 @pytest.mark.parametrize("layout", ["left", "right"])
@@ -46,7 +46,7 @@ def test_prefill_kv_path_gives_the_cpu_backend_tokens(monkeypatch, layout):
     what cuDNN needs on GPU) give the CPU backend's greedy and seeded samples."""
     model = random_model(3, vocab_size=VOCAB)
     buckets = Buckets(prompt_len=(16, 64), prompts=(1, 2, 4), samples=(1, 2, 4), max_new=(8, 16))
-    monkeypatch.setattr(decode, "prefill_layout", lambda cfg, platform=None: layout)
+    monkeypatch.setattr(decode, "prefill_layout", lambda runtime, platform=None: layout)
     acc = Sampler(model, eos_ids=[], buckets=buckets, backend="accelerator", lm_head="float32")
     cpu = Sampler(model, eos_ids=[], buckets=buckets, lm_head="float32")
     prompts = _prompts([3, 17, 50, 9], seed=8)
@@ -61,12 +61,12 @@ def test_prefill_kv_path_with_splash_interpret_gives_the_same_tokens():
     model = random_model(3, vocab_size=VOCAB)
     buckets = Buckets(prompt_len=(128,), prompts=(2,), samples=(2,), max_new=(8,))
     cpu = Sampler(model, eos_ids=[], buckets=buckets, lm_head="float32")
-    model.cfg = model.cfg.replace(attention="splash")
+    model.runtime = model.runtime.replace(attention="splash")
     try:
         acc = Sampler(model, eos_ids=[], buckets=buckets, backend="accelerator", lm_head="float32")
         prompts = _prompts([40, 97], seed=2)
         kw = dict(n=2, max_new_tokens=8, temperature=1.0, key=jax.random.key(1))
         got = acc.sample(prompts, **kw)
     finally:
-        model.cfg = model.cfg.replace(attention="auto")
+        model.runtime = model.runtime.replace(attention="auto")
     _same(got, cpu.sample(prompts, **kw), atol=1e-4)

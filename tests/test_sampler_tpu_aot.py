@@ -16,12 +16,14 @@ pytest.importorskip("libtpu", reason="libtpu not installed (TPU AOT compilation 
 os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")  # another process may hold libtpu's lock
 
 from actionopd_jax.model.config import PRESETS  # noqa: E402
+from actionopd_jax.model.runtime import RuntimeOptions  # noqa: E402
 from actionopd_jax.sampling import aot  # noqa: E402
 
 V5P_HBM_GIB = 95.74
 # the real Qwen3 vocabulary with tiny layers: the candidate search's grouped path (151936 =
 # 16 x 9496) and its lax.cond run as they do at paper scale; compiles in seconds
-CFG = PRESETS["tiny"].replace(vocab_size=151936, param_dtype="bfloat16", dtype="bfloat16")
+CFG = PRESETS["tiny"].replace(vocab_size=151936, param_dtype="bfloat16")
+RUNTIME = RuntimeOptions(dtype="bfloat16")
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +38,8 @@ def topology():
 def test_prefill_and_decode_compile_for_v5p(topology, shape):
     mesh = aot.tpu_mesh(topology, shape)
     assert aot.target_platform(mesh) == "tpu"
-    programs = aot.compile_sampler_programs(CFG, mesh, prompts=4, prompt_len=256, samples=4, max_new=64)
+    programs = aot.compile_sampler_programs(CFG, mesh, prompts=4, prompt_len=256, samples=4, max_new=64,
+                                           runtime=RUNTIME)
     decode_text = programs.decode.as_text()
     # the accelerator path was compiled (not the CPU backend's unrolled layers): the layer
     # scan is a loop inside the decode loop, and no fused output-major weights exist

@@ -92,8 +92,8 @@ def _configured_dir(run_dir: Path) -> Path | None:
 
 
 def model_config_of(meta: dict[str, Any], dtype: str | None = None):
-    """The Qwen3Config a step recorded; `dtype` ("float32" | "bfloat16") replaces the run's
-    parameter and compute dtypes."""
+    """The Qwen3Config (shape, parameter dtype) a step recorded; `dtype` ("float32" |
+    "bfloat16") replaces the run's parameter dtype."""
     from actionopd_jax.model import Qwen3Config
 
     hf = meta.get("model_config")
@@ -102,18 +102,28 @@ def model_config_of(meta: dict[str, Any], dtype: str | None = None):
                               "older trainer?); it cannot be loaded without its model shape")
     run_model = (meta.get("config") or {}).get("model") or {}
     param_dtype = dtype or run_model.get("param_dtype") or hf.get("dtype", "float32")
-    compute = dtype or run_model.get("dtype") or param_dtype
-    return Qwen3Config.from_hf_dict(hf, param_dtype=param_dtype, dtype=compute)
+    return Qwen3Config.from_hf_dict(hf, param_dtype=param_dtype)
 
 
-def abstract_params(qcfg, mesh=None):
+def runtime_of(meta: dict[str, Any], dtype: str | None = None):
+    """RuntimeOptions to run a recorded step with: the run's compute dtype (`dtype` replaces
+    it; neither: the parameter dtype). The run's remat / attention / scan_unroll are training
+    choices for its own hardware, not the loader's: the defaults apply, as before the split."""
+    from actionopd_jax.model.runtime import RuntimeOptions, split_model_dict
+
+    _, execution = split_model_dict((meta.get("config") or {}).get("model") or {})
+    compute = dtype or execution.get("dtype") or model_config_of(meta).param_dtype
+    return RuntimeOptions(dtype=compute)
+
+
+def abstract_params(qcfg, mesh=None, runtime=None):
     """(graphdef, pure-dict params of ShapeDtypeStructs with their target shardings)."""
     import jax
     from flax import nnx
 
     from actionopd_jax.model import Qwen3, param_shardings
 
-    abstract = nnx.eval_shape(lambda: Qwen3(qcfg, rngs=nnx.Rngs(0)))
+    abstract = nnx.eval_shape(lambda: Qwen3(qcfg, runtime=runtime, rngs=nnx.Rngs(0)))
     graphdef, state = nnx.split(abstract, nnx.Param)
     shapes = nnx.to_pure_dict(state)
     if mesh is not None:
@@ -166,7 +176,7 @@ def load_model(path: str | Path, *, step: int | None = None, mesh=None, dtype: s
             raise CheckpointError(f"no readable checkpoint record in {found.ckpt_dir} ({', '.join(errors)}); "
                                   f"finished steps: {steps}")
         qcfg = model_config_of(meta, dtype)
-        graphdef, target = abstract_params(qcfg, mesh)
+        graphdef, target = abstract_params(qcfg, mesh, runtime_of(meta, dtype))
         restored = ckpt.restore({"params": target}, found.step, params_only=True)
     finally:
         ckpt.close()

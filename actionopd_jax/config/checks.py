@@ -16,7 +16,7 @@ from actionopd_jax.config.errors import ConfigError
 from actionopd_jax.config.experiment import TEACHER_MODES, ExperimentConfig
 from actionopd_jax.config.schema import Config
 from actionopd_jax.model.attention import IMPLEMENTATIONS
-from actionopd_jax.model.config import DTYPES, REMAT_MODES
+from actionopd_jax.model.runtime import DTYPES, REMAT as REMAT_MODES
 from actionopd_jax.rewards import RewardMode
 from actionopd_jax.sampling.budget import parse_token_budget
 from actionopd_jax.train.step import LOSS_KINDS

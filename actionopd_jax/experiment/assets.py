@@ -110,7 +110,7 @@ def tokenizer_dir(cfg: Any, tasks: list[Task]) -> Path:
     return build_job_tokenizer(cfg.experiment, tasks)
 
 
-def random_student_config(exp: Any, vocab_size: int, *, dtype: str = "float32", param_dtype: str = "float32"):
+def random_student_config(exp: Any, vocab_size: int, *, param_dtype: str = "float32"):
     """Qwen3Config of the random-init student for a tokenizer of `vocab_size` ids."""
     from actionopd_jax.model import Qwen3Config
 
@@ -120,7 +120,7 @@ def random_student_config(exp: Any, vocab_size: int, *, dtype: str = "float32", 
                        num_hidden_layers=s.num_hidden_layers, num_attention_heads=s.num_attention_heads,
                        num_key_value_heads=s.num_key_value_heads, head_dim=s.head_dim, rope_theta=1e6,
                        tie_word_embeddings=True, max_position_embeddings=s.max_position_embeddings,
-                       dtype=dtype, param_dtype=param_dtype)
+                       param_dtype=param_dtype)
 
 
 def initial_student(cfg: Any, tokenizer: Any, out_dir: Path) -> Path:
@@ -137,8 +137,7 @@ def initial_student(cfg: Any, tokenizer: Any, out_dir: Path) -> Path:
     from actionopd_jax.model import Qwen3
     from actionopd_jax.model.weights import save_hf
 
-    qcfg = random_student_config(cfg.experiment, len(tokenizer), dtype=cfg.model.dtype,
-                                 param_dtype=cfg.model.param_dtype)
+    qcfg = random_student_config(cfg.experiment, len(tokenizer), param_dtype=cfg.model.param_dtype)
     model = Qwen3(qcfg, rngs=nnx.Rngs(params=cfg.experiment.student.init_seed))
     out_dir.mkdir(parents=True, exist_ok=True)
     save_hf(model, qcfg, out_dir)

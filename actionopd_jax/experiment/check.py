@@ -21,20 +21,20 @@ def _student_config(cfg: Config, notes: list[str]):
     m = cfg.model
     if m.hf_path:
         if (Path(m.hf_path) / "config.json").is_file():
-            return Qwen3Config.from_hf_json(m.hf_path, dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat, scan_unroll=m.scan_unroll, attention=m.attention), \
+            return Qwen3Config.from_hf_json(m.hf_path, param_dtype=m.param_dtype), \
                 f"checkpoint {m.hf_path}"
         from actionopd_jax.model import PRESETS
 
         notes.append(f"note: {m.hf_path}/config.json not found; planned with preset {m.preset!r} "
                      "(the run needs the checkpoint)")
-        return PRESETS[m.preset].replace(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat, scan_unroll=m.scan_unroll, attention=m.attention), \
+        return PRESETS[m.preset].replace(param_dtype=m.param_dtype), \
             f"checkpoint {m.hf_path} (not on this machine)"
     vocab = cfg.experiment.tokenizer_vocab
     if m.tokenizer:
         from actionopd_jax.chat import load_tokenizer
 
         vocab = len(load_tokenizer(m.tokenizer))
-    q = random_student_config(cfg.experiment, vocab, dtype=m.dtype, param_dtype=m.param_dtype)
+    q = random_student_config(cfg.experiment, vocab, param_dtype=m.param_dtype)
     return q, "random init"
 
 

@@ -24,10 +24,11 @@ class KVCache:
 
     @classmethod
     def init(cls, cfg: Qwen3Config, batch: int, max_len: int, dtype=None) -> "KVCache":
-        """An empty cache for `batch` rows of up to `max_len` tokens (prompt + generated)."""
+        """An empty cache for `batch` rows of up to `max_len` tokens (prompt + generated), in
+        `dtype` (the model's compute dtype, `model.runtime.dtype`; None: float32)."""
         if batch <= 0 or max_len <= 0:
             raise ValueError(f"KVCache.init needs batch > 0 and max_len > 0, got {batch}, {max_len}")
-        dt = jnp.dtype(dtype or cfg.dtype)
+        dt = jnp.dtype(dtype or "float32")
         shape = (cfg.num_hidden_layers, batch, max_len, cfg.num_key_value_heads, cfg.head_dim)
         return cls(k=jnp.zeros(shape, dt), v=jnp.zeros(shape, dt),
                    valid=jnp.zeros((batch, max_len), bool), index=jnp.zeros((), jnp.int32))

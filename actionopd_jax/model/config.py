@@ -10,9 +10,6 @@ from typing import Any
 from actionopd_jax.model.rope import RopeYarn, rope_from_hf
 
 _DTYPES = ("float32", "bfloat16")
-_REMAT = ("none", "full", "dots", "attn", "offload")
-DTYPES, REMAT_MODES = _DTYPES, _REMAT  # public: the run config's model.* choices (config/checks.py)
-_ATTENTION = ("auto", "splash", "cudnn", "xla", "cpu")  # model/attention.py
 _SUPPORTED_ARCH = "Qwen3ForCausalLM"
 # transformers' Qwen3Config defaults for fields a config.json may leave out
 _HF_DEFAULTS = {"max_position_embeddings": 32768, "num_key_value_heads": 32, "head_dim": 128}
@@ -33,23 +30,11 @@ class Qwen3Config:
     tie_word_embeddings: bool = False
     max_position_embeddings: int = 40960
     param_dtype: str = "float32"  # "float32" | "bfloat16": storage dtype of the parameters
-    dtype: str = "float32"  # compute dtype of activations
-    remat: str = "none"  # per-layer jax.checkpoint policy: "none" | "full" | "dots" | "attn" | "offload" (qwen3.py)
-    attention: str = "auto"  # "auto" | "splash" | "cudnn" | "xla" | "cpu" (model/attention.py)
-    # layers per iteration of the layer scan (0: all). 1 keeps compile time flat in depth; more
-    # removes loop overhead (on CPU the backward of a 4-layer scan ran 1.5x faster unrolled)
-    scan_unroll: int = 1
+    # execution settings (compute dtype, remat, attention, scan unroll) are not here: runtime.py
 
     def __post_init__(self):
-        for name in ("param_dtype", "dtype"):
-            if getattr(self, name) not in _DTYPES:
-                raise ValueError(f"Qwen3Config.{name}={getattr(self, name)!r}; expected one of {_DTYPES}")
-        if self.remat not in _REMAT:
-            raise ValueError(f"Qwen3Config.remat={self.remat!r}; expected one of {_REMAT}")
-        if self.attention not in _ATTENTION:
-            raise ValueError(f"Qwen3Config.attention={self.attention!r}; expected one of {_ATTENTION}")
-        if int(self.scan_unroll) < 0:
-            raise ValueError(f"Qwen3Config.scan_unroll must be >= 0 (0: unroll all layers), got {self.scan_unroll}")
+        if self.param_dtype not in _DTYPES:
+            raise ValueError(f"Qwen3Config.param_dtype={self.param_dtype!r}; expected one of {_DTYPES}")
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                      "num_attention_heads", "num_key_value_heads", "head_dim"):
             if int(getattr(self, name)) <= 0:
@@ -66,17 +51,26 @@ class Qwen3Config:
     def replace(self, **kw) -> "Qwen3Config":
         return dataclasses.replace(self, **kw)
 
-    @property
-    def layers_per_scan_step(self) -> int:
-        return self.num_hidden_layers if self.scan_unroll == 0 else min(self.scan_unroll, self.num_hidden_layers)
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "tuple[Qwen3Config, dict[str, Any]]":
+        """(config, execution keys) of a flat dict of this class's fields as records before the
+        runtime split stored them (with dtype / remat / attention / scan_unroll among them):
+        those go to `runtime.RuntimeOptions(**execution keys)`, the rest build the config."""
+        from actionopd_jax.model.runtime import split_model_dict
+
+        shape, execution = split_model_dict(d)
+        if isinstance(shape.get("rope_yarn"), dict):
+            shape["rope_yarn"] = RopeYarn(**shape["rope_yarn"])
+        return cls(**shape), execution
 
     # ---- Hugging Face config.json --------------------------------------------------------
     @classmethod
     def from_hf_dict(cls, d: dict[str, Any], **overrides) -> "Qwen3Config":
         """Build from a HF `config.json` dict of a `Qwen3ForCausalLM` checkpoint.
 
-        The parameter (and compute) dtype follows the checkpoint's `dtype`/`torch_dtype` when it is
-        float32 or bfloat16, so load -> export keeps the file dtype; `overrides` win over everything.
+        The parameter dtype follows the checkpoint's `dtype`/`torch_dtype` when it is float32 or
+        bfloat16, so load -> export keeps the file dtype (the compute dtype is a RuntimeOptions
+        field: weights.load_hf defaults it to this); `overrides` win over everything.
         """
         archs = d.get("architectures") or []
         model_type = d.get("model_type")
@@ -117,7 +111,6 @@ class Qwen3Config:
                 tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
                 max_position_embeddings=max_pos,
                 param_dtype=dt,
-                dtype=dt,
             )
         except TypeError as e:  # e.g. "head_dim": null
             raise ValueError(f"unsupported Qwen3 config: a size field is null or not a number ({e})") from e

@@ -12,13 +12,14 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from actionopd_jax.model import rope as rope_lib
+import actionopd_jax.model.rope as rope_lib
 from actionopd_jax.model.config import Qwen3Config
 from actionopd_jax.model.rope import RopeYarn
+from actionopd_jax.model.runtime import RuntimeOptions
+# the attention functions live in model/attention/; kept importable from here for old callers
+from actionopd_jax.model.attention.cpu import causal_attend, causal_blocks  # noqa: F401
+from actionopd_jax.model.attention.reference import attend  # noqa: F401
 
-# Large negative instead of -inf: a query with no visible key (a left-pad row) then gets a
-# uniform softmax over masked keys, which is finite and ignored, rather than NaN.
-_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 _INIT_STD = 0.02  # HF Qwen3 initializer_range
 
 
@@ -71,63 +72,8 @@ def apply_rope(x: jax.Array, cos: jax.Array, sin: jax.Array) -> jax.Array:
     return x * cos + rotated * sin
 
 
-def attend(q: jax.Array, k: jax.Array, v: jax.Array, mask: jax.Array, dtype) -> jax.Array:
-    """Grouped-query attention.
-
-    q: [B, T, KVH, G, Dh]; k, v: [B, S, KVH, Dh]; mask: bool [B, T, S] (True = may attend).
-    Scores and softmax in float32; returns [B, T, KVH, G, Dh] in `dtype`.
-    """
-    scale = q.shape[-1] ** -0.5
-    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32) * scale
-    scores = jnp.where(mask[:, None, None, :, :], scores, _MASK_VALUE)
-    probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
-    return jnp.einsum("bkgts,bskd->btkgd", probs, v.astype(dtype))
-
-
-def causal_blocks(t: int) -> int:
-    """How many query blocks `causal_attend` splits a length-t sequence into: the most (up to
-    16, blocks of >= 64 tokens) that divide t evenly; 1 when none does."""
-    for n in range(min(16, t // 64), 1, -1):
-        if t % n == 0:
-            return n
-    return 1
-
-
-def causal_attend(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array, dtype) -> jax.Array:
-    """Causal self-attention over one sequence (no cache), computed block by block.
-
-    q: [B, T, KVH, G, Dh]; k, v: [B, T, KVH, Dh]; key_mask: bool [B, T] (False = padding key).
-    Same result as `attend` with mask = causal & key_mask at every query that can see at least
-    one key (a fully masked query, i.e. a left-pad position, gets some finite average instead;
-    nothing reads it). Why blocks: query block i only needs keys [0, (i+1) * block), so the
-    masked upper triangle is skipped (about half the score, softmax and value work), and every
-    contraction is a plain batched [M, K] @ [K, N] matmul with heads leading, the layout CPU
-    XLA runs fastest (measured: fwd+bwd of one benchmark layer 392 ms -> 126 ms).
-    """
-    b, t, kvh, g, dh = q.shape
-    n = causal_blocks(t)
-    blk = t // n
-    qh = (q * dh ** -0.5).transpose(0, 2, 3, 1, 4)                 # [B, KVH, G, T, Dh]
-    k_t = k.transpose(0, 2, 3, 1)                                   # [B, KVH, Dh, T]
-    vh = v.transpose(0, 2, 1, 3).astype(dtype)                      # [B, KVH, T, Dh]
-    diagonal = jnp.tril(jnp.ones((blk, blk), bool))
-    outs = []
-    for i in range(n):
-        keys = (i + 1) * blk
-        qi = qh[:, :, :, i * blk:(i + 1) * blk].reshape(b, kvh, g * blk, dh)
-        scores = jnp.matmul(qi, k_t[..., :keys], preferred_element_type=jnp.float32)
-        scores = scores.reshape(b, kvh, g, blk, keys)
-        visible = jnp.concatenate([jnp.ones((blk, i * blk), bool), diagonal], axis=1)
-        visible = visible[None] & key_mask[:, None, :keys]          # [B, blk, keys]
-        scores = jnp.where(visible[:, None, None], scores, _MASK_VALUE)
-        probs = jax.nn.softmax(scores, axis=-1).astype(dtype).reshape(b, kvh, g * blk, keys)
-        outs.append(jnp.matmul(probs, vh[:, :, :keys]).reshape(b, kvh, g, blk, dh))
-    out = jnp.concatenate(outs, axis=3)
-    return out.transpose(0, 3, 1, 2, 4).astype(dtype)
-
-
 class Attention(nnx.Module):
-    def __init__(self, cfg: Qwen3Config, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: Qwen3Config, runtime: RuntimeOptions, *, rngs: nnx.Rngs):
         pd = jnp.dtype(cfg.param_dtype)
         d, h, kv, dh = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.q_proj = _param(rngs, (d, h, dh), pd, ("embed", "heads", "head_dim"))
@@ -139,7 +85,7 @@ class Attention(nnx.Module):
         self.num_kv_heads = kv
         self.groups = h // kv
         self.rope_theta = cfg.rope_theta
-        self.dtype = jnp.dtype(cfg.dtype)
+        self.dtype = jnp.dtype(runtime.dtype)
 
     def project_qkv(self, x, cos, sin, qkv_weight: jax.Array | None = None):
         """q, k, v [B, T, heads, Dh] with q/k-norm and RoPE. qkv_weight: `fused_qkv_weight()`
@@ -209,13 +155,13 @@ def dense_output_major(x: jax.Array, w: jax.Array, *, in_dims: int) -> jax.Array
 class MLP(nnx.Module):
     """SwiGLU: down(silu(gate(x)) * up(x))."""
 
-    def __init__(self, cfg: Qwen3Config, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: Qwen3Config, runtime: RuntimeOptions, *, rngs: nnx.Rngs):
         pd = jnp.dtype(cfg.param_dtype)
         d, i = cfg.hidden_size, cfg.intermediate_size
         self.gate_proj = _param(rngs, (d, i), pd, ("embed", "mlp"))
         self.up_proj = _param(rngs, (d, i), pd, ("embed", "mlp"))
         self.down_proj = _param(rngs, (i, d), pd, ("mlp", "embed"))
-        self.dtype = jnp.dtype(cfg.dtype)
+        self.dtype = jnp.dtype(runtime.dtype)
 
     def __call__(self, x: jax.Array, gate_up_weight: jax.Array | None = None,
                  down_weight: jax.Array | None = None) -> jax.Array:
@@ -243,11 +189,11 @@ class MLP(nnx.Module):
 
 
 class DecoderLayer(nnx.Module):
-    def __init__(self, cfg: Qwen3Config, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: Qwen3Config, runtime: RuntimeOptions, *, rngs: nnx.Rngs):
         pd = jnp.dtype(cfg.param_dtype)
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=pd,
                                        axis_name="norm", rngs=rngs)
-        self.self_attn = Attention(cfg, rngs=rngs)
+        self.self_attn = Attention(cfg, runtime, rngs=rngs)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=pd,
                                                 axis_name="norm", rngs=rngs)
-        self.mlp = MLP(cfg, rngs=rngs)
+        self.mlp = MLP(cfg, runtime, rngs=rngs)

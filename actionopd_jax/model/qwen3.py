@@ -12,8 +12,12 @@ from flax import nnx
 
 from actionopd_jax.model.cache import KVCache
 from actionopd_jax.model.config import Qwen3Config
-from actionopd_jax.model.attention import ATTENTION_OUT, SharedPrefix, causal_self_attention
-from actionopd_jax.model.layers import DecoderLayer, RMSNorm, _param, attend, rope_tables
+from actionopd_jax.model.attention.dispatch import causal_self_attention
+from actionopd_jax.model.attention.names import ATTENTION_OUT
+from actionopd_jax.model.attention.reference import attend
+from actionopd_jax.model.attention.shared_prefix import SharedPrefix
+from actionopd_jax.model.runtime import RuntimeOptions
+from actionopd_jax.model.layers import DecoderLayer, RMSNorm, _param, rope_tables
 from actionopd_jax.model.sharding import constrain
 
 _ACT = ("batch", "length", "act_embed")
@@ -34,15 +38,19 @@ _REMAT_POLICIES = {
 
 
 class Qwen3(nnx.Module):
-    def __init__(self, cfg: Qwen3Config, *, rngs: nnx.Rngs):
+    """cfg: the architecture; runtime: how it runs (compute dtype, remat, attention kernel,
+    scan unroll; default RuntimeOptions())."""
+
+    def __init__(self, cfg: Qwen3Config, *, runtime: RuntimeOptions | None = None, rngs: nnx.Rngs):
         self.cfg = cfg
+        self.runtime = runtime = RuntimeOptions() if runtime is None else runtime
         pd = jnp.dtype(cfg.param_dtype)
         self.embed_tokens = _param(rngs, (cfg.vocab_size, cfg.hidden_size), pd, ("vocab", "embed"))
 
         @nnx.split_rngs(splits=cfg.num_hidden_layers)
         @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
         def make_layers(r: nnx.Rngs) -> DecoderLayer:
-            return DecoderLayer(cfg, rngs=r)
+            return DecoderLayer(cfg, runtime, rngs=r)
 
         self.layers = make_layers(rngs)
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, param_dtype=pd, axis_name="norm", rngs=rngs)
@@ -66,8 +74,8 @@ class Qwen3(nnx.Module):
         shared_prefix (no cache): the rows are packed [prompt | N responses] (attention.SharedPrefix);
         positions then restart after the prompt in every response region.
         """
-        cfg = self.cfg
-        dt = jnp.dtype(cfg.dtype)
+        cfg, rt = self.cfg, self.runtime
+        dt = jnp.dtype(rt.dtype)
         b, t = tokens.shape
         if positions.shape != tokens.shape:
             raise ValueError(f"positions {positions.shape} must match tokens {tokens.shape}")
@@ -110,16 +118,16 @@ class Qwen3(nnx.Module):
 
         layer_ids = jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32)
         (h, k_all, v_all), _ = jax.lax.scan(cached_body, (h, cache.k, cache.v), (layer_state, layer_ids),
-                                            unroll=cfg.layers_per_scan_step)
+                                            unroll=rt.layers_per_scan_step(cfg.num_hidden_layers))
         new_cache = KVCache(k=k_all, v=v_all, valid=valid, index=(start + t).astype(jnp.int32))
         return self.norm(h), new_cache
 
     def prefill_kv(self, tokens: jax.Array, positions: jax.Array, attention_mask: jax.Array
                    ) -> tuple[jax.Array, jax.Array, jax.Array]:
         """(final-normed hidden [B, T, D], keys, values [L, B, T, KVH, Dh] in compute dtype) of a
-        whole prompt through the fused causal attention (`cfg.attention`): a prompt of any
+        whole prompt through the fused causal attention (`runtime.attention`): a prompt of any
         length never materialises a [T, T] score matrix (the cached forward does)."""
-        dt = jnp.dtype(self.cfg.dtype)
+        dt = jnp.dtype(self.runtime.dtype)
         h = constrain(jnp.take(self.embed_tokens[...], tokens, axis=0).astype(dt), _ACT)
         cos, sin = rope_tables(positions, self.cfg)
         graphdef, layer_state = nnx.split(self.layers)
@@ -130,21 +138,21 @@ class Qwen3(nnx.Module):
     def _causal_layers(self, h, cos, sin, attention_mask, graphdef, layer_state, *, keep_kv: bool,
                        shared_prefix: SharedPrefix | None = None):
         """The layer scan of a cache-free forward; keep_kv also returns every layer's k/v."""
-        cfg = self.cfg
-        dt = jnp.dtype(cfg.dtype)
+        cfg, rt = self.cfg, self.runtime
+        dt = jnp.dtype(rt.dtype)
 
         def body(h, one_layer):
             layer = nnx.merge(graphdef, one_layer)
             attn = layer.self_attn
             q, k, v = attn.project_qkv(layer.input_layernorm(h), cos, sin)
-            out = causal_self_attention(attn.group_queries(q), k, v, attention_mask, dt, cfg.attention,
+            out = causal_self_attention(attn.group_queries(q), k, v, attention_mask, dt, rt.attention,
                                         shared_prefix)
             kv = (constrain(k, _KV), constrain(v, _KV)) if keep_kv else None
             return self._finish_block(layer, h, out), kv
 
-        if cfg.remat != "none" and not keep_kv:
-            body = jax.checkpoint(body, policy=_REMAT_POLICIES[cfg.remat])
-        return jax.lax.scan(body, h, layer_state, unroll=cfg.layers_per_scan_step)
+        if rt.remat != "none" and not keep_kv:
+            body = jax.checkpoint(body, policy=_REMAT_POLICIES[rt.remat])
+        return jax.lax.scan(body, h, layer_state, unroll=rt.layers_per_scan_step(cfg.num_hidden_layers))
 
     @staticmethod
     def _finish_block(layer: DecoderLayer, h: jax.Array, attn_out: jax.Array) -> jax.Array:
@@ -162,8 +170,8 @@ class Qwen3(nnx.Module):
         return jnp.einsum("...d,vd->...v", hidden.astype(w.dtype), w, preferred_element_type=jnp.float32)
 
 
-def init_model(cfg: Qwen3Config, key: jax.Array, *, mesh: jax.sharding.Mesh | None = None,
-               rules=None) -> Qwen3:
+def init_model(cfg: Qwen3Config, key: jax.Array, *, runtime: RuntimeOptions | None = None,
+               mesh: jax.sharding.Mesh | None = None, rules=None) -> Qwen3:
     """Randomly initialised model built by one compiled program (fast for large shapes).
 
     With a mesh, every parameter is created directly in its sharding (no full copy on one device).
@@ -171,7 +179,7 @@ def init_model(cfg: Qwen3Config, key: jax.Array, *, mesh: jax.sharding.Mesh | No
     from actionopd_jax.model.sharding import LOGICAL_AXIS_RULES, param_shardings
 
     def make():
-        return Qwen3(cfg, rngs=nnx.Rngs(params=key))
+        return Qwen3(cfg, runtime=runtime, rngs=nnx.Rngs(params=key))
 
     graphdef, abs_state = nnx.split(nnx.eval_shape(make))
     out = None if mesh is None else param_shardings(abs_state, mesh, rules or LOGICAL_AXIS_RULES)

@@ -25,6 +25,7 @@ from safetensors.numpy import save_file
 from actionopd_jax.model.config import Qwen3Config
 from actionopd_jax.model.hf_names import TensorSpec, read_our_slice, tensor_specs, to_hf
 from actionopd_jax.model.qwen3 import Qwen3
+from actionopd_jax.model.runtime import RuntimeOptions, split_model_dict
 from actionopd_jax.model.sharding import LOGICAL_AXIS_RULES, param_shardings
 
 INDEX_NAME = "model.safetensors.index.json"
@@ -93,23 +94,30 @@ def _head_differs(files: dict[str, Path], rows: int = 8192) -> bool:
         return any(not np.array_equal(head[b], embed[b]) for b in blocks)
 
 
-def _abstract_model(cfg: Qwen3Config):
+def _abstract_model(cfg: Qwen3Config, runtime: RuntimeOptions | None = None):
     # The seed is irrelevant: eval_shape creates shapes only, no values are drawn.
-    return nnx.eval_shape(lambda: Qwen3(cfg, rngs=nnx.Rngs(0)))
+    return nnx.eval_shape(lambda: Qwen3(cfg, runtime=runtime, rngs=nnx.Rngs(0)))
 
 
 def load_hf(path, *, cfg_overrides: dict | None = None, mesh: jax.sharding.Mesh | None = None,
-            rules=None) -> tuple[Qwen3Config, Qwen3]:
+            rules=None, runtime: RuntimeOptions | None = None) -> tuple[Qwen3Config, Qwen3]:
     """Read `config.json` + safetensors from the local directory `path`.
 
     With a mesh, each parameter is created sharded per `rules` (default LOGICAL_AXIS_RULES);
     without, on the first local device.  `cfg_overrides` (e.g. param_dtype, dtype, remat)
-    replace config fields; weights are cast to the resulting param_dtype.
+    replace config fields, its execution keys (runtime.FIELDS) those of `runtime`; weights are
+    cast to the resulting param_dtype. The compute dtype, unless given, is the parameters'.
     """
     path = Path(path)
     if not path.is_dir():
         raise FileNotFoundError(f"checkpoint directory {path} does not exist")
-    cfg = Qwen3Config.from_hf_json(path, **(cfg_overrides or {}))
+    shape_over, run_over = split_model_dict(dict(cfg_overrides or {}))
+    cfg = Qwen3Config.from_hf_json(path, **shape_over)
+    if runtime is None:  # compute in the file's dtype (not an overridden param_dtype), as before the split
+        file_dtype = Qwen3Config.from_hf_json(path).param_dtype if "param_dtype" in shape_over else cfg.param_dtype
+        runtime = RuntimeOptions(**{"dtype": file_dtype, **run_over})
+    elif run_over:
+        runtime = runtime.replace(**run_over)
     files = _tensor_locations(path)
     if cfg.tie_word_embeddings and "lm_head.weight" in files and _head_differs(files):
         # transformers 5.x leaves the weights untied when the file holds a head of its own that
@@ -118,7 +126,7 @@ def load_hf(path, *, cfg_overrides: dict | None = None, mesh: jax.sharding.Mesh 
     specs = tensor_specs(cfg)
     rules = LOGICAL_AXIS_RULES if rules is None else rules
 
-    abstract = _abstract_model(cfg)
+    abstract = _abstract_model(cfg, runtime)
     graphdef, abs_state = nnx.split(abstract)
     if mesh is not None:
         shardings = param_shardings(abs_state, mesh, rules)

@@ -58,9 +58,10 @@ def _sds(shape, dtype, mesh, logical=None) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(mesh, spec))
 
 
-def abstract_model(cfg: Qwen3Config, mesh):
-    """(graphdef, abstract parameter state with the model's shardings on `mesh`)."""
-    graphdef, state = nnx.split(nnx.eval_shape(lambda: Qwen3(cfg, rngs=nnx.Rngs(0))))
+def abstract_model(cfg: Qwen3Config, mesh, runtime=None):
+    """(graphdef, abstract parameter state with the model's shardings on `mesh`); runtime: the
+    model's RuntimeOptions (None: the defaults)."""
+    graphdef, state = nnx.split(nnx.eval_shape(lambda: Qwen3(cfg, runtime=runtime, rngs=nnx.Rngs(0))))
     shardings = param_shardings(state, mesh)
     abstract = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), state, shardings)
     return graphdef, abstract
@@ -92,12 +93,12 @@ def _decode_fn(cap, head, layer_unroll=1):
 
 def compile_sampler_programs(cfg: Qwen3Config, mesh, *, prompts: int, prompt_len: int, samples: int,
                              max_new: int, cap: int = DEFAULT_CAP, head: str = "checked",
-                             span_ladder: tuple[int, ...] | None = None) -> AotPrograms:
+                             span_ladder: tuple[int, ...] | None = None, runtime=None) -> AotPrograms:
     """AOT-compile the Sampler's prefill and decode programs for one bucket on `mesh`.
     Inputs get the shardings the Sampler's host arrays would take there (rows over
     data/fsdp); decode's state takes prefill's output shardings."""
     span_ladder = Buckets().attention_spans if span_ladder is None else span_ladder
-    graphdef, params = abstract_model(cfg, mesh)
+    graphdef, params = abstract_model(cfg, mesh, runtime)
     tokens, mask, row_settings, end_ids = abstract_inputs(mesh, prompts=prompts, prompt_len=prompt_len,
                                                           samples=samples)
     with jax.set_mesh(mesh), no_persistent_cache():
@@ -116,10 +117,10 @@ def compile_sampler_programs(cfg: Qwen3Config, mesh, *, prompts: int, prompt_len
 
 
 def compile_decode(cfg: Qwen3Config, mesh, *, prompts: int, prompt_len: int, samples: int, max_new: int,
-                   cap: int = DEFAULT_CAP, head: str = "checked", layer_unroll: int = 1):
+                   cap: int = DEFAULT_CAP, head: str = "checked", layer_unroll: int = 1, runtime=None):
     """AOT-compile the Sampler's decode program alone (prefill is only traced for the state's
     shapes; the state takes decode.state_shardings). Returns (compiled, seconds)."""
-    graphdef, params = abstract_model(cfg, mesh)
+    graphdef, params = abstract_model(cfg, mesh, runtime)
     tokens, mask, row_settings, end_ids = abstract_inputs(mesh, prompts=prompts, prompt_len=prompt_len,
                                                           samples=samples)
     with jax.set_mesh(mesh), no_persistent_cache():

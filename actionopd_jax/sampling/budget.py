@@ -57,11 +57,12 @@ def parse_token_budget(value) -> int | str | None:
 SAFETY = 0.85  # fraction of the free memory a call may plan for (fragmentation, compiler slack)
 
 
-def cache_bytes_per_token(cfg) -> int:
-    """Bytes of k and v of one token over all layers, in the compute dtype."""
+def cache_bytes_per_token(cfg, dtype: str = "float32") -> int:
+    """Bytes of k and v of one token over all layers, in the compute dtype `dtype`
+    (`model.runtime.dtype`)."""
     import numpy as np
 
-    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * np.dtype(cfg.dtype).itemsize
+    return 2 * cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim * np.dtype(dtype).itemsize
 
 
 def chunk_tokens(prompt_rows: int, prompt_len: int, samples: int, max_new: int,
@@ -70,10 +71,11 @@ def chunk_tokens(prompt_rows: int, prompt_len: int, samples: int, max_new: int,
     return prefill_factor * prompt_rows * prompt_len + prompt_rows * samples * max_new
 
 
-def token_budget(cfg, free_bytes_per_chip: float, chips: int, *, safety: float = SAFETY) -> int:
+def token_budget(cfg, free_bytes_per_chip: float, chips: int, *, safety: float = SAFETY,
+                 dtype: str = "float32") -> int:
     """Cache-token equivalents that fit `free_bytes_per_chip` on each of `chips` chips (the
     cache is spread over them: KV heads over tensor, prompt rows over data/fsdp)."""
-    return max(1, int(free_bytes_per_chip * safety * chips // cache_bytes_per_token(cfg)))
+    return max(1, int(free_bytes_per_chip * safety * chips // cache_bytes_per_token(cfg, dtype)))
 
 
 def usable_limit(bytes_limit: float, platform: str) -> float:
@@ -83,7 +85,7 @@ def usable_limit(bytes_limit: float, platform: str) -> float:
     return bytes_limit if platform == "gpu" else bytes_limit * USABLE_MEMORY_FRACTION
 
 
-def default_token_budget(cfg, mesh=None, *, safety: float = SAFETY) -> int | None:
+def default_token_budget(cfg, mesh=None, *, safety: float = SAFETY, dtype: str = "float32") -> int | None:
     """The budget from what the mesh's devices (or the default device) can still allocate;
     None where the platform reports no memory limit (CPU)."""
     devices = list(mesh.devices.flat) if mesh is not None else jax.local_devices()[:1]
@@ -101,7 +103,7 @@ def default_token_budget(cfg, mesh=None, *, safety: float = SAFETY) -> int | Non
         free = left if free is None else min(free, left)
     if free is None:
         return None
-    return token_budget(cfg, free, len(devices), safety=safety)
+    return token_budget(cfg, free, len(devices), safety=safety, dtype=dtype)
 
 
 def plan_chunks(ns, prompt_lens, max_news, buckets, token_budget: int | None = None,
@@ -138,10 +140,10 @@ def plan_chunks(ns, prompt_lens, max_news, buckets, token_budget: int | None = N
     return chunks
 
 
-def describe(cfg, budget: int | None) -> str:
+def describe(cfg, budget: int | None, dtype: str = "float32") -> str:
     if budget is None:
         return "no token budget"
-    gib = budget * cache_bytes_per_token(cfg) / 2 ** 30
+    gib = budget * cache_bytes_per_token(cfg, dtype) / 2 ** 30
     return f"token budget {budget} cache tokens ({gib:.1f} GiB of KV over the mesh)"
 
 

@@ -30,10 +30,10 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from actionopd_jax.model.attention.decode import shared_prompt_blocks
 from actionopd_jax.model.layers import rope_tables
 from actionopd_jax.sampling.checked_head import CheckedHead, checked_head, choose_tokens_checked
 
-_MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite: a fully masked row stays NaN-free
 
 
 # --- LM head ---------------------------------------------------------------------------------
@@ -106,39 +106,6 @@ def generated_blocks(n_layers: int, n_prompts: int, kvh: int, samples: int, dh: 
     return gen_k, gen_v
 
 
-def _shared_prefix_attention(q, prompt_k, prompt_v, prompt_valid, gen_blocks, last_visible, dtype):
-    """Softmax attention of decode queries over [own prompt slots | own generated slots].
-
-    q: [P_rows, KVH, G, Gq, Dh] (Gq = query heads per KV head); prompt_k: [P_rows, KVH, Dh, P];
-    prompt_v: [P_rows, KVH, P, Dh]; prompt_valid: bool[P_rows, P]; gen_blocks: the generated
-    cache's blocks in slot order, pairs (keys [P_rows, KVH, G, Dh, n], values
-    [P_rows, KVH, G, n, Dh]), every slot visible except in the last block, where
-    last_visible bool[n_last] says which are. The G samples' queries of a prompt are the rows
-    of one matmul against its shared prompt cache. Scores and softmax in float32 (as the
-    model's attention). Returns [P_rows, KVH, G, Gq, Dh]. (Measured on CPU XLA: with values
-    contracted over a non-minor axis, the prompt's probs @ values ran as a generic ~1.5 ms
-    dot per layer per step.)
-    """
-    n_prompts, kvh, samples, gq, dh = q.shape
-    scale = dh ** -0.5
-    q_rows = q.reshape(n_prompts, kvh, samples * gq, dh)
-    s_prompt = jnp.einsum("pkmd,pkds->pkms", q_rows, prompt_k, preferred_element_type=jnp.float32) * scale
-    s_prompt = s_prompt.reshape(n_prompts, kvh, samples, gq, -1)
-    scores = [jnp.where(prompt_valid[:, None, None, None, :], s_prompt, _MASKED)]
-    for j, (gen_k, _) in enumerate(gen_blocks):
-        s_gen = jnp.einsum("pkghd,pkgdn->pkghn", q, gen_k, preferred_element_type=jnp.float32) * scale
-        scores.append(jnp.where(last_visible, s_gen, _MASKED) if j == len(gen_blocks) - 1 else s_gen)
-    top = functools.reduce(jnp.maximum, [s.max(-1, keepdims=True) for s in scores])
-    exps = [jnp.exp(s - top) for s in scores]
-    denom = functools.reduce(jnp.add, [e.sum(-1, keepdims=True) for e in exps])
-    probs = [(e / denom).astype(dtype) for e in exps]
-    out = jnp.einsum("pkms,pksd->pkmd", probs[0].reshape(n_prompts, kvh, samples * gq, -1),
-                     prompt_v.astype(dtype)).reshape(q.shape)
-    for p_gen, (_, gen_v) in zip(probs[1:], gen_blocks):
-        out = out + jnp.einsum("pkghn,pkgnd->pkghd", p_gen, gen_v.astype(dtype))
-    return out
-
-
 # --- decode ------------------------------------------------------------------------------------
 def decode_unrolled(model, state, rows, *, choose, record, step_keys):
     """decode.decode on the CPU backend: generate until all rows are done or the buffer is
@@ -151,7 +118,7 @@ def decode_unrolled(model, state, rows, *, choose, record, step_keys):
     bench-small). Each phase is one more copy of the loop body in the program (compile
     time), which is why accelerators run one phase over stacked layers instead."""
     cfg = model.cfg
-    dt = jnp.dtype(cfg.dtype)
+    dt = jnp.dtype(model.runtime.dtype)
     n_prompts, kvh, samples = state.gen_k[0][0].shape[:3]
     n_rows = n_prompts * samples
     max_new = state.tokens.shape[1]
@@ -189,7 +156,7 @@ def decode_unrolled(model, state, rows, *, choose, record, step_keys):
             gen_v[i][block] = jax.lax.dynamic_update_slice(bv, v.astype(bv.dtype), (0, 0, 0, slot, 0))
             qg = attn.group_queries(q)[:, 0]                                          # [R, KVH, Gq, Dh]
             qg = qg.reshape(n_prompts, samples, *qg.shape[1:]).transpose(0, 2, 1, 3, 4)
-            out = _shared_prefix_attention(qg, prompt.k[i], prompt.v[i], prompt.valid,
+            out = shared_prompt_blocks(qg, prompt.k[i], prompt.v[i], prompt.valid,
                                            list(zip(gen_k[i], gen_v[i]))[:block + 1], visible, dt)
             out = out.transpose(0, 2, 1, 3, 4).reshape(n_rows, 1, kvh, *out.shape[3:])   # [R, 1, KVH, Gq, Dh]
             h = h + attn.output(out, o_w)

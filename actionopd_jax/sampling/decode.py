@@ -4,7 +4,7 @@ Shapes are static (bucketed by the caller); everything else is traced data.
 
 Rows are laid out prompt-major: row r = prompt r // G, sample r % G (G = samples per prompt,
 bucketed). The prompt's keys/values are computed once (prefill: on the accelerator path by
-`Qwen3.prefill_kv`, the fused causal attention of `cfg.attention` -- splash on TPU, cuDNN on
+`Qwen3.prefill_kv`, the fused causal attention of `model.runtime.attention` -- splash on TPU, cuDNN on
 GPU -- which never materialises [T, T] scores, so 24,576-token prompts fit; on the CPU
 backend by the model's cached forward) and then SHARED by its G samples: decode attention reads each prompt's cache once
 for all of its samples instead of once per sample (N=4 candidates per state read a quarter of
@@ -47,14 +47,14 @@ import jax.numpy as jnp
 from flax import nnx
 
 from actionopd_jax.model import KVCache, left_pad_positions
-from actionopd_jax.model.attention import target_platform
+from actionopd_jax.model.attention.decode import shared_prompt_step
+from actionopd_jax.model.attention.dispatch import resolve, target_platform
 from actionopd_jax.model.layers import rope_tables
 from actionopd_jax.model.sharding import constrain
 import actionopd_jax.sampling.cpu_backend as cpu_backend
 from actionopd_jax.sampling.checked_head import CheckedHead
 from actionopd_jax.sampling.token_choice import choose_tokens
 
-_MASKED = -0.7 * float(jnp.finfo(jnp.float32).max)  # finite: a fully masked row stays NaN-free
 
 BACKENDS = ("auto", "accelerator", "cpu")
 
@@ -215,18 +215,16 @@ def attention_spans(max_new: int, ladder: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(int(s) for s in ladder if 0 < s < max_new) + (max_new,)
 
 
-def prefill_layout(cfg, platform: str | None = None) -> str:
+def prefill_layout(runtime, platform: str | None = None) -> str:
     """How the accelerator path lays out prompts for prefill: "left" (as the Sampler pads
     them) for splash (TPU: padding through segment ids, any layout), the XLA reference and
-    the CPU blocked path; "right" for cuDNN (GPU: `cfg.attention` "auto"/"cudnn" on a GPU
+    the CPU blocked path; "right" for cuDNN (GPU: `runtime.attention` "auto"/"cudnn" on a GPU
     target), whose flash attention takes padding as sequence lengths, so valid tokens must be
     a prefix. Decision: on GPU the prompts are right-aligned inside the prefill program (a
     per-row roll of the int32 tokens, `right_align`) rather than falling back to the
     materialising "xla" attention; decode reads the prompt cache through its validity mask
     and RoPE positions count real tokens, so either layout decodes the same."""
-    from actionopd_jax.model.attention import resolve
-
-    return "right" if resolve(cfg.attention, platform) == "cudnn" else "left"
+    return "right" if resolve(runtime.attention, platform) == "cudnn" else "left"
 
 
 def right_align(tokens: jax.Array, mask: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -253,10 +251,10 @@ def prefill(graphdef: nnx.GraphDef, params: Any, prompt_tokens: jax.Array, promp
     if backend == "accelerator":
         # the whole prompt through the model's fused causal attention (splash on TPU, cuDNN
         # on GPU): no [T, T] score matrix, so 24,576-token prompts fit (see prefill_layout)
-        if prefill_layout(cfg) == "right":
+        if prefill_layout(model.runtime) == "right":
             prompt_tokens, prompt_mask = right_align(prompt_tokens, prompt_mask)
         hidden, k, v = model.prefill_kv(prompt_tokens, left_pad_positions(prompt_mask), prompt_mask)
-        last = jnp.maximum(prompt_mask.sum(-1) - 1, 0) if prefill_layout(cfg) == "right" else None
+        last = jnp.maximum(prompt_mask.sum(-1) - 1, 0) if prefill_layout(model.runtime) == "right" else None
         hidden_last = hidden[:, -1] if last is None else jnp.take_along_axis(hidden, last[:, None, None], 1)[:, 0]
         # the first token from the model's head (a once-per-call cost) unless the rounded
         # "bfloat16" mode was asked for
@@ -268,7 +266,7 @@ def prefill(graphdef: nnx.GraphDef, params: Any, prompt_tokens: jax.Array, promp
         gen_k = constrain(jnp.zeros(gen_shape, k.dtype), _GEN_KV)
         gen_v = constrain(jnp.zeros(gen_shape, v.dtype), _GEN_KV)
     else:
-        cache = KVCache.init(cfg, n_prompts, prompt_len)
+        cache = KVCache.init(cfg, n_prompts, prompt_len, model.runtime.dtype)
         cache = cache.replace(k=constrain(cache.k, _MODEL_KV), v=constrain(cache.v, _MODEL_KV))
         hidden, cache = model(prompt_tokens, left_pad_positions(prompt_mask), attention_mask=prompt_mask, cache=cache)
         # left padding: the last position is real
@@ -292,30 +290,6 @@ def prefill(graphdef: nnx.GraphDef, params: Any, prompt_tokens: jax.Array, promp
     tok, logp = choose_tokens(jnp.repeat(logits, samples, axis=0), _step_keys(rows.keys, state.step),
                               rows.temperature, rows.top_k, rows.top_p, cap=cap, active=~state.done)
     return _record(state, tok, logp, rows, end_ids)
-
-
-def _attend_shared_prompt(q, k_new, v_new, prompt_k, prompt_v, prompt_valid, gen_k, gen_v, gen_visible, dtype):
-    """One decode step's attention for one layer over [own prompt | own generated | itself].
-
-    q [P_rows, KVH, G, Gq, Dh] (Gq = query heads per KV head); k_new/v_new [P_rows, KVH, G, Dh]:
-    the fed token's own key/value (not yet in the cache); prompt_k/v [P_rows, KVH, S, Dh],
-    shared by the G samples of a prompt (their queries are the rows of one contraction
-    against it); prompt_valid bool[P_rows, S]; gen_k/v [P_rows, KVH, G, N, Dh] with
-    gen_visible bool[N] (the slots written by earlier steps). Scores and softmax in float32
-    (as the model's attention). Returns [P_rows, KVH, G, Gq, Dh] in `dtype`."""
-    scale = q.shape[-1] ** -0.5
-    f32 = jnp.float32
-    s_prompt = jnp.einsum("pkghd,pksd->pkghs", q, prompt_k.astype(dtype), preferred_element_type=f32) * scale
-    s_prompt = jnp.where(prompt_valid[:, None, None, None, :], s_prompt, _MASKED)
-    s_gen = jnp.einsum("pkghd,pkgnd->pkghn", q, gen_k.astype(dtype), preferred_element_type=f32) * scale
-    s_gen = jnp.where(gen_visible, s_gen, _MASKED)
-    s_self = jnp.einsum("pkghd,pkgd->pkgh", q, k_new.astype(dtype), preferred_element_type=f32)[..., None] * scale
-    top = jnp.maximum(jnp.maximum(s_prompt.max(-1, keepdims=True), s_gen.max(-1, keepdims=True)), s_self)
-    e_prompt, e_gen, e_self = jnp.exp(s_prompt - top), jnp.exp(s_gen - top), jnp.exp(s_self - top)
-    denom = e_prompt.sum(-1, keepdims=True) + e_gen.sum(-1, keepdims=True) + e_self
-    out = jnp.einsum("pkghs,pksd->pkghd", (e_prompt / denom).astype(dtype), prompt_v.astype(dtype))
-    out = out + jnp.einsum("pkghn,pkgnd->pkghd", (e_gen / denom).astype(dtype), gen_v.astype(dtype))
-    return out + (e_self / denom).astype(dtype) * v_new.astype(dtype)[:, :, :, None, :]
 
 
 def decode(graphdef: nnx.GraphDef, params: Any, state: DecodeState, rows: RowSettings,
@@ -343,7 +317,7 @@ def decode(graphdef: nnx.GraphDef, params: Any, state: DecodeState, rows: RowSet
         return cpu_backend.decode_unrolled(model, state, rows, choose=choose, record=record, step_keys=_step_keys)
 
     cfg = model.cfg
-    dt = jnp.dtype(cfg.dtype)
+    dt = jnp.dtype(model.runtime.dtype)
     n_layers, n_prompts, kvh, samples, max_new, dh = state.gen_k.shape
     n_rows = n_prompts * samples
     layer_def, layer_state = nnx.split(model.layers)
@@ -365,7 +339,7 @@ def decode(graphdef: nnx.GraphDef, params: Any, state: DecodeState, rows: RowSet
             q = attn.group_queries(q)[:, 0].reshape(n_prompts, samples, kvh, -1, dh).transpose(0, 2, 1, 3, 4)
             k = k[:, 0].reshape(n_prompts, samples, kvh, dh).transpose(0, 2, 1, 3)
             v = v[:, 0].reshape(n_prompts, samples, kvh, dh).transpose(0, 2, 1, 3)
-            out = _attend_shared_prompt(q, k, v, prompt_k, prompt_v, prompt.valid, gen_k, gen_v, gen_visible, dt)
+            out = shared_prompt_step(q, k, v, prompt_k, prompt_v, prompt.valid, gen_k, gen_v, gen_visible, dt)
             h = h + attn.output(out.transpose(0, 2, 1, 3, 4).reshape(n_rows, 1, kvh, -1, dh))
             h = h + layer.mlp(layer.post_attention_layernorm(h))
             return constrain(h, ("batch", "length", "act_embed")), (k, v)

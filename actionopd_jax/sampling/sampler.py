@@ -316,7 +316,8 @@ class Sampler:
             return self.token_budget
         if self.backend == "cpu":
             return None
-        return budget_lib.default_token_budget(self.cfg, self.mesh)
+        dtype = self.model.runtime.dtype if self.model is not None else "float32"  # the cache's dtype
+        return budget_lib.default_token_budget(self.cfg, self.mesh, dtype=dtype)
 
     def _run_chunk(self, chunk, prompts, settings, prompt_keys, result: SampleResult) -> None:
         b = self.buckets

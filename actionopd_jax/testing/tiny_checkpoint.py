@@ -19,12 +19,13 @@ TINY_DEFAULTS = dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_
 
 
 def tiny_config(**overrides) -> Qwen3Config:
-    """Our config with the tiny defaults above (overrides win); `dtype` sets param and compute dtype."""
+    """Our config with the tiny defaults above (overrides win); `dtype` sets the parameter dtype
+    (the compute dtype is the model's RuntimeOptions)."""
     kw = dict(TINY_DEFAULTS)
     dtype = overrides.pop("dtype", None)
     kw.update(overrides)
     if dtype is not None:
-        kw.update(param_dtype=dtype, dtype=dtype)
+        kw.update(param_dtype=dtype)
     return Qwen3Config(**kw)
 
 

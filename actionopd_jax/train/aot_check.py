@@ -68,13 +68,13 @@ def model_flops(qcfg: Qwen3Config, rows: int, seq_len: int, resp_len: int,
     return rows * (seq_len * 6 * n + attention + resp_len * 6 * d * v)
 
 
-def attention_kernel_flops(qcfg: Qwen3Config, rows: int, seq_len: int, layout: SharedPrefix | None = None
-                           ) -> float:
+def attention_kernel_flops(qcfg: Qwen3Config, rows: int, seq_len: int, layout: SharedPrefix | None = None,
+                           remat: str = "none") -> float:
     """Hardware FLOPs of the attention kernel in one train step: forward (2 matmuls), backward
     (5 matmuls with the fused dq/dkv kernel), and the forward again under full remat."""
     L, h, dh = qcfg.num_hidden_layers, qcfg.num_attention_heads, qcfg.head_dim
     one_matmul = rows * L * h * dh * 2 * attention_pairs(seq_len, layout)
-    recompute = 2 if qcfg.remat in ("full", "dots") else 0
+    recompute = 2 if remat in ("full", "dots") else 0
     return one_matmul * (2 + 5 + recompute)
 
 
@@ -88,10 +88,10 @@ def _abstract_batch(step, rows: int, seq_len: int, resp_len: int) -> dict:
 
 
 def _compile_step(cfg: Config, qcfg: Qwen3Config, mesh, rows: int, seq_len: int, resp_len: int,
-                  label: str) -> CompileReport:
+                  label: str, runtime=None) -> CompileReport:
     from actionopd_jax.train.setup import build_train_step
 
-    step = build_train_step(cfg, qcfg, mesh)
+    step = build_train_step(cfg, qcfg, mesh, runtime)
     args = (step.abstract_state(), _abstract_batch(step, rows, seq_len, resp_len))
     return compile_for(step._update, args, label=label, mesh=mesh)
 
@@ -117,15 +117,18 @@ def estimate_step(cfg: Config, qcfg: Qwen3Config, target: Target, seq_len: int, 
         label = f"{rows} x {seq_len:,} ({prompt:,} + {n} x {region:,})"
     else:
         resp_len = min(region, seq_len - 1)
-    impl = resolve(qcfg.attention, target.platform)
+    impl = resolve(cfg.model.attention, target.platform)
     est = StepEstimate(rows=rows, seq_len=seq_len, resp_len=resp_len, attention=impl,
                        real=_compile_step(cfg, qcfg, mesh, rows, seq_len, resp_len, label))
     est.model_flops_per_chip = model_flops(qcfg, rows, seq_len, resp_len, layout) / target.chips
     if not (cost and est.real.ok):
         return est
     # per-layer cost from 1- and 2-layer unrolled twins of the same program
-    twins = [_compile_step(cfg, qcfg.replace(num_hidden_layers=n, scan_unroll=0), mesh, rows, seq_len,
-                           resp_len, f"{n} layer(s)") for n in (1, 2)]
+    from actionopd_jax.train.setup import runtime_options
+
+    unrolled = runtime_options(cfg).replace(scan_unroll=0)
+    twins = [_compile_step(cfg, qcfg.replace(num_hidden_layers=n), mesh, rows, seq_len,
+                           resp_len, f"{n} layer(s)", unrolled) for n in (1, 2)]
     if not all(t.ok for t in twins):
         est.cost_note = "cost twins did not compile: " + "; ".join(t.error for t in twins if not t.ok)
         return est
@@ -136,7 +139,7 @@ def estimate_step(cfg: Config, qcfg: Qwen3Config, target: Target, seq_len: int, 
     est.seconds = twins[0].optimal_seconds + (L - 1) * per_layer_s
     if impl == "splash":
         # the compiler sees the Pallas kernel as an opaque call: add its FLOPs at peak rate
-        est.kernel_flops_per_chip = attention_kernel_flops(qcfg, rows, seq_len, layout) / target.chips
+        est.kernel_flops_per_chip = attention_kernel_flops(qcfg, rows, seq_len, layout, cfg.model.remat) / target.chips
         est.flops_per_chip += est.kernel_flops_per_chip
         est.seconds += est.kernel_flops_per_chip / target.peak_bf16_flops
         est.cost_note = ("splash attention is a Pallas kernel the cost model cannot see: its analytic FLOPs "
@@ -169,7 +172,7 @@ def format_estimates(cfg: Config, qcfg: Qwen3Config, target: Target, estimates: 
             f"{target.peak_bf16_flops / 1e12:.0f} TFLOP/s bf16 each), compiled on this host by the "
             f"{target.platform.upper()} compiler\n"
             f"model {qcfg.num_hidden_layers} layers x {qcfg.hidden_size}, params {qcfg.param_dtype}, compute "
-            f"{qcfg.dtype}, remat {qcfg.remat}; mesh {mesh_sizes}; one microbatch per program\n")
+            f"{cfg.model.dtype}, remat {cfg.model.remat}; mesh {mesh_sizes}; one microbatch per program\n")
     cols = ("rows x tokens", "attention", "result", "args", "temps", "host", "peak/chip", "HBM free",
             "TFLOP/chip", "est. s", "MFU", "compile s")
     lines = [" | ".join(cols), " | ".join("---" for _ in cols)]

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from actionopd_jax.config import Config
 from actionopd_jax.model import Qwen3Config, count_params
+from actionopd_jax.model.attention import FUSED as FUSED_ATTENTION
 
 _BYTES = {"float32": 4, "bfloat16": 2}
 GIB = 1024**3
@@ -40,9 +41,6 @@ class MemoryEstimate:
         return 1.10 * (self.params + self.grads + self.optimizer + self.activations + self.logits)
 
 
-FUSED_ATTENTION = ("splash", "cudnn")
-
-
 def estimate_memory(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], attention: str = "cpu"
                     ) -> MemoryEstimate:
     """Bytes per device for one update of `cfg` on a mesh {"data", "fsdp", "tensor"};
@@ -50,7 +48,7 @@ def estimate_memory(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], attent
     n = count_params(qcfg)["total"]
     tp = mesh.get("tensor", 1)
     shards = mesh.get("fsdp", 1) * tp
-    pbytes, abytes = _BYTES[qcfg.param_dtype], _BYTES[qcfg.dtype]
+    pbytes, abytes = _BYTES[qcfg.param_dtype], _BYTES[cfg.model.dtype]
     params = n * pbytes / shards
     # f32 accumulator carried through the microbatch scan + one microbatch's gradient
     grads = n * (4 + pbytes) / shards
@@ -73,12 +71,12 @@ def estimate_memory(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], attent
     scores_peak = score_elems * (4 + 4 + abytes + abytes + 4)
     if attention in FUSED_ATTENTION:  # flash kernels: output and log-sum-exp, never the scores
         score_elems, scores_peak = 0, rows * (h / tp) * seq * (dh * abytes + 4)
-    if qcfg.remat == "full":  # only layer inputs are kept; one layer is recomputed at a time
+    if cfg.model.remat == "full":  # only layer inputs are kept; one layer is recomputed at a time
         activations = layers * tokens * d * abytes + 2 * tokens * per_token_layer + scores_peak
-    elif qcfg.remat in ("attn", "offload"):  # layer inputs + attention residuals (host if offload)
-        kept = 0 if qcfg.remat == "offload" else layers * tokens * (h / tp) * (dh * abytes + 4)
+    elif cfg.model.remat in ("attn", "offload"):  # layer inputs + attention residuals (host if offload)
+        kept = 0 if cfg.model.remat == "offload" else layers * tokens * (h / tp) * (dh * abytes + 4)
         activations = layers * tokens * d * abytes + kept + 2 * tokens * per_token_layer + scores_peak
-    elif qcfg.remat == "dots":  # matmul outputs kept, attention/elementwise recomputed
+    elif cfg.model.remat == "dots":  # matmul outputs kept, attention/elementwise recomputed
         activations = layers * tokens * per_token_layer + scores_peak
     else:  # everything kept, including every layer's attention probabilities
         activations = layers * (tokens * per_token_layer + score_elems * abytes) + scores_peak
@@ -121,12 +119,13 @@ def estimate_collection(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *,
     prompt = Buckets.fit(min(c.max_prompt_tokens, cfg.train.max_seq_len), b.prompt_len, "prompt_len")
     state = sb.chunk_tokens(1, prompt, Buckets.fit(c.num_candidates, b.samples, "samples"),
                             Buckets.fit(c.max_response_tokens, b.max_new, "max_new"))
-    per_token = sb.cache_bytes_per_token(qcfg) / chips_per_host  # KV heads over the host's chips
+    per_token = sb.cache_bytes_per_token(qcfg, cfg.model.dtype) / chips_per_host  # KV heads over the host's chips
     setting = sb.parse_token_budget(c.sampler_token_budget)
     if isinstance(setting, int):
         budget = setting
     elif setting == "auto" and usable_bytes is not None and platform != "cpu":
-        budget = sb.token_budget(qcfg, max(0.0, usable_bytes - resident - rollout), chips_per_host)
+        budget = sb.token_budget(qcfg, max(0.0, usable_bytes - resident - rollout), chips_per_host,
+                                dtype=cfg.model.dtype)
     else:
         budget = None
     if budget is None:
@@ -146,7 +145,7 @@ def describe(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *, device_mem
     from actionopd_jax.model.attention import resolve
 
     counts = count_params(qcfg)
-    attention = resolve(qcfg.attention, platform)
+    attention = resolve(cfg.model.attention, platform)
     est = estimate_memory(cfg, qcfg, mesh, attention)
     usable = device_memory_gb * usable_fraction * GIB if device_memory_gb else None
     coll = None
@@ -159,8 +158,8 @@ def describe(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *, device_mem
     lines = [
         f"model      {cfg.model.hf_path or cfg.model.preset}: {counts['total'] / 1e9:.3f} B parameters "
         f"({counts['embedding'] / 1e9:.3f} B embedding), {qcfg.num_hidden_layers} layers, "
-        f"params {qcfg.param_dtype}, compute {qcfg.dtype}, remat {qcfg.remat}, attention {attention} "
-        f"({qcfg.attention} on {platform})",
+        f"params {qcfg.param_dtype}, compute {cfg.model.dtype}, remat {cfg.model.remat}, attention {attention} "
+        f"({cfg.model.attention} on {platform})",
         f"mesh       {mesh} = {n_dev} device(s){' of ' + device_kind if device_kind else ''}",
         f"loss       {t.loss}: clip {t.clip_eps}, dual clip {t.dual_clip}, rollout T={c.temperature}, "
         f"old logprobs: {t.old_logprobs}",
@@ -215,7 +214,7 @@ def describe(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *, device_mem
                          "or collect.max_response_tokens, or put more chips on a host")
         if not fits:
             hints = []
-            if qcfg.remat == "none":
+            if cfg.model.remat == "none":
                 hints.append("model.remat=full")
             if est.logits > 0.2 * est.total and t.logits_chunk == 0 and t.vocab_chunk == 0:
                 hints.append("train.vocab_chunk=8192")

@@ -10,6 +10,7 @@ from flax import nnx
 
 from actionopd_jax.config import Config, ConfigError
 from actionopd_jax.model import PRESETS, Qwen3, Qwen3Config, make_mesh, param_shardings
+from actionopd_jax.model.runtime import RuntimeOptions
 from actionopd_jax.train.preflight import check_mesh_covers_processes, mesh_sizes
 from actionopd_jax.train.step import StepSettings, TrainStep, make_optimizer, split_params
 
@@ -17,11 +18,10 @@ log = logging.getLogger(__name__)
 
 
 def model_config(cfg: Config, saved_hf_dict: dict | None = None) -> Qwen3Config:
-    """The student's Qwen3Config: from a checkpoint's record, the HF config.json, or a preset,
-    with the run's dtype / remat choices applied."""
+    """The student's Qwen3Config (its shape and parameter dtype): from a checkpoint's record,
+    the HF config.json, or a preset. How it runs is `runtime_options(cfg)`."""
     m = cfg.model
-    over = dict(dtype=m.dtype, param_dtype=m.param_dtype, remat=m.remat, scan_unroll=m.scan_unroll,
-                attention=m.attention)
+    over = dict(param_dtype=m.param_dtype)
     if saved_hf_dict is not None:
         return Qwen3Config.from_hf_dict(saved_hf_dict, **over)
     if m.hf_path:
@@ -30,6 +30,11 @@ def model_config(cfg: Config, saved_hf_dict: dict | None = None) -> Qwen3Config:
         raise ConfigError(f"model.preset={m.preset!r} is not a known preset; choose one of "
                           f"{sorted(PRESETS)} or set model.hf_path")
     return PRESETS[m.preset].replace(**over)
+
+
+def runtime_options(cfg: Config) -> RuntimeOptions:
+    """The student's execution settings: model.dtype / remat / attention / scan_unroll."""
+    return RuntimeOptions.from_section(cfg.model)
 
 
 def mesh_shape(cfg: Config, device_count: int) -> dict[str, int]:
@@ -53,9 +58,9 @@ def build_mesh(cfg: Config):
     return make_mesh(shape)
 
 
-def abstract_model(qcfg: Qwen3Config):
+def abstract_model(qcfg: Qwen3Config, runtime: RuntimeOptions | None = None):
     """(graphdef, abstract pure-dict params) without allocating anything."""
-    return split_params(nnx.eval_shape(lambda: Qwen3(qcfg, rngs=nnx.Rngs(0))))
+    return split_params(nnx.eval_shape(lambda: Qwen3(qcfg, runtime=runtime, rngs=nnx.Rngs(0))))
 
 
 def initial_params(cfg: Config, qcfg: Qwen3Config, mesh) -> dict:
@@ -64,9 +69,8 @@ def initial_params(cfg: Config, qcfg: Qwen3Config, mesh) -> dict:
     if cfg.model.hf_path:
         from actionopd_jax.model.weights import load_hf
 
-        _, model = load_hf(cfg.model.hf_path, cfg_overrides=dict(
-            dtype=qcfg.dtype, param_dtype=qcfg.param_dtype, remat=qcfg.remat, scan_unroll=qcfg.scan_unroll,
-            attention=qcfg.attention), mesh=mesh)
+        _, model = load_hf(cfg.model.hf_path, cfg_overrides=dict(param_dtype=qcfg.param_dtype),
+                           runtime=runtime_options(cfg), mesh=mesh)
         return split_params(model)[1]
     abstract = nnx.eval_shape(lambda: Qwen3(qcfg, rngs=nnx.Rngs(0)))
     shardings = nnx.to_pure_dict(param_shardings(nnx.state(abstract, nnx.Param), mesh))
@@ -98,16 +102,13 @@ def check_attention(cfg: Config, qcfg: Qwen3Config, platform: str) -> None:
     from actionopd_jax.model.attention import resolve
 
     try:
-        impl = resolve(qcfg.attention, platform)
+        resolve(cfg.model.attention, platform, shared_prompt=cfg.train.shared_prompt)
     except ValueError as e:
         raise ConfigError(f"model.attention: {e}") from None
-    if cfg.train.shared_prompt and impl == "cudnn":
-        raise ConfigError("train.shared_prompt needs an attention kernel with arbitrary masks (splash on TPU, "
-                          "xla); cuDNN flash attention takes causal + padding only: set train.shared_prompt=false "
-                          "or model.attention=xla on GPU")
 
 
-def build_train_step(cfg: Config, qcfg: Qwen3Config, mesh) -> TrainStep:
+def build_train_step(cfg: Config, qcfg: Qwen3Config, mesh, runtime: RuntimeOptions | None = None) -> TrainStep:
+    """runtime: the model's execution settings (None: the run's, `runtime_options(cfg)`)."""
     check_attention(cfg, qcfg, mesh.devices.flat[0].platform)
-    graphdef, abstract = abstract_model(qcfg)
+    graphdef, abstract = abstract_model(qcfg, runtime_options(cfg) if runtime is None else runtime)
     return TrainStep(graphdef, abstract, mesh, optimizer(cfg), step_settings(cfg))

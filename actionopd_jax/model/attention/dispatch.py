@@ -1,0 +1,86 @@
+"""The one attention switch: the list of implementations, the refusals (`resolve`), and the
+call that runs the chosen kernel (`causal_self_attention`)."""
+
+from __future__ import annotations
+
+import jax
+from jax.ad_checkpoint import checkpoint_name
+
+from actionopd_jax.model.attention.cpu import causal_attend
+from actionopd_jax.model.attention.cudnn import cudnn_attention
+from actionopd_jax.model.attention.names import ATTENTION_OUT
+from actionopd_jax.model.attention.shared_prefix import SharedPrefix, shared_prefix_reference
+from actionopd_jax.model.attention.splash import splash_attention
+from actionopd_jax.model.attention.xla import xla_attention
+
+IMPLEMENTATIONS = ("auto", "splash", "cudnn", "xla", "cpu")
+# kernels that keep only (output, log-sum-exp) for the backward, never the [T, T] scores
+FUSED = ("splash", "cudnn")
+_AUTO = {"tpu": "splash", "gpu": "cudnn", "cuda": "cudnn", "rocm": "xla", "cpu": "cpu"}
+_GPU = ("gpu", "cuda")
+_SPLASH_PLATFORMS = ("tpu", "cpu")  # cpu: Pallas interpret mode, for tests
+
+
+def target_platform(mesh=None) -> str:
+    """Platform of the devices the program is traced for: `mesh`'s (else the ambient one's,
+    `jax.set_mesh`), else the default backend (a CPU host compiling for a TPU mesh answers
+    "tpu")."""
+    mesh = abstract_mesh(mesh)
+    if not mesh.empty:
+        return mesh.abstract_device.platform
+    return jax.default_backend()
+
+
+def abstract_mesh(mesh=None):
+    """`mesh` as an abstract mesh; None: the ambient one (`jax.set_mesh`, empty outside it)."""
+    if mesh is None:
+        return jax.sharding.get_abstract_mesh()
+    return mesh.abstract_mesh if isinstance(mesh, jax.sharding.Mesh) else mesh
+
+
+def resolve(impl: str, platform: str | None = None, *, shared_prefix: SharedPrefix | None = None,
+            seq_len: int | None = None, shared_prompt: bool = False) -> str:
+    """The concrete implementation "auto" (or an explicit choice) means on `platform`; every
+    refusal of an attention setting is here. shared_prefix / seq_len: the layout and length of
+    the rows to run (the layout must cover them exactly); shared_prompt: the rows will be packed
+    shared-prefix (a config check, before any layout exists)."""
+    if impl not in IMPLEMENTATIONS:
+        raise ValueError(f"attention={impl!r}; expected one of {IMPLEMENTATIONS}")
+    platform = platform or target_platform()
+    if impl == "auto":
+        impl = _AUTO.get(platform, "xla")
+    elif impl == "cudnn" and platform not in _GPU:
+        raise ValueError(f"attention='cudnn' needs an NVIDIA GPU; this program targets {platform!r} "
+                         "(use 'auto', 'xla', or 'splash' on TPU)")
+    elif impl == "splash" and platform not in _SPLASH_PLATFORMS:
+        raise ValueError(f"attention='splash' is a TPU kernel (CPU runs it interpreted, for tests); "
+                         f"this program targets {platform!r}")
+    if shared_prefix is not None and seq_len is not None and shared_prefix.length != seq_len:
+        raise ValueError(f"shared-prefix layout of {shared_prefix.length} tokens for rows of {seq_len}")
+    if (shared_prefix is not None or shared_prompt) and impl == "cudnn":
+        raise ValueError("shared-prefix rows need a kernel with arbitrary masks: splash (TPU) or xla; "
+                         "cuDNN flash attention takes causal + padding only (set train.shared_prompt=false)")
+    return impl
+
+
+def causal_self_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: jax.Array, dtype,
+                          impl: str = "auto", shared_prefix: SharedPrefix | None = None, *,
+                          mesh=None) -> jax.Array:
+    """Causal attention with padding keys excluded; see the package docstring for shapes.
+    shared_prefix: the rows are packed that way (T == shared_prefix.length). mesh: the mesh the
+    program is traced for (abstract or concrete); None: the ambient one (`jax.set_mesh`)."""
+    mesh = abstract_mesh(mesh)
+    platform = target_platform(mesh)
+    impl = resolve(impl, platform, shared_prefix=shared_prefix, seq_len=q.shape[1])
+    if impl == "splash":
+        return splash_attention(q, k, v, key_mask, dtype, mesh=mesh, interpret=platform == "cpu",
+                                layout=shared_prefix)
+    if shared_prefix is not None:
+        out = shared_prefix_reference(q, k, v, key_mask, dtype, shared_prefix)
+    elif impl == "cpu":
+        out = causal_attend(q, k, v, key_mask, dtype)
+    elif impl == "cudnn":
+        out = cudnn_attention(q, k, v, key_mask, dtype)
+    else:
+        out = xla_attention(q, k, v, key_mask, dtype)
+    return checkpoint_name(out, ATTENTION_OUT)
