@@ -20,7 +20,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from actionopd_jax.train.run_model import load_model
+from actionopd_jax.checkpoint.run import load_model
 
 DATA = Path(__file__).parent / "data" / "pre_restructure_run"
 
