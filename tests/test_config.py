@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from actionopd_jax.config import (Config, ConfigError, experiment_changes, flatten, load_config, parse_override)
-from actionopd_jax.train import cli as train_cli
+from actionopd_jax.commands import train as train_cli
 
 CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 SHIPPED = sorted(p.name for p in CONFIGS.glob("*.yaml"))

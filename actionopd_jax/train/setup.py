@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import logging
 import math
+from pathlib import Path
 
 import jax
 from flax import nnx
 
 from actionopd_jax.config import Config, ConfigError
 from actionopd_jax.model import PRESETS, Qwen3, Qwen3Config, make_mesh, param_shardings
-from actionopd_jax.train.preflight import check_mesh_covers_processes, mesh_sizes
+from actionopd_jax.train.preflight import check_attention, check_mesh_covers_processes, mesh_sizes
 from actionopd_jax.train.step import StepSettings, TrainStep, make_optimizer, split_params
 
 log = logging.getLogger(__name__)
@@ -93,21 +94,16 @@ def optimizer(cfg: Config):
                           eps=t.adam_eps, grad_clip=t.grad_clip, warmup_steps=t.warmup_steps)
 
 
-def check_attention(cfg: Config, qcfg: Qwen3Config, platform: str) -> None:
-    """Refuse combinations the platform's attention kernel cannot run, before any compile."""
-    from actionopd_jax.model.attention import resolve
-
-    try:
-        impl = resolve(qcfg.attention, platform)
-    except ValueError as e:
-        raise ConfigError(f"model.attention: {e}") from None
-    if cfg.train.shared_prompt and impl == "cudnn":
-        raise ConfigError("train.shared_prompt needs an attention kernel with arbitrary masks (splash on TPU, "
-                          "xla); cuDNN flash attention takes causal + padding only: set train.shared_prompt=false "
-                          "or model.attention=xla on GPU")
-
-
 def build_train_step(cfg: Config, qcfg: Qwen3Config, mesh) -> TrainStep:
     check_attention(cfg, qcfg, mesh.devices.flat[0].platform)
     graphdef, abstract = abstract_model(qcfg)
     return TrainStep(graphdef, abstract, mesh, optimizer(cfg), step_settings(cfg))
+
+
+def plan_model_config(cfg: Config, notes: list[str]):
+    """(cfg, Qwen3Config) for a plan: without the checkpoint on this machine, the preset has
+    the same shapes (noted)."""
+    if cfg.model.hf_path and not (Path(cfg.model.hf_path) / "config.json").is_file():
+        notes.append(f"note: {cfg.model.hf_path}/config.json not found; planned with preset {cfg.model.preset!r}")
+        cfg = cfg.replace(**{"model.hf_path": ""})
+    return cfg, model_config(cfg)
