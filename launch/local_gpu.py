@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Thin wrapper: `python launch/local_gpu.py --help`; the logic is in actionopd_jax/launch/local_gpu.py."""
+"""Entry point: `python launch/local_gpu.py --help`. The logic is in actionopd_jax/launch/local_gpu.py (installed with
+the package, importable by tests); this script only makes a plain checkout runnable."""
 
 import sys
 from pathlib import Path

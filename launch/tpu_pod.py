@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Thin wrapper: `python launch/tpu_pod.py --help`; the logic is in actionopd_jax/launch/tpu_pod.py."""
+"""Entry point: `python launch/tpu_pod.py --help`. The logic is in actionopd_jax/launch/tpu_pod.py (installed with
+the package, importable by tests); this script only makes a plain checkout runnable."""
 
 import sys
 from pathlib import Path

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""Thin wrapper: `python launch/vertex.py --help`; the logic is in actionopd_jax/launch/vertex.py."""
+"""Entry point: `python launch/vertex.py --help`. The logic is in actionopd_jax/launch/vertex.py (installed with
+the package, importable by tests); this script only makes a plain checkout runnable."""
 
 import sys
 from pathlib import Path

@@ -4,6 +4,7 @@ tool call (tests/_serve_fixtures.py) is the starting point of a few trainer step
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from actionopd_jax.config import Config
@@ -11,6 +12,7 @@ from actionopd_jax.config.load import replace_keys
 from actionopd_jax.model.weights import save_hf
 from actionopd_jax.testing.tiny_checkpoint import tiny_config
 from actionopd_jax.train.loop import Trainer
+from actionopd_jax.train.sources import synthetic_source
 from tests._serve_fixtures import trained_model
 
 # room for the first BFCL base task's episode (RoPE has no learned positions, so the fitted
@@ -43,7 +45,7 @@ def build_run(tmp: Path, *, steps: int = 2) -> dict[str, Path]:
         "model.tokenizer": str(tmp / "tokenizer"), "train.steps": steps, "train.lr": 1e-5,
         "collect.synthetic.groups_per_step": 3, "run.progress": False, "run.tensorboard": False})
     run = tmp / "run"
-    trainer = Trainer(cfg, run_dir=run)
+    trainer = Trainer(cfg, run_dir=run, source=functools.partial(synthetic_source, cfg))
     try:
         assert trainer.run() == 0
         assert dict(trainer.mesh.shape) == {"data": 2, "fsdp": 2, "tensor": 2}

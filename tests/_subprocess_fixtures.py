@@ -1,4 +1,4 @@
-"""The environment for tests that run `python -m actionopd_jax.cli ...` in a child process."""
+"""The environment for tests that run `python -m actionopd_jax.commands ...` in a child process."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("libtpu", reason="libtpu (the tpu/test extra) compiles for TPU topologies")
 
-from actionopd_jax.train import cli  # noqa: E402
+from actionopd_jax.commands import train as cli  # noqa: E402
 
 RECIPE = "configs/paper/qwen3_4b_tpu.yaml"
 TINY = ["model.preset=tiny", "model.hf_path=", "collect.max_response_tokens=128", "train.shared_prompt=false"]

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from actionopd_jax.baselines.kd import (KDExample, KDGroupSource, kd_examples, kd_train, load_trajectories,
+from actionopd_jax.baselines.kd import (KDExample, KDGroupSource, kd_examples, load_trajectories, run_kd,
                                         teacher_trajectories)
 from actionopd_jax.chat import build_tiny_tokenizer, load_tokenizer, render_ids, render_text
 from actionopd_jax.envs.registry import make_environment
@@ -122,8 +122,8 @@ def toy_examples(tok):
 def test_kd_trains_through_the_trainer_only_target_tokens_carry_loss(tok, tok_dir, toy_examples, tmp_path):
     assert len(toy_examples) == 8  # 4 toy episodes x (tool call + answer)
     cfg = tiny_run_config(tok_dir, "model.init_seed=3", "train.lr=3e-3")
-    result = kd_train(cfg, toy_examples, run_dir=tmp_path / "kd", steps=3, examples_per_step=8,
-                      export_hf=tmp_path / "hf", tokenizer_dir=tok_dir)
+    result = run_kd(cfg, toy_examples, run_dir=tmp_path / "kd", steps=3, examples_per_step=8,
+                    export_hf=tmp_path / "hf", tokenizer_dir=tok_dir)
     losses = result.losses
     assert len(losses) == 3 and losses[0] > losses[1] > losses[2], losses
     # step 0's loss is the mean NLL over target tokens only, computed by a direct forward of
@@ -147,7 +147,7 @@ def test_kd_trains_through_the_trainer_only_target_tokens_carry_loss(tok, tok_di
 @pytest.mark.slow
 def test_kd_through_actionopd_train_cli(tok_dir, tmp_path):
     """`actionopd train collect.kind=kd train.loss=kd kd.trajectories=FILE` runs and checkpoints."""
-    from actionopd_jax.train import cli
+    from actionopd_jax.commands import train as cli
 
     with OpenAIServer(toy_teacher_backend()) as srv:
         toy_trajectories(srv.base_url, toy_tasks(2), out_jsonl=tmp_path / "traj.jsonl")

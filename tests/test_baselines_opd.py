@@ -111,7 +111,7 @@ def test_local_and_endpoint_scorers_give_the_teachers_logprobs_at_the_students_t
     with pytest.raises(ConfigError, match="teacher.kind must be local or openai"):
         scorer_from_config(replace_keys(cfg, **{"teacher.kind": "none"}), ctx)
     # `actionopd train collect.kind=opd ...` builds this source through the trainer's factory
-    from actionopd_jax.train.sources import build_source
+    from actionopd_jax.baselines.wiring import build_source
 
     cli_cfg = replace_keys(cfg, **{"env.name": "bfcl", "env.domains": ["base"], "env.allow_eval_overlap": True,
                                    "collect.task_starts_per_step": 1,

@@ -9,6 +9,7 @@ import pytest
 from actionopd_jax.baselines.kd import kd_examples
 from actionopd_jax.baselines.self_opd import (GUIDANCE, TEACHER_EXTRA_TOKENS, SelfActionOPDGroupSource,
                                               privileged_context)
+from actionopd_jax.baselines.wiring import build_source
 from actionopd_jax.chat import build_tiny_tokenizer, load_tokenizer
 from actionopd_jax.config.load import replace_keys
 from actionopd_jax.eval.tasks import select_tasks
@@ -18,7 +19,7 @@ from actionopd_jax.sampling import Buckets
 from actionopd_jax.serve.openai_http import OpenAIServer
 from actionopd_jax.train.loop import Trainer
 from actionopd_jax.train.setup import build_mesh, model_config
-from actionopd_jax.train.sources import SourceContext, build_source
+from actionopd_jax.train.sources import SourceContext
 from actionopd_jax.types import Task
 from tests._baselines_fixtures import (fit_student, tiny_run_config, toy_env_factory, toy_tasks, toy_teacher_backend,
                                        toy_trajectories)

@@ -13,7 +13,7 @@ from actionopd_jax.aot.targets import USABLE_MEMORY_FRACTION
 from actionopd_jax.config import ConfigError
 from actionopd_jax.config.load import load_config
 from actionopd_jax.launch.common import GPU_ENV_DEFAULTS
-from actionopd_jax.train import cli as train_cli
+from actionopd_jax.commands import train as train_cli
 from tests._subprocess_fixtures import cli_env
 
 from tests._configs import CONFIGS, SHIPPED  # found recursively under configs/, by file name
@@ -53,7 +53,7 @@ def test_a_layout_the_target_cannot_run_is_refused_as_the_run_refuses_it(tmp_pat
     check_err = capsys.readouterr().err.strip()
     assert check_err == f"actionopd train: config error: {LAYOUT_ERROR}"
 
-    run = subprocess.run([sys.executable, "-m", "actionopd_jax.cli", "train", "--config", str(cfg),
+    run = subprocess.run([sys.executable, "-m", "actionopd_jax.commands", "train", "--config", str(cfg),
                           f"run.dir={tmp_path / 'run'}", "run.tensorboard=false"], cwd=tmp_path,
                          env=cli_env(devices=8), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          timeout=300)

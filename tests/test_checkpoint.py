@@ -5,6 +5,7 @@ The data come from the synthetic group source, which stands in for the collector
 trainer sees the same StateGroup records, derived deterministically from (seed, step)).
 """
 
+import functools
 import logging
 import os
 import signal
@@ -18,6 +19,7 @@ from actionopd_jax.config import Config, ConfigError
 from actionopd_jax.config.load import replace_keys
 from actionopd_jax.checkpoint import Checkpointer, CheckpointError
 from actionopd_jax.train.loop import SIGTERM_EXIT_CODE, Trainer
+from actionopd_jax.train.sources import synthetic_source
 from tests._train_fixtures import max_abs_diff, to_host
 
 # a learning rate that moves the weights visibly, so "same parameters" is a real check
@@ -30,7 +32,12 @@ def cfg_with(**kw) -> Config:
     return replace_keys(Config(), **{**BASE, **kw})
 
 
+def synthetic(cfg):
+    return functools.partial(synthetic_source, cfg)
+
+
 def run(cfg, run_dir, **kw) -> Trainer:
+    kw.setdefault("source", synthetic(cfg))
     trainer = Trainer(cfg, run_dir=run_dir, **kw)
     try:
         assert trainer.run() == 0
@@ -110,7 +117,7 @@ def test_resume_refuses_an_experiment_change_unless_forced(tmp_path):
     run(cfg_with(**{"train.steps": 1}), d)
     changed = cfg_with(**{"train.steps": 2, "collect.freq_bonus": 0.25})
     with pytest.raises(ConfigError, match=r"(?s)collect.freq_bonus: 0.5 -> 0.25.*--force"):
-        Trainer(changed, run_dir=d, resume="latest")
+        Trainer(changed, run_dir=d, source=synthetic(changed), resume="latest")
     assert run(changed, d, resume="latest", force=True).step == 2
     # the forced config is now the run's; a layout change on top of it is not an experiment change
     relaid = replace_keys(changed, **{"train.steps": 3, "train.microbatch_rows": 16, "mesh.fsdp": 2, "mesh.data": 4})
@@ -119,7 +126,7 @@ def test_resume_refuses_an_experiment_change_unless_forced(tmp_path):
 
 def test_no_checkpoint_to_resume(tmp_path):
     with pytest.raises(CheckpointError, match="no finished checkpoint"):
-        Trainer(cfg_with(), run_dir=tmp_path, resume="latest")
+        Trainer(cfg_with(), run_dir=tmp_path, source=synthetic(cfg_with()), resume="latest")
 
 
 class _TermDuringCollect:

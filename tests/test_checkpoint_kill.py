@@ -28,7 +28,7 @@ ARGS = [f"train.steps={STEPS}", "checkpoint.every_steps=1", "checkpoint.keep=20"
 
 
 def _start(run_dir, *extra):
-    cmd = [sys.executable, "-m", "actionopd_jax.cli", "train", "--run-dir", str(run_dir), *ARGS, *extra]
+    cmd = [sys.executable, "-m", "actionopd_jax.commands", "train", "--run-dir", str(run_dir), *ARGS, *extra]
     return subprocess.Popen(cmd, env=cli_env(devices=2), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 

@@ -8,7 +8,7 @@ import pytest
 
 from actionopd_jax.config import Config, ConfigError
 from actionopd_jax.config.load import experiment_changes, flatten, load_config, parse_override, replace_keys
-from actionopd_jax.train import cli as train_cli
+from actionopd_jax.commands import train as train_cli
 
 from tests._configs import CONFIGS, SHIPPED  # found recursively under configs/, by file name
 

@@ -273,7 +273,7 @@ def _one_device_env():
 
 
 def test_check_passes_for_every_shipped_config(tmp_path):
-    procs = {p.name: subprocess.Popen([sys.executable, "-m", "actionopd_jax.cli", "train", "--check", "--config",
+    procs = {p.name: subprocess.Popen([sys.executable, "-m", "actionopd_jax.commands", "train", "--check", "--config",
                                        str(p)], cwd=tmp_path, env=_one_device_env(), stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True) for p in CONFIGS}
     assert {"tiny_cpu.yaml", "main_remote_teacher.yaml", "qwen3_8b_tpu.yaml"} <= set(procs)
@@ -285,7 +285,7 @@ def test_check_passes_for_every_shipped_config(tmp_path):
 
 
 def test_remote_config_run_without_key_stops_at_once_naming_it(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "actionopd_jax.cli", "train", "--config",
+    r = subprocess.run([sys.executable, "-m", "actionopd_jax.commands", "train", "--config",
                         str(SHIPPED_CONFIGS / "main_remote_teacher.yaml")], cwd=tmp_path, env=_one_device_env(),
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
     assert r.returncode == 2, r.stdout[-2000:]

@@ -30,7 +30,7 @@ def _tensors(path: Path) -> dict[str, np.ndarray]:
 
 
 def test_short_main_job_through_the_cli(tmp_path):
-    cmd = [sys.executable, "-m", "actionopd_jax.cli", "train", *SHORT, f"experiment.cache_dir={tmp_path / 'cache'}"]
+    cmd = [sys.executable, "-m", "actionopd_jax.commands", "train", *SHORT, f"experiment.cache_dir={tmp_path / 'cache'}"]
     r = subprocess.run(cmd, cwd=tmp_path, env=cli_env(devices=1), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                        text=True, timeout=1800)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-4000:]

@@ -96,7 +96,7 @@ def test_gpu_xla_flags_parse_in_this_jaxlib():
 WORKER = r"""
 import json, sys
 import numpy as np
-from actionopd_jax.launch.distributed_env import initialize_from_env
+from actionopd_jax.train.distributed_env import initialize_from_env
 assert initialize_from_env(), "ACTIONOPD_* variables missing"
 import jax
 from jax.experimental import multihost_utils

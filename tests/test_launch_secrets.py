@@ -15,6 +15,7 @@ import sys
 import pytest
 
 from actionopd_jax.launch import distributed_env
+from actionopd_jax.train import distributed_env as trainer_env
 from actionopd_jax.launch.common import LaunchError
 from actionopd_jax.launch.entrypoint import prepare_environment
 from actionopd_jax.launch.secret_refs import SecretRef, access_secret, parse_secret_flag, parse_secret_flags
@@ -165,16 +166,16 @@ def test_entrypoint_exports_cluster_settings_to_the_command():
 
 
 def test_distributed_settings_from_env():
-    assert distributed_env.settings_from_env({}) is None
+    assert trainer_env.settings_from_env({}) is None
     env = {"ACTIONOPD_COORDINATOR": "10.0.0.2:1234", "ACTIONOPD_NUM_PROCESSES": "4",
            "ACTIONOPD_PROCESS_ID": "3", "ACTIONOPD_LOCAL_DEVICE_IDS": "0,1"}
-    assert distributed_env.settings_from_env(env).init_kwargs() == dict(
+    assert trainer_env.settings_from_env(env).init_kwargs() == dict(
         coordinator_address="10.0.0.2:1234", num_processes=4, process_id=3, local_device_ids=[0, 1])
-    assert distributed_env.settings_from_env(env).config_fields() == dict(
+    assert trainer_env.settings_from_env(env).config_fields() == dict(
         coordinator_address="10.0.0.2:1234", num_processes=4, process_id=3)
     with pytest.raises(ValueError, match="ACTIONOPD_PROCESS_ID missing"):
-        distributed_env.settings_from_env({"ACTIONOPD_COORDINATOR": "h:1", "ACTIONOPD_NUM_PROCESSES": "2"})
+        trainer_env.settings_from_env({"ACTIONOPD_COORDINATOR": "h:1", "ACTIONOPD_NUM_PROCESSES": "2"})
     with pytest.raises(ValueError, match=r"must be in \[0, 4\)"):
-        distributed_env.settings_from_env({**env, "ACTIONOPD_PROCESS_ID": "4"})
+        trainer_env.settings_from_env({**env, "ACTIONOPD_PROCESS_ID": "4"})
     with pytest.raises(ValueError, match="must be host:port"):
-        distributed_env.settings_from_env({**env, "ACTIONOPD_COORDINATOR": "10.0.0.2"})
+        trainer_env.settings_from_env({**env, "ACTIONOPD_COORDINATOR": "10.0.0.2"})

@@ -33,7 +33,7 @@ def _free_port() -> int:
 
 
 def _cmd(run_dir, *extra):
-    return [sys.executable, "-m", "actionopd_jax.cli", "train", "--run-dir", str(run_dir), *ARGS, *extra]
+    return [sys.executable, "-m", "actionopd_jax.commands", "train", "--run-dir", str(run_dir), *ARGS, *extra]
 
 
 def _two_processes(run_dir, *extra, timeout=900):

@@ -142,7 +142,7 @@ def test_serve_checkpoint_on_one_device_answers_an_sdk_request_with_tools(run):
     fitted tool call comes back through the openai SDK as a parsed tool call."""
     port = _free_port()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "actionopd_jax.cli", "serve", "--checkpoint", str(run["run"]), "--port", str(port),
+        [sys.executable, "-m", "actionopd_jax.commands", "serve", "--checkpoint", str(run["run"]), "--port", str(port),
          "--default-max-tokens", "40"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env(devices=1))
     try:

@@ -4,6 +4,7 @@ the first checkpoint starts from step 0, and the main job refuses a used run dir
 any phase runs. `actionopd train` runs in process (the plain trainer on the synthetic source)."""
 
 import argparse
+import functools
 import json
 import logging
 
@@ -11,9 +12,10 @@ import pytest
 
 from actionopd_jax.config import Config, ConfigError
 from actionopd_jax.config.load import replace_keys
-from actionopd_jax.train import cli as train_cli
+from actionopd_jax.commands import train as train_cli
 from actionopd_jax.checkpoint import Checkpointer, CheckpointError
 from actionopd_jax.train.loop import Trainer
+from actionopd_jax.train.sources import synthetic_source
 
 COMMON = ["experiment.enabled=false", "run.progress=false", "run.tensorboard=false",
           "collect.synthetic.groups_per_step=2", "checkpoint.async_save=false"]
@@ -79,13 +81,13 @@ def test_resume_before_the_first_checkpoint_starts_from_step_0(tmp_path):
 def test_a_fresh_trainer_refuses_a_checkpoint_dir_it_would_collide_with(tmp_path):
     cfg = replace_keys(Config(), **{"experiment.enabled": False, "run.progress": False, "run.tensorboard": False,
                                     "collect.synthetic.groups_per_step": 2, "train.steps": 1})
-    trainer = Trainer(cfg, run_dir=tmp_path)
+    trainer = Trainer(cfg, run_dir=tmp_path, source=functools.partial(synthetic_source, cfg))
     try:
         assert trainer.run() == 0
     finally:
         trainer.close()
     with pytest.raises(CheckpointError, match=r"already holds checkpoints \(steps \[1\]\).*--resume"):
-        Trainer(cfg, run_dir=tmp_path)
+        Trainer(cfg, run_dir=tmp_path, source=functools.partial(synthetic_source, cfg))
 
 
 def test_main_job_refuses_a_used_run_dir_before_any_phase(tmp_path):

@@ -33,7 +33,7 @@ def test_serve_subprocess_with_bearer_token():
     port = _free_port()
     env = {**os.environ, "TINY_SERVE_KEY": "s3cret-for-test"}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "actionopd_jax.cli", "serve", "--tiny", "--seed", "1", "--port", str(port),
+        [sys.executable, "-m", "actionopd_jax.commands", "serve", "--tiny", "--seed", "1", "--port", str(port),
          "--api-key-env", "TINY_SERVE_KEY", "--default-max-tokens", "6", "--lm-head", "float32"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:

@@ -98,7 +98,7 @@ def test_concurrent_long_requests_share_segments_and_finish(served):
 
 
 def test_serve_refuses_a_max_context_beyond_the_model():
-    proc = subprocess.run([sys.executable, "-m", "actionopd_jax.cli", "serve", "--tiny", "--seed", "1",
+    proc = subprocess.run([sys.executable, "-m", "actionopd_jax.commands", "serve", "--tiny", "--seed", "1",
                            "--port", "0", "--max-context", "100000"],
                           capture_output=True, text=True, timeout=180, env=dict(os.environ))
     assert proc.returncode == 2, proc.stdout + proc.stderr

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.slow
 
 
 def _train(*args, cwd, env=None):
-    return subprocess.run([sys.executable, "-m", "actionopd_jax.cli", "train", *args], cwd=cwd,
+    return subprocess.run([sys.executable, "-m", "actionopd_jax.commands", "train", *args], cwd=cwd,
                           env={**cli_env(devices=1), **(env or {})}, stdout=subprocess.PIPE,
                           stderr=subprocess.STDOUT, text=True, timeout=900)
 

@@ -87,7 +87,7 @@ def test_trainer_step_with_shared_prompt_equals_the_plain_one(tmp_path):
 
     metrics = {}
     for name, extra in (("plain", []), ("shared", ["train.shared_prompt=true"])):
-        out = subprocess.run([sys.executable, "-m", "actionopd_jax.cli", "train", "--smoke", "run.tensorboard=false",
+        out = subprocess.run([sys.executable, "-m", "actionopd_jax.commands", "train", "--smoke", "run.tensorboard=false",
                               "train.microbatch_rows=2", f"run.name={name}", *extra], cwd=tmp_path,
                              env=cli_env(devices=1), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                              timeout=900)

@@ -10,7 +10,7 @@
    the target is the turn's own tokens as the student would generate them after that prompt:
    reasoning (when thinking is on), the message / tool call, and the end-of-turn token. User
    turns and tool observations are context only.
-3. `kd_train`: cross-entropy on target tokens through the trainer's own machinery
+3. `run_kd`: cross-entropy on target tokens through the trainer's own machinery
    (`train.loop.Trainer` with `train.loss=kd`: same mesh, sharding, length buckets, microbatch
    accumulation, optimizer, checkpoints); the loss is the mean over the target tokens of the
    whole minibatch.
@@ -246,6 +246,7 @@ class KDResult:
     run_dir: Path
     hf_dir: Path | None = None
     checkpoint_step: int | None = None
+    updates: int = 0  # optimizer updates done by the end (the optimizer's own step count)
 
     @property
     def losses(self) -> list[float]:
@@ -257,41 +258,44 @@ class KDResult:
         return nnx.merge(self.graphdef, self.params)
 
 
-def kd_train(cfg: Any, examples: Sequence[KDExample], *, run_dir: str | Path, steps: int | None = None,
-             examples_per_step: int | None = None, export_hf: str | Path | None = None,
-             tokenizer_dir: str | Path | None = None, save_checkpoint: bool = True) -> KDResult:
-    """Train the student of `cfg` (model, mesh, optimizer, batching sections) on `examples`
-    with the KD cross-entropy, `steps` steps (default cfg.train.steps) of `examples_per_step`
-    examples each (default cfg.kd.examples_per_step, else cfg.train.minibatch_rows: one
-    optimizer update per step). Each step is one pass of minibatch updates over its examples.
+def run_kd(cfg: Any, examples: Sequence[KDExample], *, run_dir: str | Path, steps: int | None = None,
+           examples_per_step: int | None = None, export_hf: str | Path | None = None,
+           tokenizer_dir: str | Path | None = None) -> KDResult:
+    """THE KD training run (the KD baseline, the main job's warm start and compare all train
+    through it): the student of `cfg` (model, mesh, optimizer, batching sections) on
+    `examples` with the KD cross-entropy, `steps` steps (default cfg.train.steps) of
+    `examples_per_step` examples each (default cfg.kd.examples_per_step, else
+    cfg.train.minibatch_rows: one optimizer update per step). Each step is one pass of
+    minibatch updates over its examples; the run is `Trainer.run` (progress bar, metrics.jsonl /
+    TensorBoard in `run_dir`, checkpoints per checkpoint.*, the final state saved).
 
-    Writes metrics/TensorBoard to `run_dir`, an Orbax checkpoint of the final state there
-    (`save_checkpoint`), and with `export_hf` an HF directory (config.json + safetensors, plus
-    the tokenizer files of `tokenizer_dir`) that a later run can start from (model.hf_path).
+    With `export_hf`, the trained student is also written as an HF directory (config.json +
+    safetensors, plus the tokenizer files of `tokenizer_dir`) that a later run can start from
+    (model.hf_path). A run stopped early (SIGTERM) raises after saving.
     """
     import jax
 
-    from actionopd_jax.train.loop import Trainer
+    from actionopd_jax.train.loop import Trainer, host_scalar
 
     kcfg = kd_config(cfg, steps=steps)
     per_step = examples_per_step or getattr(getattr(cfg, "kd", None), "examples_per_step", 0) or kcfg.train.minibatch_rows
     source = KDGroupSource(examples, examples_per_step=per_step, seed=kcfg.run.seed,
                            process_index=jax.process_index(), process_count=jax.process_count())
-    trainer = Trainer(kcfg, run_dir=run_dir, source=source)
     history: list[dict[str, float]] = []
+
+    def on_step(step: int, metrics: dict[str, float]) -> None:
+        history.append(metrics)
+        log.info("KD step %d: loss %.4f over %d target tokens", step, metrics.get("loss", float("nan")),
+                 int(metrics.get("tokens", 0)))
+
+    trainer = Trainer(kcfg, run_dir=run_dir, source=source)
     try:
-        while trainer.step < kcfg.train.steps:
-            metrics = trainer.train_step()
-            history.append(metrics)
-            trainer.writer.write(trainer.step, metrics)
-            log.info("KD step %d: loss %.4f over %d target tokens", trainer.step, metrics.get("loss", float("nan")),
-                     int(metrics.get("tokens", 0)))
-        if save_checkpoint:
-            trainer.save()
-        trainer.ckpt.wait()
+        code = trainer.run(on_step)
+        if code != 0:
+            raise RuntimeError(f"the KD trainer stopped early (exit code {code})")
         result = KDResult(steps=trainer.step, metrics=history, params=trainer.state["params"],
                           graphdef=trainer.graphdef, model_config=trainer.qcfg, run_dir=Path(run_dir),
-                          checkpoint_step=trainer.step if save_checkpoint else None)
+                          checkpoint_step=trainer.step, updates=int(host_scalar(trainer.state["step"])))
     finally:
         trainer.close()
     if export_hf is not None:

@@ -1,4 +1,9 @@
-"""From the run config to a baseline's group source, for `actionopd train`:
+"""From the run config to the trainer's group source, for `actionopd train` (the trainer never
+picks one: `build_source` is handed to `Trainer`), and that source's start-up checks
+(`check_collection`, what `actionopd train --check` runs for it). The kinds:
+
+    collect.kind=synthetic                 the deterministic stand-in (train/sources.py)
+    collect.kind=actionopd                 the state-group collector (collect/source.py)
 
     collect.kind=kd  train.loss=kd         offline KD (kd.trajectories=FILE, or the teacher.* endpoint runs first)
     collect.kind=opd train.loss=opd        token-level OPD (teacher.kind=local: teacher.model is an HF dir;
@@ -14,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from actionopd_jax.config.errors import ConfigError
+from actionopd_jax.train.sources import GroupSource, synthetic_source
 from actionopd_jax.types import Task
 
 log = logging.getLogger(__name__)
@@ -86,3 +92,56 @@ def build_baseline_source(cfg: Any, ctx: Any):
 
         return build_self_source(cfg, ctx)
     raise ConfigError(f"no baseline source for collect.kind={kind} with teacher.kind={cfg.teacher.kind}")
+
+
+def build_source(cfg: Any, ctx: Any) -> GroupSource:
+    """The group source named by `collect.kind`, in the trainer's context (pass it to the
+    trainer as `functools.partial(build_source, cfg)`)."""
+    kind = cfg.collect.kind
+    if kind == "synthetic":
+        return synthetic_source(cfg, ctx)
+    if kind in ("kd", "opd") or (kind == "actionopd" and cfg.teacher.kind == "self"):
+        # the baselines of paper B.4/B.5 (offline KD, token-level OPD, Self-ActionOPD)
+        return build_baseline_source(cfg, ctx)
+    if kind == "actionopd":
+        from actionopd_jax.collect.source import build_group_source
+
+        source = build_group_source(cfg, ctx)
+        if not isinstance(source, GroupSource):
+            raise TypeError(f"build_group_source returned {type(source).__name__}, which lacks "
+                            "collect/state_dict/load_state_dict")
+        return source
+    raise ConfigError(f"collect.kind={kind!r} has no source")
+
+
+def check_collection(cfg: Any) -> None:
+    """The offline part of what `build_source` reads from the config when the run builds it
+    (collect/source.py, this module): its settings, the teacher and matcher specs, the task
+    sets (loaded, so missing data or a refused split shows here) and the user simulator.
+    Not the tokenizer or checkpoint files, which a planning host may not hold."""
+    kind, teacher = cfg.collect.kind, cfg.teacher.kind
+    if kind == "synthetic":
+        return
+    from actionopd_jax.collect import source
+    from actionopd_jax.envs.registry import env_factory_from
+    from actionopd_jax.teacher.specs import judge_spec, teacher_spec
+
+    if kind == "kd":
+        from actionopd_jax.baselines import kd
+
+        if cfg.kd.trajectories:
+            kd.load_trajectories(cfg.kd.trajectories, min_reward=cfg.kd.min_reward)
+        else:  # the teacher runs first, on the training tasks
+            endpoint_agent(cfg)
+            tasks_from_env(cfg, limit=cfg.kd.max_tasks)
+            env_factory_from(cfg.env)
+        return
+    try:
+        source.collector_config_from(cfg)
+    except ValueError as e:
+        raise e if isinstance(e, ConfigError) else ConfigError(f"collect: {e}") from None
+    if kind == "actionopd" and teacher != "self":
+        teacher_spec(cfg.teacher)
+        judge_spec(cfg.matcher)
+    source.train_task_stream(cfg)
+    env_factory_from(cfg.env)

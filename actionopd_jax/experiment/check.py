@@ -75,8 +75,9 @@ def check_main_job(cfg: Config, devices: int = 0) -> int:
     where = placement(cfg, devices)
     notes += where.notes
     sizes = mesh_sizes(plan_cfg, where.devices)
+    # trainer-level checks only: the phases build their sources from the job's split
     check_run(plan_cfg, qcfg, sizes, device_count=where.devices, processes=where.processes,
-              platform=where.platform, collection=False)
+              platform=where.platform)
     text, fits = describe(plan_cfg, qcfg, sizes, device_memory_gb=where.memory_gib, device_kind=where.device_kind,
                           platform=where.platform, usable_fraction=where.usable_fraction,
                           chips_per_host=where.devices_per_process)

@@ -154,12 +154,8 @@ def _updates_done(trainer: Any) -> int:
 
 def run_collector_method(shared: Shared, method: Method, seed: int, rdir: Path) -> dict[str, Any]:
     """ActionOPD or one of its ablations: collection steps until the update budget is spent."""
-    from actionopd_jax.collect.source import ActionOPDGroupSource
-    from actionopd_jax.envs.tasks import TaskSource, TaskStream
     from actionopd_jax.experiment import phases
     from actionopd_jax.train.loop import Trainer
-    from actionopd_jax.train.setup import build_mesh, model_config
-    from actionopd_jax.train.sources import SourceContext
 
     s = shared.settings
     pcfg = phases.opd_phase_config(shared.teacher_cfg, student_dir=shared.start_dir, tokenizer_dir=shared.tokenizer_dir,
@@ -169,12 +165,7 @@ def run_collector_method(shared: Shared, method: Method, seed: int, rdir: Path) 
     pcfg = replace_keys(pcfg, **{**method.overrides, "run.seed": seed, "train.lr": shared.lr, "train.steps": s.step_cap,
                                  "checkpoint.every_steps": 0})
     phases.write_phase_config(pcfg, rdir / "config.yaml", f"compare: {method.label}, seed {seed}")
-    ctx = SourceContext(model_config=model_config(pcfg), run_dir=str(rdir), tokenizer_path=pcfg.model.tokenizer,
-                        process_index=0, process_count=1, mesh=build_mesh(pcfg))
-    stream = TaskStream([(TaskSource("bfcl:compare-train", shared.train), len(shared.train))], seed=seed)
-    inner = ActionOPDGroupSource(pcfg, ctx, stream=stream, buckets=phases.sampler_buckets(
-        pcfg, pcfg.collect.num_candidates, pcfg.collect.max_response_tokens))
-    job = phases.JobSource(inner)
+    job = phases.actionopd_source(pcfg, tasks=shared.train, run_dir=rdir, name="bfcl:compare-train")
     source = UpdateBudget(job, minibatch_rows=pcfg.train.minibatch_rows, seed=seed)
     trainer = Trainer(pcfg, run_dir=rdir, source=source)
     http_calls = 0.0
@@ -203,9 +194,8 @@ def run_collector_method(shared: Shared, method: Method, seed: int, rdir: Path) 
 
 def run_kd_method(shared: Shared, method: Method, seed: int, rdir: Path) -> dict[str, Any]:
     """KD on the teacher's successful trajectories: `updates` steps of minibatch_rows teacher turns."""
-    from actionopd_jax.baselines.kd import KDGroupSource, KDResult, export_student, kd_examples, load_trajectories
+    from actionopd_jax.baselines.kd import kd_examples, load_trajectories, run_kd
     from actionopd_jax.experiment import phases
-    from actionopd_jax.train.loop import Trainer
 
     cfg, s = shared.cfg, shared.settings
     per_step = cfg.train.minibatch_rows
@@ -222,18 +212,9 @@ def run_kd_method(shared: Shared, method: Method, seed: int, rdir: Path) -> dict
     kcfg = replace_keys(kcfg, **{"train.lr": shared.lr, "run.seed": seed,
                                  "train.max_seq_len": max(kcfg.train.max_seq_len, longest)})
     phases.write_phase_config(kcfg, rdir / "config.yaml", f"compare: {method.label}, seed {seed}")
-    trainer = Trainer(kcfg, run_dir=rdir, source=KDGroupSource(examples, examples_per_step=per_step, seed=seed))
-    try:
-        code = trainer.run()
-        if code != 0:
-            raise RuntimeError(f"the KD trainer stopped early (exit code {code})")
-        done = _updates_done(trainer)
-        result = KDResult(steps=trainer.step, metrics=[], params=trainer.state["params"], graphdef=trainer.graphdef,
-                          model_config=trainer.qcfg, run_dir=rdir, checkpoint_step=trainer.step)
-        final = export_student(result, rdir / "student_final", tokenizer_dir=shared.tokenizer_dir)
-        steps = trainer.step
-    finally:
-        trainer.close()
+    result = run_kd(kcfg, examples, run_dir=rdir, examples_per_step=per_step, export_hf=rdir / "student_final",
+                    tokenizer_dir=shared.tokenizer_dir)
+    final, steps, done = result.hf_dir, result.steps, result.updates
     say(f"    {done} update(s) of {per_step} teacher turns from {len(examples)} demonstrated turns")
     return {"final_dir": str(final), "updates": done, "steps": steps, "lr": shared.lr,
             "teacher_samples": len(examples), "teacher_requests": 0,

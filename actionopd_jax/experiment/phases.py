@@ -154,26 +154,34 @@ class JobSource:
             collector.close()
 
 
+def actionopd_source(pcfg: Config, *, tasks: list[Task], run_dir: Path, name: str) -> JobSource:
+    """The ActionOPD phase's source (the main job's and compare's): the state-group collector
+    over `tasks` in a stream seeded by run.seed, with the job's sampler buckets and per-step
+    statistics (`JobSource`)."""
+    from actionopd_jax.collect.source import ActionOPDGroupSource
+    from actionopd_jax.envs.tasks import TaskSource, TaskStream
+    from actionopd_jax.train.setup import build_mesh, model_config
+    from actionopd_jax.train.sources import SourceContext
+
+    ctx = SourceContext(model_config=model_config(pcfg), run_dir=str(run_dir), tokenizer_path=pcfg.model.tokenizer,
+                        process_index=0, process_count=1, mesh=build_mesh(pcfg))
+    stream = TaskStream([(TaskSource(name, tasks), len(tasks))], seed=pcfg.run.seed)
+    inner = ActionOPDGroupSource(pcfg, ctx, stream=stream,
+                                 buckets=sampler_buckets(pcfg, pcfg.collect.num_candidates,
+                                                         pcfg.collect.max_response_tokens))
+    return JobSource(inner)
+
+
 def actionopd_phase(pcfg: Config, *, train_tasks: list[Task], run_dir: Path, progress: bool) -> dict[str, Any]:
     """ActionOPD steps with the collector, then one more collection with the final policy (no
     update) so the curve ends with the trained student. Returns {"history", "checkpoint_step",
     "checkpoint_dir"}."""
     import jax
 
-    from actionopd_jax.collect.source import ActionOPDGroupSource
-    from actionopd_jax.envs.tasks import TaskSource, TaskStream
     from actionopd_jax.train.loop import Trainer
-    from actionopd_jax.train.setup import build_mesh, model_config
-    from actionopd_jax.train.sources import Policy, SourceContext
+    from actionopd_jax.train.sources import Policy
 
-    qcfg = model_config(pcfg)
-    ctx = SourceContext(model_config=qcfg, run_dir=str(run_dir), tokenizer_path=pcfg.model.tokenizer,
-                        process_index=0, process_count=1, mesh=build_mesh(pcfg))
-    stream = TaskStream([(TaskSource("bfcl:job-train", train_tasks), len(train_tasks))], seed=pcfg.run.seed)
-    inner = ActionOPDGroupSource(pcfg, ctx, stream=stream,
-                                 buckets=sampler_buckets(pcfg, pcfg.collect.num_candidates,
-                                                         pcfg.collect.max_response_tokens))
-    source = JobSource(inner)
+    source = actionopd_source(pcfg, tasks=train_tasks, run_dir=run_dir, name="bfcl:job-train")
     trainer = Trainer(pcfg, run_dir=run_dir, source=source)
     try:
         code = trainer.run()

@@ -16,7 +16,8 @@
 3. KD (experiment.kd_epochs > 0): cross-entropy on each assistant turn after its own prompt,
    rendered exactly like a generation prompt (baselines `kd_examples`), which aligns the
    student with how it is prompted at collection and evaluation time.
-Both stages train through `train.loop.Trainer` (KD loss, `KDGroupSource`), each with its own
+Both stages train through the one KD run (`baselines.kd.run_kd`: the trainer with the KD loss
+over a `KDGroupSource`), each with its own
 run directory (`<run>/warm_start/pretrain`, `<run>/warm_start/kd`: config.yaml, metrics.jsonl,
 tb/, a final checkpoint, student_hf/).
 """
@@ -55,8 +56,7 @@ def train_examples(cfg: Config, examples: list, *, student_dir: Path, tokenizer_
                    epochs: int, lr: float, note: str) -> dict[str, Any]:
     """`epochs` passes over `examples` with the KD cross-entropy; returns
     {"hf_dir", "steps", "losses", "examples", "target_tokens"}."""
-    from actionopd_jax.baselines.kd import KDGroupSource, KDResult, export_student
-    from actionopd_jax.train.loop import Trainer
+    from actionopd_jax.baselines.kd import run_kd
 
     per_step = cfg.experiment.kd_examples_per_step
     steps = epochs * math.ceil(len(examples) / per_step)
@@ -64,15 +64,8 @@ def train_examples(cfg: Config, examples: list, *, student_dir: Path, tokenizer_
     kcfg = kd_phase_config(cfg, student_dir=student_dir, tokenizer_dir=tokenizer_dir, run_dir=run_dir, steps=steps)
     kcfg = replace_keys(kcfg, **{"train.lr": lr, "train.max_seq_len": max(kcfg.train.max_seq_len, longest)})
     write_phase_config(kcfg, run_dir / "config.yaml", f"{note}: {len(examples)} examples, {steps} steps")
-    trainer = Trainer(kcfg, run_dir=run_dir, source=KDGroupSource(examples, examples_per_step=per_step,
-                                                                 seed=kcfg.run.seed))
-    try:
-        trainer.run()  # progress bar, metrics.jsonl / TensorBoard in run_dir, final checkpoint
-        result = KDResult(steps=trainer.step, metrics=[], params=trainer.state["params"], graphdef=trainer.graphdef,
-                          model_config=trainer.qcfg, run_dir=run_dir, checkpoint_step=trainer.step)
-        hf_dir = export_student(result, run_dir / "student_hf", tokenizer_dir=tokenizer_dir)
-    finally:
-        trainer.close()
+    hf_dir = run_kd(kcfg, examples, run_dir=run_dir, examples_per_step=per_step, export_hf=run_dir / "student_hf",
+                    tokenizer_dir=tokenizer_dir).hf_dir
     return {"hf_dir": str(hf_dir), "steps": steps, "losses": read_metric(run_dir / "metrics.jsonl", "loss"),
             "examples": len(examples), "target_tokens": int(sum(e.target_ids.size for e in examples))}
 

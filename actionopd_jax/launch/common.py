@@ -21,7 +21,7 @@ class LaunchError(ValueError):
     """Bad launcher input; the message says what is wrong and what to do."""
 
 
-# The one training entry point all launchers run (see actionopd_jax/cli.py).
+# The one training entry point all launchers run (see actionopd_jax/commands/train.py).
 TRAIN_ENTRY: tuple[str, ...] = ("actionopd", "train")
 
 ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")

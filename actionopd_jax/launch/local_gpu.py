@@ -8,7 +8,7 @@
     python launch/local_gpu.py --config configs/tiny/tiny_cpu.yaml --local-processes 2 --platform cpu
 
 Multi-process settings reach the trainer as ACTIONOPD_COORDINATOR / ACTIONOPD_NUM_PROCESSES /
-ACTIONOPD_PROCESS_ID (read by `actionopd_jax.launch.distributed_env.initialize_from_env`).
+ACTIONOPD_PROCESS_ID (read by `actionopd_jax.train.distributed_env.settings_from_env`).
 Credentials are inherited from this shell's environment and never printed.
 """
 
@@ -25,7 +25,7 @@ from pathlib import Path
 from actionopd_jax.launch.common import (GPU_ENV_DEFAULTS, LaunchError, PlannedCommand, find_repo_root,
                                          format_plan, merge_xla_flags, parse_env_assignments,
                                          resolve_config, train_command)
-from actionopd_jax.launch.distributed_env import DistributedSettings
+from actionopd_jax.train.distributed_env import DistributedSettings
 
 
 def free_port() -> int:

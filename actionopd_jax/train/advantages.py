@@ -13,7 +13,7 @@ from typing import Sequence
 import jax
 import numpy as np
 
-from actionopd_jax import rewards
+from actionopd_jax.rewards import batch_advantages
 from actionopd_jax.train import distributed
 from actionopd_jax.types import StateGroup
 
@@ -34,7 +34,7 @@ def assign_advantages(groups: Sequence[StateGroup], *, loss: str = "actionopd", 
     rewards_list = [g.rewards if g.retained else None for g in groups]
     retained = [bool(g.retained) for g in groups]
     if jax.process_count() == 1:
-        result = rewards.batch_advantages(rewards_list, retained, eps=eps)
+        result = batch_advantages(rewards_list, retained, eps=eps)
         advs, sigma = result.advantages, result.sigma
     else:
         centred = [None if r is None else np.asarray(r, np.float64) - np.mean(r) for r in rewards_list]

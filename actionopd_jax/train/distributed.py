@@ -32,7 +32,7 @@ def initialize(cfg: DistributedConfig) -> bool:
 
     Sources, first match wins: the config's explicit fields (coordinator_address,
     num_processes, process_id); the launchers' ACTIONOPD_* environment variables
-    (actionopd_jax.launch.distributed_env); a multi-host TPU slice (JAX detects the rest);
+    (actionopd_jax.train.distributed_env); a multi-host TPU slice (JAX detects the rest);
     mode "on" (JAX's cluster auto-detection). mode "off" never initializes. Must run before
     anything touches a JAX device. Returns whether it initialized.
     """
@@ -49,7 +49,7 @@ def initialize(cfg: DistributedConfig) -> bool:
         kwargs.update(coordinator_address=cfg.coordinator_address, num_processes=cfg.num_processes,
                       process_id=cfg.process_id)
     else:
-        from actionopd_jax.launch.distributed_env import settings_from_env
+        from actionopd_jax.train.distributed_env import settings_from_env
 
         env_settings = settings_from_env()
         if env_settings is not None:

@@ -17,7 +17,7 @@ import signal
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -34,7 +34,7 @@ from actionopd_jax.train.preflight import check_batch_layout
 from actionopd_jax.train.reporting import MetricsWriter
 from actionopd_jax.checkpoint import record_tokenizer
 from actionopd_jax.train.setup import build_mesh, build_train_step, initial_params, model_config
-from actionopd_jax.train.sources import GroupSource, Policy, SourceContext, build_source
+from actionopd_jax.train.sources import GroupSource, Policy, SourceContext
 
 log = logging.getLogger(__name__)
 
@@ -48,9 +48,20 @@ def host_scalar(x) -> float:
     return float(np.asarray(x))
 
 
+SourceFactory = Callable[[SourceContext], GroupSource]
+
+
 class Trainer:
-    def __init__(self, cfg: Config, *, run_dir: str | Path, resume: str | int | None = None,
-                 force: bool = False, source: GroupSource | None = None):
+    """The collect -> update loop over the group source its caller chooses.
+
+    `source` is a built `GroupSource`, or a factory called once with this run's
+    `SourceContext` (model config, mesh, run directory), after the parameters are placed and
+    before a resumed task-iterator state is loaded into it. Picking a source from the config
+    (`collect.kind`) is the caller's business (actionopd_jax.baselines.wiring.build_source).
+    """
+
+    def __init__(self, cfg: Config, *, run_dir: str | Path, source: GroupSource | SourceFactory,
+                 resume: str | int | None = None, force: bool = False):
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.primary = distributed.is_primary()
@@ -96,7 +107,7 @@ class Trainer:
                             mesh=self.mesh)
         if self.primary:  # the run directory alone is then enough to evaluate or serve a checkpoint
             record_tokenizer(self.run_dir, ctx.tokenizer_path)
-        self.source = source if source is not None else build_source(cfg, ctx)
+        self.source = source if hasattr(source, "collect") else source(ctx)  # a source, or its factory
         if data_state is not None:
             self.source.load_state_dict(data_state)
         self.writer = MetricsWriter(self.run_dir, enabled=self.primary, tensorboard=cfg.run.tensorboard,
@@ -141,7 +152,9 @@ class Trainer:
         return states[i % len(states)]
 
     # ---- the loop --------------------------------------------------------------------------
-    def run(self) -> int:
+    def run(self, on_step: Callable[[int, dict[str, float]], None] | None = None) -> int:
+        """Train to train.steps (saving, logging, stopping on SIGTERM); `on_step(step, metrics)`
+        sees every step's metrics. Returns 0, or SIGTERM_EXIT_CODE when stopped early."""
         cfg = self.cfg
         restore_handler = self._install_sigterm_handler()
         bar = tqdm(total=cfg.train.steps, initial=self.step, desc="train", unit="step",
@@ -150,6 +163,8 @@ class Trainer:
         try:
             while self.step < cfg.train.steps:
                 metrics = self.train_step()
+                if on_step is not None:
+                    on_step(self.step, metrics)
                 every = cfg.checkpoint.every_steps
                 stop = distributed.any_process(self._stop_requested) or self.ckpt.reached_preemption(self.step)
                 if stop or (every and self.step % every == 0) or self.step == cfg.train.steps:

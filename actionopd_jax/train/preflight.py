@@ -2,14 +2,15 @@
 
 `Trainer` and `build_mesh` call these with the devices the run has; `actionopd train --check`
 calls the same functions with the devices of the config's target (`mesh.target`), so a
-config the run would refuse is refused by the check with the same message.
+config the run would refuse is refused by the check with the same message. Only the
+trainer's own checks live here (mesh, batch layout, attention, placement); the checks of a
+group source live with the code that builds it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from pathlib import Path
 
 from actionopd_jax.aot.targets import USABLE_MEMORY_FRACTION
 from actionopd_jax.config import Config, ConfigError
@@ -49,50 +50,26 @@ def check_batch_layout(cfg: Config, sizes: dict[str, int], processes: int) -> No
             f"over mesh data x fsdp = {divisor} and over {processes} process(es))")
 
 
-def check_collection(cfg: Config) -> None:
-    """The offline part of what the group source reads from the config when the run builds it
-    (collect/source.py, baselines/wiring.py): its settings, the teacher and matcher specs, the
-    task sets (loaded, so missing data or a refused split shows here) and the user simulator.
-    Not the tokenizer or checkpoint files, which a planning host may not hold."""
-    kind, teacher = cfg.collect.kind, cfg.teacher.kind
-    if kind == "synthetic":
-        return
-    from actionopd_jax.collect import source
-    from actionopd_jax.envs.registry import env_factory_from
-    from actionopd_jax.teacher.specs import judge_spec, teacher_spec
+def check_attention(cfg: Config, qcfg, platform: str) -> None:
+    """Refuse combinations the platform's attention kernel cannot run, before any compile
+    (the refusals themselves live in model.attention.resolve)."""
+    from actionopd_jax.model.attention import resolve
 
-    if kind == "kd":
-        from actionopd_jax.baselines import kd, wiring
-
-        if cfg.kd.trajectories:
-            kd.load_trajectories(cfg.kd.trajectories, min_reward=cfg.kd.min_reward)
-        else:  # the teacher runs first, on the training tasks
-            wiring.endpoint_agent(cfg)
-            wiring.tasks_from_env(cfg, limit=cfg.kd.max_tasks)
-            env_factory_from(cfg.env)
-        return
     try:
-        source.collector_config_from(cfg)
+        resolve(cfg.model.attention, platform, shared_prompt=cfg.train.shared_prompt)
     except ValueError as e:
-        raise e if isinstance(e, ConfigError) else ConfigError(f"collect: {e}") from None
-    if kind == "actionopd" and teacher != "self":
-        teacher_spec(cfg.teacher)
-        judge_spec(cfg.matcher)
-    source.train_task_stream(cfg)
-    env_factory_from(cfg.env)
+        raise ConfigError(f"model.attention: {e}") from None
 
 
 def check_run(cfg: Config, qcfg, sizes: dict[str, int], *, device_count: int, processes: int,
-              platform: str, collection: bool = True) -> None:
-    """Every start-up check that depends on the config and the devices, in the run's order
-    (`collection=False`: the main job, whose phases build their sources from the job's split)."""
-    from actionopd_jax.train.setup import check_attention
-
+              platform: str) -> None:
+    """Every trainer-level start-up check that depends on the config and the devices, in the
+    run's order. The group source's own checks (collection settings, teacher, tasks) belong to
+    whoever builds the source and run after these (baselines/wiring.check_collection for
+    `actionopd train`)."""
     check_mesh_covers_processes(sizes, device_count, processes)
     check_batch_layout(cfg, sizes, processes)
     check_attention(cfg, qcfg, platform)
-    if collection:
-        check_collection(cfg)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -149,14 +126,3 @@ def placement(cfg: Config, devices: int = 0) -> Placement:
         if stats.get("bytes_limit"):  # already the runtime's usable share
             return Placement(n, 1, platform, kind, stats["bytes_limit"] / 1024**3, 1.0, tuple(notes))
     return Placement(n, 1, platform, kind, None, 1.0, tuple(notes))
-
-
-def plan_model_config(cfg: Config, notes: list[str]):
-    """(cfg, Qwen3Config) for a plan: without the checkpoint on this machine, the preset has
-    the same shapes (noted)."""
-    from actionopd_jax.train.setup import model_config
-
-    if cfg.model.hf_path and not (Path(cfg.model.hf_path) / "config.json").is_file():
-        notes.append(f"note: {cfg.model.hf_path}/config.json not found; planned with preset {cfg.model.preset!r}")
-        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, hf_path=""))  # a path: nothing to re-check
-    return cfg, model_config(cfg)

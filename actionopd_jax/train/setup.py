@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import logging
 import math
+from pathlib import Path
 
 import jax
 from flax import nnx
@@ -11,7 +14,7 @@ from flax import nnx
 from actionopd_jax.config import Config, ConfigError
 from actionopd_jax.model import PRESETS, Qwen3, Qwen3Config, make_mesh, param_shardings
 from actionopd_jax.model.runtime import RuntimeOptions
-from actionopd_jax.train.preflight import check_mesh_covers_processes, mesh_sizes
+from actionopd_jax.train.preflight import check_attention, check_mesh_covers_processes, mesh_sizes
 from actionopd_jax.train.step import StepSettings, TrainStep, make_optimizer, split_params
 
 log = logging.getLogger(__name__)
@@ -97,18 +100,17 @@ def optimizer(cfg: Config):
                           eps=t.adam_eps, grad_clip=t.grad_clip, warmup_steps=t.warmup_steps)
 
 
-def check_attention(cfg: Config, qcfg: Qwen3Config, platform: str) -> None:
-    """Refuse combinations the platform's attention kernel cannot run, before any compile."""
-    from actionopd_jax.model.attention import resolve
-
-    try:
-        resolve(cfg.model.attention, platform, shared_prompt=cfg.train.shared_prompt)
-    except ValueError as e:
-        raise ConfigError(f"model.attention: {e}") from None
-
-
 def build_train_step(cfg: Config, qcfg: Qwen3Config, mesh, runtime: RuntimeOptions | None = None) -> TrainStep:
     """runtime: the model's execution settings (None: the run's, `runtime_options(cfg)`)."""
     check_attention(cfg, qcfg, mesh.devices.flat[0].platform)
     graphdef, abstract = abstract_model(qcfg, runtime_options(cfg) if runtime is None else runtime)
     return TrainStep(graphdef, abstract, mesh, optimizer(cfg), step_settings(cfg))
+
+
+def plan_model_config(cfg: Config, notes: list[str]):
+    """(cfg, Qwen3Config) for a plan: without the checkpoint on this machine, the preset has
+    the same shapes (noted)."""
+    if cfg.model.hf_path and not (Path(cfg.model.hf_path) / "config.json").is_file():
+        notes.append(f"note: {cfg.model.hf_path}/config.json not found; planned with preset {cfg.model.preset!r}")
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, hf_path=""))  # a path: nothing to re-check
+    return cfg, model_config(cfg)

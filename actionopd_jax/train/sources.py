@@ -4,21 +4,20 @@ The loop only needs an object with
     collect(step, policy) -> list[StateGroup]   # this process's groups, rewards set
     state_dict() -> dict / load_state_dict(d)   # task-iterator state (JSON), for resume
     metrics() -> dict[str, float]               # optional, about the last collect
-`collect.kind` picks the source: "synthetic" is the deterministic stand-in below;
-"actionopd" is the state-group collector (actionopd_jax.collect), reached through
-`actionopd_jax.collect.build_group_source(cfg, context)` once that adapter exists;
-"kd" / "opd" and teacher.kind=self are the baselines (actionopd_jax.baselines.wiring).
+The trainer never picks a source: its caller hands one in (`Trainer(cfg, source=...)`), either
+built or as a factory of the trainer's `SourceContext`. "synthetic" is the deterministic
+stand-in below; the command layer maps `collect.kind` to the collector or a baseline
+(actionopd_jax.baselines.wiring.build_source).
 """
 
 from __future__ import annotations
 
-import importlib
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from actionopd_jax.config import Config, ConfigError, SyntheticConfig
+from actionopd_jax.config import Config, SyntheticConfig
 from actionopd_jax.types import Candidate, Invalid, Message, StateGroup
 
 
@@ -131,30 +130,9 @@ class SyntheticGroupSource(StepIndexedSource):
         return groups
 
 
-def build_source(cfg: Config, ctx: SourceContext) -> GroupSource:
-    """The group source named by `collect.kind`."""
-    kind = cfg.collect.kind
-    if kind == "synthetic":
-        return SyntheticGroupSource(cfg.collect.synthetic, seed=cfg.run.seed,
-                                    num_candidates=cfg.collect.num_candidates,
-                                    vocab_size=ctx.model_config.vocab_size,
-                                    process_index=ctx.process_index, process_count=ctx.process_count)
-    if kind in ("kd", "opd") or (kind == "actionopd" and cfg.teacher.kind == "self"):
-        # the baselines of paper B.4/B.5 (offline KD, token-level OPD, Self-ActionOPD)
-        from actionopd_jax.baselines.wiring import build_baseline_source
-
-        return build_baseline_source(cfg, ctx)
-    if kind == "actionopd":
-        try:
-            module = importlib.import_module("actionopd_jax.collect")
-            factory = getattr(module, "build_group_source")
-        except (ImportError, AttributeError) as e:
-            raise ConfigError(
-                "collect.kind=actionopd needs actionopd_jax.collect.build_group_source(cfg, context), "
-                f"which is not available ({e}); use collect.kind=synthetic until it is wired") from e
-        source = factory(cfg, ctx)
-        if not isinstance(source, GroupSource):
-            raise TypeError(f"build_group_source returned {type(source).__name__}, which lacks "
-                            "collect/state_dict/load_state_dict")
-        return source
-    raise ConfigError(f"collect.kind={kind!r} has no source")
+def synthetic_source(cfg: Config, ctx: SourceContext) -> SyntheticGroupSource:
+    """The synthetic source of `cfg` (collect.kind=synthetic) in the trainer's context; pass it
+    as `Trainer(..., source=functools.partial(synthetic_source, cfg))`."""
+    return SyntheticGroupSource(cfg.collect.synthetic, seed=cfg.run.seed, num_candidates=cfg.collect.num_candidates,
+                                vocab_size=ctx.model_config.vocab_size, process_index=ctx.process_index,
+                                process_count=ctx.process_count)

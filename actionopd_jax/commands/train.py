@@ -1,9 +1,16 @@
 """`actionopd train`: run, check, smoke-test or resume a training job.
 
+    actionopd train                   runs the tiny main job on CPU: KD warm start -> ActionOPD -> held-out eval
+    actionopd train --config X.yaml   runs a plain training run of X (its collect.kind picks the data),
+                                      unless X sets experiment.enabled: true (configs/tiny_cpu.yaml: the main job)
+
     actionopd train [--config configs/X.yaml] [section.key=value ...]
                     [--check [--devices N] [--aot [--target T] [--lengths L,...]]] [--smoke] [--resume [STEP]] [--force] [--run-dir DIR]
 
-Without --config the embedded defaults are used (the tiny CPU job, = configs/tiny/tiny_cpu.yaml).
+Without --config the embedded defaults are used (the tiny CPU main job, = configs/tiny/tiny_cpu.yaml).
+This command chooses what the trainer (actionopd_jax/train, a library) trains on: the group
+source of collect.kind and its start-up checks (baselines/wiring.py), or the main job
+(actionopd_jax/experiment).
 """
 
 from __future__ import annotations
@@ -22,8 +29,9 @@ log = logging.getLogger("actionopd_jax.train")
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="actionopd train", description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", help="YAML config (default: the embedded tiny CPU job)")
+    p = argparse.ArgumentParser(prog="actionopd train", description="\n\n".join(__doc__.split("\n\n")[:2]),
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", help="YAML config of a run (default: the embedded tiny CPU main job)")
     p.add_argument("overrides", nargs="*", help="section.key=value overrides, applied after the file")
     p.add_argument("--check", action="store_true", help="validate and print the plan; run nothing")
     p.add_argument("--devices", type=int, default=0,
@@ -54,11 +62,14 @@ SMOKE_OVERRIDES = ("train.steps=1", "checkpoint.every_steps=1", "collect.task_st
 
 def check(cfg: Config, devices: int = 0) -> int:
     """Validate `cfg` for the hardware it names and print the plan; runs nothing, writes
-    nothing. Every start-up check of the run (train/preflight.py) runs here for the target's
-    devices and processes: what the run would refuse raises the same ConfigError. 0 when the
-    plan fits, 1 when the estimate exceeds the usable memory."""
+    nothing. Every start-up check of the run (the trainer's, train/preflight.py, then its group
+    source's, baselines/wiring.check_collection) runs here for the target's devices and
+    processes: what the run would refuse raises the same ConfigError. 0 when the plan fits, 1
+    when the estimate exceeds the usable memory."""
+    from actionopd_jax.baselines.wiring import check_collection
     from actionopd_jax.train.plan import describe
-    from actionopd_jax.train.preflight import check_run, mesh_sizes, placement, plan_model_config
+    from actionopd_jax.train.preflight import check_run, mesh_sizes, placement
+    from actionopd_jax.train.setup import plan_model_config
 
     if cfg.experiment.enabled:  # the main job (actionopd_jax/experiment) prints its own plan
         from actionopd_jax.experiment.check import check_main_job
@@ -69,6 +80,7 @@ def check(cfg: Config, devices: int = 0) -> int:
     cfg, qcfg = plan_model_config(cfg, notes)
     sizes = mesh_sizes(cfg, where.devices)
     check_run(cfg, qcfg, sizes, device_count=where.devices, processes=where.processes, platform=where.platform)
+    check_collection(cfg)
     text, fits = describe(cfg, qcfg, sizes, device_memory_gb=where.memory_gib, device_kind=where.device_kind,
                           platform=where.platform, usable_fraction=where.usable_fraction,
                           chips_per_host=where.devices_per_process)
@@ -136,6 +148,9 @@ def train(cfg: Config, args) -> int:
         from actionopd_jax.experiment.job import run_main_job
 
         return run_main_job(cfg, args)
+    import functools
+
+    from actionopd_jax.baselines.wiring import build_source
     from actionopd_jax.train import distributed
     from actionopd_jax.train.loop import Trainer
     from actionopd_jax.train.reporting import setup_logging, write_config
@@ -151,7 +166,8 @@ def train(cfg: Config, args) -> int:
     resume = None if args.resume is None else (args.resume if args.resume == "latest" else int(args.resume))
     resume, auto = _resume_choice(cfg, run_dir, resume)
     try:
-        trainer = Trainer(cfg, run_dir=run_dir, resume=resume, force=args.force)
+        trainer = Trainer(cfg, run_dir=run_dir, source=functools.partial(build_source, cfg), resume=resume,
+                          force=args.force)
     except ConfigError as e:
         if auto:  # the user did not ask to resume: say why this run is being resumed
             raise ConfigError(f"{run_dir} already holds checkpoints, so this command resumes that run, but {e}\n"

@@ -11,7 +11,7 @@ import sys
 
 # subcommand -> (module with `main(argv) -> int`, one-line help)
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("actionopd_jax.train.cli", "train a student with ActionOPD (or a baseline)"),
+    "train": ("actionopd_jax.commands.train", "train a student with ActionOPD (or a baseline)"),
     "compare": ("actionopd_jax.experiment.compare_cli", "equal-budget comparison: ActionOPD vs KD vs ablations"),
     "eval": ("actionopd_jax.eval.cli", "evaluate a checkpoint or endpoint on BFCL / tau2"),
     "serve": ("actionopd_jax.serve.cli", "OpenAI-compatible server over a checkpoint"),
