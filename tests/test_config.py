@@ -218,7 +218,7 @@ def test_choice_lists_are_the_owners():
     from actionopd_jax.collect.group import CommitMode
     from actionopd_jax.config.checks import CHOICES
     from actionopd_jax.model.attention import IMPLEMENTATIONS
-    from actionopd_jax.model.config import DTYPES, REMAT_MODES
+    from actionopd_jax.model.runtime import DTYPES, REMAT as REMAT_MODES
     from actionopd_jax.rewards import RewardMode
     from actionopd_jax.train.step import LOSS_KINDS
 

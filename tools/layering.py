@@ -40,6 +40,7 @@ LAYERS: dict[str, int] = {
     "config.schema": 0,
     "config.errors": 0,
     "config.experiment": 0,  # the experiment *section* dataclass
+    "config.method": 0,  # the objective / group-source pairing rule
     "aot": 1,
     "chat": 2,
     "model": 3,  # includes model.attention and the runtime options

@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import tempfile
@@ -28,7 +29,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from actionopd_jax.config.load import replace_keys
+from actionopd_jax.config.method import check_method
 from actionopd_jax.train.sources import StepIndexedSource
 from actionopd_jax.types import Candidate, ChatMessage, Message, StateGroup, Task, ToolSchema
 
@@ -230,10 +231,11 @@ class KDGroupSource(StepIndexedSource):
 def kd_config(cfg: Any, *, steps: int | None = None) -> Any:
     """The run config KD trains under: loss kd, behaviour logprobs not recomputed (KD has no
     ratio), the KD source."""
-    over: dict[str, Any] = {"train.loss": "kd", "train.old_logprobs": "sampler", "collect.kind": "kd"}
-    if steps is not None:
-        over["train.steps"] = int(steps)
-    return replace_keys(cfg, **over)
+    train = dataclasses.replace(cfg.train, loss="kd", old_logprobs="sampler",
+                                **({} if steps is None else {"steps": int(steps)}))
+    out = dataclasses.replace(cfg, train=train, collect=dataclasses.replace(cfg.collect, kind="kd"))
+    check_method(out)  # only the method changed: the pairing is all there is to re-check
+    return out
 
 
 @dataclass

@@ -13,6 +13,7 @@ import typing
 from actionopd_jax.aot.targets import TARGETS
 from actionopd_jax.collect.group import CommitMode
 from actionopd_jax.config.errors import ConfigError
+from actionopd_jax.config.method import check_method
 from actionopd_jax.config.experiment import TEACHER_MODES, ExperimentConfig
 from actionopd_jax.config.schema import Config
 from actionopd_jax.model.attention import IMPLEMENTATIONS
@@ -96,27 +97,10 @@ def validate(cfg: Config) -> None:
     s = cfg.collect.synthetic
     if not (0 < s.prompt_tokens_min <= s.prompt_tokens_max and 0 < s.response_tokens_min <= s.response_tokens_max):
         raise ConfigError("collect.synthetic: need 0 < *_tokens_min <= *_tokens_max")
-    _validate_method(cfg)
+    check_method(cfg)
     _validate_experiment(cfg.experiment)
     if cfg.checkpoint.every_steps < 0:
         raise ConfigError(f"checkpoint.every_steps must be >= 0, got {cfg.checkpoint.every_steps}")
-
-
-def _validate_method(cfg: Config) -> None:
-    """Which objective goes with which group source (the baselines of paper B.4/B.5)."""
-    kind, loss = cfg.collect.kind, cfg.train.loss
-    needs = {"kd": "kd", "opd": "opd"}
-    if kind in needs and loss != needs[kind]:
-        raise ConfigError(f"collect.kind={kind} produces {kind.upper()} data; set train.loss={needs[kind]} "
-                          f"(got train.loss={loss})")
-    if kind == "actionopd" and loss != "actionopd":
-        raise ConfigError(f"collect.kind=actionopd trains the ActionOPD surrogate; set train.loss=actionopd "
-                          f"(got {loss}), or collect.kind={loss} for the {loss.upper()} baseline")
-    if cfg.teacher.kind == "self" and kind != "actionopd":
-        raise ConfigError("teacher.kind=self is Self-ActionOPD: it needs collect.kind=actionopd "
-                          f"(got collect.kind={kind})")
-    if cfg.kd.trials < 1 or cfg.kd.max_tasks < 0 or cfg.kd.examples_per_step < 0:
-        raise ConfigError("kd.trials must be >= 1, kd.max_tasks and kd.examples_per_step >= 0")
 
 
 def _validate_experiment(exp: ExperimentConfig) -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from actionopd_jax.model.rope import RopeYarn, rope_from_hf
+from actionopd_jax.model.runtime import DTYPES as _DTYPES  # one list of dtypes (model/runtime.py)
 
-_DTYPES = ("float32", "bfloat16")
 _SUPPORTED_ARCH = "Qwen3ForCausalLM"
 # transformers' Qwen3Config defaults for fields a config.json may leave out
 _HF_DEFAULTS = {"max_position_embeddings": 32768, "num_key_value_heads": 32, "head_dim": 128}
