@@ -1,9 +1,9 @@
 """Sampler speed on the fixed peer_bench workload, next to the peers, in one run.
 
-    python benchmarks/sampler.py --config bench-tiny [--reps 3] [--skip-peers] [--peer-bench DIR]
+    python benchmarks/sampler.py --config bench-tiny [--reps 3] [--skip-peers] --peer-bench DIR
                                  [--lm-head checked,float32,bfloat16]
 
-Workload (../shared/peer_bench/common.py): 8 prompts x 512 ids, 4 samples each, exactly 128
+Workload (common.py of the peer harness named by --peer-bench): 8 prompts x 512 ids, 4 samples each, exactly 128
 new tokens (no end token), T=0.6, top-k 20, top-p 0.95, on the shared checkpoint written by
 peer_bench/hf_bench.py (our logits are checked against its ref_logits.npy first). Then the
 peers (transformers in /tmp/peer_hf_venv, Tunix in /tmp/peer_tunix_venv) run the same
@@ -171,8 +171,9 @@ def main(argv=None) -> int:
     ap.add_argument("--lm-head", default="checked,float32",
                     help="comma-separated Sampler lm_head modes to time (checked, float32, bfloat16); the "
                          "first is the one the ratios use (default: checked, the Sampler's default)")
-    ap.add_argument("--peer-bench", default=str(Path(__file__).resolve().parents[2] / "shared" / "peer_bench"),
-                    help="directory of the peer_bench harness")
+    ap.add_argument("--peer-bench", required=True, metavar="DIR",
+                    help="the peer benchmark harness (its common.py defines the workload, hf_bench.py writes "
+                         "the shared checkpoint); it is not part of this repository")
     a = ap.parse_args(argv)
     peer_dir = Path(a.peer_bench)
     C = _common(peer_dir)

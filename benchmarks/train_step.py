@@ -1,9 +1,9 @@
 """Train-step speed on the fixed peer_bench workload, next to the peers, in one run.
 
-    python benchmarks/train_step.py --config bench-tiny [--reps 3] [--skip-peers] [--micro 8]
+    python benchmarks/train_step.py --config bench-tiny [--reps 3] [--skip-peers] --peer-bench DIR [--micro 8]
         [--vocab-chunk 8192] [--scan-unroll 0] [--bf16-compute]
 
-Workload (../shared/peer_bench/common.py): 32 rows of 512 prompt + 128 response ids, the
+Workload (common.py of the peer harness named by --peer-bench): 32 rows of 512 prompt + 128 response ids, the
 clipped-ratio loss on response tokens only (logits / 0.6, token mean, no KL), forward +
 backward + AdamW(lr 1e-6); step_s = one update over all 32 rows. Ours is the project's
 TrainStep (the dual-clip ActionOPD surrogate, which equals the plain clipped ratio here) on
@@ -138,7 +138,9 @@ def main(argv=None) -> int:
     ap.add_argument("--scan-unroll", type=int, default=0, help="layers per scan iteration (0: all)")
     ap.add_argument("--bf16-compute", action="store_true", help="also time bf16 compute (f32 master weights)")
     ap.add_argument("--skip-peers", action="store_true")
-    ap.add_argument("--peer-bench", default=str(Path(__file__).resolve().parents[2] / "shared" / "peer_bench"))
+    ap.add_argument("--peer-bench", required=True, metavar="DIR",
+                    help="the peer benchmark harness (its common.py defines the workload, hf_bench.py writes "
+                         "the shared checkpoint); it is not part of this repository")
     a = ap.parse_args(argv)
     peer_dir = Path(a.peer_bench)
     C = _common(peer_dir)

@@ -2,7 +2,7 @@
 
     actionopd train                   runs the tiny main job on CPU: KD warm start -> ActionOPD -> held-out eval
     actionopd train --config X.yaml   runs a plain training run of X (its collect.kind picks the data),
-                                      unless X sets experiment.enabled: true (configs/tiny_cpu.yaml: the main job)
+                                      unless X sets experiment.enabled: true (configs/tiny/tiny_cpu.yaml: the main job)
 
     actionopd train [--config configs/X.yaml] [section.key=value ...]
                     [--check [--devices N] [--aot [--target T] [--lengths L,...]]] [--smoke] [--resume [STEP]] [--force] [--run-dir DIR]

@@ -195,7 +195,7 @@ def flops_per_token(cfg: Qwen3Config, context_len: int, *, training: bool = Fals
     return float(fwd * (3 if training else 1))
 
 
-_BENCH_VOCAB = 151669  # shared/peer_bench/common.py
+_BENCH_VOCAB = 151669  # the Qwen3 vocabulary the peer benchmark workload uses
 
 PRESETS: dict[str, Qwen3Config] = {
     # tiny test size: small enough for CPU unit tests, vocab large enough for a small trained tokenizer

@@ -1,6 +1,6 @@
 """How a model runs, apart from what it is: the execution settings of a Qwen3 forward.
 
-`Qwen3Config` (config.py) is the architecture: sizes, RoPE, norms, the parameters' storage
+`Qwen3Config` (model/config.py) is the architecture: sizes, RoPE, norms, the parameters' storage
 dtype -- what a checkpoint's weights need. `RuntimeOptions` is what may change from one run of
 the same weights to the next: compute dtype, rematerialisation, attention kernel, layer-scan
 unrolling. The model is built with both (`Qwen3(cfg, runtime=...)`) and keeps them as
