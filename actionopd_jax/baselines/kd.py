@@ -29,6 +29,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from actionopd_jax.config import Config
 from actionopd_jax.config.method import check_method
 from actionopd_jax.train.sources import StepIndexedSource
 from actionopd_jax.types import Candidate, ChatMessage, Message, StateGroup, Task, ToolSchema
@@ -228,7 +229,7 @@ class KDGroupSource(StepIndexedSource):
         return groups
 
 
-def kd_config(cfg: Any, *, steps: int | None = None) -> Any:
+def kd_config(cfg: Config, *, steps: int | None = None) -> Config:
     """The run config KD trains under: loss kd, behaviour logprobs not recomputed (KD has no
     ratio), the KD source."""
     train = dataclasses.replace(cfg.train, loss="kd", old_logprobs="sampler",
@@ -260,7 +261,7 @@ class KDResult:
         return nnx.merge(self.graphdef, self.params)
 
 
-def run_kd(cfg: Any, examples: Sequence[KDExample], *, run_dir: str | Path, steps: int | None = None,
+def run_kd(cfg: Config, examples: Sequence[KDExample], *, run_dir: str | Path, steps: int | None = None,
            examples_per_step: int | None = None, export_hf: str | Path | None = None,
            tokenizer_dir: str | Path | None = None) -> KDResult:
     """THE KD training run (the KD baseline, the main job's warm start and compare all train

@@ -17,13 +17,15 @@ import numpy as np
 
 from actionopd_jax.baselines.opd import (EndpointScorer, LocalTeacherScorer, Scorer, StudentTrajectory,
                                          groups_from_trajectories, run_student_trajectory)
+from actionopd_jax.config import Config
 from actionopd_jax.config.errors import ConfigError
+from actionopd_jax.train.sources import SourceContext
 from actionopd_jax.types import StateGroup
 
 log = logging.getLogger(__name__)
 
 
-def scorer_from_config(cfg: Any, ctx: Any) -> Scorer:
+def scorer_from_config(cfg: Config, ctx: SourceContext) -> Scorer:
     """teacher.kind=local: teacher.model is an HF directory of a Qwen3 sharing the student's
     token space (loaded onto the run's mesh); teacher.kind=openai: teacher.base_url serves
     echo scoring (vLLM, or `actionopd serve`)."""
@@ -54,7 +56,7 @@ def scorer_from_config(cfg: Any, ctx: Any) -> Scorer:
 
 
 class OPDGroupSource:
-    def __init__(self, cfg: Any, ctx: Any, *, scorer: Scorer | None = None, stream: Any = None,
+    def __init__(self, cfg: Config, ctx: SourceContext, *, scorer: Scorer | None = None, stream: Any = None,
                  env_factory: Any = None, tokenizer: Any = None, buckets: Any = None):
         from actionopd_jax.chat.prompt import CandidateDecoder, PromptBuilder
         from actionopd_jax.collect.source import collector_config_from, tokenizer_from, train_task_stream
@@ -150,5 +152,5 @@ class OPDGroupSource:
         return dict(self._last)
 
 
-def build_opd_source(cfg: Any, ctx: Any) -> OPDGroupSource:
+def build_opd_source(cfg: Config, ctx: SourceContext) -> OPDGroupSource:
     return OPDGroupSource(cfg, ctx)

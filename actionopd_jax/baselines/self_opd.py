@@ -26,7 +26,9 @@ from typing import Any, Callable, Sequence
 from flax import nnx
 
 from actionopd_jax.collect.source import ActionOPDGroupSource
+from actionopd_jax.config import Config
 from actionopd_jax.teacher.hf_local import parse_reply, prompt_key, reply_texts
+from actionopd_jax.train.sources import SourceContext
 from actionopd_jax.types import Action, ChatMessage, Task, ToolSchema
 
 log = logging.getLogger(__name__)
@@ -220,7 +222,7 @@ class _StepTasks:
 class SelfActionOPDGroupSource(ActionOPDGroupSource):
     """The ActionOPD group source with the SelfTeacher in place of an external teacher."""
 
-    def __init__(self, cfg: Any, ctx: Any, *, matcher: Any = None, stream: Any = None, env_factory: Any = None,
+    def __init__(self, cfg: Config, ctx: SourceContext, *, matcher: Any = None, stream: Any = None, env_factory: Any = None,
                  tokenizer: Any = None, buckets: Any = None, teacher_buckets: Any = None,
                  observe: Callable[[int, Any], None] | None = None):
         from actionopd_jax.collect.source import tokenizer_from, train_task_stream
@@ -248,5 +250,5 @@ class SelfActionOPDGroupSource(ActionOPDGroupSource):
         return super().collect(step, policy)
 
 
-def build_self_source(cfg: Any, ctx: Any) -> SelfActionOPDGroupSource:
+def build_self_source(cfg: Config, ctx: SourceContext) -> SelfActionOPDGroupSource:
     return SelfActionOPDGroupSource(cfg, ctx)

@@ -18,14 +18,15 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from actionopd_jax.config import Config
 from actionopd_jax.config.errors import ConfigError
-from actionopd_jax.train.sources import GroupSource, synthetic_source
+from actionopd_jax.train.sources import GroupSource, SourceContext, synthetic_source
 from actionopd_jax.types import Task
 
 log = logging.getLogger(__name__)
 
 
-def tasks_from_env(cfg: Any, *, limit: int = 0) -> list[Task]:
+def tasks_from_env(cfg: Config, *, limit: int = 0) -> list[Task]:
     """Every training task of the configured environment / domains / split / env.task_ids (first
     `limit` of each, 0: all); evaluation tasks are refused as for the collector (envs/splits.py)."""
     from actionopd_jax.envs.task_sets import training_task_sets
@@ -36,7 +37,7 @@ def tasks_from_env(cfg: Any, *, limit: int = 0) -> list[Task]:
     return out
 
 
-def endpoint_agent(cfg: Any):
+def endpoint_agent(cfg: Config):
     """The teacher of `teacher.*` as an eval agent (an OpenAI-compatible endpoint)."""
     from actionopd_jax.eval.agents import EndpointAgent
 
@@ -51,7 +52,7 @@ def endpoint_agent(cfg: Any):
                          max_tokens=t.max_tokens, extra_body=extra, timeout_s=t.timeout_s)
 
 
-def build_kd_source(cfg: Any, ctx: Any, *, tokenizer: Any = None, agent: Any = None):
+def build_kd_source(cfg: Config, ctx: SourceContext, *, tokenizer: Any = None, agent: Any = None):
     import asyncio
 
     from actionopd_jax.baselines.kd import KDGroupSource, kd_examples, load_trajectories, teacher_trajectories
@@ -79,7 +80,7 @@ def build_kd_source(cfg: Any, ctx: Any, *, tokenizer: Any = None, agent: Any = N
                          seed=cfg.run.seed, process_index=ctx.process_index, process_count=ctx.process_count)
 
 
-def build_baseline_source(cfg: Any, ctx: Any):
+def build_baseline_source(cfg: Config, ctx: SourceContext):
     kind = cfg.collect.kind
     if kind == "kd":
         return build_kd_source(cfg, ctx)
@@ -94,7 +95,7 @@ def build_baseline_source(cfg: Any, ctx: Any):
     raise ConfigError(f"no baseline source for collect.kind={kind} with teacher.kind={cfg.teacher.kind}")
 
 
-def build_source(cfg: Any, ctx: Any) -> GroupSource:
+def build_source(cfg: Config, ctx: SourceContext) -> GroupSource:
     """The group source named by `collect.kind`, in the trainer's context (pass it to the
     trainer as `functools.partial(build_source, cfg)`)."""
     kind = cfg.collect.kind
@@ -114,7 +115,7 @@ def build_source(cfg: Any, ctx: Any) -> GroupSource:
     raise ConfigError(f"collect.kind={kind!r} has no source")
 
 
-def check_collection(cfg: Any) -> None:
+def check_collection(cfg: Config) -> None:
     """The offline part of what `build_source` reads from the config when the run builds it
     (collect/source.py, this module): its settings, the teacher and matcher specs, the task
     sets (loaded, so missing data or a refused split shows here) and the user simulator.

@@ -26,6 +26,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+from actionopd_jax.config import Config
 from actionopd_jax.types import Task
 
 log = logging.getLogger(__name__)
@@ -102,7 +103,7 @@ def build_job_tokenizer(exp: Any, tasks: list[Task]) -> Path:
                              schema_lines(load_tokenizer(path), tools))
 
 
-def tokenizer_dir(cfg: Any, tasks: list[Task]) -> Path:
+def tokenizer_dir(cfg: Config, tasks: list[Task]) -> Path:
     if cfg.model.tokenizer:
         return Path(cfg.model.tokenizer)
     if cfg.model.hf_path:
@@ -123,7 +124,7 @@ def random_student_config(exp: Any, vocab_size: int, *, param_dtype: str = "floa
                        param_dtype=param_dtype)
 
 
-def initial_student(cfg: Any, tokenizer: Any, out_dir: Path) -> Path:
+def initial_student(cfg: Config, tokenizer: Any, out_dir: Path) -> Path:
     """HF directory of the starting student (see the module docstring)."""
     if cfg.model.hf_path:
         path = Path(cfg.model.hf_path)

@@ -27,6 +27,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from actionopd_jax.config import Config
 from actionopd_jax.types import Action, Invalid, Message, Observation, Task, ToolCall
 
 log = logging.getLogger(__name__)
@@ -133,7 +134,7 @@ def episode_numbers(records: list[dict[str, Any]]) -> dict[str, float]:
     }
 
 
-def evaluate_student(student_dir: Path, tokenizer_dir: Path, tasks: list[Task], out_dir: Path, *, cfg: Any,
+def evaluate_student(student_dir: Path, tokenizer_dir: Path, tasks: list[Task], out_dir: Path, *, cfg: Config,
                      label: str, progress: bool) -> dict[str, float]:
     """Both measurements for the student in `student_dir`; outputs under `out_dir`
     (episodes.jsonl, decisions.jsonl, and the harness's results.json / report.md / scores.png)."""
