@@ -14,8 +14,8 @@ from actionopd_jax.train.step import StepSettings, TrainStep, make_optimizer, sp
 TINY = PRESETS["tiny"]
 
 
-def tiny_params(seed: int = 0, cfg=TINY):
-    return split_params(Qwen3(cfg, rngs=nnx.Rngs(seed)))
+def tiny_params(seed: int = 0, cfg=TINY, runtime=None):
+    return split_params(Qwen3(cfg, runtime=runtime, rngs=nnx.Rngs(seed)))
 
 
 def random_rows(n: int, seed: int, *, vocab: int = TINY.vocab_size, prompt=(3, 20), resp=(1, 9)) -> list[Row]:

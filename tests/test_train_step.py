@@ -9,6 +9,7 @@ import pytest
 from flax import nnx
 
 from actionopd_jax.train import losses as L
+from actionopd_jax.model.runtime import RuntimeOptions
 from actionopd_jax.train.batching import Row, bucket_length, pack_minibatch, plan_minibatches, rows_from_groups
 from actionopd_jax.train.step import StepSettings, make_optimizer, response_logprobs
 from actionopd_jax.types import Candidate, Message, StateGroup
@@ -256,8 +257,8 @@ def test_remat_and_bf16_compute_keep_f32_master_weights(override, tol):
     rows = random_rows(4, seed=15)
     arrays = packed(rows, microbatches=1, microbatch_rows=4).arrays
     out = []
-    for cfg in (TINY, TINY.replace(**override)):
-        gd, _ = tiny_params(seed=14, cfg=cfg)
+    for runtime in (RuntimeOptions(), RuntimeOptions(**override)):
+        gd, _ = tiny_params(seed=14, runtime=runtime)
         ts = train_step(gd, params)
         state = ts.init_state(device_params(params))
         batch = ts.put_batch(arrays)
