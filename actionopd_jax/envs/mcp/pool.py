@@ -62,6 +62,7 @@ class McpPool:
         self._live: set[McpServer] = set()
         self._cond: asyncio.Condition | None = None  # created on the pool loop
         self._closed = False
+        self._pending: set = set()  # releases from synchronous code still running
         self._finalizer = weakref.finalize(self, _kill_all, self._live)
         atexit.register(self._finalizer)
 
@@ -76,7 +77,9 @@ class McpPool:
     def release_soon(self, server: McpServer, *, ok: bool) -> None:
         """Release from synchronous code (Environment.score/end): runs on the pool loop."""
         if not self.loop.closed:
-            self.loop.submit(self._release(server, ok))
+            future = self.loop.submit(self._release(server, ok))
+            self._pending.add(future)
+            future.add_done_callback(self._pending.discard)
 
     def close(self) -> None:
         if self._closed:
@@ -169,6 +172,9 @@ class McpPool:
         await server.close()
 
     async def _close_all(self) -> None:
+        pending = [asyncio.wrap_future(f) for f in list(self._pending)]
+        if pending:
+            await asyncio.wait(pending, timeout=10)
         cond = self._condition()
         async with cond:
             servers = list(self._live)
