@@ -20,7 +20,7 @@ from typing import Any
 from actionopd_jax.envs.base import EnvError, assistant_message, check_step, tool_message
 from actionopd_jax.envs.mcp.client import McpFault, McpServer
 from actionopd_jax.envs.mcp.pool import McpPool
-from actionopd_jax.envs.tool_args import check_tool_call
+from actionopd_jax.envs.tool_args import check_tool_call, is_safe_identifier
 from actionopd_jax.types import Action, Observation, Task, ToolCall
 
 
@@ -32,6 +32,18 @@ def task_messages(task: Task) -> list[dict]:
         raise ValueError(f"MCP task {task.task_id}: payload needs 'messages' or 'prompt'")
     system = [{"role": "system", "content": payload["system"]}] if payload.get("system") else []
     return system + [{"role": "user", "content": str(payload["prompt"])}]
+
+
+def _check_call(call: ToolCall, tools: list) -> str | None:
+    """The shared pre-execution checks (envs/tool_args.py) without its Python-identifier rule
+    for the tool name: MCP names may hold '-' or '.', and the name only selects a listed tool
+    (it never becomes a Python attribute)."""
+    match = next((t for t in tools if t["function"]["name"] == call.name), None)
+    if match is None or is_safe_identifier(call.name):
+        return check_tool_call(call, tools, check_types=False)
+    alias = {"type": "function", "function": {**match["function"], "name": "tool"}}
+    problem = check_tool_call(ToolCall("tool", call.arguments), [alias], check_types=False)
+    return problem.replace("'tool'", f"'{call.name}'") if problem else None
 
 
 class McpEnv:
@@ -71,7 +83,7 @@ class McpEnv:
         call_id = f"call_{self._calls}"
         self._calls += 1
         self._messages.append(assistant_message(action, call_id))
-        problem = check_tool_call(action, self._tools, check_types=False)
+        problem = _check_call(action, self._tools)
         if problem is not None:
             text = f"Error: {problem}"
             self._errors += 1

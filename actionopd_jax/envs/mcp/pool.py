@@ -22,6 +22,7 @@ import weakref
 from dataclasses import dataclass, field
 
 from actionopd_jax.envs.mcp.client import McpFault, McpServer, ServerSpec
+from actionopd_jax.envs.mcp.convert import tool_evidence
 from actionopd_jax.envs.mcp.loop import LoopThread
 
 
@@ -81,6 +82,24 @@ class McpPool:
             self._pending.add(future)
             future.add_done_callback(self._pending.discard)
 
+    def warm(self, count: int | None = None, timeout_s: float = 600.0) -> None:
+        """Start up to `count` servers (default: the pool's size) now, so that no episode, and
+        no device step behind it, waits for a cold start."""
+        self.loop.run_sync(self._warm(min(count or self.size, self.size)), timeout=timeout_s)
+
+    def evidence(self, sources: dict[str, str] | None = None) -> dict[str, str]:
+        """Tool name -> matcher evidence (description + input schema, + `sources[name]`, the
+        implementation, when the environment ships it), read from one server's tool list."""
+        async def read() -> dict[str, str]:
+            server = await self._acquire()
+            try:
+                return {t["function"]["name"]: tool_evidence(t, (sources or {}).get(t["function"]["name"]))
+                        for t in server.tools}
+            finally:
+                await self._release(server, True)
+
+        return self.loop.run_sync(read(), timeout=120)
+
     def close(self) -> None:
         if self._closed:
             return
@@ -134,6 +153,13 @@ class McpPool:
         self.stats.starts += 1
         self.stats.start_s.append(time.perf_counter() - t0)
         return placeholder
+
+    async def _warm(self, count: int) -> None:
+        servers = await asyncio.gather(*(self._acquire() for _ in range(count - len(self._live))))
+        cond = self._condition()
+        async with cond:
+            self._idle.extend(servers)  # fresh servers need no reset
+            cond.notify_all()
 
     async def _release(self, server: McpServer, ok: bool) -> None:
         cond = self._condition()

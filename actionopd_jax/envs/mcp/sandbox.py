@@ -123,6 +123,11 @@ class SandboxedProcess:
             await asyncio.wait_for(self.process.wait(), 5.0)
         except (asyncio.TimeoutError, ProcessLookupError):
             pass
+        # close the pipes' transport now, on its loop (asyncio would otherwise close it from
+        # the garbage collector, possibly after the pool's loop is gone)
+        transport = getattr(self.process, "_transport", None)
+        if transport is not None:
+            transport.close()
         if remove_dir:
             shutil.rmtree(self.workdir, ignore_errors=True)
             try:
