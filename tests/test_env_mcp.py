@@ -20,7 +20,7 @@ from actionopd_jax.config import EnvConfig
 from actionopd_jax.envs.mcp.client import McpFault, ServerSpec
 from actionopd_jax.envs.mcp.env import McpEnv
 from actionopd_jax.envs.mcp.pool import McpPool
-from actionopd_jax.envs.mcp.sandbox import Limits
+from actionopd_jax.envs.mcp.sandbox import Limits, Sandbox
 from actionopd_jax.envs.registry import env_factory_from
 from actionopd_jax.envs.task_sets import training_task_sets
 from actionopd_jax.types import Message, Task, ToolCall
@@ -91,14 +91,39 @@ def test_tools_listed_calls_run_state_persists_and_resets_stdio():
             assert obs.messages[-1]["content"].startswith("Error")  # isError -> an error message
             obs, _ = await env.step(ToolCall("no_such_tool", {}))
             assert "no_such_tool" in obs.messages[-1]["content"]  # refused before the server
+            obs, _ = await env.step(ToolCall("count-notes", {"prefix": "al"}))
+            assert obs.messages[-1]["content"] == "1"  # MCP names may hold '-'
+            obs, _ = await env.step(ToolCall("count-notes", {"bogus": 1}))
+            assert "unknown parameter 'bogus' for 'count-notes'" in obs.messages[-1]["content"]
             await env.step(Message("ok"))
-            assert env.score()["tool_errors"] == 2
+            assert env.score()["tool_errors"] == 3
             # the next episode reuses the server, reset by the tool
             assert await episode(env, [("list_notes", {})]) == [EMPTY]
 
         asyncio.run(main())
         assert pool.stats.starts == 1 and pool.stats.resets >= 1
+        evidence = pool.evidence({"add_note": "def add_note(text): ..."})
+        assert "Store a note; returns its id." in evidence["add_note"] and '"text"' in evidence["add_note"]
+        assert "def add_note(text)" in evidence["add_note"] and "implementation" not in evidence["list_notes"]
+        assert pool.stats.starts == 1  # read from the live server
     assert wait_gone(mark) == []
+
+
+def test_secrets_are_refused_and_the_collector_records_the_servers_reason():
+    with pytest.raises(ValueError, match="secret"):
+        Sandbox(extra_env={"OPENAI_API_KEY": "sk-x"})
+    from types import SimpleNamespace
+
+    from actionopd_jax.collect.collector import Collector, _EnvFailure
+    from actionopd_jax.collect.metrics import TrajectoryRecord
+
+    async def failing():
+        raise McpFault("mcp_timeout", "tools/call sleep exceeded 1s")
+
+    rec = TrajectoryRecord(task_start=0, task_id="t", env="mcp")
+    with pytest.raises(_EnvFailure) as err:
+        asyncio.run(Collector._env_call(SimpleNamespace(cfg=SimpleNamespace(env_timeout_s=5)), failing(), rec))
+    assert err.value.reason == "mcp_timeout"
 
 
 def test_http_server_with_command_reset_through_the_config_factory(tmp_path):
@@ -124,6 +149,30 @@ def test_http_server_with_command_reset_through_the_config_factory(tmp_path):
     finally:
         pool.close()
     assert wait_gone(mark) == []
+
+
+def test_an_existing_http_server_by_url():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen([sys.executable, NOTES, "--http", str(port)], stderr=subprocess.DEVNULL,
+                              start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while socket.socket().connect_ex(("127.0.0.1", port)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        # one shared database behind the url: one episode at a time
+        with McpPool(ServerSpec(url=f"http://127.0.0.1:{port}/mcp"), size=1, reset="tool:reset_db") as pool:
+            env = McpEnv(pool)
+
+            async def main():
+                assert await episode(env, [("add_note", {"text": "u"}), ("list_notes", {})]) == ["note 1 stored", "u"]
+                assert await episode(env, [("list_notes", {})]) == [EMPTY]
+
+            asyncio.run(main())
+    finally:
+        server.kill()
+        server.wait()
 
 
 @pytest.mark.parametrize("tool,args,reason", [

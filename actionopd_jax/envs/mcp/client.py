@@ -39,7 +39,9 @@ class ServerSpec:
     """How to reach one server. `command` alone: a stdio server. `command` with a "{port}"
     argument: an HTTP server started on a free 127.0.0.1 port, reached at `url` (default
     http://127.0.0.1:{port}/mcp). `url` alone: an existing streamable-HTTP server (not
-    sandboxed: we did not start it). "{workdir}" in `command` is the server's private dir."""
+    sandboxed: we did not start it; every pool slot is one more MCP session on it, so unless
+    the server keeps state per session, its episodes share state: use a pool of 1).
+    "{workdir}" in `command` is the server's private dir."""
 
     command: tuple[str, ...] = ()
     url: str = ""

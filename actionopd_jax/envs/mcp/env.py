@@ -122,6 +122,13 @@ class McpEnv:
         self._give_back(ok=not self._fault)  # scoring is the collector's last word on an episode
         return out
 
+    def __del__(self) -> None:
+        # an episode abandoned without score() (its caller failed) must not keep its lease
+        try:
+            self._give_back(ok=False)
+        except Exception:  # noqa: BLE001 - interpreter shutdown
+            pass
+
     # --- internals ---------------------------------------------------------------------------
 
     def _finish(self, reason: str, *, fault: str = "") -> None:

@@ -35,6 +35,13 @@ def list_notes() -> list[str]:
         return [r[0] for r in conn.execute("SELECT text FROM notes ORDER BY id")]
 
 
+@server.tool(name="count-notes")
+def count_notes(prefix: str = "") -> int:
+    """How many notes start with `prefix` (a tool name with a hyphen, as MCP allows)."""
+    with _db() as conn:
+        return conn.execute("SELECT COUNT(*) FROM notes WHERE text LIKE ?", (prefix + "%",)).fetchone()[0]
+
+
 @server.tool()
 def reset_db() -> str:
     """Drop every note."""
