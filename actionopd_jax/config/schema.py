@@ -199,7 +199,8 @@ class EnvConfig:
     mcp_url: str = ""
     mcp_reset: str = "fresh"  # between episodes: "fresh" (new server) | "tool:NAME" | "command:ARGV"
     mcp_call_timeout_s: float = 30.0  # wall clock per tools/call (the server is then replaced)
-    mcp_pool_size: int = 0  # servers at most; 0: collect.concurrency
+    mcp_pool_size: int = 0  # servers at most; 0: collect.concurrency (a url-only server shares its
+    # state across sessions unless it keeps state per session: give it a pool of 1)
     tasks_file: str = ""
 
 
