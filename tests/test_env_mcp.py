@@ -151,6 +151,16 @@ def test_http_server_with_command_reset_through_the_config_factory(tmp_path):
     assert wait_gone(mark) == []
 
 
+def test_a_server_that_cannot_start_ends_the_episode_with_a_reason():
+    with McpPool(ServerSpec(command=(sys.executable, "-c", "raise SystemExit(2)")), size=1) as pool:
+        env = McpEnv(pool)
+        with pytest.raises(McpFault) as err:
+            asyncio.run(env.reset(TASK))
+        assert err.value.end_reason == "mcp_start_failed" and "2" in err.value.detail
+        env.end("env_error")
+        assert env.score()["end_reason"] == "mcp_start_failed"
+
+
 def test_an_existing_http_server_by_url():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -247,6 +257,8 @@ def test_a_hostile_server_is_contained(monkeypatch, tmp_path):
             assert sandbox[0].startswith("/") and "actionopd-mcp-" in sandbox[0]  # its own HOME
             assert "pidns=on" in sandbox[2] and "mountns=on(read-only" in sandbox[2]
             assert "netns=on(loopback only)" in sandbox[2]
+            got = json.loads(await call("limits", {}))
+            assert got == limits.rlimits()  # CPU, address space, file size, open files
             assert (await call("write_file", {"path": str(outside)})).startswith("refused")
             assert not outside.exists()
             assert await call("write_file", {"path": "inside.txt"}) == "written"

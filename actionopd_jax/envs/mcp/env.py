@@ -63,6 +63,7 @@ class McpEnv:
         self._messages = task_messages(task)
         self._calls = 0
         self._errors = 0
+        self._tools: list = []
         try:
             self._server = await self.pool.acquire()
         except McpFault as fault:

@@ -17,7 +17,8 @@ an unprivileged trainer, and what is not:
 | number of processes | no | RLIMIT_NPROC counts every process of the uid (trainer threads included) and is ignored for root; forks are instead contained by the pid namespace and group kill below |
 | process lifetime | yes | own session + process group (killed as a group on close); PR_SET_PDEATHSIG=SIGKILL on the launcher (re-checked against the parent pid to close the race); in a private pid namespace every process, forked or `setsid()`-escaped, dies with the namespace's init, which dies with the launcher, which dies with the trainer thread that spawned it, so a `kill -9` of the trainer leaves nothing; without a pid namespace a forked child that leaves the group can outlive a `kill -9` |
 | wall clock per tool call | yes | the MCP client's per-call timeout (`client.py`); the server is then killed and replaced |
-| output volume | yes | stdout lines longer than `max_line_bytes` end the connection (the reader never buffers more); stderr goes to a file under RLIMIT_FSIZE |
+| output volume | stdio: yes; HTTP: no | stdio lines longer than `max_line_bytes` end the connection (the reader never buffers more); stderr goes to a file under RLIMIT_FSIZE (Python servers ignore SIGXFSZ, so their writes past it fail with EFBIG); an HTTP reply is read whole by the SDK (a tool result is cut to 20,000 characters only afterwards) |
+| clean-up of private directories | on close, not after `kill -9` | `kill -9` of the trainer leaves the (small) directories under the temp root |
 | privilege escalation | yes | PR_SET_NO_NEW_PRIVS before exec |
 | system calls (seccomp) | no | not installed; namespaces and rlimits only |
 

@@ -84,6 +84,14 @@ def read_env(name: str) -> str:
 
 
 @server.tool()
+def limits() -> dict[str, int]:
+    """This process's resource limits (soft values)."""
+    import resource
+    return {name: resource.getrlimit(getattr(resource, name))[0]
+            for name in ("RLIMIT_CPU", "RLIMIT_AS", "RLIMIT_FSIZE", "RLIMIT_NOFILE")}
+
+
+@server.tool()
 def write_file(path: str) -> str:
     """Try to write `path`; says what happened."""
     try:
