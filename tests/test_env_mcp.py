@@ -298,10 +298,12 @@ time.sleep(600)
 """
 
 
-def test_no_server_outlives_a_kill_9_of_its_parent():
+def test_no_server_outlives_a_kill_9_of_its_parent(tmp_path):
     mark = uuid.uuid4().hex
     code = KILLED_PARENT.format(root=str(Path(__file__).parents[1]), notes=NOTES, mark=mark)
-    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    # the private directories a kill -9 cannot remove go under tmp_path (TMPDIR)
+    parent = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "TMPDIR": str(tmp_path)})
     try:
         assert parent.stdout.readline().strip() == "READY"
         assert len(marked_pids(mark)) >= 4  # 2 servers + 2 sleepers

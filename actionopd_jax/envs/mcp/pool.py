@@ -16,7 +16,9 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import contextlib
 import shlex
+import shutil
 import time
 import weakref
 from dataclasses import dataclass, field
@@ -211,7 +213,11 @@ class McpPool:
 
 
 def _kill_all(live: set) -> None:
-    # last resort at interpreter exit or garbage collection: SIGKILL every group synchronously
+    # last resort at interpreter exit or garbage collection: SIGKILL every group and remove
+    # the private directories, synchronously (the pool's loop may be gone)
     for server in list(live):
         if server.proc is not None:
             server.proc.kill()
+            shutil.rmtree(server.proc.workdir, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                server.proc.stderr_path.unlink()
