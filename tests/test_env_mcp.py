@@ -161,12 +161,12 @@ def test_a_server_that_cannot_start_ends_the_episode_with_a_reason():
         assert env.score()["end_reason"] == "mcp_start_failed"
 
 
-def test_an_existing_http_server_by_url():
+def test_an_existing_http_server_by_url(tmp_path):
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     server = subprocess.Popen([sys.executable, NOTES, "--http", str(port)], stderr=subprocess.DEVNULL,
-                              start_new_session=True)
+                              start_new_session=True, cwd=tmp_path)  # its state.db goes there
     try:
         deadline = time.monotonic() + 30
         while socket.socket().connect_ex(("127.0.0.1", port)) and time.monotonic() < deadline:
