@@ -47,6 +47,7 @@ LAYERS: dict[str, int] = {
     "rewards": 4,
     "checkpoint": 5,
     "envs": 6,
+    "envs.mcp": 6,  # any MCP server as an environment, its server code sandboxed
     "sampling": 7,
     "teacher": 8,
     "matching": 9,

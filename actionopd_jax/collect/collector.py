@@ -265,7 +265,10 @@ class Collector:
         except asyncio.TimeoutError:
             raise _EnvFailure("env_timeout", f"environment call exceeded {self.cfg.env_timeout_s}s") from None
         except Exception as err:  # noqa: BLE001
-            raise _EnvFailure("env_error", f"{type(err).__name__}: {err}") from err
+            # an environment may name its failure (e.g. MCP's mcp_timeout / mcp_connection_lost)
+            reason = getattr(err, "end_reason", None)
+            raise _EnvFailure(reason if isinstance(reason, str) and reason else "env_error",
+                              f"{type(err).__name__}: {err}") from err
         finally:
             rec.env_s += time.perf_counter() - t0
         return result[0] if isinstance(result, tuple) else result

@@ -141,7 +141,7 @@ class ActionOPDGroupSource:
                                     temperature=self.cfg.temperature, top_p=self.cfg.top_p, top_k=self.cfg.top_k)
         self.collector = Collector(self.cfg, tokenizer=tokenizer, teacher=teacher, matcher=matcher,
                                    sample_fn=sampler_fn(self.sampler, settings), eos_ids=[eos],
-                                   env_factory=env_factory or env_factory_from(cfg.env))
+                                   env_factory=env_factory or env_factory_from(cfg.env, concurrency=cfg.collect.concurrency))
         self.last: CollectResult | None = None
 
     def collect(self, step: int, policy: Any) -> list[StateGroup]:

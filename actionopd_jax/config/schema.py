@@ -175,7 +175,7 @@ class MatcherConfig:
 
 @dataclass(frozen=True)
 class EnvConfig:
-    name: str = "synthetic"  # "bfcl" | "tau2" | "synthetic"
+    name: str = "synthetic"  # "bfcl" | "tau2" | "mcp" | "synthetic"
     domains: tuple[str, ...] = ()
     split: str = "train"  # tau2: official "train" (178 tasks) | "test" (100) | "base"; BFCL has no splits
     # explicit training tasks (ids of the env's tasks; empty: all of domains/split) and the tasks
@@ -191,6 +191,17 @@ class EnvConfig:
     user_top_p: float = 0.8
     user_top_k: int = 20
     user_max_tokens: int = 8192
+    # env.name=mcp: any MCP tool server (actionopd_jax/envs/mcp). The server is a sandboxed
+    # stdio command (mcp_command, an argv; an argument "{port}" makes it an HTTP server on a
+    # free loopback port) or an existing streamable-HTTP endpoint (mcp_url). Tasks come from a
+    # JSON-lines file (tasks_file; env.split selects a split, "all" every task).
+    mcp_command: tuple[str, ...] = ()
+    mcp_url: str = ""
+    mcp_reset: str = "fresh"  # between episodes: "fresh" (new server) | "tool:NAME" | "command:ARGV"
+    mcp_call_timeout_s: float = 30.0  # wall clock per tools/call (the server is then replaced)
+    mcp_pool_size: int = 0  # servers at most; 0: collect.concurrency (a url-only server shares its
+    # state across sessions unless it keeps state per session: give it a pool of 1)
+    tasks_file: str = ""
 
 
 @dataclass(frozen=True)

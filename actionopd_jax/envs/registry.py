@@ -29,7 +29,13 @@ def _tau2(env_name: str, **options: Any) -> Environment:
 
 
 # Task.env name (or a "<prefix>_" family) -> builder(env_name, **options)
-REGISTRY: dict[str, Callable[..., Environment]] = {"bfcl": _bfcl, "tau2_": _tau2}
+def _mcp(env_name: str, **options: Any) -> Environment:
+    from actionopd_jax.envs.mcp.env import McpEnv
+
+    return McpEnv(**options)  # needs pool= (an McpPool); env_factory_from builds one
+
+
+REGISTRY: dict[str, Callable[..., Environment]] = {"bfcl": _bfcl, "tau2_": _tau2, "mcp": _mcp}
 
 
 def make_environment(env_name: str, **options: Any) -> Environment:
@@ -38,7 +44,7 @@ def make_environment(env_name: str, **options: Any) -> Environment:
     for name, build in REGISTRY.items():
         if env_name == name or (name.endswith("_") and env_name.startswith(name)):
             return build(env_name, **options)
-    raise ValueError(f"unknown environment '{env_name}'; expected bfcl, tau2_airline, tau2_retail or tau2_telecom")
+    raise ValueError(f"unknown environment '{env_name}'; expected bfcl, tau2_airline, tau2_retail, tau2_telecom or mcp")
 
 
 def default_env_factory(env_options: dict[str, dict[str, Any]] | None = None) -> EnvFactory:
@@ -52,8 +58,13 @@ def default_env_factory(env_options: dict[str, dict[str, Any]] | None = None) ->
     return make
 
 
-def env_factory_from(env: EnvConfig) -> EnvFactory:
-    """The environment factory of the `env` section: tau2 gets its user simulator."""
+def env_factory_from(env: EnvConfig, *, concurrency: int | None = None) -> EnvFactory:
+    """The environment factory of the `env` section: tau2 gets its user simulator; mcp one
+    server pool of env.mcp_pool_size (0: `concurrency`, the collector's episodes in flight)."""
+    if env.name == "mcp":
+        from actionopd_jax.envs.mcp.factory import mcp_env_factory
+
+        return mcp_env_factory(env, concurrency=concurrency)
     if env.name != "tau2":
         return default_env_factory()
     from actionopd_jax.envs.user_sim import UserSimConfig, UserSimulator

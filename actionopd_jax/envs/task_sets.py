@@ -20,19 +20,31 @@ def task_set_names(env: EnvConfig, *, needed_by: str) -> list[tuple[str, str]]:
         if not env.domains:
             raise ConfigError("env.name=tau2 needs env.domains (airline, retail, telecom)")
         return [(f"tau2_{d}", env.split) for d in env.domains]
-    raise ConfigError(f"{needed_by} needs env.name bfcl or tau2, got {env.name!r}")
+    if env.name == "mcp":
+        if not env.tasks_file:
+            raise ConfigError("env.name=mcp needs env.tasks_file (JSON lines of tasks, envs/mcp/tasks.py)")
+        return [("mcp", env.split)]
+    raise ConfigError(f"{needed_by} needs env.name bfcl, tau2 or mcp, got {env.name!r}")
 
 
 def training_task_sets(env: EnvConfig, *, needed_by: str) -> list[tuple[str, list]]:
     """(name, tasks) of every task set `env` names, narrowed to env.task_ids when given; training
     on tasks evaluation scores is refused unless env.allow_eval_overlap (envs/splits.py)."""
-    sets = [(f"{name}:{split}", load_task_set(name, split)) for name, split in task_set_names(env, needed_by=needed_by)]
+    sets = [(f"{name}:{split}", _task_set(env, name, split)) for name, split in task_set_names(env, needed_by=needed_by)]
     every = select_task_ids([t for _, tasks in sets for t in tasks], env.task_ids)
     keep = {(t.env, t.task_id) for t in every}
     sets = [(name, [t for t in tasks if (t.env, t.task_id) in keep]) for name, tasks in sets]
     sets = [(name, tasks) for name, tasks in sets if tasks]
     check_eval_overlap(env, every)
     return sets
+
+
+def _task_set(env: EnvConfig, name: str, split: str) -> list:
+    if name == "mcp":
+        from actionopd_jax.envs.mcp.tasks import load_mcp_tasks
+
+        return load_mcp_tasks(env.tasks_file, split)
+    return load_task_set(name, split)
 
 
 def task_stream_from(env: EnvConfig, *, per_step: int, seed: int, needed_by: str = "collect.kind=actionopd") -> TaskStream:

@@ -1,0 +1,192 @@
+"""Containment of untrusted (machine-generated) environment server code: the parent half.
+
+`Sandbox.spawn` starts a command through `launcher.py` (the child half, a fresh stdlib-only
+interpreter that contains itself and then exec()s the command). What is enforced on Linux for
+an unprivileged trainer, and what is not:
+
+| measure | enforced | how / why not |
+|---|---|---|
+| secrets in the environment | yes | the server's environment is built from nothing: only `ENV_ALLOW` names copied from the trainer (PATH, LANG, ...) plus `extra_env`; no `*_API_KEY`, `*_TOKEN` or any other name reaches it |
+| private working directory | yes | a fresh `mkdtemp` per server (cwd, HOME, TMPDIR), removed on close |
+| writes outside the working directory | yes, where user + mount namespaces are available (they are here) | a private mount namespace where every mount is read-only except the working directory; without it: not enforced (the server writes wherever the trainer's uid may) |
+| network | loopback only, stdio servers, where user + network namespaces are available (they are here) | a private network namespace holding only `lo`; HTTP-served servers share the trainer's network (the trainer must reach their port), so for them it is not enforced |
+| CPU time | yes | RLIMIT_CPU (SIGXCPU, then SIGKILL at the hard limit = same value) |
+| memory | yes, per process | RLIMIT_AS (address space); children each get their own limit |
+| file size | yes, per file | RLIMIT_FSIZE (SIGXFSZ kills a writer past it, stderr log included); total disk use of the directory is not bounded (no quota without root) |
+| open files | yes | RLIMIT_NOFILE |
+| number of processes | no | RLIMIT_NPROC counts every process of the uid (trainer threads included) and is ignored for root; forks are instead contained by the pid namespace and group kill below |
+| process lifetime | yes | own session + process group (killed as a group on close); PR_SET_PDEATHSIG=SIGKILL on the launcher (re-checked against the parent pid to close the race); in a private pid namespace every process, forked or `setsid()`-escaped, dies with the namespace's init, which dies with the launcher, which dies with the trainer thread that spawned it, so a `kill -9` of the trainer leaves nothing; without a pid namespace a forked child that leaves the group can outlive a `kill -9` |
+| wall clock per tool call | yes | the MCP client's per-call timeout (`client.py`); the server is then killed and replaced |
+| output volume | stdio: yes; HTTP: no | stdio lines longer than `max_line_bytes` end the connection (the reader never buffers more); stderr goes to a file under RLIMIT_FSIZE (Python servers ignore SIGXFSZ, so their writes past it fail with EFBIG); an HTTP reply is read whole by the SDK (a tool result is cut to 20,000 characters only afterwards) |
+| clean-up of private directories | on close, not after `kill -9` | `kill -9` of the trainer leaves the (small) directories under the temp root |
+| privilege escalation | yes | PR_SET_NO_NEW_PRIVS before exec |
+| system calls (seccomp) | no | not installed; namespaces and rlimits only |
+
+The death signal belongs to the spawning *thread*: servers must be spawned from a thread that
+lives as long as they do (the pool's event-loop thread, `loop.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+LAUNCHER = Path(__file__).with_name("launcher.py")
+
+# The only names copied from the trainer's environment (what an interpreter needs to run).
+ENV_ALLOW: tuple[str, ...] = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "PYTHONPATH", "VIRTUAL_ENV",
+                              "PYENV_VERSION", "PYENV_ROOT", "SSL_CERT_FILE")
+# Names never passed on, even when `extra_env` names them (a config typo must not leak a key).
+SECRET_MARKERS: tuple[str, ...] = ("KEY", "TOKEN", "SECRET", "PASSWORD", "CREDENTIAL", "AUTH")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Resource limits of one sandboxed server (each soft = hard). 0 disables one."""
+
+    cpu_s: int = 600                 # CPU seconds per process (not wall clock)
+    memory_mb: int = 4096            # address space per process
+    file_mb: int = 64                # largest file a process may write
+    open_files: int = 256
+    namespaces: bool = True          # private user / pid / mount (/ network for stdio) namespaces
+    max_line_bytes: int = 8 << 20    # one MCP message on stdout
+
+    def rlimits(self) -> dict[str, int]:
+        out = {}
+        if self.cpu_s:
+            out["RLIMIT_CPU"] = self.cpu_s
+        if self.memory_mb:
+            out["RLIMIT_AS"] = self.memory_mb << 20
+        if self.file_mb:
+            out["RLIMIT_FSIZE"] = self.file_mb << 20
+        if self.open_files:
+            out["RLIMIT_NOFILE"] = self.open_files
+        return out
+
+
+def scrubbed_env(extra: dict[str, str] | None = None, *, workdir: str) -> dict[str, str]:
+    """The whole environment a server gets: allow-listed names, its own HOME/TMPDIR, `extra`."""
+    env = {k: os.environ[k] for k in ENV_ALLOW if k in os.environ}
+    env.update({"HOME": workdir, "TMPDIR": workdir, "PYTHONDONTWRITEBYTECODE": "1", "PYTHONUNBUFFERED": "1"})
+    for key, value in (extra or {}).items():
+        if any(m in key.upper() for m in SECRET_MARKERS):
+            raise ValueError(f"refusing to pass {key!r} to a sandboxed server (looks like a secret)")
+        env[key] = str(value)
+    return env
+
+
+@dataclass
+class SandboxedProcess:
+    """A running sandboxed command: its asyncio process, private directory and stderr log."""
+
+    process: asyncio.subprocess.Process
+    workdir: Path
+    stderr_path: Path
+    transport_error: str = ""  # set by the transport when the server broke the protocol
+    _closed: bool = field(default=False, repr=False)
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid  # == its process group id (the launcher calls setsid)
+
+    def alive(self) -> bool:
+        return self.process.returncode is None
+
+    def stderr_tail(self, limit: int = 2000) -> str:
+        try:
+            with open(self.stderr_path, "rb") as f:
+                f.seek(0, os.SEEK_END)
+                f.seek(max(0, f.tell() - limit))
+                return f.read().decode("utf-8", "replace")
+        except OSError:
+            return ""
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group (synchronous, idempotent)."""
+        try:
+            os.killpg(self.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    async def close(self, *, remove_dir: bool = True) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.kill()
+        try:
+            await asyncio.wait_for(self.process.wait(), 5.0)
+        except (asyncio.TimeoutError, ProcessLookupError):
+            pass
+        # close the pipes' transport now, on its loop (asyncio would otherwise close it from
+        # the garbage collector, possibly after the pool's loop is gone)
+        transport = getattr(self.process, "_transport", None)
+        if transport is not None:
+            transport.close()
+        if remove_dir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+            try:
+                self.stderr_path.unlink()
+            except OSError:
+                pass
+
+
+class Sandbox:
+    """Spawns contained commands. `root`: where private directories go (default: the system
+    temp dir)."""
+
+    def __init__(self, limits: Limits | None = None, *, root: str | None = None,
+                 extra_env: dict[str, str] | None = None):
+        self.limits = limits or Limits()
+        self.root = root
+        self.extra_env = dict(extra_env or {})
+        scrubbed_env(self.extra_env, workdir="/")  # refuse secret-looking names at construction
+
+    def new_workdir(self) -> Path:
+        return Path(tempfile.mkdtemp(prefix="actionopd-mcp-", dir=self.root))
+
+    def launcher_argv(self, argv: list[str], workdir: Path, *, network: bool) -> tuple[list[str], dict[str, str]]:
+        """The argv (launcher + command) and the environment that start `argv` contained.
+        `network`: the command must be reachable over the trainer's loopback (no netns)."""
+        names = ["pidns", "mountns"] + ([] if network else ["netns"]) if self.limits.namespaces else []
+        spec = {"parent": os.getpid(), "cwd": str(workdir), "namespaces": names,
+                "env": scrubbed_env(self.extra_env, workdir=str(workdir)), "rlimits": self.limits.rlimits()}
+        full = [sys.executable, "-I", "-S", str(LAUNCHER), json.dumps(spec), "--", *argv]
+        # the launcher itself needs nothing from the environment (-I -S: no site, no PYTHON*)
+        return full, {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
+
+    async def spawn(self, argv: list[str], *, workdir: Path | None = None, network: bool = False,
+                    stdio: bool = True) -> SandboxedProcess:
+        """Start `argv` contained, from the running loop's thread (the death signal's owner).
+        stdio=True: stdin/stdout are pipes (an MCP stdio server); else both are /dev/null."""
+        workdir = workdir or self.new_workdir()
+        full, env = self.launcher_argv(list(argv), workdir, network=network)
+        stderr_path = workdir.parent / f"{workdir.name}.stderr"  # outside the dir the server may list
+        with open(stderr_path, "wb") as err:
+            pipe = asyncio.subprocess.PIPE if stdio else asyncio.subprocess.DEVNULL
+            process = await asyncio.create_subprocess_exec(
+                *full, stdin=pipe, stdout=pipe, stderr=err, env=env, cwd=str(workdir),
+                start_new_session=True, close_fds=True, limit=self.limits.max_line_bytes)
+        return SandboxedProcess(process, workdir, stderr_path)
+
+    async def run(self, argv: list[str], *, workdir: Path, timeout_s: float) -> tuple[int, str]:
+        """Run a short command (a reset hook) contained in `workdir`; (exit code, stderr tail).
+        Exit code -9 when it ran past `timeout_s` (then it is killed)."""
+        proc = await self.spawn(argv, workdir=workdir, network=False, stdio=False)
+        try:
+            code = await asyncio.wait_for(proc.process.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            code = -9
+        tail = proc.stderr_tail()
+        await proc.close(remove_dir=False)
+        try:
+            proc.stderr_path.unlink()
+        except OSError:
+            pass
+        return code, tail
