@@ -175,7 +175,7 @@ class MatcherConfig:
 
 @dataclass(frozen=True)
 class EnvConfig:
-    name: str = "synthetic"  # "bfcl" | "tau2" | "synthetic"
+    name: str = "synthetic"  # "bfcl" | "tau2" | "awm" | "envscaler" | "synthetic"
     domains: tuple[str, ...] = ()
     split: str = "train"  # tau2: official "train" (178 tasks) | "test" (100) | "base"; BFCL has no splits
     # explicit training tasks (ids of the env's tasks; empty: all of domains/split) and the tasks
@@ -191,6 +191,13 @@ class EnvConfig:
     user_top_p: float = 0.8
     user_top_k: int = 20
     user_max_tokens: int = 8192
+    # AWM / EnvScaler pools (docs/formats.md): directories in the published layouts, the manifest of
+    # admitted task ids `actionopd envs audit` writes, and the per-step mixture as "<pool>:<count>"
+    # entries (paper: ["awm:59", "envscaler:5"]; empty: the whole step from env.name's pool)
+    awm_dir: str = ""
+    envscaler_dir: str = ""
+    manifest: str = ""
+    mixture: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
