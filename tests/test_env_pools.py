@@ -364,3 +364,37 @@ def test_mixture_parsing_scaling_and_config(tmp_path):
     assert len(step) == 64 and {t.task_id for t in step[59:]} == {"mini_clinic_3"}
     assert {t.task_id for t in step[:59]} <= {"library_loans_1/0", "recipe_box_2/1", "gym_classes_3/2"}
     assert "awm 3 admitted (59/step), envscaler 1 admitted (5/step)" in training_tasks_summary(cfg.env, needed_by="t")
+
+
+def test_mini_awm_servers_serve_their_spec_tools_over_mcp_stdio(tmp_path):
+    """The generated-style servers of the mini pool run under the official MCP SDK: tools/list
+    gives the spec's tools and a call changes the episode's database copy (not the cache)."""
+    pytest.importorskip("mcp")
+    import asyncio
+    import sys
+
+    from mcp import ClientSession
+    from mcp.client.stdio import StdioServerParameters, stdio_client
+
+    sc = load_awm(AWM).scenarios["library_loans_1"]
+    cache = awm_db.DbCache(tmp_path / "cache")
+    db = cache.episode_copy(sc, tmp_path / "ep")
+    server = tmp_path / "server.py"
+    server.write_text(sc.server_code)
+
+    async def episode():
+        params = StdioServerParameters(command=sys.executable, args=[str(server)], cwd=str(tmp_path),
+                                       env={"DATABASE_PATH": f"sqlite:///{db}", "MCP_TRANSPORT": "stdio",
+                                            "PATH": os.environ.get("PATH", "/usr/bin:/bin")})
+        async with stdio_client(params) as (r, w):
+            async with ClientSession(r, w) as session:
+                await session.initialize()
+                names = [t.name for t in (await session.list_tools()).tools]
+                ok = await session.call_tool("borrow_book", {"book_id": 2})
+                full = await session.call_tool("borrow_book", {"book_id": 2})
+                return names, ok, full
+
+    names, ok, full = asyncio.run(asyncio.wait_for(episode(), 60))
+    assert names == [t["function"]["name"] for t in sc.tool_schemas()]
+    assert not ok.is_error and "no copy available" in full.content[0].text
+    assert awm_db.table_counts(db)["loans"] == 3 and awm_db.table_counts(cache.initial(sc))["loans"] == 2

@@ -364,6 +364,9 @@ RESUME_SAFE_PREFIXES: tuple[str, ...] = (
     "teacher.cache_dir", "teacher.timeout_s", "teacher.concurrency", "matcher.base_url",
     "matcher.api_key_env", "matcher.cache_dir", "matcher.timeout_s", "matcher.concurrency",
     "env.user_base_url", "env.user_api_key_env",
+    # pool paths: a moved directory is the same experiment (the mixture stream's fingerprint
+    # covers the admitted tasks themselves, so changed content still refuses to resume)
+    "env.awm_dir", "env.envscaler_dir", "env.manifest",
 )
 
 
