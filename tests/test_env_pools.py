@@ -226,6 +226,8 @@ def test_sandbox_scrubs_secrets_and_contains_prints(sandbox, monkeypatch):
     assert res.ok and res.value[0] == "absent" and res.value[1] != os.getcwd()
     with pytest.raises(SandboxError, match="not found"):
         sandbox.open_class("class A:\n    pass\n", "B", {})
+    flood = sandbox.run_function("def f():\n    for _ in range(20000):\n        print('y' * 1000)\n", "f", {})
+    assert not flood.ok and "File too large" in flood.error and len(flood.stderr_tail) <= 2000
 
 
 # --- admission --------------------------------------------------------------------------------

@@ -15,9 +15,10 @@ Nothing here execs dataset code in the trainer's process. Two contracts:
   agent), `state()` the instance's public attributes as JSON, `close()` ends the process.
 
 `SubprocessSandbox` is the minimal one: a process group per call or session, a scrubbed
-environment, a private working directory and a wall-clock limit. It enforces none of the
-resource limits (CPU, memory, file size, network) that the MCP runtime's sandbox adds; the
-runtime's sandbox is meant to implement the same Protocol and replace it.
+environment, a private working directory, a wall-clock limit, an 8 MiB cap on what the code
+writes (its prints included) and, for one-shot calls, a CPU-seconds limit. It enforces no memory,
+open-file or network limits and no filesystem confinement beyond the working directory as cwd;
+the MCP runtime's sandbox is meant to implement the same Protocol and replace it.
 """
 
 from __future__ import annotations
@@ -136,6 +137,29 @@ def scrubbed_env(workdir: str) -> dict[str, str]:
     return env
 
 
+MAX_OUTPUT_BYTES = 8 << 20  # file-size limit in the child: its stderr file (and any file it writes)
+
+
+def _limits(cpu_s: float | None) -> None:
+    """In the child before exec: cap written file size, and CPU seconds for one-shot calls."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_OUTPUT_BYTES, MAX_OUTPUT_BYTES))
+    if cpu_s is not None:
+        limit = int(cpu_s) + 2
+        resource.setrlimit(resource.RLIMIT_CPU, (limit, limit))
+
+
+def _tail(workdir: str, n: int = 2000) -> str:
+    try:
+        with open(os.path.join(workdir, "stderr.txt"), "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - n))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
 def _kill_group(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -150,10 +174,15 @@ class SubprocessSandbox:
     def __init__(self, python: str = sys.executable):
         self.python = python
 
-    def _spawn(self, workdir: str) -> subprocess.Popen:
-        return subprocess.Popen([self.python, "-I", "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, cwd=workdir, env=scrubbed_env(workdir), text=True,
-                                start_new_session=True)
+    def _spawn(self, workdir: str, cpu_s: float | None = None) -> subprocess.Popen:
+        # the code's output (its prints go to stderr) lands in a capped file, never in our memory
+        err = open(os.path.join(workdir, "stderr.txt"), "w")
+        try:
+            return subprocess.Popen([self.python, "-I", "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=err, cwd=workdir, env=scrubbed_env(workdir), text=True,
+                                    start_new_session=True, preexec_fn=lambda: _limits(cpu_s))
+        finally:
+            err.close()
 
     def run_function(self, code: str, entry: str, kwargs: dict[str, Any], *,
                      globals_: dict[str, Any] | None = None, timeout_s: float = 30.0) -> SandboxResult:
@@ -161,26 +190,28 @@ class SubprocessSandbox:
         request = json.dumps({"kind": "function", "code": code, "entry": entry, "kwargs": kwargs,
                               "globals": globals_ or {}}) + "\n"
         with tempfile.TemporaryDirectory(prefix="sandbox-") as workdir:
-            proc = self._spawn(workdir)
+            proc = self._spawn(workdir, cpu_s=timeout_s)
             try:
-                out, err = proc.communicate(request, timeout=timeout_s)
+                out, _ = proc.communicate(request, timeout=timeout_s)
             except subprocess.TimeoutExpired:
                 _kill_group(proc)
-                return SandboxResult(False, error=f"timeout after {timeout_s:g}s", wall_s=time.monotonic() - t0)
+                return SandboxResult(False, error=f"timeout after {timeout_s:g}s", wall_s=time.monotonic() - t0,
+                                     stderr_tail=_tail(workdir))
             finally:
                 if proc.poll() is None:
                     _kill_group(proc)
+            err = _tail(workdir)
         wall = time.monotonic() - t0
         lines = [ln for ln in out.splitlines() if ln.strip()]
         if not lines:
-            return SandboxResult(False, error=f"exit {proc.returncode}: no reply", wall_s=wall, stderr_tail=err[-2000:])
+            return SandboxResult(False, error=f"exit {proc.returncode}: no reply", wall_s=wall, stderr_tail=err)
         try:
             reply = json.loads(lines[-1])
         except json.JSONDecodeError:
-            return SandboxResult(False, error="malformed reply", wall_s=wall, stderr_tail=err[-2000:])
+            return SandboxResult(False, error="malformed reply", wall_s=wall, stderr_tail=err)
         if not reply.get("ok"):
-            return SandboxResult(False, error=reply.get("error", "failed"), wall_s=wall, stderr_tail=err[-2000:])
-        return SandboxResult(True, value=reply.get("value"), wall_s=wall, stderr_tail=err[-2000:])
+            return SandboxResult(False, error=reply.get("error", "failed"), wall_s=wall, stderr_tail=err)
+        return SandboxResult(True, value=reply.get("value"), wall_s=wall, stderr_tail=err)
 
     def open_class(self, code: str, class_name: str, init_config: dict[str, Any], *,
                    timeout_s: float = 30.0) -> "_SubprocessSession":
@@ -240,7 +271,7 @@ class _SubprocessSession:
         if self._proc is not None:
             if self._proc.poll() is None:
                 _kill_group(self._proc)
-            for stream in (self._proc.stdin, self._proc.stdout, self._proc.stderr):
+            for stream in (self._proc.stdin, self._proc.stdout):
                 try:
                     stream.close()
                 except Exception:
