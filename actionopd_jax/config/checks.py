@@ -15,7 +15,8 @@ from actionopd_jax.collect.group import CommitMode
 from actionopd_jax.config.errors import ConfigError
 from actionopd_jax.config.method import check_method
 from actionopd_jax.config.experiment import TEACHER_MODES, ExperimentConfig
-from actionopd_jax.config.schema import Config
+from actionopd_jax.config.schema import Config, EnvConfig
+from actionopd_jax.envs.mixture import parse_mixture
 from actionopd_jax.model.attention import IMPLEMENTATIONS
 from actionopd_jax.model.runtime import DTYPES, REMAT as REMAT_MODES
 from actionopd_jax.rewards import RewardMode
@@ -98,9 +99,24 @@ def validate(cfg: Config) -> None:
     if not (0 < s.prompt_tokens_min <= s.prompt_tokens_max and 0 < s.response_tokens_min <= s.response_tokens_max):
         raise ConfigError("collect.synthetic: need 0 < *_tokens_min <= *_tokens_max")
     check_method(cfg)
+    _validate_pools(cfg.env)
     _validate_experiment(cfg.experiment)
     if cfg.checkpoint.every_steps < 0:
         raise ConfigError(f"checkpoint.every_steps must be >= 0, got {cfg.checkpoint.every_steps}")
+
+
+def _validate_pools(env: EnvConfig) -> None:
+    """env.mixture entries parse, and every pool drawn from has its directory set."""
+    try:
+        entries = parse_mixture(env.mixture)
+    except ValueError as e:
+        raise ConfigError(str(e)) from None
+    pools = [p for p, _ in entries] or ([env.name] if env.name in ("awm", "envscaler") else [])
+    if entries and env.name not in ("awm", "envscaler"):
+        raise ConfigError(f"env.mixture is set but env.name={env.name!r}; use env.name awm or envscaler with a mixture")
+    for pool in pools:
+        if not getattr(env, f"{pool}_dir"):
+            raise ConfigError(f"env.name / env.mixture use the {pool} pool: set env.{pool}_dir to its directory")
 
 
 def _validate_experiment(exp: ExperimentConfig) -> None:

@@ -175,7 +175,7 @@ class MatcherConfig:
 
 @dataclass(frozen=True)
 class EnvConfig:
-    name: str = "synthetic"  # "bfcl" | "tau2" | "mcp" | "synthetic"
+    name: str = "synthetic"  # "bfcl" | "tau2" | "mcp" | "awm" | "envscaler" | "synthetic"
     domains: tuple[str, ...] = ()
     split: str = "train"  # tau2: official "train" (178 tasks) | "test" (100) | "base"; BFCL has no splits
     # explicit training tasks (ids of the env's tasks; empty: all of domains/split) and the tasks
@@ -202,6 +202,13 @@ class EnvConfig:
     mcp_pool_size: int = 0  # servers at most; 0: collect.concurrency (a url-only server shares its
     # state across sessions unless it keeps state per session: give it a pool of 1)
     tasks_file: str = ""
+    # AWM / EnvScaler pools (docs/formats.md): directories in the published layouts, the manifest of
+    # admitted task ids `actionopd envs audit` writes, and the per-step mixture as "<pool>:<count>"
+    # entries (paper: ["awm:59", "envscaler:5"]; empty: the whole step from env.name's pool)
+    awm_dir: str = ""
+    envscaler_dir: str = ""
+    manifest: str = ""
+    mixture: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -368,6 +375,9 @@ RESUME_SAFE_PREFIXES: tuple[str, ...] = (
     "teacher.cache_dir", "teacher.timeout_s", "teacher.concurrency", "matcher.base_url",
     "matcher.api_key_env", "matcher.cache_dir", "matcher.timeout_s", "matcher.concurrency",
     "env.user_base_url", "env.user_api_key_env",
+    # pool paths: a moved directory is the same experiment (the mixture stream's fingerprint
+    # covers the admitted tasks themselves, so changed content still refuses to resume)
+    "env.awm_dir", "env.envscaler_dir", "env.manifest",
 )
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from actionopd_jax.config import ConfigError, EnvConfig
 from actionopd_jax.envs.splits import check_eval_overlap, overlap_summary, select_task_ids
+from actionopd_jax.envs.mixture import POOLS, mixture_entries, mixture_stream_from, mixture_summary
 from actionopd_jax.envs.tasks import TaskSource, TaskStream, load_task_set
 
 
@@ -49,7 +50,11 @@ def _task_set(env: EnvConfig, name: str, split: str) -> list:
 
 def task_stream_from(env: EnvConfig, *, per_step: int, seed: int, needed_by: str = "collect.kind=actionopd") -> TaskStream:
     """`per_step` task starts a step (collect.task_starts_per_step) shared over the task sets.
-    Every process builds the same stream (same seed): the same global list per step."""
+    Every process builds the same stream (same seed): the same global list per step. The AWM /
+    EnvScaler pools (env.name awm / envscaler) give the with-replacement mixture instead
+    (envs/mixture.py), drawn from the manifest's admitted tasks."""
+    if env.name in POOLS:
+        return mixture_stream_from(env, per_step=per_step, seed=seed)
     sets = training_task_sets(env, needed_by=needed_by)
     if per_step < len(sets):
         raise ConfigError(f"collect.task_starts_per_step={per_step} is smaller than the {len(sets)} task sources")
@@ -60,7 +65,11 @@ def task_stream_from(env: EnvConfig, *, per_step: int, seed: int, needed_by: str
 
 def training_tasks_summary(env: EnvConfig, *, needed_by: str) -> str:
     """One line on the training tasks `env` names and their overlap with what evaluation scores
-    (envs/splits.overlap_summary); raises ConfigError when the run would refuse them."""
+    (envs/splits.overlap_summary); raises ConfigError when the run would refuse them. For the
+    AWM / EnvScaler pools: their admitted sizes from the manifest (they are never evaluated on)."""
+    if env.name in POOLS:
+        per_step = sum(c for _, c in mixture_entries(env))
+        return mixture_summary(mixture_stream_from(env, per_step=per_step, seed=0))
     tasks = [t for _, ts in training_task_sets(env, needed_by=needed_by) for t in ts]
     return f"tasks      {overlap_summary(env, tasks)}"
 

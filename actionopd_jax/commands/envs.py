@@ -1,0 +1,81 @@
+"""`actionopd envs audit --env awm|envscaler --dir D`: the task admission of appendix B.1 for a
+pool directory in the published layout (envs/admission.py). Prints the funnel table and writes
+(or updates) the manifest of admitted task ids that training reads as env.manifest; one file
+holds every audited pool under "pools".
+
+Untrusted dataset code (verifiers, check functions, environment classes) runs in a subprocess
+sandbox (envs/sandbox.py); `--server-probe` is left to the MCP runtime (not wired here).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="actionopd envs", description=__doc__.split("\n\n")[0])
+    sub = p.add_subparsers(dest="action", required=True)
+    a = sub.add_parser("audit", help="integrity audit + context selection; writes the admission manifest")
+    a.add_argument("--env", required=True, choices=("awm", "envscaler"), help="which pool layout --dir holds")
+    a.add_argument("--dir", required=True, help="the pool directory (published layout, docs/formats.md)")
+    a.add_argument("--manifest", default="", help="manifest JSON to write or update (default: <dir>/admitted.json)")
+    a.add_argument("--tokenizer", default="",
+                   help="the student's HF tokenizer dir (default: the offline Qwen3 tokenizer, built once)")
+    a.add_argument("--max-prompt-tokens", type=int, default=16_000, help="context selection budget (paper: 16000)")
+    a.add_argument("--cache-dir", default="", help="AWM initial-database cache (default: <manifest dir>/awm_db_cache)")
+    a.add_argument("--verifier-mode", default="auto", choices=("auto", "code", "sql"),
+                   help="AWM verifier to require: code, sql, or auto (code where present, else sql)")
+    a.add_argument("--timeout-s", type=float, default=30.0, help="wall-clock limit per sandboxed call")
+    return p
+
+
+def _tokenizer(path: str):
+    from actionopd_jax.chat.tokenizer import build_qwen3_tokenizer, load_tokenizer
+
+    if path:
+        return load_tokenizer(path)
+    return load_tokenizer(build_qwen3_tokenizer(Path.home() / ".cache" / "actionopd_jax" / "qwen3_tokenizer"))
+
+
+def audit(args: argparse.Namespace) -> int:
+    from actionopd_jax.envs.admission import audit_awm, audit_envscaler
+    from actionopd_jax.envs.sandbox import SubprocessSandbox
+
+    manifest = Path(args.manifest or Path(args.dir) / "admitted.json")
+    tok = _tokenizer(args.tokenizer)
+    sandbox = SubprocessSandbox()
+    if args.env == "awm":
+        cache = Path(args.cache_dir or manifest.parent / "awm_db_cache")
+        result = audit_awm(args.dir, sandbox=sandbox, tokenizer=tok, cache_dir=cache,
+                           max_prompt_tokens=args.max_prompt_tokens, verifier_mode=args.verifier_mode,
+                           timeout_s=args.timeout_s)
+    else:
+        result = audit_envscaler(args.dir, sandbox=sandbox, tokenizer=tok, max_prompt_tokens=args.max_prompt_tokens,
+                                 timeout_s=args.timeout_s)
+    combined = {"pools": {}}
+    if manifest.is_file():
+        old = json.loads(manifest.read_text(encoding="utf-8"))
+        combined["pools"] = dict(old.get("pools") or ({old["pool"]: old} if "pool" in old else {}))
+    entry = result.manifest()
+    entry.update({"tokenizer": args.tokenizer or "qwen3 (offline build)", "max_prompt_tokens": args.max_prompt_tokens})
+    combined["pools"][args.env] = entry
+    manifest.parent.mkdir(parents=True, exist_ok=True)
+    manifest.write_text(json.dumps(combined, indent=1) + "\n", encoding="utf-8")
+    print(result.table())
+    print(f"\nadmitted {len(result.admitted)} of {result.funnel.kept[result.funnel.stages[0]]} tasks; "
+          f"manifest: {manifest} (set env.manifest to it)")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if args.action == "audit":
+        return audit(args)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,120 @@
+"""Reading an EnvScaler directory: one environment-metadata JSON (an object keyed by env_id, or
+a list of records with env_id) and one or more scenario-metadata JSON lists.
+
+The class code is kept as a string: it is machine-generated and runs only in a Sandbox
+(envs/sandbox.py `open_class`), never here. Task ids are the scenario's own `task_id`.
+Conversational scenarios (played with a simulated user) are marked by our own optional
+`"conversational": true` on a scenario record, or named by the caller; upstream decides the
+mode by which harness runs a file, so a published file loads as non-conversational unless told.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable
+
+from actionopd_jax.types import Task
+
+ENV_NAME = "envscaler"
+
+NON_CONV_PROMPT = ("You are an assistant completing a task in an interactive environment with the tools below. "
+                   "Call one tool at a time with valid arguments; look things up before changing them. When the task "
+                   "is complete, reply with a short message saying so instead of calling a tool.")
+CONV_PROMPT = ("You are an assistant helping a user in an interactive environment with the tools below. Call one "
+               "tool at a time with valid arguments, and ask the user when you lack information no tool can give. "
+               "When a request is done, tell the user the outcome and ask whether they need anything else.")
+
+
+@dataclass
+class EnvScalerEnv:
+    env_id: str
+    class_name: str
+    class_code: str
+    tools: list[dict[str, Any]]
+    introduction: str = ""
+    rules: list[str] = field(default_factory=list)
+    summary: str = ""
+    record: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def intro_text(self) -> str:
+        rules = "".join(f"- {r}\n" for r in self.rules)
+        return f"# Environment\n\n{self.introduction}\n\n## Rules\n{rules}".rstrip() + "\n"
+
+
+@dataclass
+class EnvScalerScenario:
+    task_id: str
+    env_id: str
+    class_name: str
+    init_config: dict[str, Any]
+    task: str
+    checks: list[dict[str, Any]]  # [{"check_item", "check_func"}]
+    conversational: bool = False
+    source: str = ""  # the file it came from
+
+
+@dataclass
+class EnvScalerDataset:
+    root: Path
+    envs: dict[str, EnvScalerEnv]
+    scenarios: dict[str, EnvScalerScenario]
+
+    def tasks(self, split: str = "train") -> list[Task]:
+        out = []
+        for sc in self.scenarios.values():
+            env = self.envs.get(sc.env_id)
+            out.append(Task(task_id=sc.task_id, env=ENV_NAME, split=split, payload={
+                "env_id": sc.env_id, "task": sc.task, "conversational": sc.conversational,
+                "tools": list(env.tools) if env else [], "intro": env.intro_text() if env else ""}))
+        return out
+
+
+def initial_messages(task: Task) -> list[dict[str, Any]]:
+    """System prompt (ours + the environment's introduction) and the first user turn. For a
+    conversational task the user's first turn comes from the simulator; the task text stands in
+    for it where no simulator runs (the context audit)."""
+    p = task.payload
+    system = (CONV_PROMPT if p.get("conversational") else NON_CONV_PROMPT) + "\n\n" + p.get("intro", "")
+    return [{"role": "system", "content": system.rstrip()}, {"role": "user", "content": p["task"]}]
+
+
+def _find(root: Path, pattern: str) -> list[Path]:
+    return sorted(p for p in root.glob(pattern) if p.is_file())
+
+
+def load_envscaler(root: str | Path, *, scenario_files: Iterable[str] = (),
+                   conversational: Iterable[str] = ()) -> EnvScalerDataset:
+    """`scenario_files` narrows which *scenario_metadata*.json files load (default: all of them);
+    `conversational` adds task ids to play with the user simulator."""
+    root = Path(root)
+    env_files = _find(root, "*env_metadata*.json")
+    if len(env_files) != 1:
+        raise FileNotFoundError(f"{root}: expected one *env_metadata*.json, found {[p.name for p in env_files]}")
+    raw = json.loads(env_files[0].read_text(encoding="utf-8"))
+    records = list(raw.values()) if isinstance(raw, dict) else list(raw)
+    envs = {}
+    for r in records:
+        envs[r["env_id"]] = EnvScalerEnv(env_id=r["env_id"], class_name=r.get("env_class_name", ""),
+                                         class_code=r.get("env_class_code", ""), tools=list(r.get("tools", [])),
+                                         introduction=r.get("environment_introduction", ""),
+                                         rules=list(r.get("constraints_rules", [])),
+                                         summary=r.get("environment_summary", ""), record=r)
+    wanted = set(scenario_files)
+    files = [p for p in _find(root, "*scenario_metadata*.json") if not wanted or p.name in wanted]
+    if not files:
+        raise FileNotFoundError(f"{root}: no *scenario_metadata*.json")
+    conv = set(conversational)
+    scenarios: dict[str, EnvScalerScenario] = {}
+    for path in files:
+        for item in json.loads(path.read_text(encoding="utf-8")):
+            tid = str(item["task_id"])
+            if tid in scenarios:
+                raise ValueError(f"{path.name}: task_id {tid!r} appears twice")
+            scenarios[tid] = EnvScalerScenario(
+                task_id=tid, env_id=item["env_id"], class_name=item.get("env_class_name", ""),
+                init_config=item.get("init_config") or {}, task=item.get("task", ""),
+                checks=list(item.get("checklist_with_func") or []),
+                conversational=bool(item.get("conversational")) or tid in conv, source=path.name)
+    return EnvScalerDataset(root=root, envs=envs, scenarios=scenarios)

@@ -1,0 +1,288 @@
+"""What the data side of the AWM / EnvScaler pools needs from a sandbox for untrusted,
+machine-generated code (verifiers, check functions, environment classes), and a minimal
+subprocess runner that meets it for tests and audits.
+
+Nothing here execs dataset code in the trainer's process. Two contracts:
+
+- `Sandbox.run_function(code, entry, kwargs, *, globals_, timeout_s)`: in a fresh process, run
+  `code` as a module whose namespace first holds `globals_` (JSON values), then call the
+  function named `entry` with those of `kwargs` its signature accepts by name (all of them if it
+  takes **kwargs; positionally in order if it names none of them) and return its JSON-encoded
+  result. File paths in kwargs must be readable there (the DB files a verifier compares).
+- `Sandbox.open_class(code, class_name, init_config, *, timeout_s)` -> `ClassSession`: a live
+  instance of an environment class (EnvScaler) in its own process: `call(method, arguments)`
+  returns the method's result rendered with `str()` (what the published harness shows the
+  agent), `state()` the instance's public attributes as JSON, `close()` ends the process.
+
+`SubprocessSandbox` is the minimal one: a process group per call or session, a scrubbed
+environment, a private working directory, a wall-clock limit, an 8 MiB cap on what the code
+writes (its prints included) and, for one-shot calls, a CPU-seconds limit. It enforces no memory,
+open-file or network limits and no filesystem confinement beyond the working directory as cwd;
+the MCP runtime's sandbox is meant to implement the same Protocol and replace it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+
+@dataclass(frozen=True)
+class SandboxResult:
+    ok: bool  # the function ran and returned a JSON-encodable value
+    value: Any = None
+    error: str = ""  # why not ok: "timeout after Ns", "exit N: <stderr tail>", "<ExcType>: msg"
+    wall_s: float = 0.0
+    stderr_tail: str = ""
+
+
+class SandboxError(RuntimeError):
+    """A class session failed (its process died, timed out or answered garbage)."""
+
+
+@runtime_checkable
+class ClassSession(Protocol):
+    def call(self, method: str, arguments: dict[str, Any]) -> str: ...
+
+    def state(self) -> dict[str, Any]: ...
+
+    def close(self) -> None: ...
+
+
+@runtime_checkable
+class Sandbox(Protocol):
+    def run_function(self, code: str, entry: str, kwargs: dict[str, Any], *,
+                     globals_: dict[str, Any] | None = None, timeout_s: float = 30.0) -> SandboxResult: ...
+
+    def open_class(self, code: str, class_name: str, init_config: dict[str, Any], *,
+                   timeout_s: float = 30.0) -> ClassSession: ...
+
+
+# The child's program: read one JSON request on stdin, answer on stdout (one JSON line per reply).
+_CHILD = r'''
+import inspect, json, sys, types, copy
+def _call(fn, kwargs):
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return fn(**kwargs)
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return fn(**kwargs)
+    named = {k: v for k, v in kwargs.items() if k in params}
+    if named or not kwargs:
+        return fn(**named)
+    return fn(*list(kwargs.values())[:len(params)])
+def _reply(obj):
+    sys.__stdout__.write(json.dumps(obj, default=str) + "\n"); sys.__stdout__.flush()
+def _public(inst):
+    return {k: v for k, v in vars(inst).items() if not (k.startswith("__") and k.endswith("__"))}
+req = json.loads(sys.stdin.readline())
+sys.stdout = sys.stderr  # the code's own prints never corrupt the reply channel
+mod = types.ModuleType("sandboxed")
+mod.__dict__.update(req.get("globals") or {})
+try:
+    exec(compile(req["code"], "<dataset code>", "exec"), mod.__dict__)
+    if req["kind"] == "function":
+        fn = mod.__dict__.get(req["entry"])
+        if not callable(fn):
+            raise NameError("function %r not found in the code" % req["entry"])
+        _reply({"ok": True, "value": _call(fn, req["kwargs"])})
+        sys.exit(0)
+    cls = mod.__dict__.get(req["entry"])
+    if not isinstance(cls, type):
+        raise NameError("class %r not found in the code" % req["entry"])
+    cfg = copy.deepcopy(req["kwargs"])
+    try:
+        inst = cls(copy.deepcopy(cfg))
+    except TypeError:
+        inst = cls()
+    for k, v in cfg.items():
+        setattr(inst, k, v)
+    _reply({"ok": True, "value": None})
+except SystemExit:
+    raise
+except BaseException as e:
+    _reply({"ok": False, "error": "%s: %s" % (type(e).__name__, e)})
+    sys.exit(0)
+for line in sys.stdin:
+    msg = json.loads(line)
+    try:
+        if msg["op"] == "state":
+            _reply({"ok": True, "value": _public(inst)})
+        elif msg["op"] == "call":
+            name = msg["method"]
+            if name.startswith("_") or not callable(getattr(inst, name, None)):
+                raise AttributeError("no tool %r" % name)
+            _reply({"ok": True, "value": str(getattr(inst, name)(**msg["arguments"]))})
+        else:
+            break
+    except BaseException as e:
+        _reply({"ok": False, "error": "%s: %s" % (type(e).__name__, e)})
+'''
+
+_SAFE_ENV = ("PATH", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV", "PYTHONHASHSEED")
+
+
+def scrubbed_env(workdir: str) -> dict[str, str]:
+    """The child's environment: only the variables above (no keys, tokens or endpoints)."""
+    env = {k: os.environ[k] for k in _SAFE_ENV if k in os.environ}
+    env.update({"HOME": workdir, "TMPDIR": workdir, "PYTHONDONTWRITEBYTECODE": "1"})
+    return env
+
+
+MAX_OUTPUT_BYTES = 8 << 20  # file-size limit in the child: its stderr file (and any file it writes)
+
+
+def _limits(cpu_s: float | None) -> None:
+    """In the child before exec: cap written file size, and CPU seconds for one-shot calls."""
+    import resource
+
+    resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_OUTPUT_BYTES, MAX_OUTPUT_BYTES))
+    if cpu_s is not None:
+        limit = int(cpu_s) + 2
+        resource.setrlimit(resource.RLIMIT_CPU, (limit, limit))
+
+
+def _tail(workdir: str, n: int = 2000) -> str:
+    try:
+        with open(os.path.join(workdir, "stderr.txt"), "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - n))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    proc.wait()
+
+
+class SubprocessSandbox:
+    """One `python -c` child per function call or class session, in its own process group."""
+
+    def __init__(self, python: str = sys.executable):
+        self.python = python
+
+    def _spawn(self, workdir: str, cpu_s: float | None = None) -> subprocess.Popen:
+        # the code's output (its prints go to stderr) lands in a capped file, never in our memory
+        err = open(os.path.join(workdir, "stderr.txt"), "w")
+        try:
+            return subprocess.Popen([self.python, "-I", "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                    stderr=err, cwd=workdir, env=scrubbed_env(workdir), text=True,
+                                    start_new_session=True, preexec_fn=lambda: _limits(cpu_s))
+        finally:
+            err.close()
+
+    def run_function(self, code: str, entry: str, kwargs: dict[str, Any], *,
+                     globals_: dict[str, Any] | None = None, timeout_s: float = 30.0) -> SandboxResult:
+        t0 = time.monotonic()
+        request = json.dumps({"kind": "function", "code": code, "entry": entry, "kwargs": kwargs,
+                              "globals": globals_ or {}}) + "\n"
+        with tempfile.TemporaryDirectory(prefix="sandbox-") as workdir:
+            proc = self._spawn(workdir, cpu_s=timeout_s)
+            try:
+                out, _ = proc.communicate(request, timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                return SandboxResult(False, error=f"timeout after {timeout_s:g}s", wall_s=time.monotonic() - t0,
+                                     stderr_tail=_tail(workdir))
+            finally:
+                if proc.poll() is None:
+                    _kill_group(proc)
+            err = _tail(workdir)
+        wall = time.monotonic() - t0
+        lines = [ln for ln in out.splitlines() if ln.strip()]
+        if not lines:
+            return SandboxResult(False, error=f"exit {proc.returncode}: no reply", wall_s=wall, stderr_tail=err)
+        try:
+            reply = json.loads(lines[-1])
+        except json.JSONDecodeError:
+            return SandboxResult(False, error="malformed reply", wall_s=wall, stderr_tail=err)
+        if not reply.get("ok"):
+            return SandboxResult(False, error=reply.get("error", "failed"), wall_s=wall, stderr_tail=err)
+        return SandboxResult(True, value=reply.get("value"), wall_s=wall, stderr_tail=err)
+
+    def open_class(self, code: str, class_name: str, init_config: dict[str, Any], *,
+                   timeout_s: float = 30.0) -> "_SubprocessSession":
+        return _SubprocessSession(self, code, class_name, init_config, timeout_s)
+
+
+@dataclass
+class _SubprocessSession:
+    sandbox: SubprocessSandbox
+    code: str
+    class_name: str
+    init_config: dict[str, Any]
+    timeout_s: float
+    _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
+    _dir: tempfile.TemporaryDirectory | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._dir = tempfile.TemporaryDirectory(prefix="sandbox-")
+        self._proc = self.sandbox._spawn(self._dir.name)
+        self._ask({"kind": "class", "code": self.code, "entry": self.class_name, "kwargs": self.init_config})
+
+    def _ask(self, msg: dict[str, Any]) -> Any:
+        import selectors
+
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            raise SandboxError("the environment process is not running")
+        proc.stdin.write(json.dumps(msg) + "\n")
+        proc.stdin.flush()
+        sel = selectors.DefaultSelector()
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        ready = sel.select(self.timeout_s)
+        sel.close()
+        if not ready:
+            self.close()
+            raise SandboxError(f"timeout after {self.timeout_s:g}s")
+        line = proc.stdout.readline()
+        if not line:
+            self.close()
+            raise SandboxError("the environment process died")
+        try:
+            reply = json.loads(line)
+        except json.JSONDecodeError:
+            self.close()
+            raise SandboxError("malformed reply from the environment process") from None
+        if not reply.get("ok"):
+            raise SandboxError(reply.get("error", "failed"))
+        return reply.get("value")
+
+    def call(self, method: str, arguments: dict[str, Any]) -> str:
+        return self._ask({"op": "call", "method": method, "arguments": arguments})
+
+    def state(self) -> dict[str, Any]:
+        return self._ask({"op": "state"})
+
+    def close(self) -> None:
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                _kill_group(self._proc)
+            for stream in (self._proc.stdin, self._proc.stdout):
+                try:
+                    stream.close()
+                except Exception:
+                    pass
+            self._proc = None
+        if self._dir is not None:
+            self._dir.cleanup()
+            self._dir = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
