@@ -14,11 +14,11 @@ Nothing here execs dataset code in the trainer's process. Two contracts:
   returns the method's result rendered with `str()` (what the published harness shows the
   agent), `state()` the instance's public attributes as JSON, `close()` ends the process.
 
-`SubprocessSandbox` is the minimal one: a process group per call or session, a scrubbed
-environment, a private working directory, a wall-clock limit, an 8 MiB cap on what the code
-writes (its prints included) and, for one-shot calls, a CPU-seconds limit. It enforces no memory,
-open-file or network limits and no filesystem confinement beyond the working directory as cwd;
-the MCP runtime's sandbox is meant to implement the same Protocol and replace it.
+`SubprocessSandbox` runs each call or session as a child started through the MCP servers'
+launcher (`envs/mcp/sandbox.py`, whose table says what is enforced): its own session and
+process group, a scrubbed environment, a private working directory, private namespaces where
+the kernel allows them, rlimits (an 8 MiB cap on what the code writes, its prints included;
+CPU seconds for one-shot calls), plus a wall-clock limit here.
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 
@@ -127,27 +128,19 @@ for line in sys.stdin:
         _reply({"ok": False, "error": "%s: %s" % (type(e).__name__, e)})
 '''
 
-_SAFE_ENV = ("PATH", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV", "PYTHONHASHSEED")
-
-
-def scrubbed_env(workdir: str) -> dict[str, str]:
-    """The child's environment: only the variables above (no keys, tokens or endpoints)."""
-    env = {k: os.environ[k] for k in _SAFE_ENV if k in os.environ}
-    env.update({"HOME": workdir, "TMPDIR": workdir, "PYTHONDONTWRITEBYTECODE": "1"})
-    return env
-
-
 MAX_OUTPUT_BYTES = 8 << 20  # file-size limit in the child: its stderr file (and any file it writes)
 
 
-def _limits(cpu_s: float | None) -> None:
-    """In the child before exec: cap written file size, and CPU seconds for one-shot calls."""
-    import resource
+def _contained_argv(python: str, workdir: str, cpu_s: float | None) -> tuple[list[str], dict[str, str]]:
+    """The child's command through the MCP servers' launcher (envs/mcp/sandbox.py), so dataset
+    code gets the same containment as a server: scrubbed environment, private pid / mount /
+    network namespaces where the kernel allows them (read-only filesystem except its directory,
+    loopback only), rlimits (CPU seconds for one-shot calls, memory, file size, open files), no
+    new privileges, and a parent-death signal."""
+    from actionopd_jax.envs.mcp.sandbox import Limits, Sandbox
 
-    resource.setrlimit(resource.RLIMIT_FSIZE, (MAX_OUTPUT_BYTES, MAX_OUTPUT_BYTES))
-    if cpu_s is not None:
-        limit = int(cpu_s) + 2
-        resource.setrlimit(resource.RLIMIT_CPU, (limit, limit))
+    limits = Limits(cpu_s=0 if cpu_s is None else int(cpu_s) + 2, file_mb=MAX_OUTPUT_BYTES >> 20)
+    return Sandbox(limits).launcher_argv([python, "-I", "-c", _CHILD], Path(workdir), network=False)
 
 
 def _tail(workdir: str, n: int = 2000) -> str:
@@ -178,9 +171,9 @@ class SubprocessSandbox:
         # the code's output (its prints go to stderr) lands in a capped file, never in our memory
         err = open(os.path.join(workdir, "stderr.txt"), "w")
         try:
-            return subprocess.Popen([self.python, "-I", "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                    stderr=err, cwd=workdir, env=scrubbed_env(workdir), text=True,
-                                    start_new_session=True, preexec_fn=lambda: _limits(cpu_s))
+            argv, env = _contained_argv(self.python, workdir, cpu_s)
+            return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, cwd=workdir,
+                                    env=env, text=True, start_new_session=True, close_fds=True)
         finally:
             err.close()
 
