@@ -400,3 +400,29 @@ def test_mini_awm_servers_serve_their_spec_tools_over_mcp_stdio(tmp_path):
     assert names == [t["function"]["name"] for t in sc.tool_schemas()]
     assert not ok.is_error and "no copy available" in full.content[0].text
     assert awm_db.table_counts(db)["loans"] == 3 and awm_db.table_counts(cache.initial(sc))["loans"] == 2
+
+
+def test_audit_starts_each_awm_server_contained_and_lists_its_tools(tmp_path, sandbox, tokenizer):
+    """The audit's server stage through the MCP sandbox (envs/awm/serve.py): every mini scenario's
+    generated server starts contained over stdio and lists its spec's tools; a scenario whose
+    server code crashes at start is dropped with the reason, the others stay admitted."""
+    pytest.importorskip("mcp")
+    from actionopd_jax.envs.awm.serve import list_tools, server_probe
+
+    sc = load_awm(AWM).scenarios["library_loans_1"]
+    cache = awm_db.DbCache(tmp_path / "cache")
+    names = [t["function"]["name"] for t in list_tools(sc, cache.initial(sc), start_timeout_s=60)]
+    assert names == [t["function"]["name"] for t in sc.tool_schemas()]
+
+    broken = tmp_path / "awm"
+    shutil.copytree(AWM, broken)
+    envs_file = broken / "gen_envs.jsonl"
+    rows = [json.loads(line) for line in envs_file.read_text().splitlines() if line.strip()]
+    rows[0]["full_code"] = "raise SystemExit('generated server broke at import')\n"
+    envs_file.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    result = audit_awm(broken, sandbox=sandbox, tokenizer=tokenizer, cache_dir=tmp_path / "c2",
+                       server_probe=server_probe(start_timeout_s=60))
+    bad = normalize_name(rows[0]["scenario"])
+    lost = {t: why for t, why in result.dropped.items() if why.startswith("server did not start")}
+    assert lost and all(t.startswith(bad + "/") for t in lost)
+    assert result.admitted and not any(t.startswith(bad + "/") for t in result.admitted)

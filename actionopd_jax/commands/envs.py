@@ -49,9 +49,11 @@ def audit(args: argparse.Namespace) -> int:
     sandbox = SubprocessSandbox()
     if args.env == "awm":
         cache = Path(args.cache_dir or manifest.parent / "awm_db_cache")
+        from actionopd_jax.envs.awm.serve import server_probe
+
         result = audit_awm(args.dir, sandbox=sandbox, tokenizer=tok, cache_dir=cache,
                            max_prompt_tokens=args.max_prompt_tokens, verifier_mode=args.verifier_mode,
-                           timeout_s=args.timeout_s)
+                           timeout_s=args.timeout_s, server_probe=server_probe(start_timeout_s=args.timeout_s))
     else:
         result = audit_envscaler(args.dir, sandbox=sandbox, tokenizer=tok, max_prompt_tokens=args.max_prompt_tokens,
                                  timeout_s=args.timeout_s)
