@@ -388,7 +388,9 @@ def test_mini_awm_servers_serve_their_spec_tools_over_mcp_stdio(tmp_path):
         params = StdioServerParameters(command=sys.executable, args=[str(server)], cwd=str(tmp_path),
                                        env={"DATABASE_PATH": f"sqlite:///{db}", "MCP_TRANSPORT": "stdio",
                                             "PATH": os.environ.get("PATH", "/usr/bin:/bin")})
-        async with stdio_client(params) as (r, w):
+        # errlog given: the SDK binds its default (sys.stderr) when first imported, which may be an
+        # earlier test's captured stream
+        async with stdio_client(params, errlog=sys.stderr) as (r, w):
             async with ClientSession(r, w) as session:
                 await session.initialize()
                 names = [t.name for t in (await session.list_tools()).tools]
