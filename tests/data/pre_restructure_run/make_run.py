@@ -1,7 +1,7 @@
 """Writes the pre-restructuring run that tests/test_old_checkpoint.py loads (issue 22).
 
 Run with the code BEFORE the restructuring (commit 6adbb28), from that tree's root:
-    cd /work/base && PYTHONPATH=$PWD JAX_PLATFORMS=cpu python <this file> <out dir>
+    git worktree add /tmp/old 6adbb28 && cd /tmp/old && PYTHONPATH=$PWD JAX_PLATFORMS=cpu python <this file> <out dir>
 It trains a 2-layer model of 16 hidden units for one step through the real Trainer and
 Checkpointer (synthetic source, one CPU device, compute dtype bfloat16 over float32
 parameters), then records, with the same old code, what load_model gives back: per-parameter
