@@ -226,6 +226,12 @@ def test_choice_lists_are_the_owners():
     assert CHOICES["model.dtype"] is DTYPES and CHOICES["model.remat"] is REMAT_MODES
     assert CHOICES["collect.reward"] == typing.get_args(RewardMode)
     assert CHOICES["collect.commit"] == typing.get_args(CommitMode)
+    from actionopd_jax.baselines.wiring import SOURCE_KINDS
+    from actionopd_jax.teacher.specs import MATCHER_KINDS, TEACHER_KINDS
+    from actionopd_jax.train.distributed import MODES
+
+    assert CHOICES["collect.kind"] is SOURCE_KINDS and CHOICES["run.distributed.mode"] is MODES
+    assert CHOICES["teacher.kind"] is TEACHER_KINDS and CHOICES["matcher.kind"] is MATCHER_KINDS
 
 
 def test_config_package_leaves_import_only_leaves():

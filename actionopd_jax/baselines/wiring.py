@@ -26,6 +26,10 @@ from actionopd_jax.types import Task
 log = logging.getLogger(__name__)
 
 
+# collect.kind: the group sources `build_source` builds
+SOURCE_KINDS: tuple[str, ...] = ("synthetic", "actionopd", "kd", "opd")
+
+
 def tasks_from_env(cfg: Config, *, limit: int = 0) -> list[Task]:
     """Every training task of the configured environment / domains / split / env.task_ids (first
     `limit` of each, 0: all); evaluation tasks are refused as for the collector (envs/splits.py)."""

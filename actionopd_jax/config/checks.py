@@ -11,16 +11,19 @@ from __future__ import annotations
 import typing
 
 from actionopd_jax.aot.targets import TARGETS
+from actionopd_jax.baselines.wiring import SOURCE_KINDS
 from actionopd_jax.collect.group import CommitMode
 from actionopd_jax.config.errors import ConfigError
-from actionopd_jax.config.method import check_method
 from actionopd_jax.config.experiment import TEACHER_MODES, ExperimentConfig
+from actionopd_jax.config.method import check_method
 from actionopd_jax.config.schema import Config, EnvConfig
 from actionopd_jax.envs.mixture import parse_mixture
 from actionopd_jax.model.attention import IMPLEMENTATIONS
 from actionopd_jax.model.runtime import DTYPES, REMAT as REMAT_MODES
 from actionopd_jax.rewards import RewardMode
 from actionopd_jax.sampling.budget import parse_token_budget
+from actionopd_jax.teacher.specs import MATCHER_KINDS, TEACHER_KINDS
+from actionopd_jax.train.distributed import MODES as DISTRIBUTED_MODES
 from actionopd_jax.train.step import LOSS_KINDS
 
 # choices checked after loading (key -> allowed values)
@@ -31,12 +34,12 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.attention": IMPLEMENTATIONS,
     "train.loss": LOSS_KINDS,
     "train.old_logprobs": ("recompute", "sampler"),  # owner: train/loop.py (no constant yet)
-    "collect.kind": ("synthetic", "actionopd", "kd", "opd"),  # owner: train/sources.build_source
+    "collect.kind": SOURCE_KINDS,
     "collect.reward": typing.get_args(RewardMode),
     "collect.commit": typing.get_args(CommitMode),
-    "teacher.kind": ("openai", "vertex", "local", "self", "none"),  # owner: teacher_spec (collect/source.py today)
-    "matcher.kind": ("rules+llm", "rules"),  # owner: judge_spec (collect/source.py today)
-    "run.distributed.mode": ("auto", "on", "off"),  # owner: train/distributed.py (no constant yet)
+    "teacher.kind": TEACHER_KINDS,
+    "matcher.kind": MATCHER_KINDS,
+    "run.distributed.mode": DISTRIBUTED_MODES,
 }
 
 

@@ -9,6 +9,12 @@ from typing import Any
 from actionopd_jax.config import ConfigError, MatcherConfig, TeacherConfig
 
 
+# teacher.kind: an OpenAI-compatible endpoint, Vertex AI, an in-process HF directory, the student
+# itself (Self-ActionOPD), or none; matcher.kind: rules then the LLM judge, or rules only
+TEACHER_KINDS: tuple[str, ...] = ("openai", "vertex", "local", "self", "none")
+MATCHER_KINDS: tuple[str, ...] = ("rules+llm", "rules")
+
+
 def teacher_spec(t: TeacherConfig) -> dict[str, Any]:
     """teacher.* as a `teacher.factory.build_teacher` spec. kind=local is an HF directory sampled
     in-process: `teacher.hf_local.build_hf_local_teacher` builds it (it needs the run's mesh and

@@ -21,6 +21,9 @@ from actionopd_jax.config import DistributedConfig
 log = logging.getLogger(__name__)
 
 
+MODES: tuple[str, ...] = ("auto", "on", "off")  # run.distributed.mode
+
+
 def _tpu_pod_env() -> bool:
     """True on a multi-host TPU slice (the TPU runtime lists every worker)."""
     hosts = os.environ.get("TPU_WORKER_HOSTNAMES", "")
