@@ -65,6 +65,11 @@ def env_factory_from(env: EnvConfig, *, concurrency: int | None = None) -> EnvFa
         from actionopd_jax.envs.mcp.factory import mcp_env_factory
 
         return mcp_env_factory(env, concurrency=concurrency)
+    if env.name in ("awm", "envscaler"):
+        # their tasks load, audit and mix, but episodes on them are not built yet: refuse here
+        # (the run and --check both come through this), never fail later inside collection
+        raise ConfigError(f"env.name={env.name}: training episodes on the {env.name} pool are not available yet "
+                          "(tasks, audit and mixture are: `actionopd envs audit`); train on bfcl, tau2 or mcp")
     if env.name != "tau2":
         return default_env_factory()
     from actionopd_jax.envs.user_sim import UserSimConfig, UserSimulator
