@@ -148,5 +148,9 @@ def check_collection(cfg: Config) -> None:
     if kind == "actionopd" and teacher != "self":
         teacher_spec(cfg.teacher)
         judge_spec(cfg.matcher)
+    from actionopd_jax.envs.mixture import POOLS, missing_pool_files
+
+    if cfg.env.name in POOLS and missing_pool_files(cfg.env):
+        return  # a planning host without the pool data: `--check` prints which paths it lacks
     source.train_task_stream(cfg)
-    env_factory_from(cfg.env)
+    env_factory_from(cfg.env, concurrency=cfg.collect.concurrency)

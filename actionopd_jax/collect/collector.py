@@ -310,7 +310,7 @@ class Collector:
                                         logprobs=np.asarray(gen.logprobs, np.float32), text=text,
                                         action=self.decoder.action(text, prompt.tools, gen.finish_reason),
                                         finish_reason=gen.finish_reason))
-        verdicts = await self._verdicts(candidates, batch, prompt, rec, task.env)
+        verdicts = await self._verdicts(candidates, batch, prompt, rec, task.evidence_scope)
         cfg = self.cfg
         return build_group(task_id=task.task_id, decision_index=decision, prompt_ids=prompt.ids,
                            candidates=candidates, teacher_samples=batch.samples, verdicts=verdicts,

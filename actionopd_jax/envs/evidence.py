@@ -5,8 +5,10 @@ It helps the judge interpret arguments (defaults, normalisation, what a paramete
 never includes databases, task data or answers. Only the matcher sees it, never the teacher.
 
 BFCL: the public methods of the package's environment classes (no name is defined by two
-classes). tau2: the `@is_tool` methods of each domain's agent toolkit. Other environments
-supply none (`tool_evidence` returns None), so their judged pairs do not require it.
+classes). tau2: the `@is_tool` methods of each domain's agent toolkit. EnvScaler: per
+environment (`task_tool_evidence`, keyed by Task.evidence_scope), each tool's description,
+schema and method source from the environment's class code. Other environments supply none
+(`tool_evidence` returns None), so their judged pairs do not require it.
 """
 
 from __future__ import annotations
@@ -76,4 +78,15 @@ def tool_evidence(env: str) -> dict[str, str] | None:
         return dict(bfcl_evidence())
     if env.startswith("tau2_"):
         return dict(tau2_evidence(env[len("tau2_"):]))
+    return None
+
+
+def task_tool_evidence(task) -> dict[str, str] | None:
+    """The evidence of the environment `task` runs in, for families whose environments each
+    bring their own tools (EnvScaler); None for the others."""
+    if task.env == "envscaler":
+        from actionopd_jax.envs.envscaler.evidence import envscaler_evidence
+
+        p = task.payload
+        return envscaler_evidence(p.get("tools") or [], p.get("class_code", ""), p.get("class_name", ""))
     return None

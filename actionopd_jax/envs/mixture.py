@@ -141,9 +141,10 @@ def mixture_entries(env: Any) -> list[tuple[str, int]]:
     raise ValueError(f"env.name={env.name!r} has no task pools; set env.mixture or env.name awm / envscaler")
 
 
-def mixture_stream_from(env: Any, *, per_step: int, seed: int) -> MixtureStream:
-    """The run's mixture stream: pools from env.awm_dir / env.envscaler_dir, admitted tasks from
-    env.manifest (written by `actionopd envs audit`), counts scaled to `per_step`."""
+def mixture_pool_tasks(env: Any) -> dict[str, list[Task]]:
+    """Pool -> the tasks the run may start: env.*_dir's tasks admitted by env.manifest (written by
+    `actionopd envs audit`), minus env.heldout_task_ids (the run's own held-out tasks are never
+    drawn)."""
     from actionopd_jax.config import ConfigError
     from actionopd_jax.envs.admission import read_manifest
 
@@ -152,16 +153,35 @@ def mixture_stream_from(env: Any, *, per_step: int, seed: int) -> MixtureStream:
         raise ConfigError("training on the AWM / EnvScaler pools reads the admitted tasks from env.manifest; "
                           "write one with `actionopd envs audit --env <pool> --dir DIR --manifest FILE`")
     admitted = read_manifest(env.manifest)["admitted"]
-    counts = scale_counts([c for _, c in entries], per_step)
-    pools = []
-    for (pool, _), count in zip(entries, counts):
+    heldout = set(env.heldout_task_ids)
+    out: dict[str, list[Task]] = {}
+    for pool, _ in entries:
         directory = env.awm_dir if pool == "awm" else env.envscaler_dir
         if not directory:
             raise ConfigError(f"env.mixture draws from {pool} but env.{pool}_dir is not set")
         if pool not in admitted:
             raise ConfigError(f"env.manifest={env.manifest} has no admitted tasks for pool {pool!r}; audit it first")
-        pools.append((pool, pool_tasks(pool, directory, admitted[pool]), count))
-    return MixtureStream(pools, seed=seed)
+        out[pool] = [t for t in pool_tasks(pool, directory, admitted[pool]) if t.task_id not in heldout]
+    return out
+
+
+def missing_pool_files(env: Any) -> list[str]:
+    """The pool paths the `env` section names that this host lacks (a planning host for
+    `train --check` usually has no pool data); [] when everything is present."""
+    from pathlib import Path
+
+    pools = [p for p, _ in mixture_entries(env)]
+    paths = [("env.manifest", env.manifest)] + [(f"env.{p}_dir", getattr(env, f"{p}_dir")) for p in pools]
+    return [f"{key}={value}" for key, value in paths if value and not Path(value).exists()]
+
+
+def mixture_stream_from(env: Any, *, per_step: int, seed: int) -> MixtureStream:
+    """The run's mixture stream: each pool's admitted tasks (mixture_pool_tasks), the counts of
+    env.mixture scaled to `per_step`."""
+    entries = mixture_entries(env)
+    by_pool = mixture_pool_tasks(env)
+    counts = scale_counts([c for _, c in entries], per_step)
+    return MixtureStream([(pool, by_pool[pool], count) for (pool, _), count in zip(entries, counts)], seed=seed)
 
 
 def mixture_summary(stream: MixtureStream) -> str:

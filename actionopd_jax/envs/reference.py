@@ -10,6 +10,9 @@ ground truth they read, never anything the agent's observation lacks).
 - tau2: `evaluation_criteria.actions` in order. An action the user must do on their own
   device (telecom) becomes a message asking the user to do it; the final message carries the
   task's `communicate_info`.
+- EnvScaler: the published format has no solution; our own mini data adds one
+  (`reference_actions` on a scenario record, docs/formats.md). The calls in order, then a
+  closing message.
 """
 
 from __future__ import annotations
@@ -35,6 +38,8 @@ def reference_policy(task: Task) -> ReferencePolicy:
         return BFCLReference(task)
     if task.env.startswith("tau2_"):
         return Tau2Reference(task)
+    if task.env == "envscaler":
+        return EnvScalerReference(task)
     raise ValueError(f"no reference policy for environment '{task.env}'")
 
 
@@ -118,3 +123,36 @@ class Tau2Reference:
         if self.communicate:
             closing += " " + " ".join(f"{info}." for info in self.communicate)
         return Message(closing + " Is there anything else I can help with?")
+
+
+ENVSCALER_DONE = "Task Completed: everything you asked for is done."
+
+
+class EnvScalerReference:
+    """The scenario's `reference_actions` (our mini data's extension), in order: the next one
+    the public history has not carried out yet, then a closing message."""
+
+    def __init__(self, task: Task):
+        actions = (task.payload or {}).get("reference_actions")
+        if not actions:
+            raise ValueError(f"EnvScaler task {task.task_id} has no reference_actions (the published format has "
+                             "no solution; only our own mini data adds one)")
+        self.actions = [ToolCall(a["name"], dict(a.get("arguments") or {})) for a in actions]
+
+    def next_action(self, observation: Observation) -> ToolCall | Message:
+        done = 0
+        for m in observation.messages:
+            if m.get("role") != "assistant" or done >= len(self.actions):
+                continue
+            for call in m.get("tool_calls") or []:
+                fn = call["function"]
+                try:
+                    args = json.loads(fn["arguments"])
+                except (TypeError, json.JSONDecodeError):
+                    continue
+                if fn["name"] == self.actions[done].name and args == self.actions[done].arguments:
+                    done += 1
+                    break
+        if done < len(self.actions):
+            return ToolCall(self.actions[done].name, json.loads(json.dumps(self.actions[done].arguments)))
+        return Message(ENVSCALER_DONE)

@@ -35,7 +35,16 @@ def _mcp(env_name: str, **options: Any) -> Environment:
     return McpEnv(**options)  # needs pool= (an McpPool); env_factory_from builds one
 
 
-REGISTRY: dict[str, Callable[..., Environment]] = {"bfcl": _bfcl, "tau2_": _tau2, "mcp": _mcp}
+def _envscaler(env_name: str, **options: Any) -> Environment:
+    from actionopd_jax.envs.envscaler.env import EnvScalerEnvironment
+    from actionopd_jax.envs.sandbox import SubprocessSandbox
+
+    options.setdefault("sandbox", SubprocessSandbox())
+    return EnvScalerEnvironment(**options)  # conversational tasks need user_sim=
+
+
+REGISTRY: dict[str, Callable[..., Environment]] = {"bfcl": _bfcl, "tau2_": _tau2, "mcp": _mcp,
+                                                   "envscaler": _envscaler}
 
 
 def make_environment(env_name: str, **options: Any) -> Environment:
@@ -44,7 +53,7 @@ def make_environment(env_name: str, **options: Any) -> Environment:
     for name, build in REGISTRY.items():
         if env_name == name or (name.endswith("_") and env_name.startswith(name)):
             return build(env_name, **options)
-    raise ValueError(f"unknown environment '{env_name}'; expected bfcl, tau2_airline, tau2_retail, tau2_telecom or mcp")
+    raise ValueError(f"unknown environment '{env_name}'; expected bfcl, tau2_airline, tau2_retail, tau2_telecom, mcp or envscaler")
 
 
 def default_env_factory(env_options: dict[str, dict[str, Any]] | None = None) -> EnvFactory:
@@ -58,25 +67,58 @@ def default_env_factory(env_options: dict[str, dict[str, Any]] | None = None) ->
     return make
 
 
+def user_sim_from(env: EnvConfig):
+    """The run's user simulator from env.user_* (tau2 and conversational EnvScaler tasks)."""
+    from actionopd_jax.envs.user_sim import UserSimConfig, UserSimulator
+
+    return UserSimulator(UserSimConfig(base_url=env.user_base_url, model=env.user_model,
+                                       api_key_env=env.user_api_key_env or None, temperature=env.user_temperature,
+                                       max_tokens=env.user_max_tokens or None))
+
+
+def pool_env_factory(env: EnvConfig, *, concurrency: int | None = None, tasks: list[Task] | None = None) -> EnvFactory:
+    """One factory for every pool env.mixture draws from (or env.name's pool): a task start is
+    built by its own pool's factory (Task.env), so one collection step mixes AWM and EnvScaler
+    episodes. `tasks`: the tasks the run can start (default: the manifest's admitted tasks)."""
+    from actionopd_jax.envs.mixture import mixture_entries, mixture_pool_tasks
+
+    pools = [p for p, _ in mixture_entries(env)]
+    by_pool = mixture_pool_tasks(env) if tasks is None else {p: [t for t in tasks if t.env == p] for p in pools}
+    factories: dict[str, EnvFactory] = {}
+    for pool in pools:
+        if pool == "envscaler":
+            from actionopd_jax.envs.envscaler.factory import envscaler_env_factory
+
+            factories[pool] = envscaler_env_factory(env, by_pool.get(pool, []), user_sim_from=user_sim_from)
+        else:
+            # AWM tasks load, audit and mix, but their episodes are not built here yet: refuse at
+            # start (the run and --check both come through this), never inside collection
+            raise ConfigError(f"env.mixture draws from {pool}: training episodes on the {pool} pool are not "
+                              "available yet (tasks, audit and mixture are: `actionopd envs audit`)")
+
+    def make(task: Task) -> Environment:
+        build = factories.get(task.env)
+        if build is None:
+            raise ValueError(f"task {task.task_id} is from {task.env!r}, not a pool of env.mixture {pools}")
+        return build(task)
+
+    make.factories = factories
+    return make
+
+
 def env_factory_from(env: EnvConfig, *, concurrency: int | None = None) -> EnvFactory:
     """The environment factory of the `env` section: tau2 gets its user simulator; mcp one
-    server pool of env.mcp_pool_size (0: `concurrency`, the collector's episodes in flight)."""
+    server pool of env.mcp_pool_size (0: `concurrency`, the collector's episodes in flight);
+    the AWM / EnvScaler pools one factory per pool of the mixture (pool_env_factory)."""
     if env.name == "mcp":
         from actionopd_jax.envs.mcp.factory import mcp_env_factory
 
         return mcp_env_factory(env, concurrency=concurrency)
     if env.name in ("awm", "envscaler"):
-        # their tasks load, audit and mix, but episodes on them are not built yet: refuse here
-        # (the run and --check both come through this), never fail later inside collection
-        raise ConfigError(f"env.name={env.name}: training episodes on the {env.name} pool are not available yet "
-                          "(tasks, audit and mixture are: `actionopd envs audit`); train on bfcl, tau2 or mcp")
+        return pool_env_factory(env, concurrency=concurrency)
     if env.name != "tau2":
         return default_env_factory()
-    from actionopd_jax.envs.user_sim import UserSimConfig, UserSimulator
-
     if not env.user_model or not env.user_base_url:
         raise ConfigError("env.name=tau2 needs a user simulator: set env.user_model and env.user_base_url")
-    sim = UserSimulator(UserSimConfig(base_url=env.user_base_url, model=env.user_model,
-                                      api_key_env=env.user_api_key_env or None, temperature=env.user_temperature,
-                                      max_tokens=env.user_max_tokens))
+    sim = user_sim_from(env)
     return default_env_factory({f"tau2_{d}": {"user_sim": sim} for d in env.domains})

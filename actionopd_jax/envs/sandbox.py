@@ -45,7 +45,12 @@ class SandboxResult:
 
 
 class SandboxError(RuntimeError):
-    """A class session failed (its process died, timed out or answered garbage)."""
+    """A class session failed. `fatal`: its process died, timed out or answered garbage (the
+    session is closed); not fatal: the method raised inside a live instance (the session goes on)."""
+
+    def __init__(self, message: str, *, fatal: bool = True):
+        super().__init__(message)
+        self.fatal = fatal
 
 
 @runtime_checkable
@@ -224,7 +229,11 @@ class _SubprocessSession:
     def __post_init__(self) -> None:
         self._dir = tempfile.TemporaryDirectory(prefix="sandbox-")
         self._proc = self.sandbox._spawn(self._dir.name)
-        self._ask({"kind": "class", "code": self.code, "entry": self.class_name, "kwargs": self.init_config})
+        try:
+            self._ask({"kind": "class", "code": self.code, "entry": self.class_name, "kwargs": self.init_config})
+        except BaseException:
+            self.close()  # the child exits after a failed start: reap it and its directory
+            raise
 
     def _ask(self, msg: dict[str, Any]) -> Any:
         import selectors
@@ -251,7 +260,8 @@ class _SubprocessSession:
             self.close()
             raise SandboxError("malformed reply from the environment process") from None
         if not reply.get("ok"):
-            raise SandboxError(reply.get("error", "failed"))
+            # the class session's child answers a method's exception and keeps serving
+            raise SandboxError(reply.get("error", "failed"), fatal=msg.get("kind") == "class")
         return reply.get("value")
 
     def call(self, method: str, arguments: dict[str, Any]) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 
 from actionopd_jax.config import ConfigError, EnvConfig
 from actionopd_jax.envs.splits import check_eval_overlap, overlap_summary, select_task_ids
-from actionopd_jax.envs.mixture import POOLS, mixture_entries, mixture_stream_from, mixture_summary
+from actionopd_jax.envs.mixture import POOLS, missing_pool_files, mixture_entries, mixture_stream_from, mixture_summary
 from actionopd_jax.envs.tasks import TaskSource, TaskStream, load_task_set
 
 
@@ -68,6 +68,10 @@ def training_tasks_summary(env: EnvConfig, *, needed_by: str) -> str:
     (envs/splits.overlap_summary); raises ConfigError when the run would refuse them. For the
     AWM / EnvScaler pools: their admitted sizes from the manifest (they are never evaluated on)."""
     if env.name in POOLS:
+        missing = missing_pool_files(env)
+        if missing:
+            return (f"pools      not on this host ({', '.join(missing)}): the run loads them at start; "
+                    "write the manifest with `actionopd envs audit`")
         per_step = sum(c for _, c in mixture_entries(env))
         return mixture_summary(mixture_stream_from(env, per_step=per_step, seed=0))
     tasks = [t for _, ts in training_task_sets(env, needed_by=needed_by) for t in ts]

@@ -29,11 +29,16 @@ def tool_evidence_from(m: MatcherConfig, tasks: list | None) -> dict[str, dict[s
     """Per environment, each tool's implementation evidence for the judge (matcher.tool_evidence)."""
     if not m.tool_evidence or m.kind == "rules" or not tasks:
         return None
-    from actionopd_jax.envs.evidence import tool_evidence
+    from actionopd_jax.envs.evidence import task_tool_evidence, tool_evidence
 
     out = {}
     for env in sorted({t.env for t in tasks}):
         evidence = tool_evidence(env)
         if evidence is not None:
             out[env] = evidence
+    for t in tasks:  # families whose environments bring their own tools (Task.evidence_scope)
+        if t.evidence_scope != t.env and t.evidence_scope not in out:
+            evidence = task_tool_evidence(t)
+            if evidence is not None:
+                out[t.evidence_scope] = evidence
     return out

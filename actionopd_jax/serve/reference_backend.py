@@ -48,16 +48,20 @@ class ReferenceBackend:
 
     def _opening_index(self) -> dict[str, list[Task]]:
         # Built lazily on the first request that does not name its task. BFCL openings are the
-        # dataset's first user message; tau2 openings come from a simulator, so tau2 requests
-        # must name their task.
+        # dataset's first user message, EnvScaler's the task text; tau2 openings come from a
+        # simulator, so tau2 requests must name their task.
         if not self._by_opening:
             from actionopd_jax.envs import bfcl_data
 
             for task in self._by_id.values():
-                if task.env != "bfcl":
+                if task.env == "envscaler":
+                    # the task text: the user turn (non-conversational), or the opening a
+                    # simulator that restates the goal sends; other openings must name the task
+                    text = (task.payload or {}).get("task")
+                elif task.env != "bfcl":
                     continue
-                first_turn = bfcl_data.load_entry(task.task_id)["question"][0]
-                text = _first_user_text(first_turn)
+                else:
+                    text = _first_user_text(bfcl_data.load_entry(task.task_id)["question"][0])
                 if text:
                     self._by_opening.setdefault(_digest(text), []).append(task)
         return self._by_opening

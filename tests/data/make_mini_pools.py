@@ -656,26 +656,32 @@ def check(item, body):
 
 SCENARIO_TASKS = [
     dict(env_id="env_1", env_class_name="ParcelLockerSystem", task_id="mini_locker_1", init_config=LOCKERS,
+         reference=[("list_free_lockers", {'site': 'Harbour St'}), ("assign_parcel", {'parcel_id': 'P7', 'locker_id': 'L1'})],
          task="Put parcel P7 into a free locker at Harbour St.",
          checks=[("Is P7 in locker L1?", 'return final_state["parcels"]["P7"]["status"] == "in_locker" and final_state["lockers"]["L1"]["occupied_by"] == "P7"')]),
     dict(env_id="env_1", env_class_name="ParcelLockerSystem", task_id="mini_locker_2", init_config=LOCKERS,
+         reference=[("list_parcels", {'recipient': 'Omar Said'}), ("mark_collected", {'parcel_id': 'P9'})],
          task="Omar Said has taken his parcel out of its locker; record the collection.",
          checks=[("Is P9 collected?", 'return final_state["parcels"]["P9"]["status"] == "collected"'),
                  ("Is L2 empty again?", 'return final_state["lockers"]["L2"]["occupied_by"] == ""')]),
     dict(env_id="env_1", env_class_name="ParcelLockerSystem", task_id="mini_locker_3", init_config=LOCKERS,
+         reference=[("list_parcels", {'recipient': 'Nora Quist'}), ("assign_parcel", {'parcel_id': 'P7', 'locker_id': 'L1'}), ("assign_parcel", {'parcel_id': 'P8', 'locker_id': 'L3'})],
          task="Put both of Nora Quist's waiting parcels into lockers: one at Harbour St and one at Mill Road.",
          checks=[("Are both of Nora's parcels in lockers?",
                   'return all(final_state["parcels"][p]["status"] == "in_locker" for p in ("P7", "P8"))'),
                  ("Is nothing else changed?", 'return final_state["parcels"]["P9"] == initial_state["parcels"]["P9"]')]),
     dict(env_id="env_2", env_class_name="ClinicAppointments", task_id="mini_clinic_1", init_config=CLINIC,
+         reference=[("find_slots", {'doctor': 'Dr. Imai'}), ("book_slot", {'slot_id': 'S3', 'patient': 'Tom Berg'})],
          task="Book Dr. Imai's free slot for Tom Berg.",
          checks=[("Does Tom Berg have a booked appointment in S3?",
                   'return any(a["slot_id"] == "S3" and a["patient"] == "Tom Berg" and a["status"] == "booked" for a in final_state["appointments"].values())')]),
     dict(env_id="env_2", env_class_name="ClinicAppointments", task_id="mini_clinic_2", init_config=CLINIC,
+         reference=[("list_appointments", {'patient': 'Lena Roth'}), ("cancel_appointment", {'appointment_id': 'A0'})],
          task="Cancel Lena Roth's appointment.",
          checks=[("Is A0 cancelled?", 'return final_state["appointments"]["A0"]["status"] == "cancelled"'),
                  ("Is S2 free again?", 'return final_state["slots"]["S2"]["free"] is True')]),
     dict(env_id="env_2", env_class_name="ClinicAppointments", task_id="mini_clinic_3", init_config=CLINIC,
+         reference=[("book_slot", {'slot_id': 'S1', 'patient': 'Lena Roth'}), ("cancel_appointment", {'appointment_id': 'A0'})],
          task="You are Lena Roth. You want to move your appointment with Dr. Hale to his 09:00 slot: first ask the assistant to book 09:00 with Dr. Hale for you, and only then to cancel the old appointment.",
          conversational=True,
          checks=[("Does Lena have a booked appointment in S1?",
@@ -694,6 +700,8 @@ def make_envscaler(out: Path) -> None:
             item["conversational"] = True  # our extension (docs/formats.md)
         item["checklist"] = [c[0] for c in t["checks"]]
         item["checklist_with_func"] = [check(c, body) for c, body in t["checks"]]
+        # our extension: a solution for the privileged reference teacher (the format has none)
+        item["reference_actions"] = [{"name": n, "arguments": a} for n, a in t["reference"]]
         items.append(item)
     (out / "rl_scenario_metadata.json").write_text(json.dumps(items, indent=1, ensure_ascii=False) + "\n", encoding="utf-8")
 

@@ -53,6 +53,9 @@ class EnvScalerScenario:
     checks: list[dict[str, Any]]  # [{"check_item", "check_func"}]
     conversational: bool = False
     source: str = ""  # the file it came from
+    # OUR extension, only in our own mini data: the tool calls that solve the task, in order
+    # ([{"name", "arguments"}]), for the privileged reference teacher (envs/reference.py)
+    reference_actions: list[dict[str, Any]] = field(default_factory=list)
 
 
 @dataclass
@@ -62,12 +65,21 @@ class EnvScalerDataset:
     scenarios: dict[str, EnvScalerScenario]
 
     def tasks(self, split: str = "train") -> list[Task]:
+        """One Task per scenario. The payload carries what an episode needs (the environment
+        class source, initial state, checks: hidden from the agent, which sees only the
+        observation) so that any process can run it from the Task alone; the class code and
+        tool lists are shared references, not copies."""
         out = []
         for sc in self.scenarios.values():
-            env = self.envs.get(sc.env_id)
+            # a scenario whose environment is missing still loads (the audit drops it, saying why)
+            env = self.envs.get(sc.env_id) or EnvScalerEnv(env_id=sc.env_id, class_name="", class_code="", tools=[])
             out.append(Task(task_id=sc.task_id, env=ENV_NAME, split=split, payload={
                 "env_id": sc.env_id, "task": sc.task, "conversational": sc.conversational,
-                "tools": list(env.tools) if env else [], "intro": env.intro_text() if env else ""}))
+                "tools": env.tools, "intro": env.intro_text(), "class_name": sc.class_name or env.class_name,
+                "class_code": env.class_code, "init_config": sc.init_config, "checks": sc.checks,
+                "reference_actions": sc.reference_actions,
+                # the matcher's tool evidence is per environment: tool names repeat across them
+                "evidence_scope": f"{ENV_NAME}/{sc.env_id}"}))
         return out
 
 
@@ -116,5 +128,6 @@ def load_envscaler(root: str | Path, *, scenario_files: Iterable[str] = (),
                 task_id=tid, env_id=item["env_id"], class_name=item.get("env_class_name", ""),
                 init_config=item.get("init_config") or {}, task=item.get("task", ""),
                 checks=list(item.get("checklist_with_func") or []),
-                conversational=bool(item.get("conversational")) or tid in conv, source=path.name)
+                conversational=bool(item.get("conversational")) or tid in conv, source=path.name,
+                reference_actions=list(item.get("reference_actions") or []))
     return EnvScalerDataset(root=root, envs=envs, scenarios=scenarios)
