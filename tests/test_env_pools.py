@@ -430,12 +430,16 @@ def test_audit_starts_each_awm_server_contained_and_lists_its_tools(tmp_path, sa
     assert result.admitted and not any(t.startswith(bad + "/") for t in result.admitted)
 
 
-def test_training_episodes_on_the_pools_are_refused_with_the_reason():
-    """Until the pools' episodes exist, building their environments is a ConfigError naming
-    what does work, not an unknown-environment failure inside collection."""
+def test_pool_episodes_need_a_manifest_and_awm_episodes_are_refused_with_the_reason(tmp_path):
+    """Building the pools' environments reads the manifest's admitted tasks (a ConfigError saying
+    how to write one); AWM episodes, not built here yet, are refused at start with the reason,
+    never with an unknown-environment failure inside collection."""
     from actionopd_jax.config import ConfigError, EnvConfig
     from actionopd_jax.envs.registry import env_factory_from
 
-    for name in ("awm", "envscaler"):
-        with pytest.raises(ConfigError, match=f"env.name={name}: training episodes .* not available yet"):
-            env_factory_from(EnvConfig(name=name))
+    with pytest.raises(ConfigError, match="env.manifest.*actionopd envs audit"):
+        env_factory_from(EnvConfig(name="envscaler", envscaler_dir=str(ES)))
+    manifest = tmp_path / "m.json"
+    manifest.write_text(json.dumps({"pools": {"awm": {"admitted": []}, "envscaler": {"admitted": []}}}))
+    with pytest.raises(ConfigError, match="draws from awm: training episodes on the awm pool are not available yet"):
+        env_factory_from(EnvConfig(name="awm", awm_dir=str(AWM), manifest=str(manifest)))

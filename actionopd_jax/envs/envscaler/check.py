@@ -29,17 +29,49 @@ class CheckOutcome:
         return [r["error"] for r in self.results if r["error"]]
 
 
+# Runs every check of a scenario in one sandboxed process, each in its own namespace: one
+# process start per episode instead of one per check.
+_ALL_CHECKS = """
+def run_checks(sources, final_state):
+    out = []
+    for src in sources:
+        ns = {"initial_state": initial_state}
+        try:
+            exec(compile(src, "<check function>", "exec"), ns)
+            value = ns["check_func"](final_state)
+            out.append({"ok": True, "bool": isinstance(value, bool), "value": value is True,
+                        "type": type(value).__name__})
+        except Exception as e:
+            out.append({"ok": False, "error": "%s: %s" % (type(e).__name__, e)})
+    return out
+"""
+
+
+def _result(item: str, ok: bool, is_bool: bool, value: bool, type_name: str, error: str) -> dict[str, Any]:
+    if ok and not is_bool:
+        return {"check_item": item, "passed": False, "error": f"check returned {type_name}, not a bool"}
+    return {"check_item": item, "passed": bool(ok and value), "error": "" if ok else error}
+
+
 def score_state(scenario: EnvScalerScenario, initial_state: dict[str, Any], final_state: dict[str, Any], *,
                 sandbox: Sandbox, timeout_s: float = 10.0) -> CheckOutcome:
+    checks = scenario.checks
+    items = [c.get("check_item", "") for c in checks]
     results = []
-    for check in scenario.checks:
-        res = sandbox.run_function(check.get("check_func", ""), "check_func", {"final_state": final_state},
-                                   globals_={"initial_state": initial_state}, timeout_s=timeout_s)
-        if res.ok and not isinstance(res.value, bool):
-            res_ok, passed, err = False, False, f"check returned {type(res.value).__name__}, not a bool"
-        else:
-            res_ok, passed, err = res.ok, bool(res.ok and res.value), res.error
-        results.append({"check_item": check.get("check_item", ""), "passed": passed, "error": "" if res_ok else err})
+    if checks:
+        batch = sandbox.run_function(_ALL_CHECKS, "run_checks",
+                                     {"sources": [c.get("check_func", "") for c in checks], "final_state": final_state},
+                                     globals_={"initial_state": initial_state}, timeout_s=timeout_s)
+        if batch.ok and isinstance(batch.value, list) and len(batch.value) == len(checks):
+            results = [_result(item, r["ok"], r.get("bool", False), r.get("value", False), r.get("type", ""),
+                               r.get("error", "")) for item, r in zip(items, batch.value)]
+    if checks and not results:
+        # the batch process died or hung (a check that exits or loops): judge each check alone
+        for item, check in zip(items, checks):
+            res = sandbox.run_function(check.get("check_func", ""), "check_func", {"final_state": final_state},
+                                       globals_={"initial_state": initial_state}, timeout_s=timeout_s)
+            results.append(_result(item, res.ok, isinstance(res.value, bool), res.value is True,
+                                   type(res.value).__name__, res.error))
     reward = sum(r["passed"] for r in results) / len(results) if results else 0.0
     return CheckOutcome(reward=round(reward, 4), results=results)
 
