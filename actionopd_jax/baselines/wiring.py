@@ -9,6 +9,8 @@ picks one: `build_source` is handed to `Trainer`), and that source's start-up ch
     collect.kind=opd train.loss=opd        token-level OPD (teacher.kind=local: teacher.model is an HF dir;
                                            teacher.kind=openai: teacher.base_url scores through /v1/completions)
     collect.kind=actionopd teacher.kind=self   Self-ActionOPD (current student weights + privileged context)
+    collect.kind=actionopd teacher.kind=reference   the embedded PRIVILEGED reference teacher (tiny runs
+                                           offline: our loopback server answering with the tasks' solutions)
     collect.reward=validity|binary, collect.commit=random   the ablations (plain ActionOPD source)
 """
 
@@ -108,6 +110,8 @@ def build_source(cfg: Config, ctx: SourceContext) -> GroupSource:
     if kind in ("kd", "opd") or (kind == "actionopd" and cfg.teacher.kind == "self"):
         # the baselines of paper B.4/B.5 (offline KD, token-level OPD, Self-ActionOPD)
         return build_baseline_source(cfg, ctx)
+    if kind == "actionopd" and cfg.teacher.kind == "reference":
+        return reference_teacher_source(cfg, ctx)
     if kind == "actionopd":
         from actionopd_jax.collect.source import build_group_source
 
@@ -117,6 +121,48 @@ def build_source(cfg: Config, ctx: SourceContext) -> GroupSource:
                             "collect/state_dict/load_state_dict")
         return source
     raise ConfigError(f"collect.kind={kind!r} has no source")
+
+
+def reference_tasks(cfg: Config) -> tuple[Any, list[Task]]:
+    """(the run's task stream, its tasks), each of which has a reference solution; for
+    teacher.kind=reference."""
+    from actionopd_jax.collect.source import train_task_stream
+    from actionopd_jax.envs.reference import reference_policy
+    from actionopd_jax.envs.task_sets import stream_tasks
+
+    stream = train_task_stream(cfg)
+    tasks = stream_tasks(stream) or []
+    for task in tasks:
+        try:
+            reference_policy(task)
+        except (ValueError, KeyError) as e:
+            raise ConfigError(f"teacher.kind=reference needs a solution for every training task: {e}") from None
+    return stream, tasks
+
+
+def reference_teacher_source(cfg: Config, ctx: SourceContext) -> GroupSource:
+    """The collector's source with the embedded PRIVILEGED reference teacher: our OpenAI-compatible
+    server on 127.0.0.1 answering with the training tasks' reference solutions (envs/reference.py),
+    reached through the real teacher client. It reads the solution, so it lets a tiny run go
+    offline but never stands in for a real teacher's numbers (the log says so)."""
+    import atexit
+    import dataclasses
+
+    from actionopd_jax.collect.source import ActionOPDGroupSource
+    from actionopd_jax.serve.openai_http import OpenAIServer
+    from actionopd_jax.serve.reference_backend import MODEL_NAME, ReferenceBackend
+
+    stream, tasks = reference_tasks(cfg)
+    server = OpenAIServer(ReferenceBackend(tasks, model_name=MODEL_NAME), host="127.0.0.1", port=0)
+    url = server.start()
+    atexit.register(server.stop)
+    log.warning("PRIVILEGED REFERENCE TEACHER: embedded server at %s answering with the solutions of %d training "
+                "tasks (it reads them; not a real teacher)", url, len(tasks))
+    teacher = dataclasses.replace(cfg.teacher, kind="openai", provider="", base_url=url, model=MODEL_NAME,
+                                  api_key_env="", enable_thinking=False)
+    source = ActionOPDGroupSource(dataclasses.replace(cfg, teacher=teacher), ctx, stream=stream)
+    source.reference_server = server
+    return source
 
 
 def check_collection(cfg: Config) -> None:
@@ -145,12 +191,15 @@ def check_collection(cfg: Config) -> None:
         source.collector_config_from(cfg)
     except ValueError as e:
         raise e if isinstance(e, ConfigError) else ConfigError(f"collect: {e}") from None
-    if kind == "actionopd" and teacher != "self":
+    if kind == "actionopd" and teacher not in ("self", "reference"):
         teacher_spec(cfg.teacher)
+    if kind == "actionopd" and teacher != "self":
         judge_spec(cfg.matcher)
     from actionopd_jax.envs.mixture import POOLS, missing_pool_files
 
     if cfg.env.name in POOLS and missing_pool_files(cfg.env):
         return  # a planning host without the pool data: `--check` prints which paths it lacks
+    if teacher == "reference":
+        reference_tasks(cfg)
     source.train_task_stream(cfg)
     env_factory_from(cfg.env, concurrency=cfg.collect.concurrency)

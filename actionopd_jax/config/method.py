@@ -21,6 +21,9 @@ def check_method(cfg: Config) -> None:
     if kind == "actionopd" and loss != "actionopd":
         raise ConfigError(f"collect.kind=actionopd trains the ActionOPD surrogate; set train.loss=actionopd "
                           f"(got {loss}), or collect.kind={loss} for the {loss.upper()} baseline")
+    if cfg.teacher.kind == "reference" and kind != "actionopd":
+        raise ConfigError("teacher.kind=reference (the embedded privileged reference teacher) serves "
+                          f"collect.kind=actionopd (got collect.kind={kind})")
     if cfg.teacher.kind == "self" and kind != "actionopd":
         raise ConfigError("teacher.kind=self is Self-ActionOPD: it needs collect.kind=actionopd "
                           f"(got collect.kind={kind})")

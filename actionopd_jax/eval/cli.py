@@ -1,5 +1,6 @@
 """`actionopd eval`: evaluate a checkpoint, an HF directory, an OpenAI-compatible endpoint, or
-the privileged reference policy on BFCL multi-turn and tau2; resumable; JSON + markdown + PNG."""
+the privileged reference policy on BFCL multi-turn, tau2 and EnvScaler directories; resumable;
+JSON + markdown + PNG."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), help="parameter and compute dtype (default: as trained)")
     p.add_argument("--mesh", help="shard the student over local devices, e.g. tensor=-1 (default: one device)")
     p.add_argument("--bench", action="append", required=True,
-                   help="bfcl[:base,miss_func,miss_param,long_context] or tau2_<domain>[:split]; repeatable")
+                   help="bfcl[:base,miss_func,miss_param,long_context], tau2_<domain>[:split] or "
+                        "envscaler:DIR[:id1,id2]; repeatable")
     p.add_argument("--limit", type=int, help="first N tasks of each benchmark")
     p.add_argument("--trials", type=int, default=1, help="trials per task (tau2 pass^k needs k trials)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default for students)")
@@ -41,6 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--user-sim-url", help="OpenAI-compatible endpoint of the tau2 user simulator")
     p.add_argument("--user-sim-model", help="user simulator model name")
     p.add_argument("--user-sim-api-key-env", help="environment variable with the user simulator's API key")
+    p.add_argument("--user-sim-temperature", type=float, default=0.0,
+                   help="user simulator temperature (paper table 8: 1.0 for EnvScaler's and tau2's evaluation user)")
     p.add_argument("--out", required=True, help="output directory (episodes.jsonl makes the run resumable)")
     p.add_argument("--no-progress", action="store_true")
     return p
@@ -79,17 +83,22 @@ def env_factory(args: argparse.Namespace):
 
     user_sim = None
 
-    def make(task: Task):
+    def simulator():
         nonlocal user_sim
-        if task.env.startswith("tau2_"):
-            if user_sim is None:
-                if not (args.user_sim_url and args.user_sim_model):
-                    raise SystemExit("actionopd eval: tau2 needs --user-sim-url and --user-sim-model")
-                from actionopd_jax.envs.user_sim import UserSimConfig, UserSimulator
+        if user_sim is None:
+            if not (args.user_sim_url and args.user_sim_model):
+                raise SystemExit("actionopd eval: tau2 and conversational EnvScaler tasks need --user-sim-url and "
+                                 "--user-sim-model")
+            from actionopd_jax.envs.user_sim import UserSimConfig, UserSimulator
 
-                user_sim = UserSimulator(UserSimConfig(base_url=args.user_sim_url, model=args.user_sim_model,
-                                                       api_key_env=args.user_sim_api_key_env))
-            return make_environment(task.env, user_sim=user_sim)
+            user_sim = UserSimulator(UserSimConfig(base_url=args.user_sim_url, model=args.user_sim_model,
+                                                   api_key_env=args.user_sim_api_key_env,
+                                                   temperature=args.user_sim_temperature))
+        return user_sim
+
+    def make(task: Task):
+        if task.env.startswith("tau2_") or (task.env == "envscaler" and task.payload.get("conversational")):
+            return make_environment(task.env, user_sim=simulator())
         return make_environment(task.env)
 
     return make

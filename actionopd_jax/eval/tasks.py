@@ -1,4 +1,6 @@
-"""Benchmark selection for evaluation: `bfcl[:cat1,cat2]` and `tau2_<domain>[:split]`."""
+"""Benchmark selection for evaluation: `bfcl[:cat1,cat2]`, `tau2_<domain>[:split]` and
+`envscaler:DIR[:id1,id2]` (an EnvScaler directory in the published layout, optionally only the
+named task ids: a run's held-out tasks)."""
 
 from __future__ import annotations
 
@@ -21,6 +23,19 @@ def select_tasks(spec: str, *, limit: int | None = None) -> list[Task]:
         from actionopd_jax.envs.tau2_tasks import tau2_tasks
 
         tasks = tau2_tasks(name[len("tau2_"):], option or "test")[: limit or None]
+    elif name == "envscaler":
+        from actionopd_jax.envs.envscaler.layout import load_envscaler
+
+        directory, _, ids = option.partition(":")
+        if not directory:
+            raise ValueError("--bench envscaler:DIR[:id1,id2] needs the EnvScaler directory")
+        tasks = load_envscaler(directory).tasks(split="eval")
+        wanted = [i for i in ids.split(",") if i]
+        missing = sorted(set(wanted) - {t.task_id for t in tasks})
+        if missing:
+            raise ValueError(f"--bench {spec}: no EnvScaler task(s) {missing} in {directory}")
+        tasks = [t for t in tasks if not wanted or t.task_id in wanted][: limit or None]
     else:
-        raise ValueError(f"unknown benchmark {spec!r}; use bfcl[:categories] or tau2_<airline|retail|telecom>[:split]")
+        raise ValueError(f"unknown benchmark {spec!r}; use bfcl[:categories], tau2_<airline|retail|telecom>[:split] "
+                         "or envscaler:DIR[:ids]")
     return tasks

@@ -10,8 +10,10 @@ from actionopd_jax.config import ConfigError, MatcherConfig, TeacherConfig
 
 
 # teacher.kind: an OpenAI-compatible endpoint, Vertex AI, an in-process HF directory, the student
-# itself (Self-ActionOPD), or none; matcher.kind: rules then the LLM judge, or rules only
-TEACHER_KINDS: tuple[str, ...] = ("openai", "vertex", "local", "self", "none")
+# itself (Self-ActionOPD), the embedded privileged reference teacher (tiny runs: it answers with
+# the training tasks' solutions, baselines/wiring.py), or none; matcher.kind: rules then the LLM
+# judge, or rules only
+TEACHER_KINDS: tuple[str, ...] = ("openai", "vertex", "local", "self", "reference", "none")
 MATCHER_KINDS: tuple[str, ...] = ("rules+llm", "rules")
 
 
@@ -25,6 +27,9 @@ def teacher_spec(t: TeacherConfig) -> dict[str, Any]:
     if t.kind == "self":
         raise ConfigError("teacher.kind=self is Self-ActionOPD: its source is baselines.self_opd "
                           "(`actionopd train` picks it from the config); it has no endpoint spec")
+    if t.kind == "reference":
+        raise ConfigError("teacher.kind=reference is the embedded privileged reference teacher: the run starts it "
+                          "(baselines/wiring.py); it has no endpoint spec")
     if t.kind == "local":
         return {"provider": "local", "model": t.model}
     if t.kind == "vertex":
