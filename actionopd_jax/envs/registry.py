@@ -58,6 +58,16 @@ def default_env_factory(env_options: dict[str, dict[str, Any]] | None = None) ->
     return make
 
 
+def user_sim_config(env: EnvConfig):
+    """The tau2 user simulator's settings from env.user_*: every sampling setting is sent."""
+    from actionopd_jax.envs.user_sim import UserSimConfig
+
+    return UserSimConfig(base_url=env.user_base_url, model=env.user_model, api_key_env=env.user_api_key_env or None,
+                         provider=env.user_provider or "openai", temperature=env.user_temperature,
+                         top_p=env.user_top_p, top_k=env.user_top_k or None, thinking=env.user_enable_thinking,
+                         max_tokens=env.user_max_tokens)
+
+
 def env_factory_from(env: EnvConfig, *, concurrency: int | None = None) -> EnvFactory:
     """The environment factory of the `env` section: tau2 gets its user simulator; mcp one
     server pool of env.mcp_pool_size (0: `concurrency`, the collector's episodes in flight)."""
@@ -72,11 +82,9 @@ def env_factory_from(env: EnvConfig, *, concurrency: int | None = None) -> EnvFa
                           "(tasks, audit and mixture are: `actionopd envs audit`); train on bfcl, tau2 or mcp")
     if env.name != "tau2":
         return default_env_factory()
-    from actionopd_jax.envs.user_sim import UserSimConfig, UserSimulator
+    from actionopd_jax.envs.user_sim import UserSimulator
 
     if not env.user_model or not env.user_base_url:
         raise ConfigError("env.name=tau2 needs a user simulator: set env.user_model and env.user_base_url")
-    sim = UserSimulator(UserSimConfig(base_url=env.user_base_url, model=env.user_model,
-                                      api_key_env=env.user_api_key_env or None, temperature=env.user_temperature,
-                                      max_tokens=env.user_max_tokens))
+    sim = UserSimulator(user_sim_config(env))
     return default_env_factory({f"tau2_{d}": {"user_sim": sim} for d in env.domains})
