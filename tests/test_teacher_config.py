@@ -40,7 +40,8 @@ def tok_dir(tmp_path_factory):
 def test_reasoning_effort_and_provider_reach_the_request(tok_dir):
     backend = ScriptedBackend("big", lambda req: tool_call_choice("get_weather", {"city": "Paris"}))
     with serve(backend) as server:
-        cfg = _endpoint_cfg(tok_dir, server.base_url, "teacher.provider=deepseek", "teacher.reasoning_effort=max")
+        cfg = _endpoint_cfg(tok_dir, server.base_url, "teacher.provider=deepseek", "teacher.reasoning_effort=max",
+                            "teacher.top_k=0")
         teacher = build_teacher(teacher_spec(cfg.teacher))
         samples = asyncio.run(teacher.sample(STATE, TOOLS, 1))
         assert len(samples) == 1 and samples[0].action.name == "get_weather"
@@ -48,23 +49,27 @@ def test_reasoning_effort_and_provider_reach_the_request(tok_dir):
         assert body["reasoning_effort"] == "max"
         assert body["thinking"] == {"type": "enabled"}  # DeepSeek's switch, from enable_thinking
         assert teacher.identity["decoding"]["reasoning_effort"] == "max"
-        # the default provider: no reasoning_effort unless configured, no vendor thinking field
-        plain = build_teacher(teacher_spec(_endpoint_cfg(tok_dir, server.base_url).teacher))
+        # the default provider (openai) has no top_k and no thinking switch: asked for them, the
+        # run is refused; without them no reasoning_effort and no vendor thinking field is sent
+        with pytest.raises(ConfigError, match="teacher.top_k=20 cannot be sent to provider 'openai'"):
+            _endpoint_cfg(tok_dir, server.base_url)
+        plain = build_teacher(teacher_spec(_endpoint_cfg(tok_dir, server.base_url, "teacher.top_k=0",
+                                                         "teacher.enable_thinking=null").teacher))
         asyncio.run(plain.sample(STATE, TOOLS, 1))
         body = backend.requests[-1].raw
-        assert "reasoning_effort" not in body and "thinking" not in body
+        assert "reasoning_effort" not in body and "thinking" not in body and "top_k" not in body
         # vLLM-style servers get the chat-template switch
         vllm = build_teacher(teacher_spec(_endpoint_cfg(tok_dir, server.base_url, "teacher.provider=vllm").teacher))
         asyncio.run(vllm.sample(STATE, TOOLS, 1))
         assert backend.requests[-1].raw["chat_template_kwargs"] == {"enable_thinking": True}
-    with pytest.raises(ValueError, match="unknown provider 'nope'"):
-        build_teacher(teacher_spec(_endpoint_cfg(tok_dir, "http://127.0.0.1:9/v1", "teacher.provider=nope").teacher))
+    with pytest.raises(ConfigError, match="teacher.provider='nope'; expected one of"):
+        _endpoint_cfg(tok_dir, "http://127.0.0.1:9/v1", "teacher.provider=nope")
 
 
 def test_matcher_provider_reaches_the_judge_request(tok_dir):
     backend = ScriptedBackend("judge", lambda req: message_choice("VERDICT: NO_MATCH"))
     with serve(backend) as server:
-        cfg = _endpoint_cfg(tok_dir, server.base_url, "matcher.kind=rules+llm", "matcher.model=judge",
+        cfg = _endpoint_cfg(tok_dir, server.base_url, "teacher.provider=vllm", "matcher.kind=rules+llm", "matcher.model=judge",
                             f"matcher.base_url={server.base_url}", "matcher.provider=dashscope")
         m = build_matcher(judge_spec(cfg.matcher))
         from tests.test_matching_judge import PARIS, ROME

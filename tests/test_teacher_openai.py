@@ -28,16 +28,23 @@ def test_request_kwargs_provider_table():
     vllm = OpenAITeacher(OpenAITeacherConfig(provider="vllm", **base)).request_kwargs(STATE, TOOLS, 3)
     assert vllm["n"] == 3 and vllm["tools"] == TOOLS and vllm["temperature"] == 0.6 and vllm["top_p"] == 0.95
     assert vllm["extra_body"] == {"top_k": 20, "chat_template_kwargs": {"enable_thinking": False}}
-    ds = OpenAITeacher(OpenAITeacherConfig(provider="deepseek", **{**base, "thinking": True})).request_kwargs(STATE, TOOLS, 1)
-    assert "n" not in ds and ds["extra_body"] == {"thinking": {"type": "enabled"}}  # no top_k field for DeepSeek
+    ds = OpenAITeacher(OpenAITeacherConfig(provider="deepseek", **{**base, "thinking": True, "top_k": None})
+                       ).request_kwargs(STATE, TOOLS, 1)
+    assert "n" not in ds and ds["extra_body"] == {"thinking": {"type": "enabled"}}
     dash = OpenAITeacher(OpenAITeacherConfig(provider="dashscope", **base)).request_kwargs(STATE, [], 1)
     assert dash["extra_body"] == {"top_k": 20, "enable_thinking": False} and "tools" not in dash
     orr = OpenAITeacher(OpenAITeacherConfig(provider="openrouter", **base)).request_kwargs(STATE, TOOLS, 1)
     assert orr["extra_body"]["reasoning"] == {"enabled": False}
-    oa = OpenAITeacher(OpenAITeacherConfig(provider="openai", reasoning_effort="low", **base)).request_kwargs(STATE, TOOLS, 2)
+    oa = OpenAITeacher(OpenAITeacherConfig(provider="openai", reasoning_effort="low",
+                                           **{**base, "thinking": None, "top_k": None})).request_kwargs(STATE, TOOLS, 2)
     assert oa["reasoning_effort"] == "low" and "extra_body" not in oa
     with pytest.raises(ValueError, match="unknown provider"):
         OpenAITeacherConfig(provider="nope", model="m", base_url="http://x")
+    # a setting the provider has no field for is refused, never dropped
+    with pytest.raises(ValueError, match=r"teacher.top_k=20 cannot be sent to provider 'deepseek'.*vllm"):
+        OpenAITeacherConfig(provider="deepseek", **base)
+    with pytest.raises(ValueError, match=r"teacher.thinking=False cannot be sent to provider 'openai'.*deepseek"):
+        OpenAITeacherConfig(provider="openai", **{**base, "top_k": None})
 
 
 def test_k_samples_in_one_request_with_n_and_separately_without():

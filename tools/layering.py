@@ -37,6 +37,7 @@ LAYERS: dict[str, int] = {
     "types": 0,
     "compile_cache": 0,
     "config": 0,  # the package __init__: re-exports schema + errors only
+    "providers": 0,  # what each OpenAI-compatible vendor can be sent, and how
     "config.schema": 0,
     "config.errors": 0,
     "config.experiment": 0,  # the experiment *section* dataclass

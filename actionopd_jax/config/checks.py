@@ -18,6 +18,7 @@ from actionopd_jax.config.experiment import TEACHER_MODES, ExperimentConfig
 from actionopd_jax.config.method import check_method
 from actionopd_jax.config.schema import Config, EnvConfig
 from actionopd_jax.envs.mixture import parse_mixture
+from actionopd_jax.providers import PROVIDERS, refusal, unsendable
 from actionopd_jax.model.attention import IMPLEMENTATIONS
 from actionopd_jax.model.runtime import DTYPES, REMAT as REMAT_MODES
 from actionopd_jax.rewards import RewardMode
@@ -102,10 +103,48 @@ def validate(cfg: Config) -> None:
     if not (0 < s.prompt_tokens_min <= s.prompt_tokens_max and 0 < s.response_tokens_min <= s.response_tokens_max):
         raise ConfigError("collect.synthetic: need 0 < *_tokens_min <= *_tokens_max")
     check_method(cfg)
+    _validate_endpoints(cfg)
     _validate_pools(cfg.env)
     _validate_experiment(cfg.experiment)
     if cfg.checkpoint.every_steps < 0:
         raise ConfigError(f"checkpoint.every_steps must be >= 0, got {cfg.checkpoint.every_steps}")
+
+
+def _endpoint_roles(cfg: Config) -> list[tuple[str, str, str, int, bool | None]]:
+    """(section prefix, provider key, provider, top_k, thinking) of each endpoint the run samples:
+    ActionOPD's teacher (kind openai) and judge (rules+llm, once it names a model or URL), and
+    the user simulator (once it names one). OPD's teacher only scores; KD's teacher is run by
+    its own agent (baselines/wiring.endpoint_agent)."""
+    t, m, e = cfg.teacher, cfg.matcher, cfg.env
+    roles = []
+    if t.kind == "openai" and cfg.collect.kind == "actionopd":
+        roles.append(("teacher.", "teacher.provider", t.provider or "openai", t.top_k, t.enable_thinking))
+    if m.kind == "rules+llm" and (m.model or m.base_url):
+        roles.append(("matcher.", "matcher.provider", m.provider or "openai", m.top_k, m.enable_thinking))
+    if e.user_model or e.user_base_url:
+        roles.append(("env.user_", "env.user_provider", e.user_provider or "openai", e.user_top_k,
+                      e.user_enable_thinking))
+    return roles
+
+
+def _validate_endpoints(cfg: Config) -> None:
+    """Every sampling setting of an endpoint reaches it, or the run is refused (paper table 8):
+    a provider without a field for top_k or the thinking switch does not get them silently
+    dropped; the refusal names the providers that can send them."""
+    for prefix, provider_key, provider, top_k, thinking in _endpoint_roles(cfg):
+        if provider not in PROVIDERS:
+            raise ConfigError(f"{provider_key}={provider!r}; expected one of {sorted(PROVIDERS)}")
+        for setting in unsendable(provider, top_k=top_k, thinking=thinking):
+            key, value, off = ((f"{prefix}top_k", top_k, f"{prefix}top_k: 0") if setting == "top_k" else
+                               (f"{prefix}enable_thinking", thinking, f"{prefix}enable_thinking: null"))
+            raise ConfigError(refusal(provider, setting, value, key=key, off=off, provider_key=provider_key))
+    t = cfg.teacher
+    if t.kind == "vertex" and t.reasoning_effort:
+        raise ConfigError("teacher.reasoning_effort cannot be sent to Vertex AI (it has no such field); "
+                          "use teacher.enable_thinking, or teacher.kind=openai with a provider that takes it")
+    if t.kind in ("local", "self") and t.enable_thinking is None:
+        raise ConfigError(f"teacher.kind={t.kind} renders its own prompts: teacher.enable_thinking must be "
+                          "true or false, not null")
 
 
 def _validate_pools(env: EnvConfig) -> None:

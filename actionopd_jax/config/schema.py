@@ -147,7 +147,7 @@ class TeacherConfig:
     top_p: float = 0.95
     top_k: int = 20
     max_tokens: int = 8192
-    enable_thinking: bool = True
+    enable_thinking: bool | None = True  # null: send no thinking switch (the endpoint's default)
     retries: int = 2  # per requested sample, for parser/schema-invalid output
     cache_dir: str = ""  # default: <run dir>/cache/teacher
     timeout_s: float = 600.0
@@ -168,6 +168,7 @@ class MatcherConfig:
     timeout_s: float = 120.0
     concurrency: int = 32
     provider: str = ""  # as teacher.provider ("": openai)
+    enable_thinking: bool | None = False  # paper table 8: matcher thinking off; null: send no switch
     # show the judge each tool's implementation (source + docstring, BFCL classes / tau2 toolkits);
     # a judged tool-call pair whose tool has none is then unavailable (paper A.3)
     tool_evidence: bool = True
@@ -191,6 +192,8 @@ class EnvConfig:
     user_top_p: float = 0.8
     user_top_k: int = 20
     user_max_tokens: int = 8192
+    user_provider: str = ""  # as teacher.provider ("": openai): how top_k and the thinking switch are sent
+    user_enable_thinking: bool | None = False  # paper table 8: user simulator thinking off; null: no switch
     # env.name=mcp: any MCP tool server (actionopd_jax/envs/mcp). The server is a sandboxed
     # stdio command (mcp_command, an argv; an argument "{port}" makes it an HTTP server on a
     # free loopback port) or an existing streamable-HTTP endpoint (mcp_url). Tasks come from a
@@ -331,7 +334,10 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
         (item,) = {a for a in typing.get_args(hint) if a is not Ellipsis}
         return tuple(_coerce(v, item, f"{where}[{i}]") for i, v in enumerate(value))
     if origin in (typing.Union, types.UnionType):
-        raise ConfigError(f"{where}: unsupported union type")  # not used by the sections
+        others = [a for a in typing.get_args(hint) if a is not type(None)]
+        if len(others) != 1 or len(typing.get_args(hint)) != 2:
+            raise ConfigError(f"{where}: unsupported union type")  # only `X | None` is used
+        return None if value is None else _coerce(value, others[0], where)
     raise ConfigError(f"{where}: unsupported field type {hint}")
 
 

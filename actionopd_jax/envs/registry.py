@@ -67,13 +67,22 @@ def default_env_factory(env_options: dict[str, dict[str, Any]] | None = None) ->
     return make
 
 
+def user_sim_config(env: EnvConfig):
+    """The user simulator's settings from env.user_* (tau2, conversational EnvScaler): every sampling
+    setting is sent; user_max_tokens 0 sends no limit (table 8 gives none for EnvScaler's user)."""
+    from actionopd_jax.envs.user_sim import UserSimConfig
+
+    return UserSimConfig(base_url=env.user_base_url, model=env.user_model, api_key_env=env.user_api_key_env or None,
+                         provider=env.user_provider or "openai", temperature=env.user_temperature,
+                         top_p=env.user_top_p, top_k=env.user_top_k or None, thinking=env.user_enable_thinking,
+                         max_tokens=env.user_max_tokens or None)
+
+
 def user_sim_from(env: EnvConfig):
     """The run's user simulator from env.user_* (tau2 and conversational EnvScaler tasks)."""
-    from actionopd_jax.envs.user_sim import UserSimConfig, UserSimulator
+    from actionopd_jax.envs.user_sim import UserSimulator
 
-    return UserSimulator(UserSimConfig(base_url=env.user_base_url, model=env.user_model,
-                                       api_key_env=env.user_api_key_env or None, temperature=env.user_temperature,
-                                       max_tokens=env.user_max_tokens or None))
+    return UserSimulator(user_sim_config(env))
 
 
 def pool_env_factory(env: EnvConfig, *, concurrency: int | None = None, tasks: list[Task] | None = None) -> EnvFactory:

@@ -6,6 +6,11 @@ from its side: the agent's messages arrive as `user` turns, its own replies are 
 turns, results of its own device tools (telecom) are `tool` turns. A reply containing one of
 the signals `###STOP###`, `###TRANSFER###`, `###OUT-OF-SCOPE###` ends the episode.
 
+Sampling settings reach the endpoint through the provider table (actionopd_jax/providers.py):
+`top_k` and the thinking switch are spelled the way `provider` takes them, and a provider that
+cannot take a configured one is refused when the simulator is built (paper table 8: the tau2
+user runs with T=0.7, p=0.8, k=20 and thinking off).
+
 The API key is read from the environment variable named in the config, at call time; it is
 never stored in logs, caches or checkpoints.
 """
@@ -18,6 +23,8 @@ import json
 import os
 import re
 from typing import Any
+
+from actionopd_jax.providers import check_sendable, provider_traits, sampling_body
 
 STOP = "###STOP###"
 TRANSFER = "###TRANSFER###"
@@ -33,10 +40,14 @@ class UserSimConfig:
     model: str
     api_key_env: str | None = None  # name of the env var holding the key; None -> no key
     temperature: float = 0.0
+    top_p: float | None = None
+    top_k: int | None = None
+    thinking: bool | None = None  # None: no switch sent
+    provider: str = "openai"  # a key of actionopd_jax.providers.PROVIDERS
     max_tokens: int | None = 1024
     timeout_s: float = 120.0
     max_retries: int = 2  # transport-level retries done by the openai client
-    extra_body: dict[str, Any] | None = None  # e.g. {"chat_template_kwargs": {"enable_thinking": False}}
+    extra_body: dict[str, Any] | None = None  # sent as is, after the provider's own fields
 
 
 class UserSimUnavailable(RuntimeError):
@@ -116,6 +127,8 @@ class UserSimulator:
             raise ValueError("UserSimConfig needs base_url and model")
         if config.api_key_env is not None and not config.api_key_env.strip():
             raise ValueError("api_key_env must name an environment variable (or be None)")
+        provider_traits(config.provider)  # unknown providers are refused here
+        check_sendable(config.provider, top_k=config.top_k, thinking=config.thinking, who="user simulator")
         self.config = config
         # httpx connection pools belong to one event loop: keep one client, for the loop that
         # made it, and make a new one when called from another loop (compared by identity).
@@ -154,19 +167,16 @@ class UserSimulator:
         """One simulator turn. Raises UserSimUnavailable on API failure or an empty reply."""
         import openai
 
+        c = self.config
         request: dict[str, Any] = {
-            "model": self.config.model,
+            "model": c.model,
             "messages": [{"role": "system", "content": system_prompt}, *conversation],
-            "temperature": self.config.temperature,
         }
-        if self.config.max_tokens is not None:
-            request["max_tokens"] = self.config.max_tokens
         if tools:
             request["tools"] = tools
-        if seed is not None:
-            request["seed"] = seed
-        if self.config.extra_body:
-            request["extra_body"] = self.config.extra_body
+        request.update(sampling_body(c.provider, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
+                                     max_tokens=c.max_tokens, seed=seed, thinking=c.thinking,
+                                     extra_body=c.extra_body, who="user simulator"))
         try:
             response = await self._client().chat.completions.create(**request)
         except openai.OpenAIError as exc:

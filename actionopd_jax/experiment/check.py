@@ -68,8 +68,8 @@ def check_main_job(cfg: Config, devices: int = 0) -> int:
     if mode == "reference":
         from actionopd_jax.serve.reference_backend import MODEL_NAME
 
-        phase.update({"teacher.kind": "openai", "teacher.model": MODEL_NAME, "teacher.base_url": "<embedded>",
-                      "matcher.kind": "rules"})
+        phase.update({**teacher_lib.REFERENCE_TEACHER_KEYS, "teacher.model": MODEL_NAME,
+                      "teacher.base_url": "<embedded>"})
     plan_cfg = replace_keys(cfg, **phase)
     # the run's start-up checks for the devices it will have (mesh.target, else this host)
     where = placement(cfg, devices)

@@ -127,5 +127,11 @@ def teacher_overrides(cfg: Config, endpoint: TeacherEndpoint) -> dict[str, Any]:
     """Config keys that point the trainer's teacher/matcher sections at `endpoint`."""
     if not endpoint.privileged:
         return {}
-    return {"teacher.kind": "openai", "teacher.base_url": endpoint.base_url, "teacher.model": endpoint.model,
-            "teacher.api_key_env": "", "teacher.enable_thinking": False, "matcher.kind": "rules"}
+    return {**REFERENCE_TEACHER_KEYS, "teacher.base_url": endpoint.base_url, "teacher.model": endpoint.model}
+
+
+# the embedded reference teacher is our own server (provider actionopd: it takes top_k and the
+# thinking switch, so the run's settings are sent, not dropped); rules-only matching
+REFERENCE_TEACHER_KEYS: dict[str, Any] = {"teacher.kind": "openai", "teacher.provider": "actionopd",
+                                          "teacher.api_key_env": "", "teacher.enable_thinking": False,
+                                          "matcher.kind": "rules"}

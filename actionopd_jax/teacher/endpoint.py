@@ -2,8 +2,10 @@
 environment, the real `openai.AsyncOpenAI` client, a concurrency limit, transport retries and
 strict parsing of the completion body. Used by the teacher provider and the LLM judge.
 
-Provider differences live in one small table (`PROVIDERS`): how thinking is switched on or
-off, whether `n > 1` is honoured in one request, whether a non-standard `top_k` is accepted.
+Provider differences live in one small table (`actionopd_jax.providers.PROVIDERS`, shared
+with the tau2 user simulator): how thinking is switched on or off, whether `n > 1` is honoured
+in one request, whether a non-standard `top_k` is accepted. A setting the provider cannot send
+is refused when the endpoint is built, never dropped.
 """
 
 from __future__ import annotations
@@ -12,40 +14,13 @@ import asyncio
 import json
 import os
 import random
-from dataclasses import dataclass
-from typing import Any, Callable, Protocol
+from typing import Any, Protocol
 
 import openai
 
+from actionopd_jax.providers import PROVIDERS, check_sendable, sampling_body
 from actionopd_jax.teacher.base import UsageReport
 from actionopd_jax.teacher.transport import MalformedResponse, RetryPolicy, RetryStats, call_with_retries
-
-
-@dataclass(frozen=True)
-class ProviderTraits:
-    supports_n: bool                                  # honours n > 1 in one request
-    thinking_body: Callable[[bool], dict[str, Any]]   # extra_body fragment switching thinking
-    top_k_in_body: bool = True                        # accepts a non-standard top_k field
-
-
-def _no_switch(_: bool) -> dict[str, Any]:
-    return {}
-
-
-def _chat_template_switch(on: bool) -> dict[str, Any]:
-    # Qwen3-style chat templates read enable_thinking from chat_template_kwargs.
-    return {"chat_template_kwargs": {"enable_thinking": on}}
-
-
-PROVIDERS: dict[str, ProviderTraits] = {
-    "vllm": ProviderTraits(True, _chat_template_switch),
-    "sglang": ProviderTraits(True, _chat_template_switch),
-    "actionopd": ProviderTraits(True, _chat_template_switch),  # our own `actionopd serve`
-    "deepseek": ProviderTraits(False, lambda on: {"thinking": {"type": "enabled" if on else "disabled"}}, False),
-    "dashscope": ProviderTraits(False, lambda on: {"enable_thinking": on}),
-    "openrouter": ProviderTraits(False, lambda on: {"reasoning": {"enabled": on}}),
-    "openai": ProviderTraits(True, _no_switch, False),  # reasoning models: use reasoning_effort
-}
 
 
 class EndpointSettings(Protocol):
@@ -71,6 +46,7 @@ class EndpointSettings(Protocol):
 def check_settings(cfg: EndpointSettings, *, who: str) -> None:
     if cfg.provider not in PROVIDERS:
         raise ValueError(f"{who}: unknown provider {cfg.provider!r}; choose one of {sorted(PROVIDERS)}")
+    check_sendable(cfg.provider, top_k=cfg.top_k, thinking=cfg.thinking, who=who)
     if not cfg.model or not cfg.base_url:
         raise ValueError(f"{who}: config needs both 'model' and 'base_url'")
     if cfg.max_concurrency < 1:
@@ -154,24 +130,14 @@ class ChatEndpoint:
     def request_kwargs(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, n: int) -> dict[str, Any]:
         """Keyword arguments of `chat.completions.create` (pure; tested offline)."""
         c = self.cfg
-        traits = PROVIDERS[c.provider]
         kwargs: dict[str, Any] = {"model": c.model, "messages": messages}
         if tools:
             kwargs["tools"] = tools
         if n > 1:
             kwargs["n"] = n
-        for name in ("temperature", "top_p", "max_tokens", "seed", "reasoning_effort"):
-            value = getattr(c, name)
-            if value is not None:
-                kwargs[name] = value
-        extra: dict[str, Any] = {}
-        if c.top_k is not None and traits.top_k_in_body:
-            extra["top_k"] = c.top_k
-        if c.thinking is not None:
-            extra.update(traits.thinking_body(c.thinking))
-        extra.update(c.extra_body)
-        if extra:
-            kwargs["extra_body"] = extra
+        kwargs.update(sampling_body(c.provider, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
+                                    max_tokens=c.max_tokens, seed=c.seed, reasoning_effort=c.reasoning_effort,
+                                    thinking=c.thinking, extra_body=c.extra_body, who=self.who))
         return kwargs
 
     async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, n: int = 1

@@ -35,7 +35,13 @@ def teacher_spec(t: TeacherConfig) -> dict[str, Any]:
     if t.kind == "vertex":
         if t.provider not in ("", "vertex"):
             raise ConfigError(f"teacher.kind=vertex with teacher.provider={t.provider!r}: leave provider empty")
-        return {"provider": "vertex", "model": t.model}
+        # every sampling setting goes to generate_content; thinking: on = dynamic budget (-1)
+        thinking_budget = None if t.enable_thinking is None else (-1 if t.enable_thinking else 0)
+        return {"provider": "vertex", "model": t.model, "api_key_env": t.api_key_env or None,
+                "temperature": t.temperature, "top_p": t.top_p,
+                "top_k": t.top_k or None, "max_output_tokens": t.max_tokens, "thinking_budget": thinking_budget,
+                "request_timeout_s": t.timeout_s, "max_concurrency": t.concurrency,
+                "max_regenerations": t.retries}
     spec: dict[str, Any] = {"provider": t.provider or "openai", "model": t.model}
     spec.update(base_url=t.base_url, api_key_env=t.api_key_env or None, temperature=t.temperature,
                 top_p=t.top_p, top_k=t.top_k or None, max_tokens=t.max_tokens, thinking=t.enable_thinking,
@@ -50,5 +56,6 @@ def judge_spec(m: MatcherConfig) -> dict[str, Any] | None:
         return None
     return {"provider": m.provider or "openai", "model": m.model, "base_url": m.base_url,
             "api_key_env": m.api_key_env or None, "temperature": m.temperature, "top_p": m.top_p,
-            "top_k": m.top_k or None, "max_tokens": m.max_tokens, "request_timeout_s": m.timeout_s,
+            "top_k": m.top_k or None, "max_tokens": m.max_tokens, "thinking": m.enable_thinking,
+            "request_timeout_s": m.timeout_s,
             "max_concurrency": m.concurrency}
