@@ -65,7 +65,7 @@ def awm_env_factory(env: Any, *, concurrency: int | None = None, judge: Mapping[
     data = load_pool(env.awm_dir)
     modes = manifest_entry(env.manifest, data)["modes"] if env.manifest else {}
     judge_fn = None
-    if judge is not None:
+    if judge is not None and judge.get("base_url") and judge.get("model"):  # else SQL tasks score judge_error
         from actionopd_jax.envs.awm.judge import endpoint_judge
 
         try:
@@ -95,3 +95,36 @@ def awm_env_factory(env: Any, *, concurrency: int | None = None, judge: Mapping[
     make.warm = warm
     make.close = runtime.close
     return make
+
+
+EVAL_SPLITS = ("heldout", "admitted", "all")
+
+
+def awm_eval_tasks(which: str, *, awm_dir: str = "", manifest: str = "") -> tuple[list, str]:
+    """(tasks, the pool directory) for `eval --bench awm[:heldout|admitted|all]`: the manifest's
+    held-out split (default; never trained on), its admitted tasks, or every task of the dir.
+    The directory defaults to the one the manifest was audited from. Tasks carry split=`which`."""
+    from dataclasses import replace
+
+    which = which or "heldout"
+    if which not in EVAL_SPLITS:
+        raise ValueError(f"awm:{which}: choose awm:heldout, awm:admitted or awm:all")
+    entry: dict[str, Any] = {}
+    if manifest:
+        from actionopd_jax.envs.admission import read_manifest
+
+        entry = read_manifest(manifest)["pools"].get("awm") or {}
+        awm_dir = awm_dir or entry.get("dir", "")
+    elif which != "all":
+        raise ValueError(f"awm:{which} reads the admission manifest: pass --manifest (written by `actionopd envs audit "
+                         "--env awm --heldout-fraction F`), or use awm:all with --awm-dir")
+    try:
+        data = load_pool(awm_dir)
+        picked = manifest_entry(manifest, data)[which] if which != "all" else None
+    except ConfigError as err:
+        raise ValueError(str(err)) from None
+    if picked is not None and not picked:
+        raise ValueError(f"the manifest {manifest} has no {which} awm tasks"
+                         + (" (audit with --heldout-fraction F to keep some for evaluation)" if which == "heldout" else ""))
+    tasks = [replace(t, split=which) for t in data.tasks() if picked is None or t.task_id in picked]
+    return tasks, awm_dir
