@@ -65,13 +65,6 @@ class Task:
     split: str = "train"
     payload: dict[str, Any] = field(default_factory=dict, compare=False, hash=False)
 
-    @property
-    def evidence_scope(self) -> str:
-        """The key the matcher's tool evidence is looked up by: `env`, or the payload's
-        "evidence_scope" in a family whose environments each bring their own tools (EnvScaler:
-        "envscaler/<env_id>"), since tool names repeat across them."""
-        return str((self.payload or {}).get("evidence_scope") or self.env)
-
 
 @dataclass
 class Observation:

@@ -209,11 +209,12 @@ def test_reference_solutions_solve_every_mini_task(tasks, sandbox):
 
 
 def test_tool_evidence_is_per_environment_with_the_method_source(tasks):
+    from actionopd_jax.envs.evidence import evidence_scope
     from actionopd_jax.matching.build import tool_evidence_from
 
     evidence = tool_evidence_from(MatcherConfig(kind="rules+llm"), list(tasks.values()))
     assert sorted(evidence) == ["envscaler/env_1", "envscaler/env_2"]
-    assert tasks["mini_clinic_1"].evidence_scope == "envscaler/env_2"
+    assert evidence_scope(tasks["mini_clinic_1"]) == "envscaler/env_2"
     text = evidence["envscaler/env_1"]["assign_parcel"]
     assert text.startswith("# EnvScaler tool ParcelLockerSystem.assign_parcel")
     assert '"locker_id"' in text and "def assign_parcel(self, parcel_id: str, locker_id: str)" in text

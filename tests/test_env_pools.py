@@ -430,16 +430,13 @@ def test_audit_starts_each_awm_server_contained_and_lists_its_tools(tmp_path, sa
     assert result.admitted and not any(t.startswith(bad + "/") for t in result.admitted)
 
 
-def test_pool_episodes_need_a_manifest_and_awm_episodes_are_refused_with_the_reason(tmp_path):
-    """Building the pools' environments reads the manifest's admitted tasks (a ConfigError saying
-    how to write one); AWM episodes, not built here yet, are refused at start with the reason,
-    never with an unknown-environment failure inside collection."""
+def test_pool_episodes_need_a_manifest():
+    """Building the pools' environments reads the manifest's training tasks: without one, a
+    ConfigError saying how to write it (never an unknown-environment failure inside collection)."""
     from actionopd_jax.config import ConfigError, EnvConfig
     from actionopd_jax.envs.registry import env_factory_from
 
-    with pytest.raises(ConfigError, match="env.manifest.*actionopd envs audit"):
-        env_factory_from(EnvConfig(name="envscaler", envscaler_dir=str(ES)))
-    manifest = tmp_path / "m.json"
-    manifest.write_text(json.dumps({"pools": {"awm": {"admitted": []}, "envscaler": {"admitted": []}}}))
-    with pytest.raises(ConfigError, match="draws from awm: training episodes on the awm pool are not available yet"):
-        env_factory_from(EnvConfig(name="awm", awm_dir=str(AWM), manifest=str(manifest)))
+    for env in (EnvConfig(name="envscaler", envscaler_dir=str(ES)),
+                EnvConfig(name="awm", awm_dir=str(AWM), envscaler_dir=str(ES), mixture=("awm:3", "envscaler:1"))):
+        with pytest.raises(ConfigError, match="env.manifest.*actionopd envs audit"):
+            env_factory_from(env)

@@ -81,6 +81,7 @@ class MixtureStream:
         self.tasks = [t for _, tasks, _ in self.pools for t in tasks]  # every task it can start
         blob = json.dumps([[n, c, [_task_json(t) for t in ts]] for n, ts, c in self.pools] + [self.seed])
         self.fingerprint = hashlib.sha256(blob.encode()).hexdigest()[:16]
+        self.heldout: dict[str, int] = {}  # pool -> tasks its manifest keeps for evaluation (not drawn)
         self._next = 0
         self._cache: tuple[int, list[Task]] | None = None
 
@@ -143,8 +144,8 @@ def mixture_entries(env: Any) -> list[tuple[str, int]]:
 
 def mixture_pool_tasks(env: Any) -> dict[str, list[Task]]:
     """Pool -> the tasks the run may start: env.*_dir's tasks admitted by env.manifest (written by
-    `actionopd envs audit`), minus env.heldout_task_ids (the run's own held-out tasks are never
-    drawn)."""
+    `actionopd envs audit`), minus the manifest's held-out split and env.heldout_task_ids (tasks
+    kept for evaluation are never drawn)."""
     from actionopd_jax.config import ConfigError
     from actionopd_jax.envs.admission import read_manifest
 
@@ -152,8 +153,13 @@ def mixture_pool_tasks(env: Any) -> dict[str, list[Task]]:
     if not env.manifest:
         raise ConfigError("training on the AWM / EnvScaler pools reads the admitted tasks from env.manifest; "
                           "write one with `actionopd envs audit --env <pool> --dir DIR --manifest FILE`")
-    admitted = read_manifest(env.manifest)["admitted"]
-    heldout = set(env.heldout_task_ids)
+    try:
+        manifest = read_manifest(env.manifest)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"env.manifest={env.manifest}: not readable as an admission manifest ({err}); write one "
+                          "with `actionopd envs audit --env <pool> --dir DIR --manifest FILE`") from None
+    admitted, heldout = manifest["admitted"], manifest["heldout"]
+    own_heldout = set(env.heldout_task_ids)
     out: dict[str, list[Task]] = {}
     for pool, _ in entries:
         directory = env.awm_dir if pool == "awm" else env.envscaler_dir
@@ -161,7 +167,18 @@ def mixture_pool_tasks(env: Any) -> dict[str, list[Task]]:
             raise ConfigError(f"env.mixture draws from {pool} but env.{pool}_dir is not set")
         if pool not in admitted:
             raise ConfigError(f"env.manifest={env.manifest} has no admitted tasks for pool {pool!r}; audit it first")
-        out[pool] = [t for t in pool_tasks(pool, directory, admitted[pool]) if t.task_id not in heldout]
+        try:
+            tasks = pool_tasks(pool, directory, None)
+        except (FileNotFoundError, ValueError, KeyError) as err:
+            raise ConfigError(f"env.{pool}_dir={directory}: cannot load it as a {pool} pool: {err}") from None
+        stray = sorted(admitted[pool] - {t.task_id for t in tasks})
+        if stray:
+            raise ConfigError(f"env.manifest={env.manifest} admits {len(stray)} {pool} task(s) that are not in "
+                              f"env.{pool}_dir={directory} (e.g. {stray[:3]}): it was written for another "
+                              "directory; audit this one")
+        # held-out tasks (the manifest's evaluation split, env.heldout_task_ids) are never drawn
+        skip = heldout.get(pool, set()) | own_heldout
+        out[pool] = [t for t in tasks if t.task_id in admitted[pool] and t.task_id not in skip]
     return out
 
 
@@ -176,15 +193,22 @@ def missing_pool_files(env: Any) -> list[str]:
 
 
 def mixture_stream_from(env: Any, *, per_step: int, seed: int) -> MixtureStream:
-    """The run's mixture stream: each pool's admitted tasks (mixture_pool_tasks), the counts of
+    """The run's mixture stream: each pool's training tasks (mixture_pool_tasks), the counts of
     env.mixture scaled to `per_step`."""
+    from actionopd_jax.envs.admission import read_manifest
+
     entries = mixture_entries(env)
     by_pool = mixture_pool_tasks(env)
     counts = scale_counts([c for _, c in entries], per_step)
-    return MixtureStream([(pool, by_pool[pool], count) for (pool, _), count in zip(entries, counts)], seed=seed)
+    stream = MixtureStream([(pool, by_pool[pool], count) for (pool, _), count in zip(entries, counts)], seed=seed)
+    heldout = read_manifest(env.manifest)["heldout"]
+    stream.heldout = {pool: len(heldout.get(pool, set())) for pool, _ in entries}
+    return stream
 
 
 def mixture_summary(stream: MixtureStream) -> str:
     """'pools      awm 12 admitted (59/step), envscaler 6 admitted (5/step)' for --check."""
-    parts = [f"{name} {len(tasks)} admitted ({count}/step)" for name, tasks, count in stream.pools]
+    held = stream.heldout
+    parts = [f"{name} {len(tasks)} admitted ({count}/step)" + (f", {held[name]} held out for eval" if held.get(name)
+                                                              else "") for name, tasks, count in stream.pools]
     return "pools      " + ", ".join(parts) + "; drawn with replacement"

@@ -85,10 +85,12 @@ def user_sim_from(env: EnvConfig):
     return UserSimulator(user_sim_config(env))
 
 
-def pool_env_factory(env: EnvConfig, *, concurrency: int | None = None, tasks: list[Task] | None = None) -> EnvFactory:
+def pool_env_factory(env: EnvConfig, *, concurrency: int | None = None, judge: dict[str, Any] | None = None,
+                     tasks: list[Task] | None = None) -> EnvFactory:
     """One factory for every pool env.mixture draws from (or env.name's pool): a task start is
     built by its own pool's factory (Task.env), so one collection step mixes AWM and EnvScaler
-    episodes. `tasks`: the tasks the run can start (default: the manifest's admitted tasks)."""
+    episodes. `tasks`: the tasks the run can start (default: the manifest's training tasks).
+    It exposes the pools' `tool_evidence(tasks)`, `warm(tasks)` and `close()` (AWM's servers)."""
     from actionopd_jax.envs.mixture import mixture_entries, mixture_pool_tasks
 
     pools = [p for p, _ in mixture_entries(env)]
@@ -100,10 +102,9 @@ def pool_env_factory(env: EnvConfig, *, concurrency: int | None = None, tasks: l
 
             factories[pool] = envscaler_env_factory(env, by_pool.get(pool, []), user_sim_from=user_sim_from)
         else:
-            # AWM tasks load, audit and mix, but their episodes are not built here yet: refuse at
-            # start (the run and --check both come through this), never inside collection
-            raise ConfigError(f"env.mixture draws from {pool}: training episodes on the {pool} pool are not "
-                              "available yet (tasks, audit and mixture are: `actionopd envs audit`)")
+            from actionopd_jax.envs.awm.factory import awm_env_factory
+
+            factories[pool] = awm_env_factory(env, concurrency=concurrency, judge=judge)
 
     def make(task: Task) -> Environment:
         build = factories.get(task.env)
@@ -111,20 +112,34 @@ def pool_env_factory(env: EnvConfig, *, concurrency: int | None = None, tasks: l
             raise ValueError(f"task {task.task_id} is from {task.env!r}, not a pool of env.mixture {pools}")
         return build(task)
 
+    def each(name: str):
+        return [f for f in (getattr(g, name, None) for g in factories.values()) if callable(f)]
+
+    def tool_evidence(tasks: list[Task]) -> dict[str, dict[str, str]]:
+        out: dict[str, dict[str, str]] = {}
+        for f in each("tool_evidence"):
+            out.update(f(tasks))
+        return out
+
     make.factories = factories
+    make.tool_evidence = tool_evidence
+    make.warm = lambda tasks: [f(tasks) for f in each("warm")]
+    make.close = lambda: [f() for f in each("close")]
     return make
 
 
-def env_factory_from(env: EnvConfig, *, concurrency: int | None = None) -> EnvFactory:
+def env_factory_from(env: EnvConfig, *, concurrency: int | None = None,
+                     judge: dict[str, Any] | None = None) -> EnvFactory:
     """The environment factory of the `env` section: tau2 gets its user simulator; mcp one
     server pool of env.mcp_pool_size (0: `concurrency`, the collector's episodes in flight);
-    the AWM / EnvScaler pools one factory per pool of the mixture (pool_env_factory)."""
+    the AWM / EnvScaler pools one factory per pool of the mixture (pool_env_factory; AWM's
+    runtime, envs/awm/factory.py, asks `judge`, the run's judge spec, for its SQL verifiers)."""
     if env.name == "mcp":
         from actionopd_jax.envs.mcp.factory import mcp_env_factory
 
         return mcp_env_factory(env, concurrency=concurrency)
     if env.name in ("awm", "envscaler"):
-        return pool_env_factory(env, concurrency=concurrency)
+        return pool_env_factory(env, concurrency=concurrency, judge=judge)
     if env.name != "tau2":
         return default_env_factory()
     if not env.user_model or not env.user_base_url:

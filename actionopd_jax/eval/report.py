@@ -8,9 +8,9 @@ from typing import Any
 
 NOTE = ("(percentages; BFCL accuracy is the official checker's verdict on the calls this harness executed, "
         "strict adds its irrelevance check; bfcl_eval_accuracy is the checker's verdict on the calls "
-        "bfcl_eval's executor would have run, which also runs calls to tools offered only in a later turn)")
-METRIC_ORDER = ("accuracy", "strict_accuracy", "bfcl_eval_accuracy", "success", "pass^1", "pass^2", "pass^3", "pass^4",
-                "reward")
+        "bfcl_eval's executor would have run, which also runs calls to tools offered only in a later turn; "
+        "success is the environment's verifier verdict (AWM) or every check function passed (EnvScaler))")
+METRIC_ORDER = ("accuracy", "strict_accuracy", "bfcl_eval_accuracy", "success", "pass^1", "pass^2", "pass^3", "pass^4", "reward")
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:

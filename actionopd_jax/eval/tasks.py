@@ -1,13 +1,14 @@
-"""Benchmark selection for evaluation: `bfcl[:cat1,cat2]`, `tau2_<domain>[:split]` and
+"""Benchmark selection for evaluation: `bfcl[:cat1,cat2]`, `tau2_<domain>[:split]`,
 `envscaler:DIR[:id1,id2]` (an EnvScaler directory in the published layout, optionally only the
-named task ids: a run's held-out tasks)."""
+named task ids: a run's held-out tasks) and `awm[:heldout|admitted|all]` (an AWM pool's split
+from its admission manifest)."""
 
 from __future__ import annotations
 
 from actionopd_jax.types import Task
 
 
-def select_tasks(spec: str, *, limit: int | None = None) -> list[Task]:
+def select_tasks(spec: str, *, limit: int | None = None, awm_dir: str = "", manifest: str = "") -> list[Task]:
     """`bfcl` (all four categories), `bfcl:base,miss_param`, `tau2_airline` (test split),
     `tau2_retail:train`. `limit` keeps the first N tasks of each spec (in dataset order)."""
     name, _, option = spec.partition(":")
@@ -35,7 +36,11 @@ def select_tasks(spec: str, *, limit: int | None = None) -> list[Task]:
         if missing:
             raise ValueError(f"--bench {spec}: no EnvScaler task(s) {missing} in {directory}")
         tasks = [t for t in tasks if not wanted or t.task_id in wanted][: limit or None]
+    elif name == "awm":
+        from actionopd_jax.envs.awm.factory import awm_eval_tasks
+
+        tasks = awm_eval_tasks(option, awm_dir=awm_dir, manifest=manifest)[0][: limit or None]
     else:
         raise ValueError(f"unknown benchmark {spec!r}; use bfcl[:categories], tau2_<airline|retail|telecom>[:split] "
-                         "or envscaler:DIR[:ids]")
+                         ", envscaler:DIR[:ids] or awm[:heldout|admitted|all]")
     return tasks

@@ -25,20 +25,25 @@ def build_matcher(judge_spec: Mapping[str, Any] | None, *, cache: PersistentCach
     return Matcher(judge, cache=store, evidence=evidence, evidence_by_env=evidence_by_env)
 
 
-def tool_evidence_from(m: MatcherConfig, tasks: list | None) -> dict[str, dict[str, str]] | None:
-    """Per environment, each tool's implementation evidence for the judge (matcher.tool_evidence)."""
+def tool_evidence_from(m: MatcherConfig, tasks: list | None, env_factory: Any = None) -> dict[str, dict[str, str]] | None:
+    """Per environment (or evidence scope, envs.evidence.evidence_scope), each tool's
+    implementation evidence for the judge (matcher.tool_evidence). An environment factory that
+    reads it from its live servers (AWM: `tool_evidence(tasks)`, which warms its pool) adds its own."""
     if not m.tool_evidence or m.kind == "rules" or not tasks:
         return None
-    from actionopd_jax.envs.evidence import task_tool_evidence, tool_evidence
+    from actionopd_jax.envs.evidence import evidence_scope, task_tool_evidence, tool_evidence
 
     out = {}
     for env in sorted({t.env for t in tasks}):
         evidence = tool_evidence(env)
         if evidence is not None:
             out[env] = evidence
-    for t in tasks:  # families whose environments bring their own tools (Task.evidence_scope)
-        if t.evidence_scope != t.env and t.evidence_scope not in out:
+    for t in tasks:  # families whose environments bring their own tools (envs.evidence.evidence_scope)
+        if evidence_scope(t) != t.env and evidence_scope(t) not in out:
             evidence = task_tool_evidence(t)
             if evidence is not None:
-                out[t.evidence_scope] = evidence
+                out[evidence_scope(t)] = evidence
+    from_servers = getattr(env_factory, "tool_evidence", None)
+    if callable(from_servers):
+        out.update(from_servers(tasks))
     return out

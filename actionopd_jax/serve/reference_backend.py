@@ -54,14 +54,14 @@ class ReferenceBackend:
             from actionopd_jax.envs import bfcl_data
 
             for task in self._by_id.values():
-                if task.env == "envscaler":
-                    # the task text: the user turn (non-conversational), or the opening a
-                    # simulator that restates the goal sends; other openings must name the task
+                if task.env in ("awm", "envscaler"):
+                    # the task text: the user turn (AWM, non-conversational EnvScaler), or the
+                    # opening a simulator that restates the goal sends; other openings must name the task
                     text = (task.payload or {}).get("task")
-                elif task.env != "bfcl":
-                    continue
-                else:
+                elif task.env == "bfcl":
                     text = _first_user_text(bfcl_data.load_entry(task.task_id)["question"][0])
+                else:
+                    continue
                 if text:
                     self._by_opening.setdefault(_digest(text), []).append(task)
         return self._by_opening
