@@ -1,11 +1,12 @@
-"""The collector over the pool mixture's EnvScaler episodes (sandboxed class processes, our mini
-data) with the privileged reference teacher (serve.reference_backend: it answers with our mini
-data's reference solutions) behind our loopback server, rules-only matching.
+"""The collector over the AWM + EnvScaler mixture (one collection step draws from both pools:
+AWM's contained MCP servers, EnvScaler's sandboxed class processes, our mini data) with the
+privileged reference teacher (serve.reference_backend: it answers with our mini data's
+reference solutions) behind our loopback server, rules-only matching.
 
 1. A scripted student (fixed texts, so rewards are hand-computed) whose first candidate is the
-   reference call at every state: r_lambda gives [1.5, 0, -1] (K=3 identical teacher samples,
-   lambda=0.5: 1 + 0.5 * (3-1)/(3-1) = 1.5; a valid other call 0; an unparsable reply -1), the
-   argmax commits the reference call, and each episode runs to the checks' success.
+   reference action at every state: r_lambda gives [1.5, 0, -1] (K=3 identical teacher samples,
+   lambda=0.5: 1 + 0.5 * (3-1)/(3-1) = 1.5; a valid other action 0; an unparsable reply -1), the
+   argmax commits the reference action, and every episode ends in its verifier's / checks' success.
 2. A tiny random Qwen3 through the real sampler: one collection step of the mixture stream."""
 
 from __future__ import annotations
@@ -29,43 +30,52 @@ from tests._chat_fixtures import tiny_tokenizer, tiny_tokenizer_dir  # noqa: F40
 from tests._collect_fixtures import (BAD, collect_once, collector_config, make_teacher, real_sample_fn, serve,
                                      student_text)
 
-ES = Path(__file__).parent / "data" / "envscaler_mini"
+DATA = Path(__file__).parent / "data"
+ES, AWM = DATA / "envscaler_mini", DATA / "awm_mini"
 HELD_OUT = ("mini_locker_2", "mini_clinic_2", "mini_clinic_3")  # the conversational one needs a simulator
+AWM_SQL = ("recipe_box_2/3", "gym_classes_3/3")  # verified in SQL + judge mode: kept out (no judge here)
 
 
 @pytest.fixture(scope="module")
 def env_cfg(tmp_path_factory):
+    from actionopd_jax.envs.awm.layout import load_awm
+
     manifest = tmp_path_factory.mktemp("m") / "admitted.json"
-    ids = sorted(t.task_id for t in load_envscaler(ES).tasks())
-    manifest.write_text(json.dumps({"pools": {"envscaler": {"admitted": ids}}}))
-    return EnvConfig(name="envscaler", envscaler_dir=str(ES), manifest=str(manifest), mixture=("envscaler:4",),
-                     heldout_task_ids=HELD_OUT)
+    es_ids = sorted(t.task_id for t in load_envscaler(ES).tasks())
+    awm_ids = sorted(t.task_id for t in load_awm(AWM).tasks())
+    manifest.write_text(json.dumps({"pools": {"envscaler": {"admitted": es_ids},
+                                              "awm": {"dir": str(AWM), "admitted": awm_ids, "heldout": list(AWM_SQL)}}}))
+    return EnvConfig(name="awm", awm_dir=str(AWM), envscaler_dir=str(ES), manifest=str(manifest),
+                     mixture=("awm:2", "envscaler:2"), heldout_task_ids=HELD_OUT, mcp_pool_size=2)
 
 
-def _reference_calls():
-    return {t.task_id: [ToolCall(a["name"], a["arguments"]) for a in t.payload["reference_actions"]]
-            for t in load_envscaler(ES).tasks()}
+def _plans(tasks):
+    """Task id -> the reference actions in order, closing message included."""
+    out = {}
+    for t in tasks:
+        if t.env == "envscaler":
+            out[t.task_id] = [ToolCall(a["name"], a["arguments"]) for a in t.payload["reference_actions"]] + \
+                [Message(ENVSCALER_DONE)]
+        else:
+            steps = t.payload["reference_solution"]
+            out[t.task_id] = [ToolCall(s["tool"], s.get("arguments") or {}) for s in steps if "tool" in s] + \
+                [Message(next((s["message"] for s in steps if "message" in s), "Done."))]
+    return out
 
 
 def scripted_student(tokenizer, tasks, eos):
-    """Candidates [reference action, a valid other call, unparsable] at every state."""
-    refs = _reference_calls()
+    """Candidates [reference action, a valid other action, unparsable] at every state."""
+    plans = _plans(tasks)
     texts = {t.task_id: t.payload["task"] for t in tasks}
-    wrong = {"env_1": ToolCall("list_parcels", {"recipient": "Nobody"}),  # a valid call of each environment
-             "env_2": ToolCall("find_slots", {"doctor": "Dr. Nobody"})}
-    env_of = {t.task_id: t.payload["env_id"] for t in tasks}
 
     def run(prompts, keys):
         out = []
         for ids in prompts:
             text = tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
             task_id = next(i for i, t in texts.items() if t in text)
-            decision = text.count("<|im_start|>assistant") - 1
-            plan = refs[task_id]
-            first = plan[decision] if decision < len(plan) else Message(ENVSCALER_DONE)
+            first = plans[task_id][text.count("<|im_start|>assistant") - 1]
             gens = []
-            other = wrong[env_of[task_id]] if isinstance(first, ToolCall) else Message("Something else.")
-            for action in (first, other, BAD):
+            for action in (first, Message("Something else."), BAD):
                 toks = tokenizer.encode(student_text(action), add_special_tokens=False) + [eos]
                 gens.append(Generation(np.asarray(toks, np.int32), np.full(len(toks), -0.5, np.float32), "stop"))
             out.append(gens)
@@ -82,29 +92,29 @@ def _collector(cfg, tokenizer, server, sample_fn, env_cfg):
                      matcher=Matcher(None), eos_ids=[eos], env_factory=pool_env_factory(env_cfg), sample_fn=sample_fn)
 
 
-def test_scripted_student_on_the_mixture_gets_hand_computed_rewards_and_solves_the_tasks(tiny_tokenizer, env_cfg):
+def test_one_step_draws_both_pools_and_a_scripted_student_gets_hand_computed_rewards(tiny_tokenizer, env_cfg):
     stream = mixture_stream_from(env_cfg, per_step=4, seed=3)
     tasks = stream.next_step()
-    assert {t.task_id for t in stream.tasks} == {"mini_locker_1", "mini_locker_3", "mini_clinic_1"}
+    assert [t.env for t in tasks] == ["awm", "awm", "envscaler", "envscaler"]
+    assert {t.task_id for t in stream.tasks if t.env == "envscaler"} == {"mini_locker_1", "mini_locker_3", "mini_clinic_1"}
+    assert not {t.task_id for t in stream.tasks} & set(AWM_SQL)
     eos = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
-    cfg = collector_config(n=3, max_prompt_tokens=4096, max_new_tokens=64, env_timeout_s=30.0,
-                           decision_limits=(("envscaler", 8),))
+    cfg = collector_config(n=3, max_prompt_tokens=4096, max_new_tokens=64, env_timeout_s=60.0,
+                           teacher_timeout_s=60.0, decision_limits=(("envscaler", 8), ("awm", 8)))
     with serve(ReferenceBackend(stream.tasks)) as server:
         collector = _collector(cfg, tiny_tokenizer, server, scripted_student(tiny_tokenizer, stream.tasks, eos), env_cfg)
         result = collect_once(collector, tasks, step=0, process_index=0, process_count=1)
-    refs = _reference_calls()
+    plans = _plans(tasks)
     assert len(result.trajectories) == 4
     for rec in result.trajectories:
-        assert rec.end_reason == "env_done" and rec.score["end_reason"] == "completed", rec
-        assert rec.score["success"] and rec.score["reward"] == 1.0
-        assert rec.decisions == len(refs[rec.task_id]) + 1  # the calls, then the closing message
+        assert rec.end_reason == "env_done", rec
+        assert rec.score["success"] and rec.score["reward"] == 1.0, rec.score
+        assert rec.decisions == len(plans[rec.task_id])  # the calls, then the closing message
     for g in result.groups:
-        plan = refs[g.task_id]
-        expected = plan[g.decision_index] if g.decision_index < len(plan) else Message(ENVSCALER_DONE)
-        assert [s.action for s in g.teacher_samples] == [expected] * 3
+        assert [s.action for s in g.teacher_samples] == [plans[g.task_id][g.decision_index]] * 3
         assert [c.reward for c in g.candidates] == [1.5, 0.0, -1.0]
         assert g.retained and g.committed_index == 0
-    assert len(result.groups) == sum(len(refs[r.task_id]) + 1 for r in result.trajectories)
+    assert len(result.groups) == sum(len(plans[r.task_id]) for r in result.trajectories)
 
 
 @pytest.mark.slow  # ~40 s: compiling the tiny model's sampler for a 2,048-token prompt bucket
@@ -117,18 +127,18 @@ def test_tiny_model_collection_step_over_the_mixture(tiny_tokenizer, env_cfg):
     tasks = stream.next_step()
     eos = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
     cfg = collector_config(n=2, max_prompt_tokens=2048, max_new_tokens=16, env_timeout_s=30.0,
-                           decision_limits=(("envscaler", 2),))
+                           decision_limits=(("envscaler", 2), ("awm", 2)))
     model = random_model(0, vocab_size=len(tiny_tokenizer), max_position_embeddings=4096)
     sampler = Sampler(model, eos_ids=[eos], buckets=Buckets(prompt_len=(2048,), prompts=(4,), samples=(2,),
                                                             max_new=(16,), max_rows=8))
     with serve(ReferenceBackend(stream.tasks)) as server:
         collector = _collector(cfg, tiny_tokenizer, server, real_sample_fn(sampler, cfg), env_cfg)
         result = collect_once(collector, tasks, step=0, process_index=0, process_count=1)
-    refs = _reference_calls()
-    assert len(result.trajectories) == 4
+    plans = _plans(tasks)
+    assert len(result.trajectories) == 4 and {r.env for r in result.trajectories} == {"awm", "envscaler"}
     assert result.groups and all(0 < g.prompt_ids.size <= 2048 for g in result.groups)
     for g in result.groups:
-        assert [s.action for s in g.teacher_samples] == [refs[g.task_id][g.decision_index]] * 3
+        assert [s.action for s in g.teacher_samples] == [plans[g.task_id][g.decision_index]] * 3
         for c in g.candidates:  # r_lambda with K=3, lambda=0.5 on whatever the random student wrote
             assert c.reward in (-1.0, 0.0, 1.0, 1.25, 1.5)
     for rec in result.trajectories:
