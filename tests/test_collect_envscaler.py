@@ -142,4 +142,5 @@ def test_tiny_model_collection_step_over_the_mixture(tiny_tokenizer, env_cfg):
         for c in g.candidates:  # r_lambda with K=3, lambda=0.5 on whatever the random student wrote
             assert c.reward in (-1.0, 0.0, 1.0, 1.25, 1.5)
     for rec in result.trajectories:
-        assert rec.score["end_reason"] and "success" in rec.score and "checks" in rec.score
+        assert rec.score["end_reason"] and "success" in rec.score  # the verifier's / the checks' verdict
+        assert rec.env != "envscaler" or len(rec.score["checks"]) >= 1
