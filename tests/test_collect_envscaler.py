@@ -144,3 +144,55 @@ def test_tiny_model_collection_step_over_the_mixture(tiny_tokenizer, env_cfg):
     for rec in result.trajectories:
         assert rec.score["end_reason"] and "success" in rec.score  # the verifier's / the checks' verdict
         assert rec.env != "envscaler" or len(rec.score["checks"]) >= 1
+
+
+def test_eval_on_held_out_envscaler_tasks_prints_success(tmp_path, capsys):
+    """`actionopd eval --bench envscaler:DIR:ids` on the held-out mini tasks, the conversational one
+    played by a scripted user behind our real HTTP server (it restates its goal, then stops when
+    told the task is done): the privileged reference policy solves all three."""
+    from actionopd_jax.commands.main import main
+    from actionopd_jax.envs.envscaler.user import GREETING
+    from actionopd_jax.envs.user_sim import STOP
+    from actionopd_jax.serve.scripted import ScriptedBackend, message_choice
+
+    def user(req):
+        last = req.messages[-1]["content"]
+        if last == GREETING:
+            return message_choice(req.messages[0]["content"].split("# Your goal\n", 1)[1])
+        return message_choice(STOP if last == ENVSCALER_DONE else "Please go on.")
+
+    with serve(ScriptedBackend("user", user)) as server:
+        code = main(["eval", "--reference", "--bench", f"envscaler:{ES}:{','.join(HELD_OUT)}", "--out", str(tmp_path),
+                     "--user-sim-url", server.base_url, "--user-sim-model", "user", "--user-sim-temperature", "1.0",
+                     "--no-progress"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "| benchmark | group | episodes | success | pass^1 | reward |" in out
+    assert "| envscaler | eval | 3 | 100.0 | 100.0 | 100.0 |" in out
+    records = [json.loads(x) for x in (tmp_path / "episodes.jsonl").read_text().splitlines()]
+    assert sorted(r["task_id"] for r in records) == sorted(HELD_OUT)
+    assert all(r["score"]["success"] for r in records)
+
+
+@pytest.mark.slow  # ~3 min: a tiny `actionopd train` on the mixture, then `eval --checkpoint`
+@pytest.mark.timeout(900)
+def test_tiny_train_on_the_mixture_then_eval_on_held_out_tasks(tmp_path, tiny_tokenizer_dir, env_cfg, capsys):
+    """The documented tiny run (BUILD_NOTES): teacher.kind=reference starts the embedded privileged
+    reference teacher; one step over AWM + EnvScaler, then the held-out EnvScaler tasks scored."""
+    from actionopd_jax.commands.main import main
+
+    run_dir = tmp_path / "run"
+    assert main(["train", "experiment.enabled=false", "model.preset=tiny", f"model.tokenizer={tiny_tokenizer_dir}",
+                 "collect.kind=actionopd", "teacher.kind=reference", "matcher.kind=rules", "env.name=awm",
+                 f"env.awm_dir={AWM}", f"env.envscaler_dir={ES}", f"env.manifest={env_cfg.manifest}",
+                 "env.mixture=[awm:3,envscaler:1]", f"env.heldout_task_ids=[{','.join(HELD_OUT)}]", "train.steps=1",
+                 "collect.task_starts_per_step=4", "collect.num_candidates=2", "collect.max_response_tokens=16",
+                 "collect.max_prompt_tokens=2048", "train.max_seq_len=2048", "run.progress=false",
+                 "--run-dir", str(run_dir)]) == 0
+    trained = json.loads((run_dir / "train_tasks.json").read_text())["tasks"]
+    assert {t["env"] for t in trained} == {"awm", "envscaler"} and not {t["task_id"] for t in trained} & set(HELD_OUT)
+    capsys.readouterr()
+    assert main(["eval", "--checkpoint", str(run_dir), "--bench", f"envscaler:{ES}:mini_locker_2,mini_clinic_2",
+                 "--max-new-tokens", "16", "--out", str(tmp_path / "eval"), "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert "| benchmark | group | episodes | success |" in out and "| envscaler | eval | 2 |" in out

@@ -160,7 +160,7 @@ def reference_teacher_source(cfg: Config, ctx: SourceContext) -> GroupSource:
     atexit.register(server.stop)
     log.warning("PRIVILEGED REFERENCE TEACHER: embedded server at %s answering with the solutions of %d training "
                 "tasks (it reads them; not a real teacher)", url, len(tasks))
-    teacher = dataclasses.replace(cfg.teacher, kind="openai", provider="", base_url=url, model=MODEL_NAME,
+    teacher = dataclasses.replace(cfg.teacher, kind="openai", provider="actionopd", base_url=url, model=MODEL_NAME,
                                   api_key_env="", enable_thinking=False)
     source = ActionOPDGroupSource(dataclasses.replace(cfg, teacher=teacher), ctx, stream=stream)
     source.reference_server = server
