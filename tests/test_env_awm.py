@@ -195,7 +195,7 @@ def test_registry_builds_awm_and_checks_the_manifest_against_the_dir(tmp_path):
         assert make.runtime._pool is None  # nothing started by building it (what --check does)
     finally:
         make.close()
-    with pytest.raises(ConfigError, match="envscaler pool are not available yet"):
+    with pytest.raises(ConfigError, match="env.manifest"):  # a mixture with EnvScaler reads its admitted tasks
         env_factory_from(EnvConfig(name="awm", awm_dir=str(AWM), envscaler_dir="x",
                                    mixture=("awm:59", "envscaler:5")))
 

@@ -232,7 +232,7 @@ def test_the_pool_factory_builds_envscaler_episodes_and_needs_a_user_for_convers
         env_factory_from(env)
     make = pool_env_factory(env, tasks=[t for t in tasks.values() if not t.payload["conversational"]])
     assert isinstance(make(tasks["mini_locker_1"]), EnvScalerEnvironment)
-    with pytest.raises(ValueError, match="not a pool of env.mixture"):
+    with pytest.raises(ValueError, match="EnvScaler environment factory got a 'bfcl' task"):
         make(Task("x", "bfcl"))
     # a run's held-out tasks are never drawn by the mixture
     from actionopd_jax.envs.mixture import mixture_pool_tasks

@@ -94,7 +94,10 @@ def pool_env_factory(env: EnvConfig, *, concurrency: int | None = None, judge: d
     from actionopd_jax.envs.mixture import mixture_entries, mixture_pool_tasks
 
     pools = [p for p, _ in mixture_entries(env)]
-    by_pool = mixture_pool_tasks(env) if tasks is None else {p: [t for t in tasks if t.env == p] for p in pools}
+    if tasks is not None:
+        by_pool = {p: [t for t in tasks if t.env == p] for p in pools}
+    else:  # AWM's factory reads its own manifest entry; EnvScaler needs its tasks (conversational?)
+        by_pool = mixture_pool_tasks(env) if "envscaler" in pools else {}
     factories: dict[str, EnvFactory] = {}
     for pool in pools:
         if pool == "envscaler":
@@ -105,6 +108,9 @@ def pool_env_factory(env: EnvConfig, *, concurrency: int | None = None, judge: d
             from actionopd_jax.envs.awm.factory import awm_env_factory
 
             factories[pool] = awm_env_factory(env, concurrency=concurrency, judge=judge)
+
+    if len(factories) == 1:
+        return next(iter(factories.values()))  # one pool: its own factory (AWM's exposes its runtime)
 
     def make(task: Task) -> Environment:
         build = factories.get(task.env)

@@ -28,6 +28,8 @@ def envscaler_env_factory(env: EnvConfig, tasks: Sequence[Task] | None, *,
     config = EpisodeConfig(call_timeout_s=env.mcp_call_timeout_s)
 
     def make(task: Task) -> EnvScalerEnvironment:
+        if task.env != "envscaler":
+            raise ValueError(f"the EnvScaler environment factory got a {task.env!r} task ({task.task_id})")
         return EnvScalerEnvironment(sandbox, user_sim=user_sim, config=config)
 
     return make
