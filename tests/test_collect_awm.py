@@ -62,6 +62,29 @@ def test_training_draws_admitted_tasks_never_the_heldout_split_and_check_says_so
         "pools      awm 9 admitted (1/step), 3 held out for eval; drawn with replacement"
 
 
+def test_check_validates_the_awm_settings_and_prints_the_pool_sizes(manifest, tmp_path):
+    """What `actionopd train --check` runs for the collection (baselines.wiring.check_collection,
+    collect.source.check_training_tasks): the pool loads, the manifest matches it; nothing starts."""
+    from actionopd_jax.baselines.wiring import check_collection
+    from actionopd_jax.collect.source import check_training_tasks
+    from actionopd_jax.config import ConfigError
+
+    base = ["experiment.enabled=false", "collect.kind=actionopd", "teacher.kind=openai", "teacher.model=t",
+            "teacher.base_url=http://127.0.0.1:9/v1", "matcher.kind=rules", "env.name=awm", f"env.awm_dir={AWM}"]
+    cfg = load_config(None, base + [f"env.manifest={manifest}"])
+    check_collection(cfg)
+    assert check_training_tasks(cfg) == "pools      awm 9 admitted (1/step), 3 held out for eval; drawn with replacement"
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"pools": {"awm": {"admitted": ["library_loans_1/0", "e_commerce_33/4"]}}}))
+    for bad, words in ((f"env.manifest={other}", "not in env.awm_dir"),
+                       (f"env.manifest={tmp_path / 'missing.json'}", "not readable as an admission manifest"),
+                       ("env.manifest=", "reads the admitted tasks from env.manifest")):
+        with pytest.raises(ConfigError, match=words):
+            check_training_tasks(load_config(None, base + [bad]))
+    with pytest.raises(ConfigError, match="cannot load it as an (AWM|awm) pool"):
+        check_collection(load_config(None, base + [f"env.manifest={manifest}", f"env.awm_dir={tmp_path}"]))
+
+
 @pytest.mark.timeout(300)
 def test_a_tiny_model_collection_step_over_awm_with_the_reference_teacher(tiny_tokenizer, manifest, tmp_path):
     from tests._sampler_fixtures import random_model
