@@ -62,6 +62,29 @@ def test_training_draws_admitted_tasks_never_the_heldout_split_and_check_says_so
         "pools      awm 9 admitted (1/step), 3 held out for eval; drawn with replacement"
 
 
+def test_check_validates_the_awm_settings_and_prints_the_pool_sizes(manifest, tmp_path):
+    """What `actionopd train --check` runs for the collection (baselines.wiring.check_collection,
+    collect.source.check_training_tasks): the pool loads, the manifest matches it; nothing starts."""
+    from actionopd_jax.baselines.wiring import check_collection
+    from actionopd_jax.collect.source import check_training_tasks
+    from actionopd_jax.config import ConfigError
+
+    base = ["experiment.enabled=false", "collect.kind=actionopd", "teacher.kind=openai", "teacher.model=t",
+            "teacher.base_url=http://127.0.0.1:9/v1", "matcher.kind=rules", "env.name=awm", f"env.awm_dir={AWM}"]
+    cfg = load_config(None, base + [f"env.manifest={manifest}"])
+    check_collection(cfg)
+    assert check_training_tasks(cfg) == "pools      awm 9 admitted (1/step), 3 held out for eval; drawn with replacement"
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps({"pools": {"awm": {"admitted": ["library_loans_1/0", "e_commerce_33/4"]}}}))
+    for bad, words in ((f"env.manifest={other}", "not in env.awm_dir"),
+                       (f"env.manifest={tmp_path / 'missing.json'}", "not readable as an admission manifest"),
+                       ("env.manifest=", "reads the admitted tasks from env.manifest")):
+        with pytest.raises(ConfigError, match=words):
+            check_training_tasks(load_config(None, base + [bad]))
+    with pytest.raises(ConfigError, match="cannot load it as an (AWM|awm) pool"):
+        check_collection(load_config(None, base + [f"env.manifest={manifest}", f"env.awm_dir={tmp_path}"]))
+
+
 @pytest.mark.timeout(300)
 def test_a_tiny_model_collection_step_over_awm_with_the_reference_teacher(tiny_tokenizer, manifest, tmp_path):
     from tests._sampler_fixtures import random_model
@@ -129,3 +152,40 @@ def test_eval_on_the_heldout_tasks_prints_verifier_success(manifest, tmp_path, c
     # no manifest: a clear error, not a traceback
     assert main(["--reference", "--bench", "awm", "--out", str(tmp_path / "o2")]) == 2
     assert "awm:heldout reads the admission manifest: pass --manifest" in capsys.readouterr().err
+
+
+def test_the_runs_source_builds_awm_episodes_with_judge_evidence_and_a_warm_pool(manifest, tmp_path, tiny_tokenizer):
+    """collect.kind=actionopd over env.name=awm (collect/source.py): the environment factory comes
+    from env.*, its SQL verifier judge is the run's matcher endpoint, the matcher's evidence is
+    read per scenario from the servers, which stay warm for the first episodes."""
+    from actionopd_jax.collect import ActionOPDGroupSource
+    from actionopd_jax.envs.awm.runtime import AwmRuntime
+    from actionopd_jax.sampling import Buckets
+    from actionopd_jax.train.setup import build_mesh, model_config
+    from actionopd_jax.train.sources import SourceContext
+
+    with serve(judge_backend()) as server:
+        cfg = load_config(None, [
+            "experiment.enabled=false", "collect.kind=actionopd", "collect.concurrency=3", "model.preset=tiny",
+            "collect.task_starts_per_step=3", "teacher.kind=openai", f"teacher.model={MODEL_NAME}",
+            f"teacher.base_url={server.base_url}", f"matcher.base_url={server.base_url}", "matcher.model=judge",
+            "env.name=awm", f"env.awm_dir={AWM}", f"env.manifest={manifest}", f"run.dir={tmp_path / 'run'}"])
+        ctx = SourceContext(model_config=model_config(cfg), run_dir=str(tmp_path / "run"), tokenizer_path="",
+                            process_index=0, process_count=1, mesh=build_mesh(cfg))
+        source = ActionOPDGroupSource(cfg, ctx, tokenizer=tiny_tokenizer,
+                                      buckets=Buckets(prompt_len=(1024,), prompts=(4,), samples=(4,), max_new=(16,),
+                                                      max_rows=16))
+        make = source.collector.env_factory
+        try:
+            runtime = make.runtime
+            assert isinstance(runtime, AwmRuntime) and runtime.pool_size == 3
+            assert runtime.judge is not None and runtime.judge.model == "judge"
+            assert runtime.modes["recipe_box_2/3"] == "sql"
+            evidence = source.collector.matcher.evidence_by_env
+            assert set(evidence) == {"awm/library_loans_1", "awm/recipe_box_2", "awm/gym_classes_3"}
+            assert "def borrow_book" in evidence["awm/library_loans_1"]["borrow_book"]
+            assert runtime.pool.stats.starts == 3 and len(runtime.pool._idle) == 3  # warm for the first episodes
+        finally:
+            make.close()
+    trained = json.loads((tmp_path / "run" / "train_tasks.json").read_text())["tasks"]
+    assert len(trained) == 9 and not {t["task_id"] for t in trained} & set(HELDOUT)

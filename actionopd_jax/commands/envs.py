@@ -47,6 +47,10 @@ def audit(args: argparse.Namespace) -> int:
     from actionopd_jax.envs.admission import audit_awm, audit_envscaler
     from actionopd_jax.envs.sandbox import SubprocessSandbox
 
+    if not 0.0 <= args.heldout_fraction < 1.0:
+        print(f"actionopd envs audit: --heldout-fraction must be in [0, 1), got {args.heldout_fraction}",
+              file=sys.stderr)
+        return 2
     manifest = Path(args.manifest or Path(args.dir) / "admitted.json")
     tok = _tokenizer(args.tokenizer)
     sandbox = SubprocessSandbox()

@@ -170,7 +170,7 @@ def mixture_pool_tasks(env: Any) -> dict[str, list[Task]]:
         try:
             tasks = pool_tasks(pool, directory, None)
         except (FileNotFoundError, ValueError, KeyError) as err:
-            raise ConfigError(f"env.{pool}_dir={directory}: cannot load it as a {pool} pool: {err}") from None
+            raise ConfigError(f"env.{pool}_dir={directory}: cannot load it as an {pool} pool: {err}") from None
         stray = sorted(admitted[pool] - {t.task_id for t in tasks})
         if stray:
             raise ConfigError(f"env.manifest={env.manifest} admits {len(stray)} {pool} task(s) that are not in "
