@@ -33,7 +33,7 @@ SCRIPT = Script(
              ("allinvalid", 0): [A, A, A], ("allinvalid", 1): FINAL_STATE[0],
              ("partial", 0): [A, A, BAD], ("partial", 1): FINAL_STATE[0],
              ("judge", 0): [B, B, A], ("judge", 1): FINAL_STATE[0],
-             ("broken", 0): [A, A, B], ("broken", 1): [B, B, B],
+             ("broken", 0): [A, A, B], ("broken", 1): [B, B, B], ("broken", 2): FINAL_STATE[0],
              ("nosup", 0): [BAD, BAD, BAD],
              ("envfail", 0): [A, A, B],
              **{("limit", d): [A, A, B] for d in range(6)},
@@ -43,7 +43,7 @@ SCRIPT = Script(
              ("allinvalid", 0): [BAD] * 4, ("allinvalid", 1): FINAL_STATE[1],
              ("partial", 0): [A, B, C, BAD], ("partial", 1): FINAL_STATE[1],
              ("judge", 0): [SAME_B, B, A, BAD], ("judge", 1): FINAL_STATE[1],
-             ("broken", 0): [A, A, B, BAD], ("broken", 1): [BROKEN, B, B, B],
+             ("broken", 0): [A, A, B, BAD], ("broken", 1): [BROKEN, B, B, B], ("broken", 2): FINAL_STATE[1],
              ("nosup", 0): [A, A, A, A],
              ("envfail", 0): [A, B, C, BAD],
              **{("limit", d): [A, A, C, BAD] for d in range(6)},
@@ -141,15 +141,17 @@ def test_partial_teacher_multiset_keeps_k_in_the_denominator(actionopd_run):
     assert g.retained and g.committed_index == 0
 
 
-def test_judge_failure_masks_that_group_keeps_earlier_ones_and_ends(actionopd_run):
+def test_judge_failure_masks_that_group_and_the_trajectory_goes_on(actionopd_run):
     _, result = actionopd_run
     groups, trajs = _by_case(result)
-    first, second = groups["broken"]
+    first, second, third = groups["broken"]
     assert first.retained and _rewards(first) == [1.25, 1.25, 1.0, -1.0]
-    assert not second.retained and second.drop_reason == "unavailable"
-    assert second.committed_index == NO_COMMIT
+    assert not second.retained and second.drop_reason == "unavailable" and _rewards(second) == [0.0] * 4
     assert second.candidates[0].verdicts == ["unavailable"] * 3
-    assert trajs["broken"].end_reason == "unavailable" and trajs["broken"].decisions == 2
+    # committed by the known matches: BROKEN 0, each B 1.5 (c=3): one of the B's, then the episode ends
+    assert second.committed_index in (1, 2, 3) and second.committed_index != NO_COMMIT
+    assert third.drop_reason == "equal_rewards"
+    assert trajs["broken"].end_reason == "env_done" and trajs["broken"].decisions == 3
 
 
 def test_no_teacher_sample_means_no_group_and_the_trajectory_ends(actionopd_run):
@@ -185,9 +187,9 @@ def test_step_metrics(actionopd_run):
     m = result.metrics
     kept = sum(g.retained for g in result.groups)
     assert m.groups_kept == kept
-    assert m.groups_dropped["equal_rewards"] == 6  # 5 final states + allinvalid
+    assert m.groups_dropped["equal_rewards"] == 7  # 6 final states + allinvalid
     assert m.groups_dropped["unavailable"] == 1 and m.groups_dropped["no_supervision"] == 1
-    assert m.trajectory_ends["env_done"] == 5  # paper, ties, allinvalid, partial, judge
+    assert m.trajectory_ends["env_done"] == 6  # paper, ties, allinvalid, partial, judge, broken
     assert m.candidates == 4 * len(result.groups)
     assert m.invalid_rate == pytest.approx(m.invalid_candidates / m.candidates)
     assert 0 < m.match_rate <= 1

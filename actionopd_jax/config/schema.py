@@ -169,9 +169,10 @@ class MatcherConfig:
     concurrency: int = 32
     provider: str = ""  # as teacher.provider ("": openai)
     enable_thinking: bool | None = False  # paper table 8: matcher thinking off; null: send no switch
-    # show the judge each tool's implementation (source + docstring, BFCL classes / tau2 toolkits);
-    # a judged tool-call pair whose tool has none is then unavailable (paper A.3)
-    tool_evidence: bool = True
+    tool_evidence: bool = True  # the judge sees each tool's source + docstring; a judged pair without it: unavailable
+    context_window: int = 32768  # the judge's window in tokens (prompt + max_tokens): sizes the conversation it sees
+    context_chars: int = 0  # a fixed character budget for that conversation instead (0: sized to context_window)
+    format_retries: int = 2  # re-asks after a reply outside the verdict format; then unavailable (paper A.3)
 
 
 @dataclass(frozen=True)
