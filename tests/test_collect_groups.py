@@ -86,11 +86,6 @@ def _rewards(g):
     return [c.reward for c in g.candidates]
 
 
-def _expected_commit(cfg, g, start, step=3, semantic=None):
-    key = collect_keys.commit_key(cfg.seed, step, start, g.decision_index)
-    return commit_index(np.asarray(semantic if semantic is not None else _rewards(g)), key, cfg.commit)
-
-
 def test_paper_example_rewards_and_unique_argmax_commit(actionopd_run):
     cfg, result = actionopd_run
     groups, trajs = _by_case(result)
@@ -108,17 +103,16 @@ def test_paper_example_rewards_and_unique_argmax_commit(actionopd_run):
     assert trajs["paper"].end_reason == "env_done" and trajs["paper"].score["reward"] == 1.0
 
 
-def test_ties_are_broken_by_the_seeded_commit_key(actionopd_run):
-    cfg, result = actionopd_run
+def test_ties_are_broken_among_the_best_only(actionopd_run):
+    # which of the tied candidates is drawn, and that the draw is uniform, is checked over many
+    # task starts in test_variants (independent of the key formula)
+    _, result = actionopd_run
     groups, _ = _by_case(result)
     g = groups["ties"][0]
     assert _rewards(g) == [1.0, 1.0, 0.0, -1.0]  # A and its key-reordered copy each match once
     assert g.committed_index in (0, 1)
-    start = CASES.index("ties")
-    assert g.committed_index == _expected_commit(cfg, g, start)
     g2 = groups["judge"][0]  # judge MATCH for SAME_B: two candidates tie at 1.25
-    assert _rewards(g2) == [1.25, 1.25, 1.0, -1.0]
-    assert g2.committed_index == _expected_commit(cfg, g2, CASES.index("judge")) and g2.committed_index in (0, 1)
+    assert _rewards(g2) == [1.25, 1.25, 1.0, -1.0] and g2.committed_index in (0, 1)
 
 
 def test_all_invalid_group_is_dropped_but_the_trajectory_goes_on(actionopd_run):
@@ -199,28 +193,42 @@ def test_step_metrics(actionopd_run):
     assert logged["collect/dropped/unavailable"] == 1 and "collect/sampler_busy_fraction" in logged
 
 
-@pytest.mark.parametrize("variant", ["validity", "binary", "random_commit"])
+STARTS = 24  # task starts of the "ties" state per variant: enough to see every allowed commit
+
+
+def _commit_counts(groups, n=4):
+    return np.bincount([g.committed_index for g in groups], minlength=n).tolist()
+
+
+@pytest.mark.parametrize("variant", ["actionopd", "validity", "binary", "random_commit"])
 def test_variants(tiny_tokenizer, variant):
+    """Rewards by hand, and the commit rule seen from outside: over STARTS task starts of the
+    "ties" state (semantic rewards [1, 1, 0, -1]) the argmax variants commit candidates 0 and 1
+    only, each often (uniform tie-break: 12 of 24 expected, sd 2.4); random commit draws all
+    four, the zero-reward and the invalid one included (6 of 24 expected, sd 2.1). The bounds
+    are 3+ sd wide; the keys are seeded, so the counts are the same on every run."""
     cfg = collector_config().with_variant(variant)
     tasks = [toy_task(case, case) for case in ("paper", "ties", "judge")]
+    tasks += [toy_task(f"ties{i}", "ties") for i in range(STARTS)]
     result = _collect(tiny_tokenizer, cfg, tasks)
     groups, _ = _by_case(result)
-    paper, ties, judge = groups["paper"][0], groups["ties"][0], groups["judge"][0]
-    semantic = {"paper": [1.25, 1.0, 0.0, -1.0], "ties": [1.0, 1.0, 0.0, -1.0], "judge": [1.25, 1.25, 1.0, -1.0]}
-    if variant == "validity":
-        # trains on +1 valid / -1 invalid, commits on the semantic reward (paper B.4)
-        assert _rewards(paper) == [1.0, 1.0, 1.0, -1.0] and paper.committed_index == 0
-        assert _rewards(judge) == [1.0, 1.0, 1.0, -1.0]
-        assert judge.committed_index == _expected_commit(cfg, judge, 2, semantic=semantic["judge"])
+    paper, judge = groups["paper"][0], groups["judge"][0]
+    many = [groups[f"ties{i}"][0] for i in range(STARTS)]
+    semantic = {"paper": [1.25, 1.0, 0.0, -1.0], "judge": [1.25, 1.25, 1.0, -1.0]}
+    counts = _commit_counts(many)
+    if variant in ("actionopd", "validity"):
+        # validity trains on +1 valid / -1 invalid but commits on the semantic reward (paper B.4)
+        want = [1.0, 1.0, 1.0, -1.0] if variant == "validity" else semantic["paper"]
+        assert _rewards(paper) == want and paper.committed_index == 0
         assert judge.committed_index in (0, 1)
     elif variant == "binary":
         assert _rewards(paper) == [1.0, 1.0, 0.0, -1.0] and paper.committed_index in (0, 1)
         assert _rewards(judge) == [1.0, 1.0, 1.0, -1.0] and judge.committed_index in (0, 1, 2)
-    else:
+    if variant == "random_commit":
         assert _rewards(paper) == semantic["paper"]
-        for start, g in enumerate((paper, ties, judge)):
-            key = collect_keys.commit_key(cfg.seed, 3, start, 0)
-            assert g.committed_index == collect_keys.uniform_index(key, 4)
+        assert all(1 <= c <= 13 for c in counts), counts
+    else:
+        assert counts[2] == counts[3] == 0 and all(4 <= c <= 20 for c in counts[:2]), counts
 
 
 def test_commit_index_tie_break_is_uniform_over_the_maximum_only():

@@ -150,3 +150,13 @@ def test_the_thinking_switch_is_refused_where_no_field_exists(capsys):
     assert cfg.teacher.enable_thinking is None
     assert train_cli.main(["--config", str(path), "--check", "matcher.provider=openai"]) == 2
     assert "matcher.enable_thinking=False cannot be sent" in capsys.readouterr().err
+
+
+def test_the_judge_window_must_hold_its_reply():
+    path = CONFIG_DIR / "paper" / "tau2_qwen3_4b_tpu.yaml"
+    # table 8: 32k-token matcher replies; a 32k window would leave no room for the prompt
+    with pytest.raises(ConfigError, match=r"matcher.context_window=32768 leaves no room .* matcher.max_tokens=32768"):
+        load_config(path, ["matcher.context_window=32768"])
+    spec = judge_spec(load_config(path).matcher)
+    assert (spec["context_window"], spec["context_chars"], spec["format_retries"]) == (131072, None, 2)
+    assert judge_spec(load_config(path, ["matcher.context_chars=9000"]).matcher)["context_chars"] == 9000

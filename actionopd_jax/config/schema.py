@@ -9,9 +9,9 @@ every checkpoint; `experiment_changes` compares two of those trees (resume), so 
 reads it from here without importing the front end.
 
 Paper settings (ActionOPD, sec. 3 and appendix B): N=4 candidates, K=3 teacher samples,
-lambda=0.5, AdamW lr 1e-6 constant without warmup, PPO clip 0.2, dual clip 3, one PPO epoch
-over minibatches, student sampling T=0.6 / p=0.95 / k=20 with 4k-token responses; those
-recipes live in configs/*.yaml.
+lambda=0.5, PPO clip 0.2, dual clip 3, one PPO epoch over minibatches, student sampling
+T=0.6 / p=0.95 / k=20 with 4k-token responses (configs/paper/*.yaml). The optimizer (AdamW,
+lr 1e-6 constant, no warmup) is ours: the paper's table 7 is not in the text we have.
 """
 
 from __future__ import annotations
