@@ -12,8 +12,11 @@ teacher sample k.
 - ablations (B.4): "binary" is lambda = 0 for training and commitment; "validity" trains on
   +1 valid / -1 invalid while the commitment rule keeps ActionOPD's semantic reward.
 - retention (A.4): drop a group without teacher samples ("no_supervision"), with any
-  "unavailable" verdict ("unavailable": never turned into a 0), or whose training rewards
-  span <= 1e-8 ("equal_rewards").
+  "unavailable" verdict ("unavailable": never turned into a 0 and never trained on), or whose
+  training rewards span <= 1e-8 ("equal_rewards").
+- an unavailable group still has commit rewards: r_lambda of the matches that are known
+  (`known_match_counts`), so the trajectory goes on (paper A.3 ends a rollout only for an
+  empty teacher multiset or a prompt that cannot fit).
 - advantages (eq. 7): centre by the group mean, divide by the population std of ALL centred
   rewards of the retained groups in the batch, plus eps = 1e-8.
 """
@@ -63,6 +66,19 @@ def match_counts(verdicts: Sequence[Sequence[Verdict]]) -> np.ndarray:
     return counts
 
 
+def known_match_counts(verdicts: Sequence[Sequence[Verdict]]) -> np.ndarray:
+    """c per candidate over the pairs with a definite verdict: "unavailable" adds nothing. Only
+    the commit of an unavailable group reads these (a lower bound of each count); its training
+    rewards do not exist."""
+    counts = np.zeros(len(verdicts), dtype=np.int64)
+    for i, row in enumerate(verdicts):
+        for v in row:
+            if v not in ("match", "no_match", "unavailable"):
+                raise ValueError(f"unknown verdict {v!r} for candidate {i}; expected match/no_match/unavailable")
+            counts[i] += v == "match"
+    return counts
+
+
 def reward_lambda(counts: np.ndarray, valid: np.ndarray, *, k: int, lam: float) -> np.ndarray:
     """Eq. 6 elementwise. `counts` int[N], `valid` bool[N] -> float64[N]."""
     counts = np.asarray(counts, dtype=np.int64)
@@ -86,8 +102,8 @@ def validity_reward(valid: np.ndarray) -> np.ndarray:
 @dataclass
 class GroupScore:
     """Rewards of one state group. `commit_rewards` drive the argmax commit; `train_rewards`
-    the update. Both are None when the group has no usable supervision (then the collector
-    ends the trajectory, as for an empty teacher multiset)."""
+    the update. Both are None without teacher samples (the collector then ends the trajectory);
+    an unavailable group has commit rewards from its known matches only and no training rewards."""
 
     train_rewards: np.ndarray | None
     commit_rewards: np.ndarray | None
@@ -113,10 +129,11 @@ def score_group(verdicts: Sequence[Sequence[Verdict]], valid: Sequence[bool], cf
         raise ValueError(f"{num_samples} teacher samples retained but K={cfg.k} configured")
     if num_samples == 0:
         return GroupScore(None, None, None, retained=False, drop_reason="no_supervision")
-    if any(v == "unavailable" for row in verdicts for v in row):
-        return GroupScore(None, None, None, retained=False, drop_reason="unavailable")
-    counts = match_counts(verdicts)
     lam = 0.0 if cfg.mode == "binary" else cfg.lam
+    if any(v == "unavailable" for row in verdicts for v in row):
+        known = reward_lambda(known_match_counts(verdicts), valid_arr, k=cfg.k, lam=lam)
+        return GroupScore(None, known, None, retained=False, drop_reason="unavailable")
+    counts = match_counts(verdicts)
     semantic = reward_lambda(counts, valid_arr, k=cfg.k, lam=lam)
     train = validity_reward(valid_arr) if cfg.mode == "validity" else semantic
     retained = bool(np.ptp(train) > cfg.range_tol) if len(train) else False

@@ -1,6 +1,6 @@
 """The collector hands the task's environment to the matcher, so required tool evidence applies
 during collection: a state whose candidates need the judge for a tool without evidence has no
-supervision (the group is masked, the trajectory ends), and with the evidence the judge decides
+supervision (the group is masked; the trajectory goes on), and with the evidence the judge decides
 (real HTTP teacher and judge on 127.0.0.1, the toy environment)."""
 
 from actionopd_jax.matching.judge import JudgeConfig, LLMJudge
@@ -33,11 +33,13 @@ def _run(tokenizer, evidence):
 
 def test_missing_required_evidence_masks_the_state(tiny_tokenizer):
     result, matcher, judge = _run(tiny_tokenizer, {"note": "def note(text): ..."})  # nothing for `add`
-    (group,) = result.groups
+    group = result.groups[0]
     assert not group.retained and group.drop_reason == "unavailable"
     # teacher samples [A, A, B]: C vs A needs the judge (no evidence for add); C vs B differs by name
     assert group.candidates[1].verdicts == ["unavailable", "unavailable", "no_match"]
-    assert result.trajectories[0].end_reason == "unavailable"
+    # known matches: A 1.25 (c=2), C 0, C 0, invalid -1 -> A is committed and the episode goes on
+    assert group.committed_index == 0
+    assert len(result.groups) == 2 and result.trajectories[0].end_reason == "decision_limit"
     assert matcher.stats.missing_evidence > 0 and len(judge.requests) == 0
 
 

@@ -26,7 +26,8 @@ def _cfg(**collect):
     c.update(collect)
     return from_dict({"collect": c, "model": {"preset": "tiny"}, "train": {"steps": 1, "max_seq_len": 2048},
                       "run": {"seed": 3, "progress": False, "tensorboard": False},
-                      "teacher": {"kind": "openai", "model": "teacher", "base_url": "http://127.0.0.1:9/v1"},
+                      "teacher": {"kind": "openai", "provider": "vllm", "model": "teacher",
+                                  "base_url": "http://127.0.0.1:9/v1"},
                       # BFCL tasks are evaluation tasks: these wiring tests opt in explicitly
                       "env": {"name": "bfcl", "domains": ["base"], "allow_eval_overlap": True}})
 

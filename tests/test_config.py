@@ -20,9 +20,12 @@ def test_tiny_cpu_yaml_is_the_embedded_default():
 
 def test_paper_defaults():
     c = Config()
+    # paper 3.1 (N, K, lambda), A.4 (clip 0.2, dual clip 3), B.2 (one PPO epoch)
     assert (c.collect.num_candidates, c.collect.teacher_samples, c.collect.freq_bonus) == (4, 3, 0.5)
-    assert (c.train.lr, c.train.warmup_steps, c.train.clip_eps, c.train.dual_clip, c.train.ppo_epochs) == (
-        1e-6, 0, 0.2, 3.0, 1)
+    assert (c.train.clip_eps, c.train.dual_clip, c.train.ppo_epochs) == (0.2, 3.0, 1)
+    # a pin of OUR defaults, not the paper's: its optimizer table (table 7) is not in the text
+    # we have, so lr 1e-6 and no warmup are ours; this only catches an unintended change
+    assert (c.train.lr, c.train.warmup_steps) == (1e-6, 0)
 
 
 def test_overrides_are_typed_and_applied_after_the_file(tmp_path):
@@ -72,8 +75,8 @@ def test_misspelled_key_in_yaml_file(tmp_path):
 def test_shipped_configs_load_and_follow_the_paper(name):
     c = load_config(CONFIGS / name)
     assert (c.collect.num_candidates, c.collect.teacher_samples, c.collect.freq_bonus) == (4, 3, 0.5)
-    assert (c.train.clip_eps, c.train.dual_clip, c.train.ppo_epochs, c.train.warmup_steps) == (0.2, 3.0, 1, 0)
-    assert c.train.lr == 1e-6
+    assert (c.train.clip_eps, c.train.dual_clip, c.train.ppo_epochs) == (0.2, 3.0, 1)  # paper A.4, B.2
+    assert (c.train.lr, c.train.warmup_steps) == (1e-6, 0)  # a pin of ours: the paper's lr is not in our copy
     if name != "tiny_cpu.yaml":  # table 8 student sampling for every real recipe
         assert (c.collect.temperature, c.collect.top_p, c.collect.top_k) == (0.6, 0.95, 20)
         assert c.collect.max_response_tokens == 4096 and c.collect.enable_thinking

@@ -174,6 +174,13 @@ def test_a_simulator_that_only_calls_tools_is_cut_off():
 def test_config_validation():
     with pytest.raises(ValueError, match="base_url and model"):
         UserSimulator(UserSimConfig(base_url="", model="m"))
+    # a sampling setting the provider cannot send is refused, never dropped (table 8: k=20, thinking off)
+    url = "http://127.0.0.1:9/v1"
+    with pytest.raises(ValueError, match=r"user simulator.top_k=20 cannot be sent to provider 'openai'"):
+        UserSimulator(UserSimConfig(base_url=url, model="m", top_k=20))
+    with pytest.raises(ValueError, match="unknown provider 'nope'"):
+        UserSimulator(UserSimConfig(base_url=url, model="m", provider="nope"))
+    UserSimulator(UserSimConfig(base_url=url, model="m", provider="vllm", top_k=20, thinking=False))
     with pytest.raises(ValueError, match="needs a user simulator"):
         run(Tau2Env("airline").reset(_airline_task()))
     with pytest.raises(ValueError, match="unknown tau2 domain"):

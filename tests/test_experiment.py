@@ -106,6 +106,8 @@ def test_step_stats_by_hand():
     assert s["invalid_rate"] == pytest.approx(1 / 8)
     assert s["committed_reward_mean"] == pytest.approx((1.25 + 0.0) / 2)
     assert (s["groups"], s["groups_retained"]) == (3, 1)
+    assert s["unavailable_rate"] == pytest.approx(1 / 3)  # 1 of 3 groups masked for unavailable supervision
+    assert s["truncated_rate"] == 0.0
 
 
 # --- logits only at the positions that need them ------------------------------------------------
@@ -188,6 +190,7 @@ def test_report_shows_curves_and_before_after(tmp_path):
         assert paths[key].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     text = summary_text(_summary(tmp_path))
     assert "-0.500 (warm start only) -> 0.250 (final)" in text and "10.0% -> 40.0%" in text
+    assert "ActionOPD unavailable groups" in text and "per step (masked, never trained on)" in text
 
 
 # --- remote teacher switch (offline) -------------------------------------------------------------

@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from actionopd_jax.matching.judge import JudgeConfig, LLMJudge, parse_verdict, render_context
+from actionopd_jax.matching.judge import JudgeConfig, LLMJudge, parse_verdict, render_context, render_context_info
 from actionopd_jax.matching.matcher import Matcher
 from actionopd_jax.rewards import RewardConfig, score_group
 from actionopd_jax.serve.faults import FaultInjector, FaultRates
@@ -38,7 +38,8 @@ def judge_backend(rule=None):
 
 
 def make_judge(server, **overrides):
-    cfg = dict(model="judge", base_url=server.base_url, provider="vllm", api_key_env=None, request_timeout_s=5.0,
+    cfg = dict(model="judge", base_url=server.base_url, provider="vllm", api_key_env=None, thinking=False,
+               request_timeout_s=5.0,
                retry=RetryPolicy(max_attempts=3, base_delay_s=0.01, max_delay_s=0.02, max_total_s=5.0))
     cfg.update(overrides)
     return LLMJudge(JudgeConfig(**cfg), rng=random.Random(0))
@@ -119,7 +120,11 @@ def test_unparsable_judge_reply_is_unavailable(reply):
     with serve(judge_backend(lambda prompt: reply)) as server:
         m = Matcher(make_judge(server))
         assert asyncio.run(m.verdict(ROME, PARIS, messages=STATE, tools=TOOLS)) == "unavailable"
-        assert server.request_count == 1  # a format failure is not retried (the judge is frozen, T=0)
+        assert server.request_count == 3  # asked again twice (format_retries=2), then unavailable
+        assert m.stats.unavailable_format == 1 and m.stats.judge_format_retries == 2
+        once = Matcher(make_judge(server, format_retries=0))
+        assert asyncio.run(once.verdict(ROME, PARIS, messages=STATE, tools=TOOLS)) == "unavailable"
+        assert server.request_count == 3 + 1
 
 
 def test_ambiguous_is_no_match_and_permanent_error_is_unavailable():
@@ -190,3 +195,37 @@ def test_render_context_keeps_system_and_latest_within_budget():
     text = render_context(msgs, 300)
     assert text.startswith("[system] SSS") and "msg19" in text and "msg0 " not in text
     assert "earlier message(s) omitted" in text and len(text) < 400
+    # hand count: "[system] " + 50 S = 59 chars; each user line "[user] msgI " + 40 x = 52 (53 from msg10)
+    # budget 59 + 2 * 53 = 165 holds the system message and exactly the last two messages
+    text, cut = render_context_info(msgs, 165)
+    assert cut and "msg18" in text and "msg19" in text and "msg17" not in text and "18 earlier" in text
+    assert render_context_info(msgs, 59 + 10 * 52 + 10 * 53) == ("\n".join(
+        ["[system] " + "S" * 50] + [f"[user] msg{i} " + "x" * 40 for i in range(20)]), False)
+    # a budget of 0 shows only markers, never the whole latest message
+    text, cut = render_context_info(msgs, 0)
+    assert cut and "x" * 40 not in text
+
+
+LONG_POLICY = [{"role": "system", "content": "P" * 20_000}, {"role": "user", "content": "Please change my flight."}]
+
+
+def test_judge_context_is_sized_to_the_window_and_truncations_are_counted():
+    seen = []
+    with serve(judge_backend(lambda prompt: seen.append(prompt) or "VERDICT: NO_MATCH")) as server:
+        # default window 32768 tokens, 128-token replies: (32768 - 128 - 256) * 3 chars ~ 97k chars, so a
+        # 20,000-character policy (tau2's are ~10-25k) is shown whole (the old fixed 8,000 cut it)
+        m = Matcher(make_judge(server))
+        assert asyncio.run(m.verdict(ROME, PARIS, messages=LONG_POLICY, tools=TOOLS)) == "no_match"
+        assert "P" * 20_000 in seen[-1] and m.stats.judge_context_truncated == 0
+        # a 1,024-token window: (1024 - 128 - 256) * 3 = 1,920 characters for system prompt + prompt
+        small = Matcher(make_judge(server, context_window=1024))
+        assert asyncio.run(small.verdict(ROME, PARIS, messages=LONG_POLICY, tools=TOOLS)) == "no_match"
+        req = [r for r in server.backends["judge"].requests][-1]
+        assert sum(len(msg["content"]) for msg in req.messages) <= 1920 + len(" [...]")
+        assert "PPPP [...]" in seen[-1] and small.stats.judge_context_truncated == 1
+        # a fixed budget: exactly what render_context gives for it
+        fixed = Matcher(make_judge(server, context_chars=300))
+        asyncio.run(fixed.verdict(ROME, PARIS, messages=LONG_POLICY, tools=TOOLS))
+        assert render_context(LONG_POLICY, 300) in seen[-1] and fixed.stats.judge_context_truncated == 1
+    with pytest.raises(ValueError, match="context_window=256 leaves no room"):
+        JudgeConfig(model="j", base_url="http://x", provider="vllm", context_window=256)

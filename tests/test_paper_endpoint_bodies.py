@@ -150,3 +150,33 @@ def test_the_thinking_switch_is_refused_where_no_field_exists(capsys):
     assert cfg.teacher.enable_thinking is None
     assert train_cli.main(["--config", str(path), "--check", "matcher.provider=openai"]) == 2
     assert "matcher.enable_thinking=False cannot be sent" in capsys.readouterr().err
+
+
+def test_the_judge_window_must_hold_its_reply():
+    path = CONFIG_DIR / "paper" / "tau2_qwen3_4b_tpu.yaml"
+    # table 8: 32k-token matcher replies; a 32k window would leave no room for the prompt
+    with pytest.raises(ConfigError, match=r"matcher.context_window=32768 leaves no room .* matcher.max_tokens=32768"):
+        load_config(path, ["matcher.context_window=32768"])
+    spec = judge_spec(load_config(path).matcher)
+    assert (spec["context_window"], spec["context_chars"], spec["format_retries"]) == (131072, None, 2)
+    assert judge_spec(load_config(path, ["matcher.context_chars=9000"]).matcher)["context_chars"] == 9000
+
+
+def test_the_awm_sql_verifier_judge_sends_the_matcher_settings(monkeypatch):
+    """AWM's SQL verifier asks the run's judge endpoint (envs/awm/judge.py) with the matcher's
+    table-8 settings, spelled for its provider; its reply budget is at least 512 tokens."""
+    from actionopd_jax.envs.awm.judge import MIN_TOKENS, endpoint_judge
+
+    path = CONFIG_DIR / "paper" / "qwen3_4b_tpu.yaml"
+    monkeypatch.setenv(load_config(path).matcher.api_key_env, "test-key")
+    backend = ScriptedBackend("deepseek-v4-flash", lambda req: message_choice("yes"))
+    server = OpenAIServer(backend)
+    server.start()
+    try:
+        judge = endpoint_judge(judge_spec(load_config(path, [f"matcher.base_url={server.base_url}"]).matcher))
+        assert judge([{"role": "user", "content": "Does the SQL state satisfy the task?"}]) == "yes"
+    finally:
+        server.stop()
+    body = backend.requests[-1].raw
+    assert thinking_sent(body) is False and body["temperature"] == 0.0 and "top_k" not in body
+    assert body["max_tokens"] == MIN_TOKENS == 512

@@ -69,6 +69,12 @@ def test_retention_reasons():
     assert (none.retained, none.drop_reason, none.train_rewards) == (False, "no_supervision", None)
     unavailable = score_group([[M, "unavailable", X], [X, X, X]], [True, True], cfg)
     assert (unavailable.retained, unavailable.drop_reason, unavailable.train_rewards) == (False, "unavailable", None)
+    # the commit of an unavailable group reads the known matches only (an unavailable pair adds 0):
+    # known counts [1, 2, 0, 0] -> [1.0, 1.25, 0.0, -1.0] at K=3, lambda=0.5
+    u = score_group([[M, "unavailable", X], [M, M, X], ["unavailable"] * 3, [X, X, X]], [True, True, True, False],
+                    RewardConfig(k=3, lam=0.5))
+    np.testing.assert_allclose(u.commit_rewards, [1.0, 1.25, 0.0, -1.0])
+    assert u.train_rewards is None and u.counts is None and not u.retained
     equal = score_group([[M, X, X], [X, M, X]], [True, True], cfg)  # both 1.0
     assert (equal.retained, equal.drop_reason) == (False, "equal_rewards")
     np.testing.assert_allclose(equal.commit_rewards, [1.0, 1.0])  # equal groups still advance the env

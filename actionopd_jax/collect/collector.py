@@ -8,7 +8,7 @@ Many trajectories run at once on one asyncio loop. At each state of a trajectory
    queued for the student; the sampler worker puts every ready state into one device call;
 3. when the teacher multiset is empty there is no group and the trajectory ends (no failure
    label); otherwise the N candidates are parsed with the student rules and matched against
-   every teacher sample (rules, then the LLM judge, async);
+   every teacher sample (rules, then the LLM judge, async); "unavailable" masks, never ends (A.3);
 4. rewards r_lambda, retention and the commit (highest semantic reward, seeded uniform
    tie-break) come from group.py; the committed action steps the environment.
 
@@ -40,6 +40,7 @@ from actionopd_jax.chat.prompt import CandidateDecoder, FitFn, Prompt, PromptBui
 from actionopd_jax.collect.sampler_worker import SampleFn, SamplerError, SamplerWorker
 from actionopd_jax.envs.base import Environment
 from actionopd_jax.envs.evidence import evidence_scope
+from actionopd_jax.envs.protocol import apply_protocol_rules
 from actionopd_jax.envs.registry import EnvFactory, default_env_factory  # noqa: F401  (re-exported)
 from actionopd_jax.teacher.base import TeacherBatch, UsageReport
 from actionopd_jax.types import Candidate, Observation, StateGroup, Task, Verdict
@@ -308,10 +309,11 @@ class Collector:
         candidates = []
         for gen in generations:
             text = self.decoder.text(gen.token_ids)
+            parsed = self.decoder.action(text, prompt.tools, gen.finish_reason)  # then tau2's transfer rule:
+            action = apply_protocol_rules(task.env, parsed, prompt.messages)
             candidates.append(Candidate(token_ids=np.asarray(gen.token_ids, np.int32),
                                         logprobs=np.asarray(gen.logprobs, np.float32), text=text,
-                                        action=self.decoder.action(text, prompt.tools, gen.finish_reason),
-                                        finish_reason=gen.finish_reason))
+                                        action=action, finish_reason=gen.finish_reason))
         verdicts = await self._verdicts(candidates, batch, prompt, rec, evidence_scope(task))
         cfg = self.cfg
         return build_group(task_id=task.task_id, decision_index=decision, prompt_ids=prompt.ids,

@@ -13,8 +13,10 @@ this module only adds the commit rule and assembles the `StateGroup` record:
 - a group without any valid teacher sample is *no group at all* (the trajectory ends; it is
   not a failure label), so `build_group` returns None for it;
 - a group with an "unavailable" verdict is recorded but masked (retained False,
-  drop_reason "unavailable"), nothing is committed (committed_index -1) and the trajectory
-  ends: an unavailable judgement is never read as a non-match;
+  drop_reason "unavailable", no rewards): an unavailable judgement is never read as a
+  non-match and never trained on. The trajectory goes on (paper A.3 ends a rollout only for
+  an empty teacher multiset or a prompt that cannot fit): the commit follows the semantic
+  reward of the matches that are known (rewards.known_match_counts), with the same tie-break;
 - a group whose training rewards are all equal is recorded, masked ("equal_rewards"), and
   still commits a candidate so the trajectory goes on.
 """
@@ -32,7 +34,7 @@ from actionopd_jax.rewards import GroupScore, RewardConfig, score_group
 from actionopd_jax.types import Candidate, Invalid, StateGroup, TeacherSample, Verdict
 
 CommitMode = Literal["argmax", "random"]
-NO_COMMIT = -1  # committed_index of a group that advanced nothing (masked for missing supervision)
+NO_COMMIT = -1  # committed index when there is no group (no valid teacher sample)
 
 
 def commit_index(commit_rewards: np.ndarray, key: jax.Array, mode: CommitMode) -> int:
@@ -56,7 +58,8 @@ def commit_index(commit_rewards: np.ndarray, key: jax.Array, mode: CommitMode) -
 @dataclass
 class GroupOutcome:
     """What one decision point produced: the recorded group (None when the teacher gave no
-    valid sample), the score, and the candidate to commit (NO_COMMIT: the trajectory ends)."""
+    valid sample), the score, and the candidate to commit (NO_COMMIT: no group, the trajectory
+    ends)."""
 
     group: StateGroup | None
     score: GroupScore
@@ -100,11 +103,10 @@ def build_group(
     if score.drop_reason == "unavailable":
         for cand in candidates:
             cand.reward = 0.0  # no reward exists; the group is masked and never trained on
-        committed = NO_COMMIT
     else:
         for cand, r in zip(candidates, score.train_rewards):
             cand.reward = float(r)
-        committed = commit_index(score.commit_rewards, key, commit_mode)
+    committed = commit_index(score.commit_rewards, key, commit_mode)
     group = StateGroup(
         task_id=task_id,
         decision_index=decision_index,

@@ -50,8 +50,11 @@ class StepMetrics:
     groups_kept: int = 0
     groups_dropped: Counter = field(default_factory=Counter)   # reason -> count
     trajectory_ends: Counter = field(default_factory=Counter)  # end reason -> count
+    groups: int = 0                   # StateGroups recorded (kept or dropped)
     candidates: int = 0
     invalid_candidates: int = 0
+    truncated_candidates: int = 0     # cut at collect.max_response_tokens: Invalid (-1), see chat/prompt.py
+    truncated_in_reasoning: int = 0   # ... of which cut inside an unclosed <think> block
     matched_candidates: int = 0       # scored candidates with c > 0
     scored_candidates: int = 0        # candidates of groups with usable verdicts
     verdict_counts: Counter = field(default_factory=Counter)   # match / no_match / unavailable
@@ -71,6 +74,7 @@ class StepMetrics:
     trajectories: int = 0
 
     def add_group(self, group: StateGroup, counts: np.ndarray | None) -> None:
+        self.groups += 1
         if group.retained:
             self.groups_kept += 1
         else:
@@ -78,6 +82,9 @@ class StepMetrics:
         for cand in group.candidates:
             self.candidates += 1
             self.invalid_candidates += isinstance(cand.action, Invalid)
+            if cand.finish_reason == "length":
+                self.truncated_candidates += 1
+                self.truncated_in_reasoning += "<think>" in cand.text and "</think>" not in cand.text
             self.verdict_counts.update(cand.verdicts)
         if counts is not None:
             self.scored_candidates += len(counts)
@@ -103,6 +110,17 @@ class StepMetrics:
         return self.matched_candidates / self.scored_candidates if self.scored_candidates else 0.0
 
     @property
+    def unavailable_pair_rate(self) -> float:
+        """Share of the (candidate, teacher sample) verdicts that are "unavailable" (paper A.3)."""
+        total = sum(self.verdict_counts.values())
+        return self.verdict_counts["unavailable"] / total if total else 0.0
+
+    @property
+    def unavailable_group_rate(self) -> float:
+        """Share of the recorded groups masked because a verdict was unavailable."""
+        return self.groups_dropped["unavailable"] / self.groups if self.groups else 0.0
+
+    @property
     def invalid_rate(self) -> float:
         return self.invalid_candidates / self.candidates if self.candidates else 0.0
 
@@ -124,6 +142,10 @@ class StepMetrics:
             "collect/trajectories": self.trajectories,
             "collect/match_rate": self.match_rate,
             "collect/invalid_rate": self.invalid_rate,
+            "collect/truncated_candidates": self.truncated_candidates,
+            "collect/truncated_in_reasoning": self.truncated_in_reasoning,
+            "collect/unavailable_pair_rate": self.unavailable_pair_rate,
+            "collect/unavailable_group_rate": self.unavailable_group_rate,
             "collect/sampler_calls": self.sampler_calls,
             "collect/sampler_states_per_call": self.sampler_states / self.sampler_calls if self.sampler_calls else 0.0,
             "collect/sampler_busy_fraction": self.sampler_busy_fraction,

@@ -18,6 +18,7 @@ from actionopd_jax.config.experiment import TEACHER_MODES, ExperimentConfig
 from actionopd_jax.config.method import check_method
 from actionopd_jax.config.schema import Config, EnvConfig
 from actionopd_jax.envs.mixture import parse_mixture
+from actionopd_jax.matching.judge import PROMPT_MARGIN_TOKENS
 from actionopd_jax.providers import PROVIDERS, refusal, unsendable
 from actionopd_jax.model.attention import IMPLEMENTATIONS
 from actionopd_jax.model.runtime import DTYPES, REMAT as REMAT_MODES
@@ -138,6 +139,14 @@ def _validate_endpoints(cfg: Config) -> None:
             key, value, off = ((f"{prefix}top_k", top_k, f"{prefix}top_k: 0") if setting == "top_k" else
                                (f"{prefix}enable_thinking", thinking, f"{prefix}enable_thinking: null"))
             raise ConfigError(refusal(provider, setting, value, key=key, off=off, provider_key=provider_key))
+    m = cfg.matcher
+    if m.context_chars < 0 or m.format_retries < 0:
+        raise ConfigError(f"matcher.context_chars and matcher.format_retries must be >= 0, got "
+                          f"{m.context_chars} and {m.format_retries}")
+    if m.kind == "rules+llm" and not m.context_chars and m.context_window <= m.max_tokens + PROMPT_MARGIN_TOKENS:
+        raise ConfigError(f"matcher.context_window={m.context_window} leaves no room for the judge's prompt next to "
+                          f"matcher.max_tokens={m.max_tokens}: set it to the judge model's window (tokens), "
+                          "or give matcher.context_chars")
     t = cfg.teacher
     if t.kind == "vertex" and t.reasoning_effort:
         raise ConfigError("teacher.reasoning_effort cannot be sent to Vertex AI (it has no such field); "

@@ -9,9 +9,9 @@ every checkpoint; `experiment_changes` compares two of those trees (resume), so 
 reads it from here without importing the front end.
 
 Paper settings (ActionOPD, sec. 3 and appendix B): N=4 candidates, K=3 teacher samples,
-lambda=0.5, AdamW lr 1e-6 constant without warmup, PPO clip 0.2, dual clip 3, one PPO epoch
-over minibatches, student sampling T=0.6 / p=0.95 / k=20 with 4k-token responses; those
-recipes live in configs/*.yaml.
+lambda=0.5, PPO clip 0.2, dual clip 3, one PPO epoch over minibatches, student sampling
+T=0.6 / p=0.95 / k=20 with 4k-token responses (configs/paper/*.yaml). The optimizer (AdamW,
+lr 1e-6 constant, no warmup) is ours: the paper's table 7 is not in the text we have.
 """
 
 from __future__ import annotations
@@ -169,9 +169,10 @@ class MatcherConfig:
     concurrency: int = 32
     provider: str = ""  # as teacher.provider ("": openai)
     enable_thinking: bool | None = False  # paper table 8: matcher thinking off; null: send no switch
-    # show the judge each tool's implementation (source + docstring, BFCL classes / tau2 toolkits);
-    # a judged tool-call pair whose tool has none is then unavailable (paper A.3)
-    tool_evidence: bool = True
+    tool_evidence: bool = True  # the judge sees each tool's source + docstring; a judged pair without it: unavailable
+    context_window: int = 32768  # the judge's window in tokens (prompt + max_tokens): sizes the conversation it sees
+    context_chars: int = 0  # a fixed character budget for that conversation instead (0: sized to context_window)
+    format_retries: int = 2  # re-asks after a reply outside the verdict format; then unavailable (paper A.3)
 
 
 @dataclass(frozen=True)

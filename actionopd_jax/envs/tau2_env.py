@@ -25,6 +25,7 @@ import dataclasses
 from typing import Any
 
 from actionopd_jax.envs.base import EnvError, assistant_message, check_step, tool_message
+from actionopd_jax.envs.protocol import TRANSFER_TOOL
 from actionopd_jax.envs.tau2_score import score_tau2
 from actionopd_jax.envs.tau2_tasks import DOMAINS, environment_constructor, env_name, tau2_task
 from actionopd_jax.envs.tool_args import check_tool_call
@@ -32,7 +33,6 @@ from actionopd_jax.envs.user_sim import UserSimulator, UserSimUnavailable, build
 from actionopd_jax.types import Action, Invalid, Observation, Task, ToolCall
 
 GREETING = "Hi! How can I help you today?"
-TRANSFER_TOOL = "transfer_to_human_agents"
 
 AGENT_INSTRUCTIONS = (
     "You are a customer-service agent. Help the user while following the policy below exactly.\n"

@@ -99,7 +99,9 @@ def step_stats(groups: list[StateGroup]) -> dict[str, float]:
     reward_mean   mean r_lambda of all candidates (invalid -1, valid no match 0, matches >= 1);
     match_rate    fraction of candidates matching at least one teacher sample;
     invalid_rate  fraction of candidates that are not one valid action;
-    committed_reward_mean  mean reward of the committed (environment-advancing) candidates."""
+    committed_reward_mean  mean reward of the committed (environment-advancing) candidates;
+    unavailable_rate  fraction of groups masked for unavailable supervision (paper A.3);
+    truncated_rate  fraction of all candidates cut at the response limit (Invalid)."""
     scored = [g for g in groups if g.drop_reason != "unavailable"]
     cands = [c for g in scored for c in g.candidates]
     committed = [g.candidates[g.committed_index].reward for g in scored if g.committed_index >= 0]
@@ -112,6 +114,9 @@ def step_stats(groups: list[StateGroup]) -> dict[str, float]:
         "match_rate": float(sum(any(v == "match" for v in c.verdicts) for c in cands) / n) if cands else float("nan"),
         "invalid_rate": float(sum(isinstance(c.action, Invalid) for c in cands) / n) if cands else float("nan"),
         "committed_reward_mean": float(np.mean(committed)) if committed else float("nan"),
+        "unavailable_rate": float(len(groups) - len(scored)) / len(groups) if groups else float("nan"),
+        "truncated_rate": float(np.mean([c.finish_reason == "length" for g in groups for c in g.candidates]))
+        if groups else float("nan"),
     }
 
 

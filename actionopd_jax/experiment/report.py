@@ -97,14 +97,15 @@ def plot_heldout(before: dict[str, float], after: dict[str, float], path: Path) 
 
 
 def curve_table(history: list[dict[str, float]]) -> str:
-    lines = ["| step | policy | candidates | mean reward | match rate | invalid rate | committed reward | groups kept |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| step | policy | candidates | mean reward | match rate | invalid rate | committed reward | groups kept "
+             "| unavailable groups | truncated |", "|---|---|---|---|---|---|---|---|---|---|"]
     last = len(history) - 1
     for i, h in enumerate(history):
         who = "warm start only" if i == 0 else ("final (no update)" if i == last else f"after {int(h['step'])} update step(s)")
         lines.append(f"| {int(h['step'])} | {who} | {int(h.get('candidates', 0))} | {_fmt(h.get('reward_mean'))} | "
                      f"{_fmt(h.get('match_rate'), True)} | {_fmt(h.get('invalid_rate'), True)} | "
-                     f"{_fmt(h.get('committed_reward_mean'))} | {int(h.get('groups_retained', 0))}/{int(h.get('groups', 0))} |")
+                     f"{_fmt(h.get('committed_reward_mean'))} | {int(h.get('groups_retained', 0))}/{int(h.get('groups', 0))} | "
+                     f"{_fmt(h.get('unavailable_rate'), True)} | {_fmt(h.get('truncated_rate'), True)} |")
     return "\n".join(lines)
 
 
@@ -128,7 +129,11 @@ def summary_text(s: dict[str, Any]) -> str:
             ("warm start", s["warm_start"]["summary"] if s.get("warm_start") else "skipped"),
             ("ActionOPD mean reward", f"{_fmt(first['reward_mean'])} (warm start only) -> {_fmt(last['reward_mean'])} (final)"),
             ("ActionOPD match rate", f"{_fmt(first['match_rate'], True)} -> {_fmt(last['match_rate'], True)}"),
-            ("ActionOPD invalid rate", f"{_fmt(first['invalid_rate'], True)} -> {_fmt(last['invalid_rate'], True)}")]
+            ("ActionOPD invalid rate", f"{_fmt(first['invalid_rate'], True)} -> {_fmt(last['invalid_rate'], True)}"),
+            ("ActionOPD unavailable groups", " / ".join(_fmt(x.get("unavailable_rate"), True) for x in h)
+             + " per step (masked, never trained on)"),
+            ("ActionOPD truncated replies", " / ".join(_fmt(x.get("truncated_rate"), True) for x in h)
+             + " per step (Invalid, -1)")]
     b, a = s["eval"]["before"], s["eval"]["after"]
     for key, title in HELDOUT:
         rows.append((f"held-out {title}", f"{_fmt(b.get(key), True)} -> {_fmt(a.get(key), True)}"))

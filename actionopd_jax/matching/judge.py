@@ -10,18 +10,21 @@ Verdict format (strict): the reply's last non-empty line must be exactly one of
 ``VERDICT: MATCH``, ``VERDICT: NO_MATCH``, ``VERDICT: AMBIGUOUS``, and no other line may
 mention ``VERDICT``; earlier lines may hold a short justification; a leading closed
 ``<think>...</think>`` block is ignored. AMBIGUOUS -> "no_match" (paper: ambiguous judgements
-are negative). Anything else -- an API error, a timeout, an unparsable reply -- is
-"unavailable": the whole state group is then masked, never scored as a non-match.
+are negative). A reply outside the format is asked again, at most `format_retries` times
+(transport failures have their own retries in the endpoint). What still fails -- an API error,
+a timeout, replies that never comply -- is "unavailable" (paper A.3: unavailable supervision,
+not a negative match): the state group is then masked, never scored as a non-match.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import random
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 from actionopd_jax.teacher.base import UsageReport
 from actionopd_jax.teacher.endpoint import ChatEndpoint, check_settings
@@ -31,6 +34,7 @@ from actionopd_jax.types import ChatMessage, Message, ToolCall, ToolSchema, Verd
 log = logging.getLogger(__name__)
 
 JUDGE_PROMPT_VERSION = "judge-v1"
+PROMPT_MARGIN_TOKENS = 256  # chat-template tokens and estimate slack around the judge's prompt
 
 _SYSTEM = """You decide whether two actions proposed by an assistant at the same point of a \
 conversation are the same action.
@@ -73,7 +77,7 @@ class JudgeConfig:
     base_url: str
     provider: str = "openai"
     api_key_env: str | None = "OPENAI_API_KEY"
-    thinking: bool | None = False          # paper B.2: matcher thinking disabled
+    thinking: bool | None = None           # None: no switch sent (run configs send matcher.enable_thinking)
     reasoning_effort: str | None = None
     temperature: float | None = 0.0
     top_p: float | None = None
@@ -84,21 +88,38 @@ class JudgeConfig:
     request_timeout_s: float = 60.0
     retry: RetryPolicy = field(default_factory=lambda: RetryPolicy(max_attempts=4, max_total_s=180.0))
     max_concurrency: int = 16
-    context_chars: int = 8000              # budget for the rendered public context
+    # the conversation shown to the judge: a fixed character budget, or (None) what is left of
+    # the judge's window once its reply (max_tokens) and the rest of the prompt are counted
+    context_chars: int | None = None
+    context_window: int = 32768            # the judge model's window in tokens
+    chars_per_token: float = 3.0           # conservative for JSON and code (English runs ~4)
+    format_retries: int = 2                # extra requests after a reply outside the verdict format
 
     def __post_init__(self) -> None:
         check_settings(self, who="judge")
+        if self.format_retries < 0:
+            raise ValueError(f"judge: format_retries must be >= 0, got {self.format_retries}")
+        if self.context_chars is None and self.context_window <= (self.max_tokens or 0) + PROMPT_MARGIN_TOKENS:
+            raise ValueError(f"judge: context_window={self.context_window} leaves no room for a prompt next to "
+                             f"max_tokens={self.max_tokens}; give the judge model's real window")
 
 
 @dataclass(frozen=True)
 class JudgeOutcome:
     verdict: Verdict
-    reason: str = ""     # why unavailable / the raw reply head, for logs
+    reason: str = ""     # why unavailable ("api: ..." / "format: ..."), for logs and the stats
+    requests: int = 1    # judge requests made (format retries included)
+    context_truncated: bool = False  # the conversation shown was cut to its budget
 
 
 def render_context(messages: list[ChatMessage], budget: int) -> str:
-    """Public context as text within `budget` characters: the system message (up to half the
-    budget) and then the most recent messages that fit, oldest first."""
+    """Public context as text within `budget` characters (see `render_context_info`)."""
+    return render_context_info(messages, budget)[0]
+
+
+def render_context_info(messages: list[ChatMessage], budget: int) -> tuple[str, bool]:
+    """(text, truncated): the system message (up to half the budget) and then the most recent
+    messages that fit, oldest first; truncated says whether anything was cut or left out."""
     def one(m: ChatMessage) -> str:
         body = m.get("content") if isinstance(m.get("content"), str) else json.dumps(m.get("content"), ensure_ascii=False)
         for call in m.get("tool_calls") or []:
@@ -106,34 +127,38 @@ def render_context(messages: list[ChatMessage], budget: int) -> str:
             body += f"\n<call {fn.get('name')}({fn.get('arguments')})>"
         return f"[{m.get('role')}] {body}"
 
+    budget = max(int(budget), 0)
     head: list[str] = []
     rest = list(messages)
+    truncated = False
     if rest and rest[0].get("role") == "system":
         sys_text = one(rest.pop(0))
-        head.append(sys_text if len(sys_text) <= budget // 2 else sys_text[: budget // 2] + " [...]")
+        truncated = len(sys_text) > budget // 2
+        head.append(sys_text[: budget // 2] + " [...]" if truncated else sys_text)
     remaining = budget - sum(len(h) for h in head)
     tail: list[str] = []
     for m in reversed(rest):
         text = one(m)
         if len(text) > remaining:
             if not tail:  # always show the latest message, truncated from the front
-                tail.append("[...] " + text[-max(remaining, 0):])
+                tail.append("[...] " + (text[len(text) - remaining:] if remaining > 0 else ""))
+            truncated = True
             break
         tail.append(text)
         remaining -= len(text)
     omitted = len(rest) - len(tail)
     mid = [f"[... {omitted} earlier message(s) omitted]"] if omitted > 0 else []
-    return "\n".join(head + mid + list(reversed(tail)))
+    return "\n".join(head + mid + list(reversed(tail))), truncated or omitted > 0
 
 
 def tool_call_prompt(a: ToolCall, b: ToolCall, paths: tuple[str, ...], schema: ToolSchema | None,
-                     messages: list[ChatMessage], budget: int, evidence: str | None = None) -> str:
+                     context: str, evidence: str | None = None) -> str:
     dump = lambda v: json.dumps(v, ensure_ascii=False, sort_keys=True, indent=1)  # noqa: E731
     extra = [f"## Tool implementation evidence (for interpreting arguments only)\n{evidence}"] if evidence else []
     return "\n\n".join([
         f"## Tool schema\n{dump(schema) if schema is not None else '(schema not available)'}",
         *extra,
-        f"## Conversation so far (public context)\n{render_context(messages, budget)}",
+        f"## Conversation so far (public context)\n{context}",
         f"## Call A: {a.name}\n{dump(a.arguments)}",
         f"## Call B: {b.name}\n{dump(b.arguments)}",
         "## Argument paths where A and B differ\n" + "\n".join(f"- {p}" for p in paths),
@@ -141,14 +166,14 @@ def tool_call_prompt(a: ToolCall, b: ToolCall, paths: tuple[str, ...], schema: T
     ])
 
 
-def message_prompt(a: Message, b: Message, tools: list[ToolSchema], messages: list[ChatMessage], budget: int) -> str:
+def message_prompt(a: Message, b: Message, tools: list[ToolSchema], context: str) -> str:
     names = []
     for t in tools:
         fn = t.get("function", {}) if isinstance(t, dict) else {}
         names.append(f"- {fn.get('name')}: {str(fn.get('description') or '')[:200]}")
     return "\n\n".join([
         "## Available tools\n" + ("\n".join(names) or "(none)"),
-        f"## Conversation so far (public context)\n{render_context(messages, budget)}",
+        f"## Conversation so far (public context)\n{context}",
         f"## Message A\n{a.text}",
         f"## Message B\n{b.text}",
         "Do messages A and B express the same communicative act (same intent and facts)?",
@@ -170,7 +195,7 @@ class LLMJudge:
         return {"provider": c.provider, "model": c.model, "prompt_version": JUDGE_PROMPT_VERSION,
                 "decoding": {"temperature": c.temperature, "top_p": c.top_p, "top_k": c.top_k,
                              "max_tokens": c.max_tokens, "thinking": c.thinking, "seed": c.seed,
-                             "context_chars": c.context_chars}}
+                             "context_chars": c.context_chars, "context_window": c.context_window}}
 
     async def aclose(self) -> None:
         await self.endpoint.aclose()
@@ -179,23 +204,40 @@ class LLMJudge:
                                messages: list[ChatMessage], tools: list[ToolSchema],
                                evidence: str | None = None) -> JudgeOutcome:
         schema = next((t for t in tools if isinstance(t, dict) and t.get("function", {}).get("name") == a.name), None)
-        return await self._ask(tool_call_prompt(a, b, paths, schema, messages, self.cfg.context_chars, evidence))
+        return await self._ask(lambda context: tool_call_prompt(a, b, paths, schema, context, evidence), messages)
 
     async def judge_messages(self, a: Message, b: Message, *, messages: list[ChatMessage],
                              tools: list[ToolSchema]) -> JudgeOutcome:
-        return await self._ask(message_prompt(a, b, tools, messages, self.cfg.context_chars))
+        return await self._ask(lambda context: message_prompt(a, b, tools, context), messages)
 
-    async def _ask(self, prompt: str) -> JudgeOutcome:
+    def context_budget(self, fixed_chars: int) -> int:
+        """Characters of conversation the judge is shown: matcher.context_chars, else what the
+        window leaves after the reply, a margin, the system prompt and the prompt's other parts."""
+        c = self.cfg
+        if c.context_chars is not None:
+            return c.context_chars
+        window_chars = int((c.context_window - (c.max_tokens or 0) - PROMPT_MARGIN_TOKENS) * c.chars_per_token)
+        return max(window_chars - len(_SYSTEM) - fixed_chars, 0)
+
+    async def _ask(self, build: Callable[[str], str], messages: list[ChatMessage]) -> JudgeOutcome:
+        context, truncated = render_context_info(messages, self.context_budget(len(build(""))))
+        outcome = await self._verdict_of(build(context))
+        return dataclasses.replace(outcome, context_truncated=truncated)
+
+    async def _verdict_of(self, prompt: str) -> JudgeOutcome:
         chat = [{"role": "system", "content": _SYSTEM}, {"role": "user", "content": prompt}]
-        try:
-            choices = await self.endpoint.complete(chat, None, 1)
-        except (TransportGaveUp, PermanentRequestError) as err:
-            log.warning("judge unavailable: %s", err)
-            return JudgeOutcome("unavailable", f"api: {err}")
-        content = choices[0]["message"].get("content")
-        verdict = parse_verdict(content)
-        if verdict is None:
+        head = ""
+        for attempt in range(1, self.cfg.format_retries + 2):
+            try:
+                choices = await self.endpoint.complete(chat, None, 1)
+            except (TransportGaveUp, PermanentRequestError) as err:
+                log.warning("judge unavailable: %s", err)
+                return JudgeOutcome("unavailable", f"api: {err}", requests=attempt)
+            content = choices[0]["message"].get("content")
+            verdict = parse_verdict(content)
+            if verdict is not None:
+                return JudgeOutcome(verdict, "", requests=attempt)
             head = content[:200] if isinstance(content, str) else repr(content)[:200]
-            log.warning("judge reply not in the verdict format: %r", head)
-            return JudgeOutcome("unavailable", f"format: {head}")
-        return JudgeOutcome(verdict, "")
+            log.warning("judge reply not in the verdict format (request %d of %d): %r", attempt,
+                        self.cfg.format_retries + 1, head)
+        return JudgeOutcome("unavailable", f"format: {head}", requests=self.cfg.format_retries + 1)

@@ -51,8 +51,12 @@ class MatcherStats:
     judge_reused: int = 0        # identical pair already judged (memory, in flight, or persistent cache)
     judge_match: int = 0
     judge_no_match: int = 0
-    unavailable: int = 0
+    unavailable: int = 0         # pairs without a verdict: the three causes below
+    unavailable_api: int = 0     # the judge endpoint failed (after its transport retries)
+    unavailable_format: int = 0  # every reply, retries included, was outside the verdict format
     missing_evidence: int = 0    # judged pairs made unavailable because required evidence was absent
+    judge_format_retries: int = 0  # extra judge requests after a reply outside the format
+    judge_context_truncated: int = 0  # judge calls whose conversation was cut to the judge's budget
     rules_only_no_match: int = 0
 
     def as_dict(self) -> dict[str, int]:
@@ -157,8 +161,14 @@ class Matcher:
         try:
             outcome = await self._call_judge(student, teacher, paths, messages, tools, evidence)
             verdict = outcome.verdict
+            self.stats.judge_format_retries += max(getattr(outcome, "requests", 1) - 1, 0)
+            self.stats.judge_context_truncated += bool(getattr(outcome, "context_truncated", False))
             if verdict == "unavailable":
                 self.stats.unavailable += 1
+                if outcome.reason.startswith("format"):
+                    self.stats.unavailable_format += 1
+                else:
+                    self.stats.unavailable_api += 1
             else:
                 self.stats.judge_match += verdict == "match"
                 self.stats.judge_no_match += verdict == "no_match"

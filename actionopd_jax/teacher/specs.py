@@ -57,5 +57,7 @@ def judge_spec(m: MatcherConfig) -> dict[str, Any] | None:
     return {"provider": m.provider or "openai", "model": m.model, "base_url": m.base_url,
             "api_key_env": m.api_key_env or None, "temperature": m.temperature, "top_p": m.top_p,
             "top_k": m.top_k or None, "max_tokens": m.max_tokens, "thinking": m.enable_thinking,
+            "context_window": m.context_window, "context_chars": m.context_chars or None,
+            "format_retries": m.format_retries,
             "request_timeout_s": m.timeout_s,
             "max_concurrency": m.concurrency}

@@ -11,11 +11,14 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
+from actionopd_jax.providers import sampling_body
+
 MIN_TOKENS = 512  # a classification with one or two sentences of reasoning (the matcher's own is 128)
 
 
 def endpoint_judge(spec: Mapping[str, Any]):
-    """`spec`: {"base_url", "model", "api_key_env", "temperature", "max_tokens", "request_timeout_s"}."""
+    """`spec`: {"base_url", "model", "api_key_env", "provider", "temperature", "top_p", "top_k", "thinking",
+    "max_tokens", "request_timeout_s"} (other keys of the judge spec are ignored)."""
     import openai
 
     if not spec.get("base_url") or not spec.get("model"):
@@ -26,12 +29,14 @@ def endpoint_judge(spec: Mapping[str, Any]):
         raise ValueError(f"environment variable {env} (the judge endpoint's API key) is not set")
     client = openai.OpenAI(base_url=spec["base_url"], api_key=key, timeout=float(spec.get("request_timeout_s") or 120),
                            max_retries=3)
-    model, temperature = spec["model"], float(spec.get("temperature") or 0.0)
-    max_tokens = max(int(spec.get("max_tokens") or 0), MIN_TOKENS)
+    model = spec["model"]
+    # the matcher's sampling settings, spelled for its provider (actionopd_jax/providers.py)
+    settings = sampling_body(spec.get("provider") or "openai", temperature=float(spec.get("temperature") or 0.0),
+                             top_p=spec.get("top_p"), top_k=spec.get("top_k"), thinking=spec.get("thinking"),
+                             max_tokens=max(int(spec.get("max_tokens") or 0), MIN_TOKENS), who="AWM SQL judge")
 
     def judge(messages: list[dict[str, Any]]) -> str:
-        reply = client.chat.completions.create(model=model, messages=messages, temperature=temperature,
-                                               max_tokens=max_tokens)
+        reply = client.chat.completions.create(model=model, messages=messages, **settings)
         return reply.choices[0].message.content or ""
 
     judge.model = model
