@@ -69,7 +69,8 @@ def test_check_validates_the_awm_settings_and_prints_the_pool_sizes(manifest, tm
     from actionopd_jax.collect.source import check_training_tasks
     from actionopd_jax.config import ConfigError
 
-    base = ["experiment.enabled=false", "collect.kind=actionopd", "teacher.kind=openai", "teacher.model=t",
+    base = ["experiment.enabled=false", "collect.kind=actionopd", "teacher.kind=openai", "teacher.provider=vllm",
+            "teacher.model=t",
             "teacher.base_url=http://127.0.0.1:9/v1", "matcher.kind=rules", "env.name=awm", f"env.awm_dir={AWM}"]
     cfg = load_config(None, base + [f"env.manifest={manifest}"])
     check_collection(cfg)
@@ -167,8 +168,10 @@ def test_the_runs_source_builds_awm_episodes_with_judge_evidence_and_a_warm_pool
     with serve(judge_backend()) as server:
         cfg = load_config(None, [
             "experiment.enabled=false", "collect.kind=actionopd", "collect.concurrency=3", "model.preset=tiny",
-            "collect.task_starts_per_step=3", "teacher.kind=openai", f"teacher.model={MODEL_NAME}",
+            "collect.task_starts_per_step=3", "teacher.kind=openai", "teacher.provider=actionopd",
+            f"teacher.model={MODEL_NAME}",
             f"teacher.base_url={server.base_url}", f"matcher.base_url={server.base_url}", "matcher.model=judge",
+            "matcher.provider=actionopd",
             "env.name=awm", f"env.awm_dir={AWM}", f"env.manifest={manifest}", f"run.dir={tmp_path / 'run'}"])
         ctx = SourceContext(model_config=model_config(cfg), run_dir=str(tmp_path / "run"), tokenizer_path="",
                             process_index=0, process_count=1, mesh=build_mesh(cfg))

@@ -183,13 +183,17 @@ def mixture_pool_tasks(env: Any) -> dict[str, list[Task]]:
 
 
 def missing_pool_files(env: Any) -> list[str]:
-    """The pool paths the `env` section names that this host lacks (a planning host for
-    `train --check` usually has no pool data); [] when everything is present."""
+    """The pool paths the `env` section names when this host has none of them (a planning host
+    for `train --check` has no pool data); [] when any is present, so that a half-present setup
+    (a pool directory without its manifest) is checked, and refused, as the run would."""
     from pathlib import Path
 
     pools = [p for p, _ in mixture_entries(env)]
     paths = [("env.manifest", env.manifest)] + [(f"env.{p}_dir", getattr(env, f"{p}_dir")) for p in pools]
-    return [f"{key}={value}" for key, value in paths if value and not Path(value).exists()]
+    named = [(key, value) for key, value in paths if value]
+    if not named or any(Path(value).exists() for _, value in named):
+        return []
+    return [f"{key}={value}" for key, value in named]
 
 
 def mixture_stream_from(env: Any, *, per_step: int, seed: int) -> MixtureStream:
