@@ -202,7 +202,7 @@ class EnvConfig:
     mcp_command: tuple[str, ...] = ()
     mcp_url: str = ""
     mcp_reset: str = "fresh"  # between episodes: "fresh" (new server) | "tool:NAME" | "command:ARGV"
-    mcp_call_timeout_s: float = 30.0  # wall clock per tools/call (the server is then replaced)
+    mcp_call_timeout_s: float = 30.0  # per tools/call (then the server is replaced), per EnvScaler method call
     mcp_pool_size: int = 0  # servers at most; 0: collect.concurrency (a url-only server shares its
     # state across sessions unless it keeps state per session: give it a pool of 1)
     tasks_file: str = ""
