@@ -1,5 +1,7 @@
 """Serve a published AWM scenario (a plain FastAPI app, gen_envs `full_code`) as an MCP server
-over streamable HTTP: run as `python fastapi_host.py CODE_PATH PORT` inside the MCP sandbox.
+over streamable HTTP: run as `python fastapi_host.py CODE_PATH fd=N` (serve on the listening
+socket N the MCP client passed, so the server needs no network of its own) or `CODE_PATH PORT`
+(bind 127.0.0.1:PORT itself) inside the MCP sandbox.
 
 What AWM's own launcher gets from `fastapi-mcp` we do here with the MCP SDK the project pins
 (fastapi-mcp 0.4 is written against the 1.x SDK's server API and does not start under 2.x,
@@ -151,15 +153,24 @@ def mcp_app(app):
 
 def main(argv: list[str]) -> None:
     if len(argv) != 3:
-        raise SystemExit("usage: fastapi_host.py CODE_PATH PORT")
+        raise SystemExit("usage: fastapi_host.py CODE_PATH (fd=N | PORT)")
     db_url = os.environ.get("DATABASE_PATH")
     if not db_url:
         raise SystemExit("DATABASE_PATH is not set (the runtime sets it to the episode database)")
     _redirect_engines(db_url)
     app = load_app(argv[1])
+    import socket
+
     import uvicorn
 
-    uvicorn.run(mcp_app(app), host="127.0.0.1", port=int(argv[2]), log_level="warning", access_log=False)
+    where = argv[2]
+    port = 0 if where.startswith("fd=") else int(where)
+    config = uvicorn.Config(mcp_app(app), host="127.0.0.1", port=port, log_level="warning", access_log=False)
+    server = uvicorn.Server(config)
+    if where.startswith("fd="):
+        server.run(sockets=[socket.socket(fileno=int(where[3:]))])  # family read from the descriptor
+    else:
+        server.run()
 
 
 if __name__ == "__main__":

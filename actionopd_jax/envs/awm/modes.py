@@ -3,7 +3,7 @@
 - "stdio": the code imports the `mcp` SDK itself (our mini pool's servers): run as is, MCP over
   stdio (`MCP_TRANSPORT=stdio`).
 - "fastapi": the code defines a FastAPI app at module level and imports no `mcp` (the published
-  AWM form): run by `fastapi_host.py`, MCP over streamable HTTP on a free 127.0.0.1 port.
+  AWM form): run by `fastapi_host.py`, MCP over streamable HTTP on a free 127.0.0.1 port (a socket the client passes it).
 Anything else is refused with the reason (docs/formats.md, "Generated server").
 """
 
@@ -54,7 +54,8 @@ def server_mode(name: str, code: str | None) -> str:
 
 
 def server_command(mode: str, code_path: Path) -> tuple[str, ...]:
-    """The command the MCP client starts ("{port}": a free loopback port it fills in)."""
+    """The command the MCP client starts ("{fd}": the loopback socket it listens on and passes,
+    so the server keeps the sandbox's private network namespace)."""
     if mode == "fastapi":
-        return (sys.executable, str(HOST), str(code_path), "{port}")
+        return (sys.executable, str(HOST), str(code_path), "fd={fd}")
     return (sys.executable, str(code_path))
