@@ -2,7 +2,8 @@
 MCP code): the mini pool's bike_rental_4 scenario, run contained by envs/awm/fastapi_host.py and
 reached over real MCP / streamable HTTP on 127.0.0.1. Tools listed, calls changing the episode's
 SQLite copy, state kept within an episode and reset between them on the same server, the process
-group gone after close; a hostile published-form scenario sees no secret."""
+group gone after close and after a kill -9 of the trainer; a hostile published-form scenario
+sees no secret and has no network of its own."""
 
 from __future__ import annotations
 
@@ -179,3 +180,39 @@ def test_hostile_published_scenario_sees_no_secret(tmp_path, monkeypatch):
     # served over our passed socket, it still sits in its own network namespace: the trainer's
     # loopback is out of its reach
     assert "netns=on(loopback only)" in seen["env"]["ACTIONOPD_SANDBOX"] and not seen["reached"]
+
+
+KILLED_TRAINER = """
+import sys, time
+sys.path.insert(0, {root!r})
+from actionopd_jax.config import EnvConfig
+from actionopd_jax.envs.awm.factory import awm_env_factory
+from actionopd_jax.envs.awm.layout import load_awm
+make = awm_env_factory(EnvConfig(name="awm", awm_dir={awm!r}, mcp_pool_size=1), cache_dir={cache!r})
+make.warm([t for t in load_awm({awm!r}).tasks() if t.task_id.startswith("bike_rental_4/")])
+print("READY", flush=True)
+time.sleep(600)
+"""
+
+
+def test_no_published_server_outlives_a_kill_9_of_the_trainer(tmp_path):
+    import subprocess
+    import sys
+
+    from tests.test_env_awm import servers_under
+
+    code = KILLED_TRAINER.format(root=str(Path(__file__).parents[1]), awm=str(AWM), cache=str(tmp_path / "c"))
+    trainer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                               env={**os.environ, "TMPDIR": str(tmp_path)})
+    marker = str(tmp_path / "awm-code-")  # the server's code file lives in the runtime's temp dir
+    try:
+        assert trainer.stdout.readline().strip() == "READY"
+        assert any(b"fastapi_host.py" in Path(f"/proc/{p}/cmdline").read_bytes() for p in servers_under(marker))
+        trainer.kill()
+        trainer.wait(10)
+        deadline = time.monotonic() + 10
+        while servers_under(marker) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert servers_under(marker) == []
+    finally:
+        trainer.kill()
