@@ -54,12 +54,12 @@ def judge_backend() -> ScriptedBackend:
 def test_training_draws_admitted_tasks_never_the_heldout_split_and_check_says_so(manifest):
     cfg = load_config(None, ["env.name=awm", f"env.awm_dir={AWM}", f"env.manifest={manifest}"])
     [(name, tasks)] = training_task_sets(cfg.env, needed_by="t")
-    assert name == "awm:admitted" and len(tasks) == 9 and not {t.task_id for t in tasks} & set(HELDOUT)
+    assert name == "awm:admitted" and len(tasks) == 12 and not {t.task_id for t in tasks} & set(HELDOUT)
     stream = task_stream_from(cfg.env, per_step=64, seed=0)
     drawn = {t.task_id for _ in range(3) for t in stream.next_step()}
-    assert drawn <= {t.task_id for t in tasks} and len(drawn) == 9  # 192 draws with replacement hit all 9
+    assert drawn <= {t.task_id for t in tasks} and len(drawn) == 12  # 192 draws with replacement hit all 12
     assert training_tasks_summary(cfg.env, needed_by="t") == \
-        "pools      awm 9 admitted (1/step), 3 held out for eval; drawn with replacement"
+        "pools      awm 12 admitted (1/step), 3 held out for eval; drawn with replacement"
 
 
 def test_check_validates_the_awm_settings_and_prints_the_pool_sizes(manifest, tmp_path):
@@ -74,7 +74,7 @@ def test_check_validates_the_awm_settings_and_prints_the_pool_sizes(manifest, tm
             "teacher.base_url=http://127.0.0.1:9/v1", "matcher.kind=rules", "env.name=awm", f"env.awm_dir={AWM}"]
     cfg = load_config(None, base + [f"env.manifest={manifest}"])
     check_collection(cfg)
-    assert check_training_tasks(cfg) == "pools      awm 9 admitted (1/step), 3 held out for eval; drawn with replacement"
+    assert check_training_tasks(cfg) == "pools      awm 12 admitted (1/step), 3 held out for eval; drawn with replacement"
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"pools": {"awm": {"admitted": ["library_loans_1/0", "e_commerce_33/4"]}}}))
     for bad, words in ((f"env.manifest={other}", "not in env.awm_dir"),
@@ -93,9 +93,10 @@ def test_a_tiny_model_collection_step_over_awm_with_the_reference_teacher(tiny_t
     from actionopd_jax.collect import Collector
     from actionopd_jax.sampling import Buckets, Sampler
 
-    env = EnvConfig(name="awm", awm_dir=str(AWM), manifest=str(manifest), mcp_pool_size=3)
-    tasks = [t for t in task_stream_from(env, per_step=3, seed=1).tasks
-             if t.task_id in ("library_loans_1/0", "recipe_box_2/2", "gym_classes_3/0")]
+    env = EnvConfig(name="awm", awm_dir=str(AWM), manifest=str(manifest), mcp_pool_size=4)
+    # bike_rental_4: the published FastAPI form, served over MCP / streamable HTTP
+    tasks = [t for t in task_stream_from(env, per_step=4, seed=1).tasks
+             if t.task_id in ("library_loans_1/0", "recipe_box_2/2", "gym_classes_3/0", "bike_rental_4/0")]
     eos = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
     # one decision per episode: the first state's prompt (system, task, tool schemas) fits 1024 tokens
     cfg = collector_config(n=2, max_new_tokens=8, max_prompt_tokens=1024, decision_limits=(("awm", 1),),
@@ -109,7 +110,7 @@ def test_a_tiny_model_collection_step_over_awm_with_the_reference_teacher(tiny_t
         try:
             m = MatcherConfig(model="judge", base_url=server.base_url)
             evidence = tool_evidence_from(m, tasks, make)  # warms one server per scenario
-            assert set(evidence) == {"awm/library_loans_1", "awm/recipe_box_2", "awm/gym_classes_3"}
+            assert set(evidence) == {"awm/library_loans_1", "awm/recipe_box_2", "awm/gym_classes_3", "awm/bike_rental_4"}
             matcher = build_matcher({"provider": "vllm", "model": "judge", "base_url": server.base_url, "api_key_env": None},
                                     evidence_by_env=evidence)
             collector = Collector(cfg, tokenizer=tiny_tokenizer, teacher=make_teacher(server, model=MODEL_NAME),
@@ -119,10 +120,10 @@ def test_a_tiny_model_collection_step_over_awm_with_the_reference_teacher(tiny_t
             starts = make.runtime.pool.stats.starts
         finally:
             make.close()
-    assert starts == 3  # the episodes ran on the warmed servers
-    assert len(result.trajectories) == 3
+    assert starts == 4  # the episodes ran on the warmed servers
+    assert len(result.trajectories) == 4
     first_call = {"library_loans_1/0": "search_books", "recipe_box_2/2": "create_recipe",
-                  "gym_classes_3/0": "list_classes"}
+                  "gym_classes_3/0": "list_classes", "bike_rental_4/0": "list_stations"}
     for rec in result.trajectories:
         assert rec.score["verifier_mode"] == "code" and rec.score["verdict"] in ("complete", "others")
         assert rec.score["reward"] == (1.0 if rec.score["verdict"] == "complete" else 0.0)
@@ -185,10 +186,11 @@ def test_the_runs_source_builds_awm_episodes_with_judge_evidence_and_a_warm_pool
             assert runtime.judge is not None and runtime.judge.model == "judge"
             assert runtime.modes["recipe_box_2/3"] == "sql"
             evidence = source.collector.matcher.evidence_by_env
-            assert set(evidence) == {"awm/library_loans_1", "awm/recipe_box_2", "awm/gym_classes_3"}
+            assert set(evidence) == {"awm/library_loans_1", "awm/recipe_box_2", "awm/gym_classes_3", "awm/bike_rental_4"}
             assert "def borrow_book" in evidence["awm/library_loans_1"]["borrow_book"]
-            assert runtime.pool.stats.starts == 3 and len(runtime.pool._idle) == 3  # warm for the first episodes
+            # each of the 4 scenarios started once; 3 stay warm for the first episodes (pool of 3)
+            assert runtime.pool.stats.starts == 4 and len(runtime.pool._idle) == 3
         finally:
             make.close()
     trained = json.loads((tmp_path / "run" / "train_tasks.json").read_text())["tasks"]
-    assert len(trained) == 9 and not {t["task_id"] for t in trained} & set(HELDOUT)
+    assert len(trained) == 12 and not {t["task_id"] for t in trained} & set(HELDOUT)

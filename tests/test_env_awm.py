@@ -334,8 +334,9 @@ def test_heldout_split_is_a_hash_rule_of_the_ids_alone():
     from actionopd_jax.envs.admission import heldout_split
 
     ids = sorted(TASKS)
-    # sha256 order of the 12 ids starts gym_classes_3/1, recipe_box_2/2, gym_classes_3/0, recipe_box_2/0
-    assert heldout_split(ids, 0.25) == ["gym_classes_3/0", "gym_classes_3/1", "recipe_box_2/2"]  # floor(12/4) = 3
+    # sha256 order of the 15 ids starts gym_classes_3/1 (0e3e..), bike_rental_4/1 (1624..),
+    # recipe_box_2/2 (1821..), gym_classes_3/0 (1a6b..)
+    assert heldout_split(ids, 0.25) == ["bike_rental_4/1", "gym_classes_3/1", "recipe_box_2/2"]  # floor(15/4) = 3
     assert heldout_split(list(reversed(ids)), 0.25) == heldout_split(ids, 0.25)  # order of the input is irrelevant
     assert heldout_split(ids, 0.01) == ["gym_classes_3/1"]  # at least one when the fraction is > 0
     assert heldout_split(ids, 0.0) == [] and heldout_split([], 0.5) == []

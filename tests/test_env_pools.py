@@ -49,15 +49,16 @@ def tokenizer(tmp_path_factory):
 def test_awm_loader_reads_the_published_layout():
     data = load_awm(AWM)
     assert data.missing_files == []
-    assert sorted(data.scenarios) == ["gym_classes_3", "library_loans_1", "recipe_box_2"]
+    assert sorted(data.scenarios) == ["bike_rental_4", "gym_classes_3", "library_loans_1", "recipe_box_2"]
     tasks = data.tasks()
-    assert len(tasks) == 12 and len({t.task_id for t in tasks}) == 12
+    assert len(tasks) == 15 and len({t.task_id for t in tasks}) == 15
     assert tasks[0].task_id == "library_loans_1/0" and tasks[0].env == "awm"
     assert normalize_name("E-Commerce  Shop 33") == "e_commerce_shop_33"
     for sc in data.scenarios.values():
         names = [t["function"]["name"] for t in sc.tool_schemas()]
-        # the spec's tools are the ones the generated server registers
-        assert names == re.findall(r'@mcp\.tool\(name="(\w+)"', sc.server_code)
+        # the spec's tools are the ones the generated server registers (MCP tool names, or the
+        # FastAPI operation ids of the published form)
+        assert sorted(names) == sorted(re.findall(r'(?:@mcp\.tool\(name|operation_id)="(\w+)"', sc.server_code))
         assert all(t["function"]["parameters"]["type"] == "object" for t in sc.tool_schemas())
         assert len(sc.verifiers["code"]) + len(sc.verifiers["sql"]) >= len(sc.tasks)
     borrow = data.scenarios["library_loans_1"].tool_schemas()[1]["function"]
@@ -256,10 +257,10 @@ def test_awm_audit_funnel_and_manifest(tmp_path, sandbox, tokenizer):
         "library_loans_1/1": "verifier accepts the untouched initial state",
         "recipe_box_2/1": "initial prompt over 2000 tokens",
     }
-    assert len(result.admitted) == 5 and result.verifier_modes["recipe_box_2/3"] == "sql"
-    assert [result.funnel.kept[s] for s in result.funnel.stages] == [12, 11, 7, 7, 6, 5]
+    assert len(result.admitted) == 8 and result.verifier_modes["recipe_box_2/3"] == "sql"
+    assert [result.funnel.kept[s] for s in result.funnel.stages] == [15, 14, 10, 10, 9, 8]
     table = result.table()
-    assert "| database builds | 7 | 4 |" in table and "not run (no MCP runtime given)" in table
+    assert "| database builds | 10 | 4 |" in table and "not run (no MCP runtime given)" in table
     assert max(result.prompt_tokens.values()) > 2000 >= sorted(result.prompt_tokens.values())[-2]
     manifest = read_manifest(result.write_manifest(tmp_path / "m.json"))
     assert manifest["admitted"]["awm"] == set(result.admitted)
@@ -270,7 +271,7 @@ def test_awm_audit_funnel_and_manifest(tmp_path, sandbox, tokenizer):
         return scenario.tool_schemas()[:1]
 
     probed = audit_awm(AWM, sandbox=sandbox, tokenizer=tokenizer, cache_dir=tmp_path / "cache2", server_probe=probe)
-    assert len(probed.admitted) == 8 and set(probed.dropped.values()) == {"server did not start or list tools (ConnectionError)"}
+    assert len(probed.admitted) == 11 and set(probed.dropped.values()) == {"server did not start or list tools (ConnectionError)"}
 
 
 def test_envscaler_audit_and_the_command(tmp_path, sandbox, tokenizer, capsys):
@@ -295,9 +296,9 @@ def test_envscaler_audit_and_the_command(tmp_path, sandbox, tokenizer, capsys):
         assert main(["envs", "audit", "--env", env, "--dir", str(d), "--manifest", str(manifest),
                      "--tokenizer", tok_dir, "--cache-dir", str(tmp_path / "c")]) == 0
     out = capsys.readouterr().out
-    assert "| initial prompt fits 16000 tokens | 12 | 0 |" in out and "admitted 6 of 6 tasks" in out
+    assert "| initial prompt fits 16000 tokens | 15 | 0 |" in out and "admitted 6 of 6 tasks" in out
     admitted = read_manifest(manifest)["admitted"]
-    assert {k: len(v) for k, v in admitted.items()} == {"awm": 12, "envscaler": 6}
+    assert {k: len(v) for k, v in admitted.items()} == {"awm": 15, "envscaler": 6}
 
 
 # --- the mixture ------------------------------------------------------------------------------

@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from textwrap import dedent
 
+from awm_published_scenario import bike_rental  # run as a script: its directory is on sys.path
+
 HERE = Path(__file__).resolve().parent
 
 # ---------------------------------------------------------------- AWM ----------------------
@@ -385,6 +387,9 @@ def verify_task(initial_db_path, final_db_path):
 ))
 
 
+# 4. bike rental, in the published FastAPI form (awm_published_scenario.py)
+SCENARIOS.append(bike_rental(endpoint))
+
 def call(tool, **arguments):
     return {"tool": tool, "arguments": arguments}
 
@@ -420,6 +425,11 @@ SOLUTIONS = {
          say("You are booked into Wednesday's Yoga at 18:30.")],
         [call("list_classes", day="friday"), say("The Friday Boxing class starts at 19:00.")],
     ],
+    "bike_rental_4": [
+        [call("list_stations", min_bikes=1), call("rent_bike", station_id=1), say("You have a bike from Harbour Dock.")],
+        [call("list_my_rentals"), call("return_bike", rental_id=1, station_id=2), say("Your bike is returned at Park Lane.")],
+        [call("list_stations"), say("Old Mill has the most free bikes (5).")],
+    ],
 }
 
 
@@ -445,7 +455,7 @@ def make_awm(out: Path) -> None:
         for s in SCENARIOS])
     write_jsonl(out / "gen_envs.jsonl", [
         {"scenario": s["name"], "db_path": f"outputs/databases/{s['name']}.db",
-         "full_code": SERVER_HEAD.format(name=s["name"]) + s["tools"] + SERVER_TAIL}
+         "full_code": s.get("full_code") or SERVER_HEAD.format(name=s["name"]) + s["tools"] + SERVER_TAIL}
         for s in SCENARIOS])
     code_rows, sql_rows = [], []
     for s in SCENARIOS:

@@ -4,7 +4,8 @@ servers (one kind of server per scenario, envs/mcp/keyed_pool.py).
 
 A server starts contained (envs/mcp/sandbox.py) with a private directory that already holds
 a copy of its scenario's cached initial database (`episode.db`; `DATABASE_PATH` points at it,
-as AWM's launcher sets it) and speaks MCP over stdio. Between episodes the pool resets it by
+as AWM's launcher sets it). It speaks MCP over stdio itself, or it is a published FastAPI app
+that `fastapi_host.py` serves over streamable HTTP on a free loopback port (envs/awm/modes.py). Between episodes the pool resets it by
 copying the cached file over `episode.db` again, through SQLite's online-backup API so that the
 server's open connections see the new content (no server restart, no inserts re-run).
 At an episode's end `snapshot` copies `episode.db` out for the verifier before the reset.
@@ -15,7 +16,6 @@ from __future__ import annotations
 import ast
 import shutil
 import sqlite3
-import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -23,6 +23,7 @@ from typing import Any
 
 from actionopd_jax.envs.awm.db import DbCache
 from actionopd_jax.envs.awm.layout import AwmDataset, AwmScenario
+from actionopd_jax.envs.awm.modes import server_command, server_mode
 from actionopd_jax.envs.mcp.client import McpServer, ServerSpec
 from actionopd_jax.envs.mcp.convert import tool_evidence
 from actionopd_jax.envs.mcp.keyed_pool import KeyedPool, PoolView
@@ -158,7 +159,8 @@ class AwmRuntime:
 
     def _server(self, name: str) -> McpServer:
         sc = self.scenario(name)
-        spec = ServerSpec(command=(sys.executable, str(self._code_path(sc))), call_timeout_s=self.call_timeout_s,
+        command = server_command(server_mode(sc.name, sc.server_code), self._code_path(sc))
+        spec = ServerSpec(command=command, call_timeout_s=self.call_timeout_s,
                           start_timeout_s=self.start_timeout_s, limits=self.limits)
         return _ListingServer(self, name, spec, _EpisodeDbSandbox(self.limits, self.cache.initial(sc)))
 

@@ -1,4 +1,5 @@
-"""An AWM scenario's generated server, started contained and reached over MCP stdio.
+"""An AWM scenario's generated server, started contained and reached over MCP (stdio, or
+streamable HTTP for the published FastAPI form: envs/awm/modes.py).
 
 The scenario's `server_code` (gen_envs `full_code`) is written to a private file and run by
 the MCP sandbox (envs/mcp/sandbox.py: namespaces, rlimits, scrubbed environment) with the
@@ -9,7 +10,6 @@ database path it reads (`DATABASE_PATH`, as AWM's launcher sets it) and `MCP_TRA
 from __future__ import annotations
 
 import asyncio
-import sys
 import tempfile
 from pathlib import Path
 
@@ -19,13 +19,13 @@ from actionopd_jax.types import ToolSchema
 
 def server_spec(scenario: AwmScenario, db_path: Path, code_dir: Path, *, start_timeout_s: float = 60.0):
     """The MCP ServerSpec of one scenario's server over `db_path` (its code written under `code_dir`)."""
+    from actionopd_jax.envs.awm.modes import server_command, server_mode
     from actionopd_jax.envs.mcp.client import ServerSpec
 
-    if not scenario.server_code:
-        raise ValueError(f"scenario {scenario.name!r} has no server code (gen_envs full_code)")
+    mode = server_mode(scenario.name, scenario.server_code)
     code = Path(code_dir) / f"{scenario.name}_server.py"
     code.write_text(scenario.server_code, encoding="utf-8")
-    return ServerSpec(command=(sys.executable, str(code)), start_timeout_s=start_timeout_s,
+    return ServerSpec(command=server_command(mode, code), start_timeout_s=start_timeout_s,
                       env=(("DATABASE_PATH", f"sqlite:///{db_path}"), ("MCP_TRANSPORT", "stdio")))
 
 

@@ -38,7 +38,9 @@ class McpFault(RuntimeError):
 class ServerSpec:
     """How to reach one server. `command` alone: a stdio server. `command` with a "{port}"
     argument: an HTTP server started on a free 127.0.0.1 port, reached at `url` (default
-    http://127.0.0.1:{port}/mcp). `url` alone: an existing streamable-HTTP server (not
+    http://127.0.0.1:{port}/mcp). "{fd}" instead: the same, but we bind and listen on that
+    port and hand the server the socket's file descriptor, so it keeps the private network
+    namespace (it accepts our connections, it can open none of its own). `url` alone: an existing streamable-HTTP server (not
     sandboxed: we did not start it; every pool slot is one more MCP session on it, so unless
     the server keeps state per session, its episodes share state: use a pool of 1).
     "{workdir}" in `command` is the server's private dir."""
@@ -58,13 +60,24 @@ class ServerSpec:
 
     @property
     def http_command(self) -> bool:
-        return any("{port}" in a for a in self.command)
+        return self.socket_command or any("{port}" in a for a in self.command)
+
+    @property
+    def socket_command(self) -> bool:
+        return any("{fd}" in a for a in self.command)
 
 
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def _listener() -> socket.socket:
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    return sock
 
 
 def _fault_of(err: BaseException, proc: SandboxedProcess | None) -> McpFault:
@@ -107,10 +120,17 @@ class McpServer:
             url = self.spec.url
             if self.spec.command:
                 self.workdir = self.sandbox.new_workdir()
-                port = _free_port() if self.spec.http_command else None
-                argv = [a.format(port=port, workdir=self.workdir) for a in self.spec.command]
-                self.proc = await self.sandbox.spawn(argv, workdir=self.workdir, network=port is not None,
-                                                     stdio=port is None)
+                listener = _listener() if self.spec.socket_command else None
+                port = listener.getsockname()[1] if listener else _free_port() if self.spec.http_command else None
+                fd = listener.fileno() if listener else None
+                argv = [a.format(port=port, workdir=self.workdir, fd=fd) for a in self.spec.command]
+                try:
+                    self.proc = await self.sandbox.spawn(argv, workdir=self.workdir, stdio=port is None,
+                                                         network=port is not None and listener is None,
+                                                         pass_fds=(fd,) if listener else ())
+                finally:
+                    if listener is not None:
+                        listener.close()  # the server holds its own copy
                 if port is not None:
                     url = (url or "http://127.0.0.1:{port}/mcp").format(port=port)
                     await self._wait_for_port(port)

@@ -9,7 +9,7 @@ an unprivileged trainer, and what is not:
 | secrets in the environment | yes | the server's environment is built from nothing: only `ENV_ALLOW` names copied from the trainer (PATH, LANG, ...) plus `extra_env`; no `*_API_KEY`, `*_TOKEN` or any other name reaches it |
 | private working directory | yes | a fresh `mkdtemp` per server (cwd, HOME, TMPDIR), removed on close |
 | writes outside the working directory | yes, where user + mount namespaces are available (they are here) | a private mount namespace where every mount is read-only except the working directory; without it: not enforced (the server writes wherever the trainer's uid may) |
-| network | loopback only, stdio servers, where user + network namespaces are available (they are here) | a private network namespace holding only `lo`; HTTP-served servers share the trainer's network (the trainer must reach their port), so for them it is not enforced |
+| network | no network of their own, stdio servers and HTTP servers given our listening socket (`{fd}`: the published AWM form), where user + network namespaces are available (they are here) | a private network namespace holding only `lo`; a passed socket still accepts the trainer's connections; HTTP servers that bind their own `{port}` share the trainer's network (the trainer must reach their port), so for them it is not enforced |
 | CPU time | yes | RLIMIT_CPU (SIGXCPU, then SIGKILL at the hard limit = same value) |
 | memory | yes, per process | RLIMIT_AS (address space); children each get their own limit |
 | file size | yes, per file | RLIMIT_FSIZE (SIGXFSZ kills a writer past it, stderr log included); total disk use of the directory is not bounded (no quota without root) |
@@ -162,9 +162,10 @@ class Sandbox:
         return full, {"PATH": os.environ.get("PATH", "/usr/bin:/bin")}
 
     async def spawn(self, argv: list[str], *, workdir: Path | None = None, network: bool = False,
-                    stdio: bool = True) -> SandboxedProcess:
+                    stdio: bool = True, pass_fds: tuple[int, ...] = ()) -> SandboxedProcess:
         """Start `argv` contained, from the running loop's thread (the death signal's owner).
-        stdio=True: stdin/stdout are pipes (an MCP stdio server); else both are /dev/null."""
+        stdio=True: stdin/stdout are pipes (an MCP stdio server); else both are /dev/null.
+        `pass_fds`: descriptors the server inherits (a listening socket of ours)."""
         workdir = workdir or self.new_workdir()
         full, env = self.launcher_argv(list(argv), workdir, network=network)
         stderr_path = workdir.parent / f"{workdir.name}.stderr"  # outside the dir the server may list
@@ -172,7 +173,7 @@ class Sandbox:
             pipe = asyncio.subprocess.PIPE if stdio else asyncio.subprocess.DEVNULL
             process = await asyncio.create_subprocess_exec(
                 *full, stdin=pipe, stdout=pipe, stderr=err, env=env, cwd=str(workdir),
-                start_new_session=True, close_fds=True, limit=self.limits.max_line_bytes)
+                start_new_session=True, close_fds=True, pass_fds=pass_fds, limit=self.limits.max_line_bytes)
         return SandboxedProcess(process, workdir, stderr_path)
 
     async def run(self, argv: list[str], *, workdir: Path, timeout_s: float) -> tuple[int, str]:
