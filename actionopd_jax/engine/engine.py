@@ -39,6 +39,11 @@ from actionopd_jax.sampling.sampler import CompileStats, SampleResult, _as_typed
 from actionopd_jax.sampling.token_choice import DEFAULT_CAP
 
 
+# compiled programs by (kind, graphdef, argument shapes, static settings, backend): engines of
+# the same shapes in one process (a new engine per collection run, tests) compile once
+_PROGRAMS: dict[tuple, Any] = {}
+
+
 @jax.jit
 def _sample_key_data(prompt_key, samples):
     return jax.random.key_data(jax.vmap(lambda j: jax.random.fold_in(prompt_key, j))(samples))
@@ -68,7 +73,6 @@ class Engine:
         self.pool = programs.empty_pool(self.cfg, self.total_pages, c.page_size, self.dtype)
         self.stats = EngineStats()
         self.compile_stats = CompileStats()
-        self._programs: dict[tuple, Any] = {}
         self._next_id = 0
         self.waiting: list[Request] = []
         self.prefilling: list[Request] = []
@@ -337,7 +341,6 @@ class Engine:
         for group in (self.prefilling, self.starting):
             for req in [r for r in group if r.cancelled]:
                 group.remove(req)
-                full = req.prompt.size // self.config.page_size
                 self.pages.release(req.prompt_pages + [p for own in req.own_pages for p in own])
                 self._free_slots = sorted(self._free_slots + req.slots)
                 req.finished = [True] * req.n
@@ -348,8 +351,8 @@ class Engine:
 
     # --- compiled programs --------------------------------------------------------------------
     def _run(self, kind, fn, args, static, donate=()):
-        key = (kind, _signature(args[1:]), tuple(sorted(static.items())))
-        program = self._programs.get(key)
+        key = (kind, args[0], _signature(args[1:]), tuple(sorted(static.items())), self.backend)
+        program = _PROGRAMS.get(key)
         if program is None:
             t0 = time.perf_counter()
             options = cpu_backend.compiler_options("decode" if kind == "segment" else "prefill") \
@@ -360,7 +363,7 @@ class Engine:
             self.compile_stats.programs += 1
             self.compile_stats.seconds += time.perf_counter() - t0
             self.compile_stats.shapes.append((kind, round(time.perf_counter() - t0, 2)))
-            self._programs[key] = program
+            _PROGRAMS[key] = program
         return program(*args[1:])
 
     def _mesh(self):

@@ -9,15 +9,16 @@ in the mix of requests never compiles again.
   the lane's pages, attention reads the lane's pages (causal within the chunk), and the
   final-normed hidden state of each lane's last real token comes back (the first token's
   logits are taken from it in the segment that starts the lane's samples).
-- `segment`: first, pending copy-on-write page copies and the first token of every *fresh*
-  slot (sampled from its prompt's hidden state, as the static sampler's prefill does), then up
-  to `steps` decode steps for every running slot, stopping early when all are done. Each step
+- `segment`: first, pending copy-on-write page copies, then up to `steps` decode steps for
+  every running slot, stopping early when all are done. A *fresh* slot's first step samples
+  its first token from its prompt's hidden state (as the static sampler's prefill does). Each step
   feeds a slot's last token at position `lengths`, writes its key/value into page
   `table[s, pos // page]` at `pos % page` (idle and finished slots write into the null page),
   attends over the slot's pages and picks the next token with key fold_in(row key, step).
 
-Sampling is the static sampler's: `choose_tokens` for the first token, the LM-head chooser of
-`decode.token_chooser` (the "checked" head on CPU) for the rest, and the same keys, so a
+Sampling is the static sampler's: the LM-head chooser of `decode.token_chooser` (the
+"checked" head on CPU; with lm_head="float32", `choose_tokens` over the model's head, as the
+static sampler's first token, for every token) and the same keys, so a
 sample does not depend on which slot or segment it ran in (tests/test_engine_exact.py).
 Layers are unrolled in Python (per-layer page arrays, no slicing of a stacked pool); on the CPU
 backend decode uses the fused output-major step weights as the static CPU backend does.
@@ -36,7 +37,6 @@ import actionopd_jax.sampling.cpu_backend as cpu_backend
 import actionopd_jax.sampling.decode as decode_lib
 from actionopd_jax.model.attention.paged_gather import paged_attention_gather
 from actionopd_jax.model.layers import rope_tables
-from actionopd_jax.sampling.token_choice import choose_tokens
 from actionopd_jax.engine.pages import NULL_PAGE
 
 
@@ -75,8 +75,8 @@ class Slots:
 
 @flax.struct.dataclass
 class SegmentOut:
-    tokens: jax.Array       # i32[S, steps + 2]: this segment's tokens per slot (first `produced`)
-    logprobs: jax.Array     # f32[S, steps + 2]
+    tokens: jax.Array       # i32[S, steps + 1]: this segment's tokens per slot (first `produced`)
+    logprobs: jax.Array     # f32[S, steps + 1]
     produced: jax.Array     # i32[S]
     slots: Slots            # after the segment
     head_fallbacks: jax.Array   # i32[]: steps where the "checked" head ran the float32 head
@@ -134,7 +134,7 @@ def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots
     model = nnx.merge(graphdef, params)
     cfg, dt = model.cfg, jnp.dtype(model.runtime.dtype)
     n_slots = slots.last.shape[0]
-    width = steps + 2                      # fresh token + steps, plus a junk column
+    width = steps + 1                      # up to `steps` tokens, plus a junk column
     junk = width - 1
     rows = decode_lib.RowSettings(keys=jax.random.wrap_key_data(slots.key_data), temperature=slots.temperature,
                                   top_k=slots.top_k, top_p=slots.top_p, max_new=slots.max_new)
@@ -155,31 +155,19 @@ def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots
                       done=s.done | hit_end | (running & (step >= s.max_new)))
         return s, out_tok, out_lp, produced + running.astype(jnp.int32)
 
-    # the first token of fresh slots, from the prompt's hidden state (the static prefill's choice)
-    head_w = decode_lib.lm_head_weights(model, head)
-
-    def first_tokens(_):
-        logits = decode_lib._logits(model, slots.fresh_hidden, head_w)
-        return choose_tokens(logits, step_keys(slots), rows.temperature, rows.top_k, rows.top_p, cap=cap,
-                             active=slots.fresh)
-
-    zeros = (jnp.zeros((n_slots,), jnp.int32), jnp.zeros((n_slots,), jnp.float32))
-    tok, logp = jax.lax.cond(jnp.any(slots.fresh), first_tokens, lambda _: zeros, None)
-    s = slots.replace(done=slots.done & ~slots.fresh)
-    s, out_tok, out_lp, produced = record(s, out_tok, out_lp, produced, tok, logp, slots.fresh)
-    s = s.replace(fresh=jnp.zeros_like(slots.fresh))
-
     choose = decode_lib.token_chooser(model, head, cap=cap, backend=backend, checked=checked)
     layers = _layer_modules(model)
     fused = [cpu_backend.step_weights(layer) if backend == "cpu" else (None,) * 4 for layer in layers]
 
     def one_step(carry):
         i, ks, vs, s, out_tok, out_lp, produced, fallbacks = carry
-        running = ~s.done
+        # fresh slots take their first token from the prompt's hidden state in this step (one
+        # chooser in the program, not two); their forward row is junk and writes nothing
+        feeding = ~s.done & ~s.fresh
         pos = s.lengths
-        page = jnp.where(running, jnp.take_along_axis(s.table, (pos // page_size)[:, None], axis=1,
+        page = jnp.where(feeding, jnp.take_along_axis(s.table, (pos // page_size)[:, None], axis=1,
                                                       mode="clip")[:, 0], NULL_PAGE)
-        offset = jnp.where(running, pos % page_size, 0)
+        offset = jnp.where(feeding, pos % page_size, 0)
         h = jnp.take(model.embed_tokens[...], s.last[:, None], axis=0).astype(dt)   # [S, 1, D]
         cos, sin = rope_tables(pos[:, None], cfg)
         ks, vs = list(ks), list(vs)
@@ -191,11 +179,14 @@ def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots
             out = paged_attention_gather(q, ks[j], vs[j], pos + 1, s.table)
             h = h + attn.output(out, o_w)
             h = h + layer.mlp(layer.post_attention_layernorm(h), gate_up_w, down_w)
-        tok, logp, fell_back = choose(model.norm(h)[:, 0], step_keys(s), rows, running)
-        s = s.replace(lengths=jnp.where(running, pos + 1, pos))
+        hidden = jnp.where(s.fresh[:, None], s.fresh_hidden.astype(dt), model.norm(h)[:, 0])
+        running = ~s.done
+        tok, logp, fell_back = choose(hidden, step_keys(s), rows, running)
+        s = s.replace(lengths=jnp.where(feeding, pos + 1, pos), fresh=jnp.zeros_like(s.fresh))
         s, out_tok, out_lp, produced = record(s, out_tok, out_lp, produced, tok, logp, running)
         return i + 1, tuple(ks), tuple(vs), s, out_tok, out_lp, produced, fallbacks + fell_back.astype(jnp.int32)
 
+    s = slots.replace(done=slots.done & ~slots.fresh)
     carry = (jnp.zeros((), jnp.int32), ks, vs, s, out_tok, out_lp, produced, jnp.zeros((), jnp.int32))
     _, ks, vs, s, out_tok, out_lp, produced, fallbacks = jax.lax.while_loop(
         lambda c: (c[0] < steps) & ~jnp.all(c[3].done), one_step, carry)
