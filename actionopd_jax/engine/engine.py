@@ -55,10 +55,11 @@ class Engine:
     under when given; reserve_bytes: per-chip memory to leave for state not yet allocated
     (a trainer's), when the pool is sized "auto"."""
 
-    def __init__(self, model, *, eos_ids: Sequence[int], config: EngineConfig | None = None, cap: int = DEFAULT_CAP,
-                 lm_head: str = "checked", backend: str = "auto", mesh=None, reserve_bytes: int = 0):
+    def __init__(self, model, cfg=None, *, eos_ids: Sequence[int], config: EngineConfig | None = None,
+                 cap: int = DEFAULT_CAP, lm_head: str = "checked", backend: str = "auto", mesh=None,
+                 reserve_bytes: int = 0, dtype: str | None = None):
         self.model = model
-        self.cfg = model.cfg
+        self.cfg = cfg if cfg is not None else model.cfg
         self.config = config or EngineConfig()
         self.eos_ids = np.asarray(sorted(set(int(i) for i in eos_ids)) or [-1], np.int32)
         if lm_head not in decode_lib.HEAD_MODES:
@@ -67,10 +68,13 @@ class Engine:
         platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
         self.backend = decode_lib.resolve_backend(backend, platform)
         c = self.config
-        self.dtype = jnp.dtype(model.runtime.dtype)
+        # the cache's dtype: the model's compute dtype (a model-less engine, loaded by
+        # load_policy, is told it: `dtype`, default float32)
+        self.dtype = jnp.dtype(model.runtime.dtype if model is not None else (dtype or "float32"))
         self.total_pages = pool_pages(self.cfg, c, mesh=mesh, dtype=str(self.dtype), reserve_bytes=reserve_bytes)
         self.pages = PagePool(self.total_pages, c.page_size)
-        self.pool = programs.empty_pool(self.cfg, self.total_pages, c.page_size, self.dtype)
+        self.pool = None   # allocated at the first step (after the weights, so "auto" sizing saw them)
+        self._policy: dict[str, tuple] | None = None
         self.stats = EngineStats()
         self.compile_stats = CompileStats()
         self._next_id = 0
@@ -116,6 +120,15 @@ class Engine:
         """Withdraw a request: its slots and pages are freed at the next step boundary."""
         req.cancelled = True
 
+    def abort(self) -> None:
+        """Withdraw every request and start over with an empty cache (after a failed step,
+        whose donated pool may be gone)."""
+        for req in self.waiting + self.prefilling + self.starting + [r for r, _ in self.running.values()]:
+            req.cancelled = True
+        self._drop_cancelled()
+        self.pool = None
+        self.invalidate()
+
     @property
     def busy(self) -> bool:
         return bool(self.waiting or self.prefilling or self.starting or self.running)
@@ -131,6 +144,10 @@ class Engine:
 
     def step(self) -> list[Request]:
         """One scheduler round (module docstring); returns the requests finished in it."""
+        if self.model is None:
+            raise RuntimeError("the engine has no weights yet: call load_policy(graphdef, params) first")
+        if self.pool is None:
+            self.pool = programs.empty_pool(self.cfg, self.total_pages, self.config.page_size, self.dtype)
         self._check_weights()
         finished = self._drop_cancelled()
         self._admit()
@@ -148,6 +165,30 @@ class Engine:
                                    "update weights between collection steps, when the engine is idle")
             self.invalidate()
         self._weights = leaves
+
+    def load_policy(self, graphdef, params, mesh=None) -> None:
+        """Sample from `params` of `graphdef` from the next step on (`Sampler.load_policy`'s
+        contract and checks); only between requests. The prefix cache is dropped at the next
+        step (new weight arrays)."""
+        from actionopd_jax.sampling.sampler import _config_shapes, _leaf_specs, check_policy
+
+        if self.busy:
+            raise RuntimeError("load_policy while requests are in the engine; load weights between steps of "
+                               "collection, when the engine is idle")
+        got = _leaf_specs(params)
+        if self._policy is None:
+            if self.model is not None:
+                self._policy = _leaf_specs(nnx.state(self.model))
+            else:
+                shapes = _config_shapes(self.cfg)
+                self._policy = {path: (shapes[path], *got[path][1:]) if path in got else (shape, None, None)
+                                for path, shape in shapes.items()}
+        check_policy(self._policy, got)
+        model = nnx.merge(graphdef, params)
+        if jnp.dtype(model.runtime.dtype) != self.dtype:
+            raise ValueError(f"load_policy: the model computes in {model.runtime.dtype}, the engine's cache was "
+                             f"built for {self.dtype}; build the engine with dtype={model.runtime.dtype!r}")
+        self.model, self.mesh = model, mesh
 
     def invalidate(self) -> None:
         """Drop the prefix cache (a weight update: the cached keys/values belong to the old weights)."""
