@@ -33,9 +33,11 @@ import actionopd_jax.sampling.cpu_backend as cpu_backend
 import actionopd_jax.sampling.decode as decode_lib
 from actionopd_jax.engine.pages import NULL_PAGE, PagePool, page_keys
 from actionopd_jax.engine.requests import EngineStats, Request, pages_needed, validate
+from actionopd_jax.engine.sessions import Sessions
+from actionopd_jax.engine.static_api import sample_all
 from actionopd_jax.engine.sizing import EngineConfig, pool_pages
 from actionopd_jax.sampling.checked_head import checked_head
-from actionopd_jax.sampling.sampler import CompileStats, SampleResult, _as_typed_key, _per_prompt, _signature
+from actionopd_jax.sampling.sampler import CompileStats, SampleResult, _as_typed_key, _signature
 from actionopd_jax.sampling.token_choice import DEFAULT_CAP
 
 
@@ -83,8 +85,7 @@ class Engine:
         self.starting: list[Request] = []
         self.running: dict[int, tuple[Request, int]] = {}     # slot -> (request, sample)
         self._free_slots = list(range(c.slots))
-        self._sessions: dict[Any, np.ndarray] = {}            # session -> previous prompt + its samples
-        self._session_samples: dict[Any, list[np.ndarray]] = {}
+        self.sessions = Sessions()
         s, pps = c.slots, c.pages_per_slot
         self.host = dict(table=np.zeros((s, pps), np.int32), lengths=np.zeros(s, np.int32),
                          last=np.zeros(s, np.int32), step=np.zeros(s, np.int32), done=np.ones(s, bool),
@@ -193,8 +194,7 @@ class Engine:
     def invalidate(self) -> None:
         """Drop the prefix cache (a weight update: the cached keys/values belong to the old weights)."""
         self.pages.clear_index()
-        self._sessions.clear()
-        self._session_samples.clear()
+        self.sessions.clear()
 
     # --- admission ----------------------------------------------------------------------------
     def _admit(self) -> None:
@@ -230,25 +230,8 @@ class Engine:
             req.finished = [False] * req.n
             self.stats.prompt_tokens += req.prompt.size
             self.stats.prefix_hit_tokens += req.cached_tokens
-            self._count_template_miss(req)
+            self.sessions.admitted(req, self.stats)
             self.prefilling.append(req)
-
-    def _count_template_miss(self, req: Request) -> None:
-        if req.session is None:
-            return
-        prev = self._sessions.get(req.session)
-        if prev is not None:
-            # longest common prefix with the previous prompt followed by any of its samples
-            best = 0
-            for seq in self._session_samples.get(req.session, [prev]):
-                m = min(len(seq), req.prompt.size)
-                diff = np.nonzero(seq[:m] != req.prompt[:m])[0]
-                best = max(best, int(diff[0]) if diff.size else m)
-            if best < prev.size:
-                self.stats.template_misses += 1
-                self.stats.template_miss_tokens += prev.size - best
-        self._sessions[req.session] = req.prompt
-        self._session_samples[req.session] = []
 
     # --- prefill ------------------------------------------------------------------------------
     def _prefill(self) -> None:
@@ -358,9 +341,7 @@ class Engine:
             keys = page_keys(seq, c.page_size)
             for k in range(full, len(keys)):
                 self.pages.index.insert(keys[k], int(table[k]))
-            if req.session is not None and req.session in self._session_samples:
-                self._session_samples[req.session].append(np.concatenate([req.prompt,
-                                                                          np.asarray(req.tokens[j], np.int32)]))
+            self.sessions.sample_done(req, j)
         own = ([req.prompt_pages[full]] if j == 0 and req.prompt.size % c.page_size else []) + req.own_pages[j]
         self.pages.release(own)
         self.host["table"][slot] = NULL_PAGE
@@ -423,30 +404,8 @@ class Engine:
     # --- the static sampler's API ----------------------------------------------------------------
     def sample(self, prompts, *, n=1, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, key) -> SampleResult:
         """`Sampler.sample`'s contract (same keys, same results), through the engine."""
-        count = len(prompts)
-        if count == 0:
-            return SampleResult(generations=[])
-        if isinstance(key, (list, tuple)):
-            if len(key) != count:
-                raise ValueError(f"got {len(key)} keys for {count} prompts")
-            keys = list(key)
-        else:
-            base = _as_typed_key(key)
-            keys = [jax.random.fold_in(base, i) for i in range(count)]
-        per = {name: _per_prompt(v, count, name) for name, v in
-               (("n", n), ("max_new_tokens", max_new_tokens), ("temperature", temperature), ("top_p", top_p),
-                ("top_k", top_k))}
-        before = (self.compile_count, self.stats.prefill_s, self.stats.decode_s, self.stats.generated_tokens,
-                  self.stats.decode_row_steps, self.stats.head_fallback_steps)
-        reqs = [self.submit(p, key=keys[i], **{name: per[name][i] for name in per}) for i, p in enumerate(prompts)]
-        while any(not r.done for r in reqs):
-            self.step()
-        return SampleResult(generations=[r.generations for r in reqs], compiled_programs=self.compile_count - before[0],
-                            prefill_s=self.stats.prefill_s - before[1], decode_s=self.stats.decode_s - before[2],
-                            generated_tokens=self.stats.generated_tokens - before[3],
-                            row_steps=self.stats.decode_row_steps - before[4],
-                            head_fallback_steps=self.stats.head_fallback_steps - before[5],
-                            decode_steps=max((len(t) for r in reqs for t in r.tokens), default=0))
+        return sample_all(self, prompts, n=n, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                          top_k=top_k, key=key)
 
 
 __all__ = ["Engine"]
