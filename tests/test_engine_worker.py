@@ -44,7 +44,8 @@ def test_a_short_state_is_back_before_a_long_one_ends_and_withdrawal_frees_it():
     lengths = [w[0].token_ids.size for w in want]
     long, short = int(np.argmax(lengths)), int(np.argmin(lengths))
     assert lengths[long] >= lengths[short] + 12      # (seed chosen for a clear gap)
-    gone = next(i for i in range(6) if i not in (long, short))
+    # withdrawn once the short state is back: a state that is still decoding then
+    gone = next(i for i in range(6) if i not in (long, short) and lengths[i] >= lengths[short] + 6)
     eng = engine(3)
 
     async def main():
@@ -57,11 +58,10 @@ def test_a_short_state_is_back_before_a_long_one_ends_and_withdrawal_frees_it():
                 done_at[i] = time.perf_counter()
                 return gens
 
-            tasks = [asyncio.create_task(state(long, 0)), asyncio.create_task(state(gone, 0)),
-                     asyncio.create_task(state(short, 0.05))]
-            await asyncio.sleep(0.1)
+            tasks = [asyncio.create_task(state(i, 0)) for i in (long, gone, short)]
+            got_short = await tasks[2]
             tasks[1].cancel()                            # a trajectory given up on: withdrawn
-            got_long, got_short = await tasks[0], await tasks[2]
+            got_long = await tasks[0]
             return got_long, got_short, done_at, tasks[1]
 
     got_long, got_short, done_at, withdrawn = asyncio.run(main())
