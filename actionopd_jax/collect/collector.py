@@ -346,7 +346,7 @@ class Collector:
     async def _student_samples(self, worker: SamplerWorker, prompt: Prompt, key, rec: TrajectoryRecord):
         t0 = time.perf_counter()
         try:
-            return await worker.sample(prompt.ids, key)
+            return await worker.sample(prompt.ids, key, session=rec.task_start)
         finally:
             rec.sampler_wait_s += time.perf_counter() - t0
 

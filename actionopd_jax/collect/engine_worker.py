@@ -66,13 +66,14 @@ class EngineWorker:
             if not future.done():
                 future.cancel()
 
-    async def sample(self, prompt_ids: np.ndarray, key: jax.Array) -> list[Generation]:
-        """The N generations for one state; cancelling the await withdraws it from the engine."""
+    async def sample(self, prompt_ids: np.ndarray, key: jax.Array, session: Any = None) -> list[Generation]:
+        """The N generations for one state; cancelling the await withdraws it from the engine.
+        session: the trajectory, so the engine counts chat-template misses of its history."""
         if self._thread is None or not self._thread.is_alive():
             raise RuntimeError("the engine worker is not running (use `async with EngineWorker(...)`)")
         future = self._loop.create_future()
         holder: dict[str, Any] = {}
-        self._inbox.put(("submit", np.asarray(prompt_ids, np.int32), key, future, holder))
+        self._inbox.put(("submit", np.asarray(prompt_ids, np.int32), key, future, holder, session))
         try:
             return await future
         except asyncio.CancelledError:
@@ -104,10 +105,10 @@ class EngineWorker:
                     self.engine.cancel(req)
                     self._futures.pop(req.rid, None)
                 continue
-            _, prompt, key, future, holder = item
+            _, prompt, key, future, holder, session = item
             try:
                 req = self.engine.submit(prompt, n=s.n, max_new_tokens=s.max_new_tokens, temperature=s.temperature,
-                                         top_p=s.top_p, top_k=s.top_k, key=key, on_done=self._finished)
+                                         top_p=s.top_p, top_k=s.top_k, key=key, on_done=self._finished, session=session)
                 holder["request"] = req
                 self._futures[req.rid] = future
             except Exception as err:  # noqa: BLE001 - a bad state fails alone, with the reason
