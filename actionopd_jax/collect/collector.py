@@ -37,6 +37,7 @@ from actionopd_jax.collect.config import CollectorConfig
 from actionopd_jax.collect.group import NO_COMMIT, GroupOutcome, build_group
 from actionopd_jax.collect.metrics import StepMetrics, TrajectoryRecord
 from actionopd_jax.chat.prompt import CandidateDecoder, FitFn, Prompt, PromptBuilder
+from actionopd_jax.collect.engine_worker import EngineSampling, EngineWorker
 from actionopd_jax.collect.sampler_worker import SampleFn, SamplerError, SamplerWorker
 from actionopd_jax.envs.base import Environment
 from actionopd_jax.envs.evidence import evidence_scope
@@ -100,7 +101,8 @@ class Collector:
 
     teacher: a `Teacher` (usually a `CachedTeacher`); matcher: an object with
     `async match_group(candidate_actions, teacher_actions, *, messages, tools, env)` (a
-    `matching.Matcher`); sample_fn: see `sampler_worker.sampler_fn` (wraps a `Sampler`);
+    `matching.Matcher`); sample_fn: see `sampler_worker.sampler_fn` (wraps a `Sampler`), or an
+    `engine_worker.EngineSampling` (the continuous-batching engine, one state at a time);
     eos_ids: end-of-turn ids stripped before decoding; env_factory: a fresh environment per
     task start; context_fit: the context-budget policy (see prompt.PromptBuilder).
     """
@@ -162,9 +164,13 @@ class Collector:
         outcomes: list[tuple[int, StateGroup, np.ndarray | None]] = []
         bar = self._progress_bar(len(pending), progress)
         t0 = time.perf_counter()
-        async with SamplerWorker(self.sample_fn, max_states_per_call=self.cfg.max_states_per_call,
-                                 max_queued=self.cfg.max_trajectories_in_flight, coalesce_s=self.cfg.sampler_coalesce_s,
-                                 max_wait_s=self.cfg.sampler_max_wait_s) as worker:
+        if isinstance(self.sample_fn, EngineSampling):   # collect.sampler = "engine"
+            worker_cm = EngineWorker(self.sample_fn)
+        else:
+            worker_cm = SamplerWorker(self.sample_fn, max_states_per_call=self.cfg.max_states_per_call,
+                                      max_queued=self.cfg.max_trajectories_in_flight,
+                                      coalesce_s=self.cfg.sampler_coalesce_s, max_wait_s=self.cfg.sampler_max_wait_s)
+        async with worker_cm as worker:
 
             async def run_one_at_a_time() -> None:
                 # A fixed pool of runners pulling task starts: memory stays flat in the
@@ -342,7 +348,7 @@ class Collector:
     async def _student_samples(self, worker: SamplerWorker, prompt: Prompt, key, rec: TrajectoryRecord):
         t0 = time.perf_counter()
         try:
-            return await worker.sample(prompt.ids, key)
+            return await worker.sample(prompt.ids, key, session=rec.task_start)
         finally:
             rec.sampler_wait_s += time.perf_counter() - t0
 

@@ -113,9 +113,10 @@ class SamplerWorker:
             if not req.future.done():
                 req.future.cancel()
 
-    async def sample(self, prompt_ids: np.ndarray, key: jax.Array) -> list[Generation]:
+    async def sample(self, prompt_ids: np.ndarray, key: jax.Array, session: Any = None) -> list[Generation]:
         """The N generations for one state. Cancelling the awaiting task withdraws the
-        request if the worker has not taken it yet."""
+        request if the worker has not taken it yet. session (the trajectory): unused here,
+        the engine worker's prefix statistics use it."""
         if self._task is None or self._task.done():
             raise RuntimeError("the sampler worker is not running (use `async with SamplerWorker(...)`)")
         future = asyncio.get_running_loop().create_future()

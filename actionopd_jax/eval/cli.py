@@ -39,6 +39,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trials", type=int, default=1, help="trials per task (tau2 pass^k needs k trials)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default for students)")
     p.add_argument("--max-new-tokens", type=int, default=1024)
+    p.add_argument("--sampler", choices=("static", "engine"), default="static",
+                   help="in-process student: 'static' batched calls, or the continuous-batching engine "
+                        "(paged cache; an episode's earlier turns stay cached for its next turn)")
+    p.add_argument("--engine-max-len", type=int, default=8192,
+                   help="with --sampler engine: prompt + reply tokens one request may hold (sizes the page pool)")
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--user-sim-url", help="OpenAI-compatible endpoint of the tau2 user simulator")
     p.add_argument("--user-sim-model", help="user simulator model name")
@@ -78,9 +83,19 @@ def model_backend(args: argparse.Namespace):
     mesh = make_mesh(parse_mesh(args.mesh)) if args.mesh else None
     cfg, model, tokenizer = model_with_tokenizer(hf=args.hf, checkpoint=args.checkpoint, tokenizer=args.tokenizer,
                                                  mesh=mesh, dtype=args.dtype, step=args.step)
-    sampler = Sampler(model, cfg, eos_ids=end_token_ids(tokenizer), mesh=mesh)
+    max_context = None
+    if getattr(args, "sampler", "static") == "engine":
+        from actionopd_jax.engine import Engine, EngineConfig
+
+        max_context = min(args.engine_max_len, cfg.max_position_embeddings)
+        shapes = EngineConfig(slots=max(args.concurrency, 1), max_len=max_context, chunk=min(512, max_context))
+        # the engine has Sampler.sample's contract (same keys, same samples); the backend's
+        # batches then share slots, and an episode's history stays in the prefix cache
+        sampler = Engine(model, cfg, eos_ids=end_token_ids(tokenizer), mesh=mesh, config=shapes)
+    else:
+        sampler = Sampler(model, cfg, eos_ids=end_token_ids(tokenizer), mesh=mesh)
     return ModelBackend(sampler, tokenizer, model_name=model_name_of(args.hf or args.checkpoint),
-                        default_max_tokens=args.max_new_tokens)
+                        default_max_tokens=args.max_new_tokens, max_context=max_context)
 
 
 def env_factory(args: argparse.Namespace):
