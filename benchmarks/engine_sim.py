@@ -1,6 +1,6 @@
 """Replay simulation of one paper-scale collection step: today's static sampler vs the paged engine.
 
-    python benchmarks/engine_sim.py [--seed 0] [--runs 5] [--engine-ratio R] [--static-ratio 1.53]
+    python benchmarks/engine_sim.py [--seed 0] [--runs 5] [--engine-fixed-ms 4.35] [--static-ratio 1.53]
 
 Compiler estimates, not a measurement: the device is modelled by per-step costs from the TPU
 compiler (benchmarks/sampler_aot.py for today's decode, benchmarks/engine_aot.py for the
@@ -12,9 +12,11 @@ Device costs (per decode step, all 4 chips together):
   prompts' caches once per prompt (shared by the N samples) and the whole generated buffer of
   every row (4,096 slots, masked), every step until its LAST row ends (early exit). 1.53 is
   today's decode at 64 rows x 4,096-token prompts (docs/measurements.md).
-- engine: --engine-ratio x (weights + live KV tokens of every slot) / bandwidth: the paged
-  kernel reads each slot's own pages (a prompt's pages once per sample), finished slots are
-  refilled between segments of --segment steps.
+- engine: --engine-fixed-ms (the compiler's cost of one step of the 256-slot segment without
+  the kernel, benchmarks/engine_aot.py) + the live KV tokens of every slot at
+  --kernel-efficiency of the bandwidth: the paged kernel reads each slot's own pages (a
+  prompt's pages once per sample; an empty slot one page); finished slots are refilled
+  between segments of --segment steps.
 - prefill (both): 2 x params x tokens + causal attention FLOPs at --prefill-mfu of peak
   (459 TFLOP/s per chip); the engine prefills between segments, the segment waiting for it.
 
@@ -207,7 +209,7 @@ def run_engine(work, args) -> dict:
             c.busy += t_prefill
             continue
         live_tokens = sum(p + g for _, p, _, g in live) + (slots - len(live)) * args.page
-        t_step = args.engine_ratio * (WEIGHTS + live_tokens * KV_TOKEN) / (CHIPS * BW)
+        t_step = args.engine_fixed_ms / 1e3 + live_tokens * KV_TOKEN / (CHIPS * BW * args.kernel_efficiency)
         now += t_prefill + args.segment * t_step
         c.busy += t_prefill + args.segment * t_step
         decode_slot_steps += slots * args.segment
@@ -236,7 +238,9 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--runs", type=int, default=5, help="workloads drawn (seeds seed .. seed + runs - 1)")
     ap.add_argument("--static-ratio", type=float, default=1.53, help="today's decode step / its bandwidth bound")
-    ap.add_argument("--engine-ratio", type=float, default=1.2, help="engine step / its bound (engine_aot.py)")
+    ap.add_argument("--engine-fixed-ms", type=float, default=4.35,
+                    help="segment step without the kernel, 256 slots (engine_aot.py)")
+    ap.add_argument("--kernel-efficiency", type=float, default=0.86, help="paged kernel's share of HBM bandwidth")
     ap.add_argument("--slots", type=int, default=256)
     ap.add_argument("--segment", type=int, default=16, help="decode steps per segment")
     ap.add_argument("--page", type=int, default=128)
@@ -253,7 +257,8 @@ def main() -> None:
     states = sum(sum(t.decisions for t in draw_workload(np.random.default_rng(s), args))
                  for s in range(args.seed, args.seed + args.runs)) / args.runs
     print(f"# one collection step, {STARTS} task starts, {states:.0f} states (mean of {args.runs} workloads); "
-          f"compiler-estimate step costs (static {args.static_ratio}x, engine {args.engine_ratio}x the bound)")
+          f"compiler-estimate step costs (static {args.static_ratio}x its bound; engine {args.engine_fixed_ms} ms + KV at "
+          f"{args.kernel_efficiency:.0%} of bandwidth)")
     print(f"{'scheduler':<8} | {'wall s':>8} | {'device busy':>11} | {'slot utilisation':>16} | {'prefill tokens':>14} | "
           f"{'saved by prefix reuse':>21}")
     for name, rows in res.items():
