@@ -49,6 +49,7 @@ LAYERS: dict[str, int] = {
     "envs": 6,
     "envs.mcp": 6,  # any MCP server as an environment, its server code sandboxed
     "sampling": 7,
+    "engine": 7,  # the continuous-batching engine, beside the static sampler it reuses
     "teacher": 8,
     "matching": 9,
     "train": 10,  # the trainer as a library

@@ -37,8 +37,10 @@ from actionopd_jax.collect.config import CollectorConfig
 from actionopd_jax.collect.group import NO_COMMIT, GroupOutcome, build_group
 from actionopd_jax.collect.metrics import StepMetrics, TrajectoryRecord
 from actionopd_jax.chat.prompt import CandidateDecoder, FitFn, Prompt, PromptBuilder
+from actionopd_jax.collect.engine_worker import EngineSampling, EngineWorker
 from actionopd_jax.collect.sampler_worker import SampleFn, SamplerError, SamplerWorker
 from actionopd_jax.envs.base import Environment
+from actionopd_jax.envs.evidence import evidence_scope
 from actionopd_jax.envs.registry import EnvFactory, default_env_factory  # noqa: F401  (re-exported)
 from actionopd_jax.teacher.base import TeacherBatch, UsageReport
 from actionopd_jax.types import Candidate, Observation, StateGroup, Task, Verdict
@@ -98,7 +100,8 @@ class Collector:
 
     teacher: a `Teacher` (usually a `CachedTeacher`); matcher: an object with
     `async match_group(candidate_actions, teacher_actions, *, messages, tools, env)` (a
-    `matching.Matcher`); sample_fn: see `sampler_worker.sampler_fn` (wraps a `Sampler`);
+    `matching.Matcher`); sample_fn: see `sampler_worker.sampler_fn` (wraps a `Sampler`), or an
+    `engine_worker.EngineSampling` (the continuous-batching engine, one state at a time);
     eos_ids: end-of-turn ids stripped before decoding; env_factory: a fresh environment per
     task start; context_fit: the context-budget policy (see prompt.PromptBuilder).
     """
@@ -160,9 +163,13 @@ class Collector:
         outcomes: list[tuple[int, StateGroup, np.ndarray | None]] = []
         bar = self._progress_bar(len(pending), progress)
         t0 = time.perf_counter()
-        async with SamplerWorker(self.sample_fn, max_states_per_call=self.cfg.max_states_per_call,
-                                 max_queued=self.cfg.max_trajectories_in_flight, coalesce_s=self.cfg.sampler_coalesce_s,
-                                 max_wait_s=self.cfg.sampler_max_wait_s) as worker:
+        if isinstance(self.sample_fn, EngineSampling):   # collect.sampler = "engine"
+            worker_cm = EngineWorker(self.sample_fn)
+        else:
+            worker_cm = SamplerWorker(self.sample_fn, max_states_per_call=self.cfg.max_states_per_call,
+                                      max_queued=self.cfg.max_trajectories_in_flight,
+                                      coalesce_s=self.cfg.sampler_coalesce_s, max_wait_s=self.cfg.sampler_max_wait_s)
+        async with worker_cm as worker:
 
             async def run_one_at_a_time() -> None:
                 # A fixed pool of runners pulling task starts: memory stays flat in the
@@ -237,7 +244,8 @@ class Collector:
             log.exception("task start %d (%s) failed", start, task.task_id)
             _safe_end(env, rec.end_reason)
         if env is not None:
-            rec.score = _safe_score(env, rec.end_reason)
+            # off the loop: a verifier may run a sandboxed process or ask a judge (AWM)
+            rec.score = await asyncio.to_thread(_safe_score, env, rec.end_reason)
         return rec, groups
 
     def next_prompt(self, obs: Observation, env: Environment, limit: int | None,
@@ -310,7 +318,7 @@ class Collector:
                                         logprobs=np.asarray(gen.logprobs, np.float32), text=text,
                                         action=self.decoder.action(text, prompt.tools, gen.finish_reason),
                                         finish_reason=gen.finish_reason))
-        verdicts = await self._verdicts(candidates, batch, prompt, rec, task.env)
+        verdicts = await self._verdicts(candidates, batch, prompt, rec, evidence_scope(task))
         cfg = self.cfg
         return build_group(task_id=task.task_id, decision_index=decision, prompt_ids=prompt.ids,
                            candidates=candidates, teacher_samples=batch.samples, verdicts=verdicts,

@@ -23,6 +23,7 @@ from typing import Any
 
 from actionopd_jax.collect.collector import Collector, CollectResult
 from actionopd_jax.collect.config import CollectorConfig
+from actionopd_jax.collect.engine_worker import EngineSampling
 from actionopd_jax.collect.sampler_worker import SamplingSettings, sampler_fn
 from actionopd_jax.config import Config, ConfigError
 from actionopd_jax.envs.registry import env_factory_from
@@ -50,6 +51,19 @@ def collector_config_from(cfg: Config) -> CollectorConfig:
         decision_limits=(), default_decision_limit=c.max_decisions,
         teacher_timeout_s=max(cfg.teacher.timeout_s * 4, 60.0), matcher_timeout_s=max(cfg.matcher.timeout_s * 4, 60.0),
         progress=cfg.run.progress)
+
+
+def build_engine(cfg: Config, model_config: Any, eos: int):
+    """The continuous-batching engine of `collect.sampler = "engine"` (weights come by
+    load_policy each step, as for the static sampler): a slot holds the longest prompt plus a
+    reply; the pool is sized from the devices' free memory after the weights and trainer state."""
+    from actionopd_jax.engine import Engine, EngineConfig
+
+    c = cfg.collect
+    shapes = EngineConfig(slots=c.engine_slots or c.concurrency * c.num_candidates, page_size=c.engine_page_size,
+                          max_len=c.max_prompt_tokens + c.max_response_tokens, segment=c.engine_segment,
+                          chunk=min(512, c.max_prompt_tokens))
+    return Engine(None, model_config, eos_ids=[eos], config=shapes, dtype=cfg.model.dtype)
 
 
 def token_budget_setting(value: Any) -> int | str | None:
@@ -126,22 +140,33 @@ class ActionOPDGroupSource:
                 check_eval_overlap(cfg.env, tasks)
             if ctx.process_index == 0:
                 record_train_tasks(run_dir, tasks)
+        from actionopd_jax.teacher.specs import judge_spec
+
+        if env_factory is None:  # the run's judge also grades AWM's SQL verifiers
+            env_factory = env_factory_from(cfg.env, concurrency=cfg.collect.concurrency, judge=judge_spec(cfg.matcher))
         if matcher is None:
             from actionopd_jax.matching.build import build_matcher, tool_evidence_from
-            from actionopd_jax.teacher.specs import judge_spec
 
             cache_dir = Path(cfg.matcher.cache_dir or run_dir / "cache" / "matcher")
             cache_dir.mkdir(parents=True, exist_ok=True)
             matcher = build_matcher(judge_spec(cfg.matcher), cache=cache_dir / f"verdicts-p{ctx.process_index}.sqlite",
-                                    evidence_by_env=tool_evidence_from(cfg.matcher, tasks))
+                                    evidence_by_env=tool_evidence_from(cfg.matcher, tasks, env_factory))
+        warm = getattr(env_factory, "warm", None)
+        if callable(warm) and tasks is not None:
+            warm(tasks)  # start the servers now, so no episode (nor a device step) waits for a cold one
         eos = int(tokenizer.convert_tokens_to_ids("<|im_end|>"))
-        self.sampler = Sampler(None, ctx.model_config, eos_ids=[eos], buckets=buckets,
-                               token_budget=self.cfg.sampler_token_budget)
         settings = SamplingSettings(n=self.cfg.n, max_new_tokens=self.cfg.max_new_tokens,
                                     temperature=self.cfg.temperature, top_p=self.cfg.top_p, top_k=self.cfg.top_k)
+        if cfg.collect.sampler == "engine":
+            self.sampler = build_engine(cfg, ctx.model_config, eos)
+            sample_fn = EngineSampling(self.sampler, settings)
+        else:
+            self.sampler = Sampler(None, ctx.model_config, eos_ids=[eos], buckets=buckets,
+                                   token_budget=self.cfg.sampler_token_budget)
+            sample_fn = sampler_fn(self.sampler, settings)
         self.collector = Collector(self.cfg, tokenizer=tokenizer, teacher=teacher, matcher=matcher,
-                                   sample_fn=sampler_fn(self.sampler, settings), eos_ids=[eos],
-                                   env_factory=env_factory or env_factory_from(cfg.env, concurrency=cfg.collect.concurrency))
+                                   sample_fn=sample_fn, eos_ids=[eos],
+                                   env_factory=env_factory)
         self.last: CollectResult | None = None
 
     def collect(self, step: int, policy: Any) -> list[StateGroup]:

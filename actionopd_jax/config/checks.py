@@ -12,6 +12,7 @@ import typing
 
 from actionopd_jax.aot.targets import TARGETS
 from actionopd_jax.baselines.wiring import SOURCE_KINDS
+from actionopd_jax.collect.engine_worker import SAMPLER_KINDS
 from actionopd_jax.collect.group import CommitMode
 from actionopd_jax.config.errors import ConfigError
 from actionopd_jax.config.experiment import TEACHER_MODES, ExperimentConfig
@@ -37,6 +38,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "collect.kind": SOURCE_KINDS,
     "collect.reward": typing.get_args(RewardMode),
     "collect.commit": typing.get_args(CommitMode),
+    "collect.sampler": SAMPLER_KINDS,
     "teacher.kind": TEACHER_KINDS,
     "matcher.kind": MATCHER_KINDS,
     "run.distributed.mode": DISTRIBUTED_MODES,
@@ -64,7 +66,9 @@ def validate(cfg: Config) -> None:
     positive = {"train.minibatch_rows": t.minibatch_rows, "train.microbatch_rows": t.microbatch_rows,
                 "train.max_seq_len": t.max_seq_len, "train.bucket_multiple": t.bucket_multiple,
                 "train.ppo_epochs": t.ppo_epochs, "collect.num_candidates": cfg.collect.num_candidates,
-                "collect.teacher_samples": cfg.collect.teacher_samples, "checkpoint.keep": cfg.checkpoint.keep}
+                "collect.teacher_samples": cfg.collect.teacher_samples, "checkpoint.keep": cfg.checkpoint.keep,
+                "collect.engine_segment": cfg.collect.engine_segment,
+                "collect.engine_page_size": cfg.collect.engine_page_size}
     for key, v in positive.items():
         if v <= 0:
             raise ConfigError(f"{key} must be positive, got {v}")

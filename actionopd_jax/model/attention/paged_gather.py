@@ -33,13 +33,18 @@ def default_positions(lengths: jax.Array, q_len: int) -> jax.Array:
     return lengths[:, None] - q_len + jnp.arange(q_len, dtype=jnp.int32)[None, :]
 
 
-def gather_pages(pages: jax.Array, page_table: jax.Array) -> jax.Array:
-    """[KVH, P, page, Dh] pool, [S, pps] table -> [S, pps * page, KVH, Dh]: each slot's tokens
-    in position order."""
+def _gather(pages: jax.Array, page_table: jax.Array) -> jax.Array:
+    """[KVH, P, page, Dh] pool, [S, pps] table -> [KVH, S, pps * page, Dh] (the pool's own
+    axis order: one gather, no transposed copy)."""
     kvh, _, page, dh = pages.shape
     slots, pps = page_table.shape
-    got = jnp.take(pages, page_table.reshape(-1), axis=1)            # [KVH, S * pps, page, Dh]
-    return got.reshape(kvh, slots, pps * page, dh).transpose(1, 2, 0, 3)
+    return jnp.take(pages, page_table.reshape(-1), axis=1).reshape(kvh, slots, pps * page, dh)
+
+
+def gather_pages(pages: jax.Array, page_table: jax.Array) -> jax.Array:
+    """[KVH, P, page, Dh] pool, [S, pps] table -> [S, pps * page, KVH, Dh]: each slot's tokens
+    in position order (the model's cache layout; for tests and callers that want it)."""
+    return _gather(pages, page_table).transpose(1, 2, 0, 3)
 
 
 def paged_attention_gather(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array, lengths: jax.Array,
@@ -59,15 +64,15 @@ def paged_attention_gather(q: jax.Array, k_pages: jax.Array, v_pages: jax.Array,
     if q_positions is None:
         q_positions = default_positions(lengths, q_len)
     dtype = q.dtype
-    k = gather_pages(k_pages, page_table).astype(dtype)              # [S, C, KVH, Dh]
-    v = gather_pages(v_pages, page_table).astype(dtype)
-    key_pos = jnp.arange(k.shape[1], dtype=jnp.int32)
+    k = _gather(k_pages, page_table).astype(dtype)                   # [KVH, S, C, Dh]
+    v = _gather(v_pages, page_table).astype(dtype)
+    key_pos = jnp.arange(k.shape[2], dtype=jnp.int32)
     visible = (key_pos[None, None, :] <= q_positions[:, :, None]) & (key_pos[None, None, :] < lengths[:, None, None])
     qg = q.reshape(slots, q_len, kvh, hq // kvh, dh)
-    scores = jnp.einsum("stkgd,sckd->skgtc", qg, k, preferred_element_type=jnp.float32) * dh ** -0.5
+    scores = jnp.einsum("stkgd,kscd->skgtc", qg, k, preferred_element_type=jnp.float32) * dh ** -0.5
     scores = jnp.where(visible[:, None, None], scores, MASK_VALUE)
     probs = jax.nn.softmax(scores, axis=-1).astype(dtype)
-    out = jnp.einsum("skgtc,sckd->stkgd", probs, v)
+    out = jnp.einsum("skgtc,kscd->stkgd", probs, v)
     return out.reshape(slots, q_len, hq, dh)
 
 

@@ -1,0 +1,411 @@
+"""`Engine`: continuous batching over the paged KV cache, driven by a host scheduler.
+
+`submit` queues a state (prompt ids, N samples, its key); every `step`:
+1. admits waiting requests (first come, first served) while N slots and their worst-case pages
+   are free: the prompt's cached prefix (prefix index, page-granular) is held, not prefilled;
+2. runs up to `chunks_per_step` prefill chunk calls for admitted prompts (`prefill_lanes`
+   prompts x `chunk` tokens each), so a long prompt never stalls running rows for long;
+3. starts the samples of fully prefilled prompts in their slots (page tables: the prompt's full
+   pages shared, the last partial page copied for samples 1..N-1) and runs one segment;
+4. retires finished rows: each sample's full pages enter the prefix index (a trajectory's next
+   state finds its history there), its own pages are released, and a request whose N samples
+   are done goes back to its caller at once (`on_done`).
+
+Weights: the model's parameters are read at every step; when they change (a trainer's update
+makes new arrays) the prefix index is cleared before anything else runs -- a cache belongs to
+one behaviour snapshot -- and a change while requests are in flight is an error.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+import weakref
+from typing import Any, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+import actionopd_jax.engine.programs as programs
+import actionopd_jax.sampling.cpu_backend as cpu_backend
+import actionopd_jax.sampling.decode as decode_lib
+from actionopd_jax.engine.pages import NULL_PAGE, PagePool, page_keys
+from actionopd_jax.engine.requests import EngineStats, Request, pages_needed, validate
+from actionopd_jax.engine.sessions import Sessions
+from actionopd_jax.engine.static_api import sample_all
+from actionopd_jax.engine.sizing import EngineConfig, pool_pages
+from actionopd_jax.sampling.checked_head import checked_head
+from actionopd_jax.sampling.sampler import CompileStats, SampleResult, _as_typed_key, _signature
+from actionopd_jax.sampling.token_choice import DEFAULT_CAP
+
+
+# compiled programs by (kind, graphdef, argument shapes, static settings, backend): engines of
+# the same shapes in one process (a new engine per collection run, tests) compile once
+_PROGRAMS: dict[tuple, Any] = {}
+
+
+@jax.jit
+def _sample_key_data(prompt_key, samples):
+    return jax.random.key_data(jax.vmap(lambda j: jax.random.fold_in(prompt_key, j))(samples))
+
+
+class Engine:
+    """model: a `Qwen3` (parameters read at every step); eos_ids: end tokens; config: the
+    fixed shapes (sizing.EngineConfig); lm_head / cap / backend: as `Sampler`'s; mesh: traced
+    under when given; reserve_bytes: per-chip memory to leave for state not yet allocated
+    (a trainer's), when the pool is sized "auto"."""
+
+    def __init__(self, model, cfg=None, *, eos_ids: Sequence[int], config: EngineConfig | None = None,
+                 cap: int = DEFAULT_CAP, lm_head: str = "checked", backend: str = "auto", mesh=None,
+                 reserve_bytes: int = 0, dtype: str | None = None):
+        self.model = model
+        self.cfg = cfg if cfg is not None else model.cfg
+        self.config = config or EngineConfig()
+        self.eos_ids = np.asarray(sorted(set(int(i) for i in eos_ids)) or [-1], np.int32)
+        if lm_head not in decode_lib.HEAD_MODES:
+            raise ValueError(f"lm_head must be one of {decode_lib.HEAD_MODES}, got {lm_head!r}")
+        self.cap, self.lm_head, self.mesh = int(cap), lm_head, mesh
+        platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
+        self.backend = decode_lib.resolve_backend(backend, platform)
+        c = self.config
+        # the cache's dtype: the model's compute dtype (a model-less engine, loaded by
+        # load_policy, is told it: `dtype`, default float32)
+        self.dtype = jnp.dtype(model.runtime.dtype if model is not None else (dtype or "float32"))
+        self.total_pages = pool_pages(self.cfg, c, mesh=mesh, dtype=str(self.dtype), reserve_bytes=reserve_bytes)
+        self.pages = PagePool(self.total_pages, c.page_size)
+        self.pool = None   # allocated at the first step (after the weights, so "auto" sizing saw them)
+        self._policy: dict[str, tuple] | None = None
+        self.stats = EngineStats()
+        self.compile_stats = CompileStats()
+        self._next_id = 0
+        self.waiting: list[Request] = []
+        self.prefilling: list[Request] = []
+        self.starting: list[Request] = []
+        self.running: dict[int, tuple[Request, int]] = {}     # slot -> (request, sample)
+        self._free_slots = list(range(c.slots))
+        self.sessions = Sessions()
+        s, pps = c.slots, c.pages_per_slot
+        self.host = dict(table=np.zeros((s, pps), np.int32), lengths=np.zeros(s, np.int32),
+                         last=np.zeros(s, np.int32), step=np.zeros(s, np.int32), done=np.ones(s, bool),
+                         stopped=np.zeros(s, bool), key_data=np.zeros((s, 2), np.uint32),
+                         temperature=np.ones(s, np.float32), top_k=np.zeros(s, np.int32),
+                         top_p=np.ones(s, np.float32), max_new=np.zeros(s, np.int32))
+        self._weights: tuple | None = None
+        self._checked: tuple[weakref.ref, Any] | None = None
+
+    # --- submission ------------------------------------------------------------------------
+    def submit(self, prompt, *, n: int = 1, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
+               top_k: int = 0, key, on_done=None, session=None) -> Request:
+        """Queue one state; `key` is its PRNG key (sample j uses fold_in(key, j)). on_done(request)
+        runs in the stepping thread as soon as its N samples are done. session: any hashable id
+        of the trajectory, to count chat-template misses of the prefix cache (EngineStats)."""
+        prompt = np.asarray(prompt)
+        validate(prompt, n=n, max_new=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
+                 vocab=self.cfg.vocab_size, context=self.cfg.max_position_embeddings, max_len=self.config.max_len,
+                 slots=self.config.slots)
+        need = sum(pages_needed(prompt.size, int(max_new_tokens), int(n), 0, self.config.page_size)[:2]) + \
+            (int(n) - 1) * pages_needed(prompt.size, int(max_new_tokens), int(n), 0, self.config.page_size)[2]
+        if need > self.total_pages - 1:
+            raise ValueError(f"a state of {prompt.size} prompt tokens, n={n}, max_new_tokens={max_new_tokens} needs "
+                             f"{need} pages; the pool has {self.total_pages - 1}: give the engine more pages")
+        req = Request(rid=self._next_id, prompt=prompt.astype(np.int32), n=int(n), max_new=int(max_new_tokens),
+                      temperature=float(temperature), top_p=float(top_p), top_k=int(top_k), key=_as_typed_key(key),
+                      on_done=on_done, session=session)
+        self._next_id += 1
+        self.waiting.append(req)
+        return req
+
+    def cancel(self, req: Request) -> None:
+        """Withdraw a request: its slots and pages are freed at the next step boundary."""
+        req.cancelled = True
+
+    def abort(self) -> None:
+        """Withdraw every request and start over with an empty cache (after a failed step,
+        whose donated pool may be gone)."""
+        for req in self.waiting + self.prefilling + self.starting + [r for r, _ in self.running.values()]:
+            req.cancelled = True
+        self._drop_cancelled()
+        self.pool = None
+        self.invalidate()
+
+    @property
+    def busy(self) -> bool:
+        return bool(self.waiting or self.prefilling or self.starting or self.running)
+
+    @property
+    def compile_count(self) -> int:
+        return self.compile_stats.programs
+
+    # --- the loop ---------------------------------------------------------------------------
+    def run(self) -> None:
+        while self.busy:
+            self.step()
+
+    def step(self) -> list[Request]:
+        """One scheduler round (module docstring); returns the requests finished in it."""
+        if self.model is None:
+            raise RuntimeError("the engine has no weights yet: call load_policy(graphdef, params) first")
+        if self.pool is None:
+            self.pool = programs.empty_pool(self.cfg, self.total_pages, self.config.page_size, self.dtype)
+        self._check_weights()
+        finished = self._drop_cancelled()
+        self._admit()
+        self._prefill()
+        if self.running or self.starting:
+            finished += self._segment()
+        return finished
+
+    # --- weights ----------------------------------------------------------------------------
+    def _check_weights(self) -> None:
+        leaves = tuple(id(x) for x in jax.tree.leaves(nnx.state(self.model, nnx.Param)))
+        if self._weights is not None and leaves != self._weights:
+            if self.prefilling or self.starting or self.running:
+                raise RuntimeError("the model's weights changed while requests were running in the engine; "
+                                   "update weights between collection steps, when the engine is idle")
+            self.invalidate()
+        self._weights = leaves
+
+    def load_policy(self, graphdef, params, mesh=None) -> None:
+        """Sample from `params` of `graphdef` from the next step on (`Sampler.load_policy`'s
+        contract and checks); only between requests. The prefix cache is dropped at the next
+        step (new weight arrays)."""
+        from actionopd_jax.sampling.sampler import _config_shapes, _leaf_specs, check_policy
+
+        if self.busy:
+            raise RuntimeError("load_policy while requests are in the engine; load weights between steps of "
+                               "collection, when the engine is idle")
+        got = _leaf_specs(params)
+        if self._policy is None:
+            if self.model is not None:
+                self._policy = _leaf_specs(nnx.state(self.model))
+            else:
+                shapes = _config_shapes(self.cfg)
+                self._policy = {path: (shapes[path], *got[path][1:]) if path in got else (shape, None, None)
+                                for path, shape in shapes.items()}
+        check_policy(self._policy, got)
+        model = nnx.merge(graphdef, params)
+        if jnp.dtype(model.runtime.dtype) != self.dtype:
+            raise ValueError(f"load_policy: the model computes in {model.runtime.dtype}, the engine's cache was "
+                             f"built for {self.dtype}; build the engine with dtype={model.runtime.dtype!r}")
+        self.model, self.mesh = model, mesh
+
+    def invalidate(self) -> None:
+        """Drop the prefix cache (a weight update: the cached keys/values belong to the old weights)."""
+        self.pages.clear_index()
+        self.sessions.clear()
+
+    # --- admission ----------------------------------------------------------------------------
+    def _admit(self) -> None:
+        page = self.config.page_size
+        while self.waiting:
+            req = self.waiting[0]
+            if req.n > len(self._free_slots):
+                return
+            keys = page_keys(req.prompt, page, (req.prompt.size - 1) // page)   # the last token is always prefilled
+            hits = self.pages.index.lookup(keys)
+            self.pages.hold(hits)
+            new_prompt, extra0, extra = pages_needed(req.prompt.size, req.max_new, req.n, len(hits), page)
+            need = new_prompt + extra0 + (req.n - 1) * extra
+            if need > self.pages.available():
+                self.pages.release(hits)
+                return
+            self.waiting.pop(0)
+            fresh = self.pages.allocate(need)
+            req.prompt_pages = hits + fresh[:new_prompt]
+            fresh = fresh[new_prompt:]
+            partial = req.prompt.size % page != 0
+            req.own_pages, req.copy_page = [], []
+            for j in range(req.n):
+                take = extra0 if j == 0 else extra
+                own, fresh = fresh[:take], fresh[take:]
+                req.copy_page.append(own[0] if (j > 0 and partial) else None)
+                req.own_pages.append(own)
+            req.slots = [self._free_slots.pop(0) for _ in range(req.n)]
+            req.cached_tokens = req.prefilled = len(hits) * page
+            req.tokens = [[] for _ in range(req.n)]
+            req.logprobs = [[] for _ in range(req.n)]
+            req.stopped = [False] * req.n
+            req.finished = [False] * req.n
+            self.stats.prompt_tokens += req.prompt.size
+            self.stats.prefix_hit_tokens += req.cached_tokens
+            self.sessions.admitted(req, self.stats)
+            self.prefilling.append(req)
+
+    # --- prefill ------------------------------------------------------------------------------
+    def _prefill(self) -> None:
+        c = self.config
+        for _ in range(c.chunks_per_step):
+            lanes = [r for r in self.prefilling if r.prefilled < r.prompt.size][:c.prefill_lanes]
+            if not lanes:
+                break
+            tokens = np.zeros((c.prefill_lanes, c.chunk), np.int32)
+            start = np.zeros(c.prefill_lanes, np.int32)
+            n_valid = np.zeros(c.prefill_lanes, np.int32)
+            table = np.zeros((c.prefill_lanes, c.pages_per_slot), np.int32)
+            for lane, req in enumerate(lanes):
+                take = min(c.chunk, req.prompt.size - req.prefilled)
+                tokens[lane, :take] = req.prompt[req.prefilled:req.prefilled + take]
+                start[lane], n_valid[lane] = req.prefilled, take
+                table[lane, :len(req.prompt_pages)] = req.prompt_pages
+            t0 = time.perf_counter()
+            graphdef, params = nnx.split(self.model)
+            args = (graphdef, params, self.pool, tokens, start, n_valid, table)
+            self.pool, hidden = self._run("chunk", programs.prefill_chunk, args, {"page_size": c.page_size},
+                                          donate=(2,))
+            hidden = np.asarray(hidden)
+            self.stats.prefill_s += time.perf_counter() - t0
+            self.stats.chunk_calls += 1
+            for lane, req in enumerate(lanes):
+                req.prefilled += int(n_valid[lane])
+                self.stats.prefilled_tokens += int(n_valid[lane])
+                if req.prefilled == req.prompt.size:
+                    req.hidden = hidden[lane]
+                    self._index_pages(req.prompt, req.prompt_pages)
+                    self.prefilling.remove(req)
+                    self.starting.append(req)
+
+    def _index_pages(self, tokens: np.ndarray, pages: list[int]) -> None:
+        for key, page in zip(page_keys(tokens, self.config.page_size), pages):
+            self.pages.index.insert(key, page)
+
+    # --- segments -------------------------------------------------------------------------------
+    def _start_samples(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        c, h = self.config, self.host
+        fresh = np.zeros(c.slots, bool)
+        fresh_hidden = np.zeros((c.slots, self.cfg.hidden_size), self.dtype)
+        copy_src = np.zeros(c.slots, np.int32)
+        copy_dst = np.zeros(c.slots, np.int32)
+        copies = 0
+        for req in self.starting:
+            full = req.prompt.size // c.page_size
+            shared, partial_page = req.prompt_pages[:full], req.prompt_pages[full:]
+            key_data = np.asarray(_sample_key_data(req.key, np.arange(req.n, dtype=np.int32)))
+            for j, slot in enumerate(req.slots):
+                mine = partial_page if j == 0 else []
+                if req.copy_page[j] is not None:
+                    copy_src[copies], copy_dst[copies] = partial_page[0], req.copy_page[j]
+                    copies += 1
+                pages = shared + mine + req.own_pages[j]
+                h["table"][slot] = NULL_PAGE
+                h["table"][slot, :len(pages)] = pages
+                h["lengths"][slot], h["last"][slot], h["step"][slot] = req.prompt.size, 0, 0
+                h["done"][slot], h["stopped"][slot] = False, False
+                h["key_data"][slot] = key_data[j]
+                h["temperature"][slot], h["top_k"][slot] = req.temperature, req.top_k
+                h["top_p"][slot], h["max_new"][slot] = req.top_p, req.max_new
+                fresh[slot] = True
+                fresh_hidden[slot] = req.hidden
+                self.running[slot] = (req, j)
+        self.starting = []
+        return fresh, fresh_hidden, copy_src, copy_dst
+
+    def _segment(self) -> list[Request]:
+        c, h = self.config, self.host
+        fresh, fresh_hidden, copy_src, copy_dst = self._start_samples()
+        slots = programs.Slots(fresh=fresh, fresh_hidden=fresh_hidden, **h)
+        graphdef, params = nnx.split(self.model)
+        t0 = time.perf_counter()
+        args = (graphdef, params, self._checked_head(), self.pool, slots, copy_src, copy_dst, self.eos_ids)
+        static = {"steps": c.segment, "page_size": c.page_size, "cap": self.cap, "head": self.lm_head,
+                  "backend": self.backend}
+        self.pool, out = self._run("segment", programs.segment, args, static, donate=(3,))
+        out = jax.device_get(out)
+        self.stats.decode_s += time.perf_counter() - t0
+        self.stats.segments += 1
+        self.stats.head_fallback_steps += int(out.head_fallbacks)
+        self.stats.decode_row_steps += int(out.produced.max()) * len(self.running)
+        for name in h:
+            h[name] = np.array(getattr(out.slots, name))
+        finished = []
+        for slot, (req, j) in list(self.running.items()):
+            k = int(out.produced[slot])
+            req.tokens[j] += out.tokens[slot, :k].tolist()
+            req.logprobs[j] += out.logprobs[slot, :k].tolist()
+            self.stats.generated_tokens += k
+            if h["done"][slot]:
+                req.stopped[j] = bool(h["stopped"][slot])
+                if self._retire(slot, req, j):
+                    finished.append(req)
+        return finished
+
+    def _retire(self, slot: int, req: Request, j: int) -> bool:
+        """Free a finished sample's slot; True when it was its request's last one."""
+        c = self.config
+        del self.running[slot]
+        seq = np.concatenate([req.prompt, np.asarray(req.tokens[j][:-1], np.int32)])
+        table = self.host["table"][slot]
+        full = req.prompt.size // c.page_size
+        if not req.cancelled:
+            keys = page_keys(seq, c.page_size)
+            for k in range(full, len(keys)):
+                self.pages.index.insert(keys[k], int(table[k]))
+            self.sessions.sample_done(req, j)
+        own = ([req.prompt_pages[full]] if j == 0 and req.prompt.size % c.page_size else []) + req.own_pages[j]
+        self.pages.release(own)
+        self.host["table"][slot] = NULL_PAGE
+        self.host["lengths"][slot], self.host["done"][slot] = 0, True
+        self._free_slots.append(slot)
+        self._free_slots.sort()
+        req.finished[j] = True
+        if not req.done:
+            return False
+        self.pages.release(req.prompt_pages[:full])
+        if req.on_done is not None and not req.cancelled:
+            req.on_done(req)
+        return True
+
+    def _drop_cancelled(self) -> list[Request]:
+        """Withdrawn requests leave at the step boundary: a running one's slots are free for
+        this step's segment (a disconnected client costs at most one segment)."""
+        self.waiting = [r for r in self.waiting if not r.cancelled]
+        for group in (self.prefilling, self.starting):
+            for req in [r for r in group if r.cancelled]:
+                group.remove(req)
+                self.pages.release(req.prompt_pages + [p for own in req.own_pages for p in own])
+                self._free_slots = sorted(self._free_slots + req.slots)
+                req.finished = [True] * req.n
+        for slot, (req, j) in list(self.running.items()):
+            if req.cancelled:
+                self._retire(slot, req, j)
+        return []
+
+    # --- compiled programs --------------------------------------------------------------------
+    def _run(self, kind, fn, args, static, donate=()):
+        key = (kind, args[0], _signature(args[1:]), tuple(sorted(static.items())), self.backend)
+        program = _PROGRAMS.get(key)
+        if program is None:
+            t0 = time.perf_counter()
+            options = cpu_backend.compiler_options("decode" if kind == "segment" else "prefill") \
+                if self.backend == "cpu" else ()
+            jitted = jax.jit(functools.partial(fn, **static), static_argnums=(0,), donate_argnums=donate)
+            with self._mesh():
+                program = jitted.lower(*args).compile(compiler_options=dict(options))
+            self.compile_stats.programs += 1
+            self.compile_stats.seconds += time.perf_counter() - t0
+            self.compile_stats.shapes.append((kind, round(time.perf_counter() - t0, 2)))
+            _PROGRAMS[key] = program
+        return program(*args[1:])
+
+    def _mesh(self):
+        import contextlib
+
+        return jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
+
+    def _checked_head(self):
+        if not decode_lib.uses_checked_head(self.model, self.lm_head, self.backend):
+            return None
+        w = self.model.head_weight()
+        if self._checked is None or self._checked[0]() is not w:
+            self._checked = (weakref.ref(w), jax.jit(checked_head)(w))
+        return self._checked[1]
+
+    # --- the static sampler's API ----------------------------------------------------------------
+    def sample(self, prompts, *, n=1, max_new_tokens, temperature=1.0, top_p=1.0, top_k=0, key) -> SampleResult:
+        """`Sampler.sample`'s contract (same keys, same results), through the engine."""
+        return sample_all(self, prompts, n=n, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                          top_k=top_k, key=key)
+
+
+__all__ = ["Engine"]

@@ -1,0 +1,197 @@
+"""The engine's two compiled programs: a prefill chunk and a decode segment, over the page pool.
+
+Every shape is fixed when the engine is built (slots, pages per slot, pool size, chunk length,
+prefill lanes, segment length), and everything about the requests is traced data, so a change
+in the mix of requests never compiles again.
+
+- `prefill_chunk`: `lanes` prompts, `chunk` tokens each (a lane's real tokens are a prefix of
+  it, `n_valid`), at absolute positions `start + [0, chunk)`: their keys/values go straight into
+  the lane's pages, attention reads the lane's pages (causal within the chunk), and the
+  final-normed hidden state of each lane's last real token comes back (the first token's
+  logits are taken from it in the segment that starts the lane's samples).
+- `segment`: first, pending copy-on-write page copies, then up to `steps` decode steps for
+  every running slot, stopping early when all are done. A *fresh* slot's first step samples
+  its first token from its prompt's hidden state (as the static sampler's prefill does). Each step
+  feeds a slot's last token at position `lengths`, writes its key/value into page
+  `table[s, pos // page]` at `pos % page` (idle and finished slots write into the null page),
+  attends over the slot's pages and picks the next token with key fold_in(row key, step).
+
+Sampling is the static sampler's: the LM-head chooser of `decode.token_chooser` (the
+"checked" head on CPU; with lm_head="float32", `choose_tokens` over the model's head, as the
+static sampler's first token, for every token) and the same keys, so a
+sample does not depend on which slot or segment it ran in (tests/test_engine_exact.py).
+Layers are unrolled in Python (per-layer page arrays, no slicing of a stacked pool); on the CPU
+backend decode uses the fused output-major step weights as the static CPU backend does.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+import actionopd_jax.sampling.cpu_backend as cpu_backend
+import actionopd_jax.sampling.decode as decode_lib
+from actionopd_jax.model.attention.paged_gather import paged_attention_gather
+from actionopd_jax.model.layers import rope_tables
+from actionopd_jax.engine.pages import NULL_PAGE
+
+
+@flax.struct.dataclass
+class Pool:
+    """The paged KV cache: per layer k and v [KVH, total_pages, page_size, Dh]."""
+
+    k: tuple
+    v: tuple
+
+
+def empty_pool(cfg, total_pages: int, page_size: int, dtype) -> Pool:
+    shape = (cfg.num_key_value_heads, total_pages, page_size, cfg.head_dim)
+    layers = range(cfg.num_hidden_layers)
+    return Pool(k=tuple(jnp.zeros(shape, dtype) for _ in layers), v=tuple(jnp.zeros(shape, dtype) for _ in layers))
+
+
+@flax.struct.dataclass
+class Slots:
+    """What the host knows of every decode slot, passed in at each segment (small arrays)."""
+
+    table: jax.Array        # i32[S, pages_per_slot]
+    lengths: jax.Array      # i32[S]: tokens in the cache (`last` not yet among them)
+    last: jax.Array         # i32[S]: the token to feed next
+    step: jax.Array         # i32[S]: tokens produced so far
+    done: jax.Array         # bool[S]: finished or idle
+    stopped: jax.Array      # bool[S]: finished on an end token
+    key_data: jax.Array     # u32[S, 2]: the row key fold_in(prompt key, sample)
+    temperature: jax.Array  # f32[S]
+    top_k: jax.Array        # i32[S]
+    top_p: jax.Array        # f32[S]
+    max_new: jax.Array      # i32[S]
+    fresh: jax.Array        # bool[S]: the slot's first token is still to be sampled
+    fresh_hidden: jax.Array  # [S, D]: for fresh slots, the hidden state of the prompt's last token
+
+
+@flax.struct.dataclass
+class SegmentOut:
+    tokens: jax.Array       # i32[S, steps + 1]: this segment's tokens per slot (first `produced`)
+    logprobs: jax.Array     # f32[S, steps + 1]
+    produced: jax.Array     # i32[S]
+    slots: Slots            # after the segment
+    head_fallbacks: jax.Array   # i32[]: steps where the "checked" head ran the float32 head
+
+
+def _layer_modules(model):
+    layer_def, layer_state = nnx.split(model.layers)
+    return [nnx.merge(layer_def, jax.tree.map(lambda x, i=i: x[i], layer_state))
+            for i in range(model.cfg.num_hidden_layers)]
+
+
+def _write(pages: jax.Array, page: jax.Array, offset: jax.Array, values: jax.Array) -> jax.Array:
+    """pages [KVH, P, page, Dh] with values [*idx, KVH, Dh] stored at (page, offset) [*idx]."""
+    moved = jnp.moveaxis(values, -2, 0).astype(pages.dtype)      # [KVH, *idx, Dh]
+    return pages.at[:, page, offset].set(moved)
+
+
+def prefill_chunk(graphdef: nnx.GraphDef, params: Any, pool: Pool, tokens: jax.Array, start: jax.Array,
+                  n_valid: jax.Array, table: jax.Array, *, page_size: int) -> tuple[Pool, jax.Array]:
+    """tokens i32[lanes, chunk] at positions start[lanes] + [0, chunk), the first n_valid[lanes]
+    of them real; table i32[lanes, pages_per_slot]. Returns the pool with their keys/values
+    and the final-normed hidden [lanes, D] of each lane's last real token."""
+    model = nnx.merge(graphdef, params)
+    cfg, dt = model.cfg, jnp.dtype(model.runtime.dtype)
+    lanes, chunk = tokens.shape
+    positions = start[:, None] + jnp.arange(chunk, dtype=jnp.int32)[None, :]
+    valid = jnp.arange(chunk)[None, :] < n_valid[:, None]
+    page = jnp.where(valid, jnp.take_along_axis(table, positions // page_size, axis=1, mode="clip"), NULL_PAGE)
+    offset = jnp.where(valid, positions % page_size, 0)
+    lengths = start + n_valid
+    h = jnp.take(model.embed_tokens[...], tokens, axis=0).astype(dt)
+    cos, sin = rope_tables(positions, cfg)
+    ks, vs = list(pool.k), list(pool.v)
+    for i, layer in enumerate(_layer_modules(model)):
+        attn = layer.self_attn
+        q, k, v = attn.project_qkv(layer.input_layernorm(h), cos, sin)     # [lanes, chunk, heads, Dh]
+        ks[i], vs[i] = _write(ks[i], page, offset, k), _write(vs[i], page, offset, v)
+        out = paged_attention_gather(q, ks[i], vs[i], lengths, table, q_positions=positions)
+        h = h + attn.output(out)
+        h = h + layer.mlp(layer.post_attention_layernorm(h))
+    last = jnp.maximum(n_valid - 1, 0)
+    hidden = jnp.take_along_axis(model.norm(h), last[:, None, None], axis=1)[:, 0]
+    return Pool(k=tuple(ks), v=tuple(vs)), hidden
+
+
+def _is_end(tokens, end_ids):
+    return (tokens[:, None] == end_ids[None, :]).any(-1)
+
+
+def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots: Slots, copy_src: jax.Array,
+            copy_dst: jax.Array, end_ids: jax.Array, *, steps: int, page_size: int, cap: int, head: str,
+            backend: str) -> tuple[Pool, SegmentOut]:
+    """One decode segment (module docstring). copy_src/copy_dst i32[M]: pages to copy first
+    (copy-on-write of a shared prompt's last partial page; pad with NULL_PAGE -> NULL_PAGE)."""
+    model = nnx.merge(graphdef, params)
+    cfg, dt = model.cfg, jnp.dtype(model.runtime.dtype)
+    n_slots = slots.last.shape[0]
+    width = steps + 1                      # up to `steps` tokens, plus a junk column
+    junk = width - 1
+    rows = decode_lib.RowSettings(keys=jax.random.wrap_key_data(slots.key_data), temperature=slots.temperature,
+                                  top_k=slots.top_k, top_p=slots.top_p, max_new=slots.max_new)
+    step_keys = lambda s: jax.vmap(jax.random.fold_in)(rows.keys, s.step)
+    ks = tuple(pk.at[:, copy_dst].set(pk[:, copy_src]) for pk in pool.k)
+    vs = tuple(pv.at[:, copy_dst].set(pv[:, copy_src]) for pv in pool.v)
+    out_tok = jnp.zeros((n_slots, width), jnp.int32)
+    out_lp = jnp.zeros((n_slots, width), jnp.float32)
+    produced = jnp.zeros((n_slots,), jnp.int32)
+
+    def record(s: Slots, out_tok, out_lp, produced, tok, logp, running):
+        at = jnp.where(running, produced, junk)
+        out_tok = out_tok.at[jnp.arange(n_slots), at].set(tok)
+        out_lp = out_lp.at[jnp.arange(n_slots), at].set(logp)
+        hit_end = running & _is_end(tok, end_ids)
+        step = jnp.where(running, s.step + 1, s.step)
+        s = s.replace(last=jnp.where(running, tok, s.last), step=step, stopped=s.stopped | hit_end,
+                      done=s.done | hit_end | (running & (step >= s.max_new)))
+        return s, out_tok, out_lp, produced + running.astype(jnp.int32)
+
+    choose = decode_lib.token_chooser(model, head, cap=cap, backend=backend, checked=checked)
+    layers = _layer_modules(model)
+    fused = [cpu_backend.step_weights(layer) if backend == "cpu" else (None,) * 4 for layer in layers]
+
+    def one_step(carry):
+        i, ks, vs, s, out_tok, out_lp, produced, fallbacks = carry
+        # fresh slots take their first token from the prompt's hidden state in this step (one
+        # chooser in the program, not two); their forward row is junk and writes nothing
+        feeding = ~s.done & ~s.fresh
+        pos = s.lengths
+        page = jnp.where(feeding, jnp.take_along_axis(s.table, (pos // page_size)[:, None], axis=1,
+                                                      mode="clip")[:, 0], NULL_PAGE)
+        offset = jnp.where(feeding, pos % page_size, 0)
+        h = jnp.take(model.embed_tokens[...], s.last[:, None], axis=0).astype(dt)   # [S, 1, D]
+        cos, sin = rope_tables(pos[:, None], cfg)
+        ks, vs = list(ks), list(vs)
+        for j, layer in enumerate(layers):
+            attn = layer.self_attn
+            qkv_w, o_w, gate_up_w, down_w = fused[j]
+            q, k, v = attn.project_qkv(layer.input_layernorm(h), cos, sin, qkv_w)   # [S, 1, heads, Dh]
+            ks[j], vs[j] = _write(ks[j], page, offset, k[:, 0]), _write(vs[j], page, offset, v[:, 0])
+            out = paged_attention_gather(q, ks[j], vs[j], pos + 1, s.table)
+            h = h + attn.output(out, o_w)
+            h = h + layer.mlp(layer.post_attention_layernorm(h), gate_up_w, down_w)
+        hidden = jnp.where(s.fresh[:, None], s.fresh_hidden.astype(dt), model.norm(h)[:, 0])
+        running = ~s.done
+        tok, logp, fell_back = choose(hidden, step_keys(s), rows, running)
+        s = s.replace(lengths=jnp.where(feeding, pos + 1, pos), fresh=jnp.zeros_like(s.fresh))
+        s, out_tok, out_lp, produced = record(s, out_tok, out_lp, produced, tok, logp, running)
+        return i + 1, tuple(ks), tuple(vs), s, out_tok, out_lp, produced, fallbacks + fell_back.astype(jnp.int32)
+
+    s = slots.replace(done=slots.done & ~slots.fresh)
+    carry = (jnp.zeros((), jnp.int32), ks, vs, s, out_tok, out_lp, produced, jnp.zeros((), jnp.int32))
+    _, ks, vs, s, out_tok, out_lp, produced, fallbacks = jax.lax.while_loop(
+        lambda c: (c[0] < steps) & ~jnp.all(c[3].done), one_step, carry)
+    return Pool(k=ks, v=vs), SegmentOut(tokens=out_tok, logprobs=out_lp, produced=produced, slots=s,
+                                        head_fallbacks=fallbacks)
+
+
+__all__ = ["Pool", "SegmentOut", "Slots", "empty_pool", "prefill_chunk", "segment"]

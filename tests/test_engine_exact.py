@@ -1,0 +1,57 @@
+"""The engine gives the static sampler's samples (same tokens, same finish reasons, logprobs to
+float32 rounding) whatever the arrival order, the slot a sample lands in and the segment
+length; and a new mix of requests never compiles again."""
+
+import jax
+import numpy as np
+import pytest
+
+from _engine_fixtures import assert_same, engine, reference
+
+N_STATES = 7
+
+
+def _workload(seed):
+    rng = np.random.default_rng(seed)
+    prompts = [rng.integers(0, 256, size=int(rng.integers(2, 30))).astype(np.int32) for _ in range(N_STATES)]
+    settings = dict(n=[int(rng.integers(1, 4)) for _ in prompts],
+                    max_new_tokens=[int(rng.integers(1, 25)) for _ in prompts],
+                    temperature=[float(rng.choice([0.0, 0.7, 1.0])) for _ in prompts],
+                    top_p=[float(rng.choice([1.0, 0.9])) for _ in prompts],
+                    top_k=[int(rng.choice([0, 5, 40])) for _ in prompts])
+    keys = [jax.random.key(100 + i) for i in range(N_STATES)]
+    return prompts, settings, keys
+
+
+@pytest.mark.parametrize("segment", [1, 3, 8])
+def test_random_arrivals_give_the_static_samples(segment):
+    prompts, settings, keys = _workload(seed=segment)
+    want = reference(prompts, keys, **settings)
+    eng = engine(segment)
+    rng = np.random.default_rng(1000 + segment)
+    order = rng.permutation(N_STATES)        # arrival order, each arrival after a random number of steps
+    got = [None] * N_STATES
+    pending = list(order)
+    while pending or eng.busy:
+        for _ in range(int(rng.integers(0, 3)) if pending else 0):
+            if pending:
+                i = pending.pop(0)
+                eng.submit(prompts[i], key=keys[i], on_done=lambda r, i=i: got.__setitem__(i, r.generations),
+                           **{k: v[i] for k, v in settings.items()})
+        eng.step()
+    assert_same(got, want)
+    assert eng.stats.generated_tokens == sum(g.token_ids.size for gens in want for g in gens)
+    assert eng.pages.in_use == 0             # every page released (cached ones stay evictable)
+
+
+def test_new_request_mixes_never_compile_again():
+    eng = engine(3)
+    prompts, settings, keys = _workload(seed=3)
+    eng.sample(prompts, key=keys, **settings)
+    assert eng.compile_count <= 2            # chunk + segment (0 if another test compiled them)
+    before = eng.compile_count
+    for seed in (11, 12):                    # other lengths, n, max_new, sampling settings
+        prompts, settings, keys = _workload(seed)
+        result = eng.sample(prompts[:4], key=keys[:4], **{k: v[:4] for k, v in settings.items()})
+        assert result.compiled_programs == 0
+    assert eng.compile_count == before
