@@ -127,6 +127,49 @@ def compile_segment(cfg, mesh, *, slots, pages, page, pps, steps, layer_unroll=1
     return compiled, time.perf_counter() - t0
 
 
+def row_write(pages, page, offset, values):
+    """programs._write's contract (values [*idx, KVH, Dh] at (page, offset) [*idx]) as one
+    scatter of token rows into the pool viewed as [KVH * pages * page, Dh] (write_token)."""
+    kvh, n, size, dh = pages.shape
+    rows = (page * size + offset).reshape(-1)
+    at = (jnp.arange(kvh, dtype=rows.dtype)[:, None] * (n * size) + rows[None, :]).reshape(-1)
+    vals = jnp.moveaxis(values.reshape(-1, kvh, dh), 1, 0).reshape(-1, dh).astype(pages.dtype)
+    return pages.reshape(kvh * n * size, dh).at[at].set(vals).reshape(kvh, n, size, dh)
+
+
+def compile_engine_segment(cfg, mesh, *, slots, pages, page, pps, steps, rows_write=False):
+    """f-engine's real segment program (actionopd_jax/engine/programs.py: layers unrolled,
+    per-layer pools [KVH, pages, page, Dh]) with its attention call swapped for the "paged_tpu"
+    kernel (it calls the gather path directly). Its while_loop body is one decode step, so the
+    cost model's figures are one step's."""
+    import actionopd_jax.engine.programs as programs
+    from actionopd_jax.sampling.token_choice import DEFAULT_CAP
+
+    graphdef, params = aot.abstract_model(cfg, mesh, RuntimeOptions(dtype="bfloat16"))
+    sds = lambda shape, dt, spec=P(): jax.ShapeDtypeStruct(shape, dt, sharding=NamedSharding(mesh, spec))
+    layer_pool = sds((cfg.num_key_value_heads, pages, page, cfg.head_dim), jnp.bfloat16, P("tensor"))
+    pool = programs.Pool(k=(layer_pool,) * cfg.num_hidden_layers, v=(layer_pool,) * cfg.num_hidden_layers)
+    i32, f32, b = (lambda: sds((slots,), jnp.int32)), (lambda: sds((slots,), jnp.float32)), \
+        (lambda: sds((slots,), jnp.bool_))
+    state = programs.Slots(table=sds((slots, pps), jnp.int32), lengths=i32(), last=i32(), step=i32(), done=b(),
+                           stopped=b(), key_data=sds((slots, 2), jnp.uint32), temperature=f32(), top_k=i32(),
+                           top_p=f32(), max_new=i32(), fresh=b(), fresh_hidden=sds((slots, cfg.hidden_size), jnp.bfloat16))
+    args = (params, None, pool, state, i32(), i32(), sds((2,), jnp.int32))
+    gather, write = programs.paged_attention_gather, programs._write
+    programs.paged_attention_gather = functools.partial(paged_attention, impl="paged_tpu")
+    if rows_write:
+        programs._write = row_write
+    try:
+        fn = jax.jit(functools.partial(programs.segment, steps=steps, page_size=page, cap=DEFAULT_CAP, head="checked",
+                                       backend="accelerator"), static_argnums=(0,), donate_argnums=(3,))
+        t0 = time.perf_counter()
+        with jax.set_mesh(mesh), no_persistent_cache():
+            compiled = fn.lower(graphdef, *args).compile()
+    finally:
+        programs.paged_attention_gather, programs._write = gather, write
+    return compiled, time.perf_counter() - t0
+
+
 def _cost(compiled) -> dict:
     c = compiled.cost_analysis()
     c = c[0] if isinstance(c, (list, tuple)) else c
@@ -160,6 +203,10 @@ def main() -> None:
     ap.add_argument("--kernel-efficiency", type=float, default=0.86,
                     help="share of HBM bandwidth the paged kernel reaches (0.86: vLLM's TPU kernel authors' report)")
     ap.add_argument("--skip-full", action="store_true", help="skip the full-depth segment compile")
+    ap.add_argument("--program", choices=("ours", "engine"), default="ours",
+                    help="ours: the segment above; engine: f-engine's programs.segment with the paged_tpu kernel")
+    ap.add_argument("--row-write", action="store_true",
+                    help="with --program engine: its page writes replaced by row_write (one row scatter)")
     args = ap.parse_args()
 
     cfg = PRESETS["qwen3-4b"].replace(param_dtype="bfloat16")
@@ -179,6 +226,9 @@ def main() -> None:
     print(f"per chip: trainer resident (f32 params + AdamW) {resident / GIB:.2f} GiB, rollout copy "
           f"{rollout / GIB:.2f} GiB, usable {usable / GIB:.2f} GiB, pool {pages * args.page * kv_token / chips / GIB:.2f} GiB")
     rows = []
+    if args.program == "engine":
+        _engine_rows(cfg, mesh, args, pages, pps, resident, usable, bw, kv_token)
+        return
     if not args.skip_full:
         full, full_s = compile_segment(cfg, mesh, slots=args.slots, pages=pages, page=args.page, pps=pps,
                                        steps=args.steps)
@@ -213,6 +263,30 @@ def main() -> None:
              (f"bound: weights + live KV, {args.context} tokens x {args.slots} slots (ms)",
               f"{1e3 * bound:.2f} ({weights / chips / 1e9:.2f} + {args.slots * args.context * kv_token / chips / 1e9:.2f} GB)"),
              ("estimate / bound", f"{est / bound:.2f}")]
+    width = max(len(k) for k, _ in rows)
+    for k, v in rows:
+        print(f"{k:<{width}}  {v}")
+
+
+def _engine_rows(cfg, mesh, args, pages, pps, resident, usable, bw, kv_token) -> None:
+    compiled, seconds = compile_engine_segment(cfg, mesh, slots=args.slots, pages=pages, page=args.page, pps=pps,
+                                               steps=args.steps, rows_write=args.row_write)
+    mem, cost, chips = aot.memory_gib(compiled), _cost(compiled), mesh.size
+    block = pages_per_block(pps, args.page) * args.page
+    read_tokens = args.slots * (-(-args.context // block) * block)
+    kernel_s = read_tokens * kv_token / chips / (args.kernel_efficiency * bw)
+    weights = count_params(cfg)["total"] * 2
+    bound = (weights + args.slots * args.context * kv_token) / chips / bw
+    est = cost["optimal_seconds"] + kernel_s
+    total = mem["peak"] + resident / GIB
+    rows = [(f"engine segment compile, {args.steps} steps (s)", f"{seconds:.1f}"),
+            ("segment peak + trainer resident per chip (GiB)",
+             f"{mem['peak']:.2f} + {resident / GIB:.2f} = {total:.2f} of {usable / GIB:.2f} usable "
+             f"({'fits' if total <= usable / GIB else 'DOES NOT FIT'}; temp {mem['temp']:.2f})"),
+            ("XLA cost model, one step (the while body) without the kernel (ms)",
+             f"{1e3 * cost['optimal_seconds']:.2f} ({cost['bytes accessed'] / 1e9:.2f} GB)"),
+            (f"kernel reads at {args.kernel_efficiency:.0%} of bandwidth (ms)", f"{1e3 * kernel_s:.2f}"),
+            ("estimated step / bound (ms)", f"{1e3 * est:.2f} / {1e3 * bound:.2f} = {est / bound:.2f}x")]
     width = max(len(k) for k, _ in rows)
     for k, v in rows:
         print(f"{k:<{width}}  {v}")
