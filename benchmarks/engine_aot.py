@@ -43,7 +43,7 @@ from flax import nnx  # noqa: E402
 from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
 
 from actionopd_jax.aot.compile import no_persistent_cache  # noqa: E402
-from actionopd_jax.model.attention.paged import paged_attention  # noqa: E402
+from actionopd_jax.model.attention.paged import paged_attention, write_rows  # noqa: E402
 from actionopd_jax.model.attention.paged_tpu import pages_per_block  # noqa: E402
 from actionopd_jax.model.config import PRESETS, count_params  # noqa: E402
 from actionopd_jax.model.layers import rope_tables  # noqa: E402
@@ -53,18 +53,6 @@ from actionopd_jax.sampling import aot  # noqa: E402
 from actionopd_jax.sampling.token_choice import choose_tokens  # noqa: E402
 
 GIB = 2 ** 30
-
-
-def write_token(pool_k, pool_v, k, v, rows):
-    """k/v [slots, KVH, Dh] into token rows `rows` [slots] of the pools, viewed as one
-    [KVH * pages * page, Dh] table of token rows (a reshape that keeps the tiled layout) and
-    written by one row scatter. Scattering [KVH, slots, Dh] into the 4-d pool instead made
-    the TPU compiler pick another layout for the scatter and copy the whole pool twice per step."""
-    kvh, n, page, dh = pool_k.shape
-    at = (jnp.arange(kvh, dtype=rows.dtype)[:, None] * (n * page) + rows[None, :]).reshape(-1)
-    flat = lambda pool, x: pool.reshape(kvh * n * page, dh).at[at].set(
-        x.transpose(1, 0, 2).reshape(-1, dh).astype(pool.dtype)).reshape(kvh, n, page, dh)
-    return flat(pool_k, k), flat(pool_v, v)
 
 
 def segment(graphdef, params, pool_k, pool_v, page_table, lengths, last, keys, temperature, top_k, top_p, *,
@@ -93,7 +81,8 @@ def segment(graphdef, params, pool_k, pool_v, page_table, lengths, last, keys, t
             layer = nnx.merge(layer_def, one_layer)
             attn = layer.self_attn
             q, k, v = attn.project_qkv(layer.input_layernorm(h), cos, sin)       # [S, 1, heads, Dh]
-            pool_k, pool_v = write_token(pool_k, pool_v, k[:, 0], v[:, 0], (l * pages + slot_page) * page + pos % page)
+            at = l * pages + slot_page
+            pool_k, pool_v = write_rows(pool_k, at, pos % page, k[:, 0]), write_rows(pool_v, at, pos % page, v[:, 0])
             out = paged_attention(q, pool_k, pool_v, pos + 1, page_table + l * pages, impl="paged_tpu")
             h = h + attn.output(out)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
@@ -127,16 +116,6 @@ def compile_segment(cfg, mesh, *, slots, pages, page, pps, steps, layer_unroll=1
     return compiled, time.perf_counter() - t0
 
 
-def row_write(pages, page, offset, values):
-    """programs._write's contract (values [*idx, KVH, Dh] at (page, offset) [*idx]) as one
-    scatter of token rows into the pool viewed as [KVH * pages * page, Dh] (write_token)."""
-    kvh, n, size, dh = pages.shape
-    rows = (page * size + offset).reshape(-1)
-    at = (jnp.arange(kvh, dtype=rows.dtype)[:, None] * (n * size) + rows[None, :]).reshape(-1)
-    vals = jnp.moveaxis(values.reshape(-1, kvh, dh), 1, 0).reshape(-1, dh).astype(pages.dtype)
-    return pages.reshape(kvh * n * size, dh).at[at].set(vals).reshape(kvh, n, size, dh)
-
-
 def compile_engine_segment(cfg, mesh, *, slots, pages, page, pps, steps, rows_write=False):
     """f-engine's real segment program (actionopd_jax/engine/programs.py: layers unrolled,
     per-layer pools [KVH, pages, page, Dh]) with its attention call swapped for the "paged_tpu"
@@ -158,7 +137,7 @@ def compile_engine_segment(cfg, mesh, *, slots, pages, page, pps, steps, rows_wr
     gather, write = programs.paged_attention_gather, programs._write
     programs.paged_attention_gather = functools.partial(paged_attention, impl="paged_tpu")
     if rows_write:
-        programs._write = row_write
+        programs._write = write_rows
     try:
         fn = jax.jit(functools.partial(programs.segment, steps=steps, page_size=page, cap=DEFAULT_CAP, head="checked",
                                        backend="accelerator"), static_argnums=(0,), donate_argnums=(3,))
@@ -206,7 +185,7 @@ def main() -> None:
     ap.add_argument("--program", choices=("ours", "engine"), default="ours",
                     help="ours: the segment above; engine: f-engine's programs.segment with the paged_tpu kernel")
     ap.add_argument("--row-write", action="store_true",
-                    help="with --program engine: its page writes replaced by row_write (one row scatter)")
+                    help="with --program engine: its page writes replaced by paged.write_rows (one row scatter)")
     args = ap.parse_args()
 
     cfg = PRESETS["qwen3-4b"].replace(param_dtype="bfloat16")

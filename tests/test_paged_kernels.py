@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from actionopd_jax.model.attention.dispatch import PAGED_IMPLEMENTATIONS, resolve_paged
-from actionopd_jax.model.attention.paged import paged_attention, storage_layout
+from actionopd_jax.model.attention.paged import paged_attention, storage_layout, write_rows
 from actionopd_jax.model.attention.paged_gather import paged_attention_gather
 from actionopd_jax.model.attention.paged_gpu import check_gpu_shapes, gpu_blocks
 from actionopd_jax.model.attention.paged_tpu import check_shapes, combine_pages, pages_per_block, query_rows
@@ -174,3 +174,47 @@ def test_gpu_kernel_lowers_for_cuda():
     fn = jax.jit(lambda q, k, v, n, t: paged_attention(q, k, v, n, t, impl="paged_gpu", mesh=_FakeMesh("gpu")))
     text = fn.trace(q, pages, pages, lengths, table).lower(lowering_platforms=("cuda",)).as_text()
     assert "triton" in text      # the Pallas kernel went to Triton, not an XLA fallback
+
+
+def test_write_rows_equals_the_indexed_write():
+    pages = jnp.asarray(np.random.default_rng(5).normal(size=(2, 6, 4, 8)), jnp.float32)
+    values = jnp.asarray(np.random.default_rng(6).normal(size=(2, 3, 2, 8)), jnp.float32)   # [lanes, chunk, KVH, Dh]
+    page = jnp.asarray([[1, 1, 2], [5, 5, 0]], jnp.int32)
+    offset = jnp.asarray([[2, 3, 0], [0, 1, 3]], jnp.int32)
+    want = pages.at[:, page, offset].set(jnp.moveaxis(values, -2, 0))
+    got = write_rows(pages, page, offset, values)
+    np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    assert not np.array_equal(np.asarray(got), np.asarray(pages))
+
+
+def test_write_rows_does_not_copy_the_pool_on_v5p(v5p_mesh):
+    """Two layers of a decode step, each writing every slot's k and v into the pool and then
+    running the kernel: no pool-sized copy in the program (written with the 4-d indexed scatter,
+    the compiler copies the pool between the layers)."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from actionopd_jax.aot.compile import no_persistent_cache
+
+    slots, kvh, dh, pages, size = 16, 8, 128, 40, 16
+    sds = lambda shape, dt, spec=P(): jax.ShapeDtypeStruct(shape, dt, sharding=NamedSharding(v5p_mesh, spec))
+    pool = sds((kvh, pages, size, dh), jnp.bfloat16, P("tensor"))
+
+    def step(k_pages, v_pages, k, v, q, pos, table):
+        # two layers' pages in one pool (layer l's at l * pages / 2), written and read in turn
+        outs = []
+        for layer in range(2):
+            at = table + layer * (pages // 2)
+            page = jnp.take_along_axis(at, (pos // size)[:, None], 1)[:, 0]
+            k_pages, v_pages = write_rows(k_pages, page, pos % size, k), write_rows(v_pages, page, pos % size, v)
+            outs.append(paged_attention(q, k_pages, v_pages, pos + 1, at, impl="paged_tpu"))
+            q = q + outs[-1]
+        return k_pages, v_pages, q
+
+    new = sds((slots, kvh, dh), jnp.bfloat16, P(None, "tensor"))
+    args = (pool, pool, new, new, sds((slots, 1, 4 * kvh, dh), jnp.bfloat16, P(None, None, "tensor")),
+            sds((slots,), jnp.int32), sds((slots, 4), jnp.int32))
+    with jax.set_mesh(v5p_mesh), no_persistent_cache():
+        text = jax.jit(step, donate_argnums=(0, 1)).lower(*args).compile().as_text()
+    local_pool = f"bf16[{kvh // 4},{pages},{size},{dh}]"
+    copies = [ln for ln in text.splitlines() if " copy(" in ln and (local_pool in ln or f"{kvh // 4 * pages * size},{dh}]" in ln)]
+    assert "tpu_custom_call" in text and not copies, copies

@@ -31,6 +31,21 @@ def storage_layout(impl: str, platform: str | None = None) -> str:
     return STORAGE_LAYOUT.get(resolve_paged(impl, platform), "split")
 
 
+def write_rows(pages, page, offset, values):
+    """pages [KVH, P, page_size, Dh] with values [*idx, KVH, Dh] stored at (page, offset) [*idx],
+    as one scatter of token rows into the pool viewed as [KVH * P * page_size, Dh] (a reshape that
+    keeps the tiled layout). The same result as `pages.at[:, page, offset].set(...)`; written that
+    way, the TPU compiler gave the scatter another layout than the kernels' and copied the whole
+    pool around it (docs/measurements.md, "Paged engine on TPU v5p-8")."""
+    import jax.numpy as jnp
+
+    kvh, n, size, dh = pages.shape
+    rows = (page * size + offset).reshape(-1)
+    at = (jnp.arange(kvh, dtype=rows.dtype)[:, None] * (n * size) + rows[None, :]).reshape(-1)
+    vals = jnp.moveaxis(values.reshape(-1, kvh, dh), 1, 0).reshape(-1, dh).astype(pages.dtype)
+    return pages.reshape(kvh * n * size, dh).at[at].set(vals).reshape(kvh, n, size, dh)
+
+
 def paged_attention(q, k_pages, v_pages, lengths, page_table, *, q_positions=None, impl: str = "auto",
                     mesh=None):
     """Attention of q [slots, q_len, Hq, Dh] over each slot's pages (paged_gather.py for the
@@ -54,4 +69,4 @@ def paged_attention(q, k_pages, v_pages, lengths, page_table, *, q_positions=Non
     return paged_attention_gather(q, k_pages, v_pages, lengths, page_table, q_positions=q_positions)
 
 
-__all__ = ["paged_attention", "storage_layout"]
+__all__ = ["paged_attention", "storage_layout", "write_rows"]
