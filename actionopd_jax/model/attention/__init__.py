@@ -28,6 +28,8 @@ tokens of its own response only. The N rows of a state then cost one prompt inst
 `resolve` (dispatch.py) is the only place that refuses a setting: an unknown name, a kernel
 the target platform lacks, a layout the rows do not match, shared-prefix rows on cuDNN.
 Decode-time attention (one new token against a cache) is decode.py.
+Attention over the engine's page pool is its own switch, paged.py (`resolve_paged`): the plain
+gather path (paged_gather.py) and jax's Pallas TPU / GPU paged kernels (paged_tpu.py, paged_gpu.py).
 """
 
 from actionopd_jax.model.attention.cpu import causal_attend, causal_blocks

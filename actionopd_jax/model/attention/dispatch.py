@@ -20,6 +20,11 @@ _AUTO = {"tpu": "splash", "gpu": "cudnn", "cuda": "cudnn", "rocm": "xla", "cpu":
 _GPU = ("gpu", "cuda")
 _SPLASH_PLATFORMS = ("tpu", "cpu")  # cpu: Pallas interpret mode, for tests
 
+# attention over the engine's page pool (paged.py): one name per backend
+PAGED_IMPLEMENTATIONS = ("auto", "gather", "paged_tpu", "ragged_tpu", "paged_gpu")
+_PAGED_AUTO = {"tpu": "paged_tpu", "gpu": "paged_gpu", "cuda": "paged_gpu", "cpu": "gather"}
+_PAGED_PLATFORMS = {"paged_tpu": ("tpu", "cpu"), "ragged_tpu": ("tpu",), "paged_gpu": _GPU + ("cpu",)}
+
 
 def target_platform(mesh=None) -> str:
     """Platform of the devices the program is traced for: `mesh`'s (else the ambient one's,
@@ -60,6 +65,26 @@ def resolve(impl: str, platform: str | None = None, *, shared_prefix: SharedPref
     if (shared_prefix is not None or shared_prompt) and impl == "cudnn":
         raise ValueError("shared-prefix rows need a kernel with arbitrary masks: splash (TPU) or xla; "
                          "cuDNN flash attention takes causal + padding only (set train.shared_prompt=false)")
+    return impl
+
+
+def resolve_paged(impl: str, platform: str | None = None) -> str:
+    """The paged-attention backend `impl` means on `platform` ("auto": the TPU paged kernel on
+    TPU, the Pallas GPU kernel on NVIDIA GPUs, the gather path elsewhere); every refusal of a
+    paged backend by platform is here (shape limits: the kernels' check_* functions)."""
+    if impl not in PAGED_IMPLEMENTATIONS:
+        raise ValueError(f"paged attention={impl!r}; expected one of {PAGED_IMPLEMENTATIONS}")
+    platform = platform or target_platform()
+    if impl == "auto":
+        return _PAGED_AUTO.get(platform, "gather")
+    allowed = _PAGED_PLATFORMS.get(impl)
+    if allowed is not None and platform not in allowed:
+        if impl == "ragged_tpu" and platform == "cpu":
+            raise ValueError("paged attention='ragged_tpu' does not run on CPU: jax 0.10.2's TPU interpreter "
+                             "cannot run its strided k/v loads; compile it for a TPU topology, or use 'paged_tpu' "
+                             "(interpreted on CPU) or 'gather'")
+        raise ValueError(f"paged attention={impl!r} runs on {' / '.join(allowed)} (cpu: Pallas interpret mode, "
+                         f"for tests); this program targets {platform!r} (use 'auto' or 'gather')")
     return impl
 
 

@@ -1,0 +1,72 @@
+"""The paged-attention switch: one call, one name per backend (dispatch.resolve_paged).
+
+    paged_attention(q, k_pages, v_pages, lengths, page_table, q_positions=None, impl="auto", mesh=None)
+
+takes the engine's pool and tables as `paged_gather.paged_attention_gather` does and runs:
+
+- "gather" (paged_gather.py): gather each slot's pages, dense attention; the plain CPU path
+  and the reference of the others;
+- "paged_tpu" (paged_tpu.py): jax's Pallas TPU paged-attention kernel, same pool layout;
+- "ragged_tpu" (paged_tpu.py): jax's Pallas TPU ragged paged attention; it stores k and v in
+  one interleaved pool (`storage_layout("ragged_tpu") == "combined"`): pass that pool as
+  k_pages and v_pages=None (split pools are combined here, a copy per call);
+- "paged_gpu" (paged_gpu.py): jax's Pallas (Triton) GPU paged-attention kernel, same layout.
+
+"auto" picks by the platform of the mesh being traced (dispatch.target_platform). On CPU the
+Pallas backends run interpreted (tests); "ragged_tpu" is refused there.
+"""
+
+from __future__ import annotations
+
+from actionopd_jax.model.attention.dispatch import abstract_mesh, resolve_paged, target_platform
+from actionopd_jax.model.attention.paged_gather import paged_attention_gather
+from actionopd_jax.model.attention.paged_gpu import paged_attention_gpu
+from actionopd_jax.model.attention.paged_tpu import (STORAGE_LAYOUT, combine_pages, paged_attention_tpu,
+                                                     ragged_paged_attention_tpu)
+
+
+def storage_layout(impl: str, platform: str | None = None) -> str:
+    """How backend `impl` wants the pool stored: "split" (k and v pools [KVH, pages, page, Dh],
+    paged_gather.py's) or "combined" ([pages, page, 2 * KVH, Dh], k head h at 2h, v at 2h + 1)."""
+    return STORAGE_LAYOUT.get(resolve_paged(impl, platform), "split")
+
+
+def write_rows(pages, page, offset, values):
+    """pages [KVH, P, page_size, Dh] with values [*idx, KVH, Dh] stored at (page, offset) [*idx],
+    as one scatter of token rows into the pool viewed as [KVH * P * page_size, Dh] (a reshape that
+    keeps the tiled layout). The same result as `pages.at[:, page, offset].set(...)`; written that
+    way, the TPU compiler gave the scatter another layout than the kernels' and copied the whole
+    pool around it (docs/measurements.md, "Paged engine on TPU v5p-8")."""
+    import jax.numpy as jnp
+
+    kvh, n, size, dh = pages.shape
+    rows = (page * size + offset).reshape(-1)
+    at = (jnp.arange(kvh, dtype=rows.dtype)[:, None] * (n * size) + rows[None, :]).reshape(-1)
+    vals = jnp.moveaxis(values.reshape(-1, kvh, dh), 1, 0).reshape(-1, dh).astype(pages.dtype)
+    return pages.reshape(kvh * n * size, dh).at[at].set(vals).reshape(kvh, n, size, dh)
+
+
+def paged_attention(q, k_pages, v_pages, lengths, page_table, *, q_positions=None, impl: str = "auto",
+                    mesh=None):
+    """Attention of q [slots, q_len, Hq, Dh] over each slot's pages (paged_gather.py for the
+    shapes); returns [slots, q_len, Hq, Dh] in q's dtype."""
+    mesh = abstract_mesh(mesh)
+    platform = target_platform(mesh)
+    impl = resolve_paged(impl, platform)
+    interpret = platform == "cpu"
+    if impl == "paged_tpu":
+        return paged_attention_tpu(q, k_pages, v_pages, lengths, page_table, q_positions=q_positions, mesh=mesh,
+                                   platform=platform, interpret=interpret)
+    if impl == "ragged_tpu":
+        pool = k_pages if v_pages is None else combine_pages(k_pages, v_pages)
+        return ragged_paged_attention_tpu(q, pool, lengths, page_table, q_positions=q_positions, mesh=mesh,
+                                          platform=platform)
+    if impl == "paged_gpu":
+        return paged_attention_gpu(q, k_pages, v_pages, lengths, page_table, q_positions=q_positions, mesh=mesh,
+                                   interpret=interpret)
+    if v_pages is None:
+        raise ValueError("paged attention='gather' reads split k/v pools; got v_pages=None (a combined pool)")
+    return paged_attention_gather(q, k_pages, v_pages, lengths, page_table, q_positions=q_positions)
+
+
+__all__ = ["paged_attention", "storage_layout", "write_rows"]
