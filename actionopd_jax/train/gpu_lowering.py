@@ -52,10 +52,13 @@ def request_stand_ins(n: int) -> None:
     """Ask jax for n host CPU devices if its backends have not started yet (a fresh
     `actionopd train --check`); otherwise leave them (stand_in_devices then says if too few)."""
     import os
+    import re
 
-    if n <= 1 or "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", ""):
+    flag = re.search(r"xla_force_host_platform_device_count=(\d+)", os.environ.get("XLA_FLAGS", ""))
+    asked = int(flag.group(1)) if flag else 1
+    if n <= asked:
         return
-    try:
+    try:  # wins over XLA_FLAGS; never fewer than the flag asked for
         jax.config.update("jax_num_cpu_devices", n)
     except RuntimeError:  # backends already started: whatever they have
         pass
