@@ -150,3 +150,36 @@ def test_without_the_gpu_trace_cudnn_is_refused_on_the_cpu_stand_ins():
         resolve("cudnn", None)
     with lowering_for("gpu"):
         assert resolve("auto", None) == "cudnn"
+
+
+def test_engine_programs_lower_for_cuda():
+    """The paged rollout engine's prefill chunk and decode segment (issue 25), on the
+    accelerator path over the page pool, lowered for CUDA on one GPU and over a 2-GPU mesh."""
+    programs = pytest.importorskip("actionopd_jax.engine.programs", reason="the engine (issue 25) is not merged yet")
+    import functools
+
+    from flax import nnx
+
+    from actionopd_jax.sampling.token_choice import DEFAULT_CAP
+
+    cfg = PRESETS["tiny"].replace(param_dtype="bfloat16")
+    model = nnx.eval_shape(lambda: Qwen3(cfg, runtime=RuntimeOptions(dtype="bfloat16"), rngs=nnx.Rngs(0)))
+    graphdef, params = nnx.split(model)
+    slots_n, per_slot, page, pages = 4, 4, 16, 24
+    kv = SDS((cfg.num_key_value_heads, pages, page, cfg.head_dim), jnp.bfloat16)
+    pool = programs.Pool(k=(kv,) * cfg.num_hidden_layers, v=(kv,) * cfg.num_hidden_layers)
+    i32 = lambda *s: SDS(s, jnp.int32)  # noqa: E731
+    slots = programs.Slots(table=i32(slots_n, per_slot), lengths=i32(slots_n), last=i32(slots_n), step=i32(slots_n),
+                           done=SDS((slots_n,), jnp.bool_), stopped=SDS((slots_n,), jnp.bool_),
+                           key_data=SDS((slots_n, 2), jnp.uint32), temperature=SDS((slots_n,), jnp.float32),
+                           top_k=i32(slots_n), top_p=SDS((slots_n,), jnp.float32), max_new=i32(slots_n),
+                           fresh=SDS((slots_n,), jnp.bool_), fresh_hidden=SDS((slots_n, cfg.hidden_size), jnp.bfloat16))
+    segment = jax.jit(functools.partial(programs.segment, steps=4, page_size=page, cap=DEFAULT_CAP, head="float32",
+                                        backend="accelerator"), static_argnums=(0,), donate_argnums=(3,))
+    chunk = jax.jit(functools.partial(programs.prefill_chunk, page_size=page), static_argnums=(0,), donate_argnums=(2,))
+    for mesh in (None, make_mesh({"tensor": 2}, devices=jax.devices()[:2])):
+        r = lower_for(segment, (graphdef, params, None, pool, slots, i32(2), i32(2), i32(2)), label="segment", mesh=mesh)
+        assert r.ok, r.error
+        r = lower_for(chunk, (graphdef, params, pool, i32(2, 16), i32(2), i32(2), i32(2, per_slot)), label="chunk",
+                      mesh=mesh)
+        assert r.ok, r.error
