@@ -64,7 +64,7 @@ def detect_platform() -> str:
 
 
 def _jax_sees(platform: str) -> bool:
-    probe = f"import jax; assert jax.devices()[0].platform == {platform!r}"
+    probe = f"import jax, actionopd_jax.model; assert jax.devices()[0].platform == {platform!r}"
     return subprocess.run([sys.executable, "-c", probe], capture_output=True, cwd=ROOT).returncode == 0
 
 

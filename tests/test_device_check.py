@@ -6,6 +6,8 @@ import importlib.util
 import json
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -47,6 +49,7 @@ def dc_tol(dc):
 
 def test_without_an_accelerator_the_device_mode_says_to_dry_run(tmp_path, capsys):
     dc = _module()
-    assert dc.detect_platform() == "cpu"
+    if dc.detect_platform() != "cpu":
+        pytest.skip("this host has an accelerator: the device mode would run")
     assert dc.main(["--out", str(tmp_path)]) == 2
     assert "--dry-run runs the same steps on the CPU" in capsys.readouterr().err
