@@ -75,7 +75,10 @@ def check(cfg: Config, devices: int = 0) -> int:
         from actionopd_jax.experiment.check import check_main_job
 
         return check_main_job(cfg, devices)
+    from actionopd_jax.train.gpu_lowering import gpu_target as gpu_target_of, lower_if_gpu
+
     where = placement(cfg, devices)
+    gpu_target = gpu_target_of(cfg, devices)  # before anything starts jax's backends
     notes: list[str] = []
     cfg, qcfg = plan_model_config(cfg, notes)
     sizes = mesh_sizes(cfg, where.devices)
@@ -90,6 +93,9 @@ def check(cfg: Config, devices: int = 0) -> int:
     tasks_line = check_training_tasks(cfg)  # the run's training tasks vs what eval scores
     for line in (*([tasks_line] if tasks_line else []), *notes, *where.notes):
         print(line)
+    if not lower_if_gpu(cfg, qcfg, gpu_target):
+        print("config valid, but some program of the run does not lower for CUDA (see above)")
+        return 1
     if not fits:
         print("config valid, but the plan DOES NOT FIT the usable device memory (see above)")
         return 1

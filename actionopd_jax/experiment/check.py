@@ -71,8 +71,11 @@ def check_main_job(cfg: Config, devices: int = 0) -> int:
         phase.update({**teacher_lib.REFERENCE_TEACHER_KEYS, "teacher.model": MODEL_NAME,
                       "teacher.base_url": "<embedded>"})
     plan_cfg = replace_keys(cfg, **phase)
+    from actionopd_jax.train.gpu_lowering import gpu_target, lower_if_gpu
+
     # the run's start-up checks for the devices it will have (mesh.target, else this host)
     where = placement(cfg, devices)
+    target = gpu_target(cfg, devices)
     notes += where.notes
     sizes = mesh_sizes(plan_cfg, where.devices)
     # trainer-level checks only: the phases build their sources from the job's split
@@ -102,6 +105,9 @@ def check_main_job(cfg: Config, devices: int = 0) -> int:
 
     lines.append(check_training_tasks(plan_cfg))  # the phase's train/held-out split under the eval-overlap rule
     print("\n".join(lines + notes))
+    if not lower_if_gpu(plan_cfg, qcfg, target):
+        print("config valid, but some program of the run does not lower for CUDA (see above)")
+        return 1
     if not fits:
         print("config valid, but the plan DOES NOT FIT the usable device memory (see above)")
         return 1

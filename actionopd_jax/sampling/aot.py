@@ -24,6 +24,7 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec
 
 from actionopd_jax.aot.compile import no_persistent_cache
+from actionopd_jax.aot.lowering import LoweringReport, lower_for, lowering_for
 from actionopd_jax.aot.targets import topology_devices
 from actionopd_jax.model import Qwen3
 from actionopd_jax.model.config import Qwen3Config
@@ -134,6 +135,35 @@ def compile_decode(cfg: Qwen3Config, mesh, *, prompts: int, prompt_len: int, sam
         return compiled, time.perf_counter() - t0
 
 
+def lower_sampler_programs(cfg: Qwen3Config, mesh, *, prompts: int, prompt_len: int, samples: int, max_new: int,
+                           cap: int = DEFAULT_CAP, head: str = "checked", runtime=None, platform: str = "cuda",
+                           label: str = "") -> list[LoweringReport]:
+    """Lower the Sampler's prefill and decode programs for `platform` (no compile), traced for
+    it over `mesh` (on a CPU host: stand-in devices, `aot.lowering`). Parameters in bfloat16,
+    the accelerators' rollout copy (sampling/rollout.py); decode's state takes
+    decode.state_shardings, as `compile_decode`."""
+    traced_for = "gpu" if platform in ("cuda", "rocm") else platform
+    graphdef, params = abstract_model(cfg.replace(param_dtype="bfloat16"), mesh, runtime)
+    tokens, mask, row_settings, end_ids = abstract_inputs(mesh, prompts=prompts, prompt_len=prompt_len,
+                                                          samples=samples)
+    shape = label or f"{prompts} x {prompt_len:,} prompt, {samples} x {max_new:,} new"
+    prefill = _prefill_fn(samples, max_new, cap, head, ())
+    args = (graphdef, params, tokens, mask, row_settings, end_ids)
+    reports = [lower_for(prefill, args, label=f"sampler prefill ({shape})", platform=platform, mesh=mesh,
+                         traced_for=traced_for)]
+    try:
+        with lowering_for(traced_for), jax.set_mesh(mesh):
+            shapes = jax.eval_shape(prefill, *args)
+            shardings = decode_lib.state_shardings(shapes, mesh)
+    except Exception as e:  # noqa: BLE001 - prefill's report already holds the error
+        return reports + [LoweringReport(label=f"sampler decode ({shape})", platform=platform,
+                                         error=f"prefill did not trace: {type(e).__name__}")]
+    state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s), shapes, shardings)
+    reports.append(lower_for(_decode_fn(cap, head), (graphdef, params, state, row_settings, end_ids, None),
+                             label=f"sampler decode ({shape})", platform=platform, mesh=mesh, traced_for=traced_for))
+    return reports
+
+
 def memory_gib(compiled) -> dict[str, float]:
     """Per-device memory of a compiled program (GiB): arguments, outputs, temporaries, the
     aliased (donated) bytes, and peak = args + outputs + temps - aliased (+ generated code)."""
@@ -152,4 +182,4 @@ def v5p_topology(name: str = "v5p:2x2x1"):
 
 
 __all__ = ["AotPrograms", "abstract_inputs", "abstract_model", "compile_decode", "compile_sampler_programs",
-           "memory_gib", "target_platform", "tpu_mesh", "v5p_topology"]
+           "lower_sampler_programs", "memory_gib", "target_platform", "tpu_mesh", "v5p_topology"]

@@ -178,7 +178,7 @@ def describe(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *, device_mem
            if getattr(cfg.env, "allow_eval_overlap", False) else ""),
         f"run        {t.steps} steps, checkpoint every {cfg.checkpoint.every_steps} (keep "
         f"{cfg.checkpoint.keep}), seed {cfg.run.seed}",
-        "memory per device (estimate):",
+        "memory per device (analytic estimate, not a compiler figure):",
         f"  parameters         {est.params / GIB:8.2f} GiB",
         f"  gradients          {est.grads / GIB:8.2f} GiB",
         f"  AdamW moments      {est.optimizer / GIB:8.2f} GiB",
@@ -193,7 +193,7 @@ def describe(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *, device_mem
                        f"per call")
         copy_note = "bf16, over a host's chips" if platform != "cpu" else "none on CPU: the training weights"
         lines += [
-            "collection per device (estimate; the sampler runs while the trainer state stays resident):",
+            "collection per device (analytic estimate; the sampler runs while the trainer state stays resident):",
             f"  params + AdamW     {coll.resident / GIB:8.2f} GiB",
             f"  rollout copy       {coll.rollout_copy / GIB:8.2f} GiB  ({copy_note})",
             f"  KV cache + prefill {coll.call / GIB:8.2f} GiB  ({budget}; a state: "

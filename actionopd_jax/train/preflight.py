@@ -56,7 +56,8 @@ def check_attention(cfg: Config, qcfg, platform: str) -> None:
     from actionopd_jax.model.attention import resolve
 
     try:
-        resolve(cfg.model.attention, platform, shared_prompt=cfg.train.shared_prompt)
+        resolve(cfg.model.attention, platform, shared_prompt=cfg.train.shared_prompt,
+                heads=(qcfg.num_attention_heads, qcfg.num_key_value_heads, qcfg.head_dim), dtype=cfg.model.dtype)
     except ValueError as e:
         raise ConfigError(f"model.attention: {e}") from None
 

@@ -102,7 +102,9 @@ def optimizer(cfg: Config):
 
 def build_train_step(cfg: Config, qcfg: Qwen3Config, mesh, runtime: RuntimeOptions | None = None) -> TrainStep:
     """runtime: the model's execution settings (None: the run's, `runtime_options(cfg)`)."""
-    check_attention(cfg, qcfg, mesh.devices.flat[0].platform)
+    from actionopd_jax.model.attention import target_platform
+
+    check_attention(cfg, qcfg, target_platform(mesh))  # the traced-for platform (aot.lowering_for)
     graphdef, abstract = abstract_model(qcfg, runtime_options(cfg) if runtime is None else runtime)
     return TrainStep(graphdef, abstract, mesh, optimizer(cfg), step_settings(cfg))
 

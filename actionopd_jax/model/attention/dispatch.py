@@ -6,8 +6,9 @@ from __future__ import annotations
 import jax
 from jax.ad_checkpoint import checkpoint_name
 
+from actionopd_jax.aot.lowering import traced_platform
 from actionopd_jax.model.attention.cpu import causal_attend
-from actionopd_jax.model.attention.cudnn import cudnn_attention
+from actionopd_jax.model.attention.cudnn import cudnn_attention, cudnn_refusal
 from actionopd_jax.model.attention.names import ATTENTION_OUT
 from actionopd_jax.model.attention.shared_prefix import SharedPrefix, shared_prefix_reference
 from actionopd_jax.model.attention.splash import splash_attention
@@ -27,9 +28,12 @@ _PAGED_PLATFORMS = {"paged_tpu": ("tpu", "cpu"), "ragged_tpu": ("tpu",), "paged_
 
 
 def target_platform(mesh=None) -> str:
-    """Platform of the devices the program is traced for: `mesh`'s (else the ambient one's,
+    """Platform of the devices the program is traced for: an enclosing `aot.lowering_for`'s
+    (lowering for CUDA over CPU stand-in devices), else `mesh`'s (else the ambient one's,
     `jax.set_mesh`), else the default backend (a CPU host compiling for a TPU mesh answers
     "tpu")."""
+    if traced_platform():
+        return traced_platform()
     mesh = abstract_mesh(mesh)
     if not mesh.empty:
         return mesh.abstract_device.platform
@@ -44,14 +48,17 @@ def abstract_mesh(mesh=None):
 
 
 def resolve(impl: str, platform: str | None = None, *, shared_prefix: SharedPrefix | None = None,
-            seq_len: int | None = None, shared_prompt: bool = False) -> str:
+            seq_len: int | None = None, shared_prompt: bool = False, heads: tuple[int, int, int] | None = None,
+            dtype=None) -> str:
     """The concrete implementation "auto" (or an explicit choice) means on `platform`; every
     refusal of an attention setting is here. shared_prefix / seq_len: the layout and length of
     the rows to run (the layout must cover them exactly); shared_prompt: the rows will be packed
-    shared-prefix (a config check, before any layout exists)."""
+    shared-prefix (a config check, before any layout exists); heads (query heads, KV heads,
+    head dim) and dtype (the compute dtype): checked against what cuDNN takes (cudnn.py)."""
     if impl not in IMPLEMENTATIONS:
         raise ValueError(f"attention={impl!r}; expected one of {IMPLEMENTATIONS}")
     platform = platform or target_platform()
+    auto = impl == "auto"
     if impl == "auto":
         impl = _AUTO.get(platform, "xla")
     elif impl == "cudnn" and platform not in _GPU:
@@ -65,6 +72,12 @@ def resolve(impl: str, platform: str | None = None, *, shared_prefix: SharedPref
     if (shared_prefix is not None or shared_prompt) and impl == "cudnn":
         raise ValueError("shared-prefix rows need a kernel with arbitrary masks: splash (TPU) or xla; "
                          "cuDNN flash attention takes causal + padding only (set train.shared_prompt=false)")
+    if impl == "cudnn" and (heads is not None or dtype is not None):
+        refusal = cudnn_refusal(heads=heads, dtype=dtype)
+        if refusal:
+            chosen = f"'auto' picks cuDNN on {platform}" if auto else "'cudnn'"
+            raise ValueError(f"attention={chosen}, but cuDNN flash attention cannot take {refusal}; "
+                             "or use attention='xla' (materialises the scores)")
     return impl
 
 
@@ -96,7 +109,8 @@ def causal_self_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: ja
     program is traced for (abstract or concrete); None: the ambient one (`jax.set_mesh`)."""
     mesh = abstract_mesh(mesh)
     platform = target_platform(mesh)
-    impl = resolve(impl, platform, shared_prefix=shared_prefix, seq_len=q.shape[1])
+    impl = resolve(impl, platform, shared_prefix=shared_prefix, seq_len=q.shape[1],
+                   heads=(q.shape[2] * q.shape[3], q.shape[2], q.shape[4]), dtype=dtype)
     if impl == "splash":
         return splash_attention(q, k, v, key_mask, dtype, mesh=mesh, interpret=platform == "cpu",
                                 layout=shared_prefix)
