@@ -150,8 +150,9 @@ def recorded_tokenizer(found: RunCheckpoint, meta: dict[str, Any]) -> Path | Non
 
 def load_model(path: str | Path, *, step: int | None = None, mesh=None, dtype: str | None = None,
                announce=None):
-    """(Qwen3Config, model, info) for a run's checkpoint; info = {"step", "ckpt_dir", "run_dir",
-    "tokenizer" (Path or None), "skipped"}."""
+    """(Qwen3Config, model, info) for a run's checkpoint; info = {"step", "step_dir", "ckpt_dir",
+    "run_dir", "tokenizer" (Path or None), "skipped", "fallback_from" (the newer step that was
+    unreadable, or None), "verified" (its files matched their checksums)}."""
     from flax import nnx
 
     announce = announce or (lambda line: print(line, file=sys.stderr))
@@ -184,8 +185,11 @@ def load_model(path: str | Path, *, step: int | None = None, mesh=None, dtype: s
         meta = restored.meta
         qcfg = model_config_of(meta, dtype)
     model = nnx.merge(graphdef, restored.params)
-    info = {"step": restored.step, "ckpt_dir": found.ckpt_dir, "run_dir": found.run_dir,
-            "tokenizer": recorded_tokenizer(found, restored.meta), "skipped": found.skipped}
+    latest = found.step if found.step is not None else steps[-1]
+    info = {"step": restored.step, "step_dir": found.ckpt_dir / str(restored.step), "ckpt_dir": found.ckpt_dir,
+            "run_dir": found.run_dir, "tokenizer": recorded_tokenizer(found, restored.meta),
+            "skipped": found.skipped, "fallback_from": latest if restored.step != latest else None,
+            "verified": restored.verified}
     return qcfg, model, info
 
 
