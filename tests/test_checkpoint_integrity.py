@@ -105,3 +105,23 @@ def test_a_damaged_step_without_manifest_falls_back_in_one_line_and_a_named_one_
     assert named.returncode == 2 and "Traceback" not in named.stdout, named.stdout[-3000:]
     assert "checkpoint step 2" in named.stdout and "the other finished steps are [1]" in named.stdout
     assert "[1, 2]" not in named.stdout
+
+
+def test_scores_say_which_step_they_scored_after_a_fallback(saved, tmp_path):
+    from actionopd_jax.eval import cli as eval_cli
+
+    run = _copy(saved, tmp_path)
+    _flip_three_bits(_largest_params_file(run, 2))
+    out = tmp_path / "eval"
+    args = ["--checkpoint", str(run), "--bench", "bfcl:base", "--limit", "1", "--max-new-tokens", "4",
+            "--no-progress", "--out", str(out)]
+    assert eval_cli.main(args) == 0
+    want = {"checkpoint": str(run), "step": 1, "step_dir": str(run / "checkpoints" / "1"), "fallback_from": 2,
+            "verified": True}
+    assert json.loads((out / "results.json").read_text())["evaluated"] == want
+    for name in ("episodes.jsonl", "trajectories.jsonl"):
+        assert [json.loads(x)["evaluated"] for x in (out / name).read_text().splitlines()] == [want]
+    assert f"Checkpoint: step 1 ({run / 'checkpoints' / '1'}), a fallback: step 2 was unreadable" in (
+        out / "report.md").read_text()
+    # resuming that folder with another step's weights is refused (the scores would mix)
+    assert eval_cli.main(["--checkpoint", str(saved), *args[2:]]) == 2

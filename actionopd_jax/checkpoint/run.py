@@ -53,6 +53,11 @@ def locate(path: str | Path, step: int | None = None, *, announce=print) -> RunC
                               f"directory {p.parent.parent} to use its latest finished step")
     if not p.is_dir():
         raise CheckpointError(f"{p} is a file; pass a run directory, its checkpoints/ folder or a step folder")
+    if (p / "compare.json").is_file():  # `actionopd compare` output: one run per method x seed
+        runs = sorted(str(c) for c in p.rglob("checkpoints") if c.is_dir())
+        listed = "".join(f"\n  {Path(r).parent}" for r in runs[:12]) or " (none has checkpoints yet)"
+        raise CheckpointError(f"{p} is a comparison of several runs, not one run; pass one of its per-method "
+                              f"runs:{listed}")
     if _is_step_dir(p) and (p / "params").is_dir():
         picked = int(p.name)
         if step is not None and int(step) != picked:
