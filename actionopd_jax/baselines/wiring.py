@@ -70,11 +70,13 @@ def build_kd_source(cfg: Config, ctx: SourceContext, *, tokenizer: Any = None, a
         records = load_trajectories(k.trajectories, min_reward=k.min_reward)
     else:
         from actionopd_jax.envs.registry import env_factory_from
+        from actionopd_jax.teacher.specs import judge_spec
 
         out = Path(ctx.run_dir) / "kd" / f"trajectories-p{ctx.process_index}.jsonl"
         out.parent.mkdir(parents=True, exist_ok=True)
-        records = asyncio.run(teacher_trajectories(
-            agent or endpoint_agent(cfg), tasks_from_env(cfg, limit=k.max_tasks), env_factory_from(cfg.env),
+        records = asyncio.run(teacher_trajectories(  # the run's judge grades AWM's SQL verifiers
+            agent or endpoint_agent(cfg), tasks_from_env(cfg, limit=k.max_tasks),
+            env_factory_from(cfg.env, judge=judge_spec(cfg.matcher)),
             trials=k.trials, concurrency=cfg.teacher.concurrency, min_reward=k.min_reward, out_jsonl=out,
             progress=cfg.run.progress))
     examples = kd_examples(records, tokenizer, max_prompt_tokens=cfg.collect.max_prompt_tokens,
