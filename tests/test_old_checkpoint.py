@@ -41,6 +41,8 @@ def test_pre_restructure_run_loads_with_its_parameters_and_logits(tmp_path):
     assert ref["commit"].startswith("6adbb28")
     assert info["step"] == ref["step"] == 1
     assert info["tokenizer"] is not None and (info["tokenizer"] / "tokenizer.json").is_file()
+    # written before checksum manifests existed: it loads, reported unverified (issue 26)
+    assert info["verified"] is False and info["fallback_from"] is None
     assert qcfg.param_dtype == ref["param_dtype"] and _compute_dtype(model) == ref["compute_dtype"]
 
     flat = nnx.to_pure_dict(nnx.state(model, nnx.Param))

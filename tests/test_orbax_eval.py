@@ -165,3 +165,14 @@ def test_serve_checkpoint_on_one_device_answers_an_sdk_request_with_tools(run):
         proc.terminate()
         proc.wait(timeout=30)
     assert os.environ.get("JAX_PLATFORMS") == "cpu"
+
+
+def test_a_compare_folder_points_to_its_per_method_runs(tmp_path, capsys):
+    (tmp_path / "compare.json").write_text("{}")
+    for method in ("actionopd-s0", "kd-s0"):
+        (tmp_path / method / "checkpoints" / "1").mkdir(parents=True)
+    out = tmp_path / "eval"
+    assert eval_cli.main(["--checkpoint", str(tmp_path), "--bench", "bfcl:base", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "is a comparison of several runs, not one run; pass one of its per-method runs" in err
+    assert f"\n  {tmp_path / 'actionopd-s0'}" in err and f"\n  {tmp_path / 'kd-s0'}" in err

@@ -191,3 +191,57 @@ def test_max_context_beyond_the_model_is_refused_at_start(served):
     with pytest.raises(ValueError, match=f"max_context {MAX_CONTEXT + 1} must be between 1 and the model's "
                                          f"context \\(max_position_embeddings {MAX_CONTEXT}\\)"):
         ModelBackend(backend.sampler, tokenizer, max_context=MAX_CONTEXT + 1)
+
+
+STOCK_TOOL = {"type": "function", "function": {
+    "name": "get_stock_price", "description": "Price of a stock.",
+    "parameters": {"type": "object", "properties": {"symbol": {"type": "string"}}, "required": ["symbol"]}}}
+
+
+def test_tool_choice_forces_the_named_or_a_required_call_and_none_forbids_it(served):
+    """OpenAI's tool_choice semantics (issue 26): the fitted model answers the weather question
+    with get_weather and the greeting with text; forcing changes what it must call."""
+    server, _, _ = served
+    client = _client(server)
+    ask = lambda conv, tools, choice: client.chat.completions.create(
+        model="tiny-student", messages=conv, tools=tools, tool_choice=choice, temperature=0.0).choices[0]
+    # a named function: the reply calls exactly it, even where the model would call another
+    forced = {"type": "function", "function": {"name": "get_stock_price"}}
+    c = ask(TOOL_CONVERSATION, [WEATHER_TOOL, STOCK_TOOL], forced)
+    assert [t.function.name for t in c.message.tool_calls] == ["get_stock_price"]
+    assert c.finish_reason == "tool_calls" and c.message.content is None
+    # ... and where it would answer in text
+    c = ask(CHAT_CONVERSATION, [WEATHER_TOOL], {"type": "function", "function": {"name": "get_weather"}})
+    assert [t.function.name for t in c.message.tool_calls] == ["get_weather"]
+    # required: some call among the offered tools (the likeliest: get_weather for the weather question)
+    c = ask(TOOL_CONVERSATION, [STOCK_TOOL, WEATHER_TOOL], "required")
+    assert [t.function.name for t in c.message.tool_calls] == ["get_weather"]
+    assert json.loads(c.message.tool_calls[0].function.arguments) == {"city": "Paris"}
+    c = ask(CHAT_CONVERSATION, [WEATHER_TOOL], "required")
+    assert [t.function.name for t in c.message.tool_calls] == ["get_weather"]
+    # none: no call, the text stays content
+    c = ask(TOOL_CONVERSATION, [WEATHER_TOOL], "none")
+    assert c.message.tool_calls is None and "get_weather" in c.message.content
+
+
+def test_a_call_to_a_tool_that_was_not_offered_is_never_structured(served):
+    """The model writes a get_weather call; the request offered only get_stock_price: the
+    block stays in the content (the client's parser sees the unknown name), finish 'stop'."""
+    server, _, _ = served
+    c = _client(server).chat.completions.create(model="tiny-student", messages=TOOL_CONVERSATION,
+                                                tools=[STOCK_TOOL], temperature=0.0).choices[0]
+    assert c.message.tool_calls is None and '"get_weather"' in c.message.content and c.finish_reason == "stop"
+
+
+def test_tool_choice_without_tools_or_naming_an_unoffered_tool_is_a_400(served):
+    server, _, _ = served
+    client = _client(server)
+    with pytest.raises(openai.BadRequestError, match="not among the offered 'tools'"):
+        client.chat.completions.create(model="tiny-student", messages=TOOL_CONVERSATION, tools=[WEATHER_TOOL],
+                                       tool_choice={"type": "function", "function": {"name": "get_watchlist"}})
+    for choice in ("required", "auto", {"type": "function", "function": {"name": "get_weather"}}):
+        with pytest.raises(openai.BadRequestError, match="only allowed when 'tools' are given"):
+            client.chat.completions.create(model="tiny-student", messages=TOOL_CONVERSATION, tool_choice=choice)
+    status, body = _post(server, json.dumps({"model": "tiny-student", "messages": TOOL_CONVERSATION,
+                                             "tools": [WEATHER_TOOL], "tool_choice": "sometimes"}).encode())
+    assert status == 400 and "'tool_choice' must be" in body["error"]["message"]

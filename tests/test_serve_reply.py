@@ -41,3 +41,20 @@ def test_plain_text_no_tools_and_cut_off_reasoning():
     content, calls, reasoning = message_fields("<think>\nstill thinking", parse_tools=True)
     assert content == "<think>\nstill thinking" and calls is None and reasoning is None
     assert message_fields("</think>\n\nDone.", parse_tools=True) == ("Done.", None, None)
+
+
+def test_forced_call_takes_the_model_arguments_parsed_or_raw():
+    from actionopd_jax.serve.reply_format import forced_call, forced_call_prefix
+
+    assert forced_call_prefix("f") == '<tool_call>\n{"name": "f", "arguments":'
+    call = forced_call("f", ' {"a": 1}}\n</tool_call>')
+    assert call["function"] == {"name": "f", "arguments": '{"a": 1}'} and call["type"] == "function"
+    # cut off, or not JSON: the raw argument text, still a call to f (the client validates it)
+    assert forced_call("f", ' {"a": 1')["function"] == {"name": "f", "arguments": '{"a": 1'}
+    assert forced_call("f", " oops}\n</tool_call>")["function"] == {"name": "f", "arguments": "oops"}
+
+
+def test_a_block_naming_a_tool_not_offered_stays_content():
+    text = '<tool_call>\n{"name": "g", "arguments": {}}\n</tool_call>'
+    assert message_fields(text, parse_tools=True, offered={"f"}) == (text, None, None)
+    assert message_fields(text, parse_tools=True, offered={"g"})[1][0]["function"]["name"] == "g"

@@ -7,15 +7,22 @@ and cleaned up):
     <step>/opt_state  optimizer state
     <step>/meta       JSON: step, PRNG key data, task-iterator states (one per process),
                       the run config and the model's HF config
+    <step>/checksums.json  SHA-256 of every file above (checksums.py), written once the
+                      save has finished and verified before a restore reads the step
 
 Restores take the *target* shardings from an abstract state, so a run saved on one mesh
 resumes on another mesh or device count. A step that cannot be read (corrupt or partial)
-is reported and the next older step is tried.
+is reported in one line and the next older step is tried; a step whose files do not match
+its checksums counts as unreadable.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
+import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +31,8 @@ from typing import Any
 import jax
 import numpy as np
 import orbax.checkpoint as ocp
+
+from actionopd_jax.checkpoint.checksums import verify, write_manifest
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +49,7 @@ class Restored:
     params: Any
     opt_state: Any | None
     meta: dict[str, Any]
+    verified: bool = False  # its files matched the step's checksum manifest
 
 
 class Checkpointer:
@@ -56,25 +66,38 @@ class Checkpointer:
             enable_async_checkpointing=async_save,
         )
         self.manager = ocp.CheckpointManager(self.directory, options=options, item_names=ITEMS)
+        self._unrecorded: list[int] = []  # steps this process saved whose checksums are not written yet
 
     # ---- saving ----------------------------------------------------------------------------
     def save(self, step: int, state: dict, meta: dict[str, Any]) -> bool:
         """Start saving `state` ({"params", "opt_state", ...}) at `step` (async when enabled).
         Every process must call this (the save is collective)."""
+        self.wait()  # the previous step is final: record its checksums before the next save starts
         args = ocp.args.Composite(
             params=ocp.args.StandardSave(state["params"]),
             opt_state=ocp.args.StandardSave(state["opt_state"]),
             meta=ocp.args.JsonSave(dict(meta, step=int(step))),
         )
-        return self.manager.save(int(step), args=args, force=True)
+        saved = self.manager.save(int(step), args=args, force=True)
+        if saved:
+            self._unrecorded.append(int(step))
+        return saved
 
     def wait(self) -> None:
+        """Wait for the save in flight, then write the checksum manifest of every step this
+        checkpointer saved (process 0; the step folders are final by then)."""
         self.manager.wait_until_finished()
+        steps, self._unrecorded = self._unrecorded, []
+        if jax.process_index() == 0:
+            for s in steps:
+                if (self.directory / str(s)).is_dir():  # max_to_keep may have removed it already
+                    write_manifest(self.directory / str(s))
 
     def reached_preemption(self, step: int) -> bool:
         return bool(self.manager.reached_preemption(int(step)))
 
     def close(self) -> None:
+        self.wait()
         self.manager.close()
 
     # ---- reading ---------------------------------------------------------------------------
@@ -119,7 +142,10 @@ class Checkpointer:
                 msg = f"checkpoint step {s} in {self.directory} is unreadable ({type(e).__name__}: {detail})"
                 errors.append(msg)
                 if step is not None:
-                    raise CheckpointError(msg + f"; readable alternatives may be among {steps}") from e
+                    others = [x for x in steps if x != s]
+                    hint = (f"; the other finished steps are {others} (pass one of them, or the run directory "
+                            f"to load the latest readable one)" if others else "; it is the only finished step")
+                    raise CheckpointError(msg + hint) from None
                 log.error("%s; falling back to the previous step", msg)
         raise CheckpointError("no readable checkpoint:\n  " + "\n  ".join(errors))
 
@@ -152,12 +178,82 @@ class Checkpointer:
                  "meta": ocp.args.JsonRestore()}
         if not params_only:
             items["opt_state"] = target(None if abstract_state is None else abstract_state["opt_state"])
-        out = self.manager.restore(step, args=ocp.args.Composite(**items))
+        verified = verify(self.directory / str(step), tuple(items))  # raises on damage, before Orbax reads
+        if not verified:
+            log.warning("checkpoint step %d in %s has no checksum manifest (saved before they were recorded): "
+                        "loading it unverified", step, self.directory)
+        with _orbax_read_errors_quiet():
+            out = self.manager.restore(step, args=ocp.args.Composite(**items))
         meta = dict(out["meta"])
         if int(meta.get("step", -1)) != step:
             raise ValueError(f"meta records step {meta.get('step')} inside step directory {step}")
         _check_finite(out["params"], step)
-        return Restored(step, out["params"], None if params_only else out["opt_state"], meta)
+        return Restored(step, out["params"], None if params_only else out["opt_state"], meta, verified)
+
+
+def _from_orbax(unraisable) -> bool:
+    """An unraisable exception left by one of Orbax's array reads: raised in Orbax code, or
+    the read coroutine itself."""
+    code = getattr(unraisable.object, "cr_code", None)
+    if code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename:
+        return True
+    tb = unraisable.exc_traceback
+    while tb is not None:
+        if f"{os.sep}orbax{os.sep}" in tb.tb_frame.f_code.co_filename:
+            return True
+        tb = tb.tb_next
+    return False
+
+
+def _only_asyncio(tb) -> bool:
+    seen = False
+    while tb is not None:
+        if f"{os.sep}asyncio{os.sep}" not in tb.tb_frame.f_code.co_filename:
+            return False
+        seen, tb = True, tb.tb_next
+    return seen
+
+
+_NOISE_FILTER_ON = False
+
+
+def _drop_orbax_read_noise() -> None:
+    """A damaged step makes every array read of Orbax's restore fail; the first failure is the
+    one restore() reports (once), the others surface as 'Exception ignored in <coroutine ...>'
+    tracebacks whenever the abandoned read coroutines are collected, and as 'Event loop is
+    closed' from reads finishing after Orbax closed its loop. From the first restore on, those
+    (and only those) are dropped; anything else still reaches the previous hooks."""
+    global _NOISE_FILTER_ON
+    if _NOISE_FILTER_ON:
+        return
+    previous, previous_except = sys.unraisablehook, sys.excepthook
+
+    def closed_loop(kind, value, tb) -> bool:
+        # a read that completes after Orbax closed its event loop reports the closed loop
+        # from TensorStore's thread: a traceback of asyncio frames only
+        return kind is RuntimeError and str(value) == "Event loop is closed" and _only_asyncio(tb)
+
+    def hook(unraisable):
+        if not (_from_orbax(unraisable) or closed_loop(unraisable.exc_type, unraisable.exc_value,
+                                                       unraisable.exc_traceback)):
+            previous(unraisable)
+
+    def excepthook(kind, value, tb):
+        if not closed_loop(kind, value, tb):
+            previous_except(kind, value, tb)
+
+    sys.unraisablehook, sys.excepthook = hook, excepthook
+    _NOISE_FILTER_ON = True
+
+
+@contextlib.contextmanager
+def _orbax_read_errors_quiet():
+    _drop_orbax_read_noise()  # before the read: the noise starts while it fails
+    try:
+        yield
+    except Exception:
+        gc.collect()  # most abandoned reads are collected now, through the filter
+        raise
 
 
 def _check_finite(params, step: int) -> None:

@@ -53,6 +53,11 @@ def locate(path: str | Path, step: int | None = None, *, announce=print) -> RunC
                               f"directory {p.parent.parent} to use its latest finished step")
     if not p.is_dir():
         raise CheckpointError(f"{p} is a file; pass a run directory, its checkpoints/ folder or a step folder")
+    if (p / "compare.json").is_file():  # `actionopd compare` output: one run per method x seed
+        runs = sorted(str(c) for c in p.rglob("checkpoints") if c.is_dir())
+        listed = "".join(f"\n  {Path(r).parent}" for r in runs[:12]) or " (none has checkpoints yet)"
+        raise CheckpointError(f"{p} is a comparison of several runs, not one run; pass one of its per-method "
+                              f"runs:{listed}")
     if _is_step_dir(p) and (p / "params").is_dir():
         picked = int(p.name)
         if step is not None and int(step) != picked:
@@ -150,8 +155,9 @@ def recorded_tokenizer(found: RunCheckpoint, meta: dict[str, Any]) -> Path | Non
 
 def load_model(path: str | Path, *, step: int | None = None, mesh=None, dtype: str | None = None,
                announce=None):
-    """(Qwen3Config, model, info) for a run's checkpoint; info = {"step", "ckpt_dir", "run_dir",
-    "tokenizer" (Path or None), "skipped"}."""
+    """(Qwen3Config, model, info) for a run's checkpoint; info = {"step", "step_dir", "ckpt_dir",
+    "run_dir", "tokenizer" (Path or None), "skipped", "fallback_from" (the newer step that was
+    unreadable, or None), "verified" (its files matched their checksums)}."""
     from flax import nnx
 
     announce = announce or (lambda line: print(line, file=sys.stderr))
@@ -184,8 +190,11 @@ def load_model(path: str | Path, *, step: int | None = None, mesh=None, dtype: s
         meta = restored.meta
         qcfg = model_config_of(meta, dtype)
     model = nnx.merge(graphdef, restored.params)
-    info = {"step": restored.step, "ckpt_dir": found.ckpt_dir, "run_dir": found.run_dir,
-            "tokenizer": recorded_tokenizer(found, restored.meta), "skipped": found.skipped}
+    latest = found.step if found.step is not None else steps[-1]
+    info = {"step": restored.step, "step_dir": found.ckpt_dir / str(restored.step), "ckpt_dir": found.ckpt_dir,
+            "run_dir": found.run_dir, "tokenizer": recorded_tokenizer(found, restored.meta),
+            "skipped": found.skipped, "fallback_from": latest if restored.step != latest else None,
+            "verified": restored.verified}
     return qcfg, model, info
 
 

@@ -47,7 +47,8 @@ def _parser() -> argparse.ArgumentParser:
                         "(default: the largest, train.max_seq_len)")
     p.add_argument("--no-cost", action="store_true",
                    help="with --aot: skip the 1- and 2-layer twins that extrapolate the compiler's cost")
-    p.add_argument("--smoke", action="store_true", help="one tiny step end to end, then verify the checkpoint")
+    p.add_argument("--smoke", action="store_true",
+                   help="one tiny step end to end (train.steps=N on the command line: N), then verify the checkpoint")
     p.add_argument("--resume", nargs="?", const="latest", default=None, metavar="STEP",
                    help="resume the run (latest readable checkpoint, or STEP)")
     p.add_argument("--force", action="store_true", help="resume even if the config changes the experiment")
@@ -164,6 +165,7 @@ def train(cfg: Config, args) -> int:
     distributed.initialize(cfg.run.distributed)
     run_dir = _run_dir(cfg, args)
     primary = distributed.is_primary()
+    before = _entries(run_dir)
     import jax
 
     setup_logging(run_dir, primary=primary, process_index=jax.process_index())
@@ -174,20 +176,60 @@ def train(cfg: Config, args) -> int:
     try:
         trainer = Trainer(cfg, run_dir=run_dir, source=functools.partial(build_source, cfg), resume=resume,
                           force=args.force)
-    except ConfigError as e:
-        if auto:  # the user did not ask to resume: say why this run is being resumed
+    except BaseException as e:
+        if primary:  # a refused start leaves the run directory as it found it
+            setup_logging(None, primary=primary, process_index=jax.process_index())
+            _remove_created(run_dir, before)
+        if auto and isinstance(e, ConfigError):  # the user did not ask to resume: say why this run is resumed
             raise ConfigError(f"{run_dir} already holds checkpoints, so this command resumes that run, but {e}\n"
                               f"(or pass another --run-dir to start a new run)") from e
         raise
     if primary:  # only once the run is accepted: a refused resume leaves the run's config as it was
         write_config(run_dir, cfg.to_yaml())
+        if args.smoke and not (cfg.model.tokenizer or cfg.model.hf_path):
+            _record_smoke_tokenizer(trainer)
+    first = trainer.step
     try:
         code = trainer.run()
         if args.smoke:
-            code = code or _verify_smoke(trainer)
+            code = code or _verify_smoke(trainer, trained=trainer.step - first)
     finally:
         trainer.close()
     return code
+
+
+def _entries(run_dir: Path) -> set[str] | None:
+    """The names in `run_dir` before this command wrote anything; None when it did not exist."""
+    return set(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else None
+
+
+def _remove_created(run_dir: Path, before: set[str] | None) -> None:
+    """Remove what a refused start created in `run_dir` (train.log, checkpoints/, tokenizer/,
+    cache/, ...), and the directory itself when this command created it."""
+    import shutil
+
+    if not run_dir.is_dir():
+        return
+    for p in run_dir.iterdir():
+        if before is None or p.name not in before:
+            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
+    if before is None:
+        run_dir.rmdir()
+
+
+def _record_smoke_tokenizer(trainer) -> None:
+    """A smoke run of a random-init model names no tokenizer (its groups are synthetic): record
+    the offline tiny tokenizer, so eval, serve and export load the run like any other."""
+    from actionopd_jax.chat import build_tiny_tokenizer
+    from actionopd_jax.checkpoint.run import TOKENIZER_DIR
+
+    vocab = min(2048, trainer.qcfg.vocab_size)
+    try:
+        out = build_tiny_tokenizer(trainer.run_dir / TOKENIZER_DIR, vocab_size=vocab)
+    except ValueError as e:  # a model vocabulary too small for any byte-level tokenizer
+        log.warning("smoke run: no tokenizer recorded (%s); eval and serve will need --tokenizer", e)
+        return
+    log.info("smoke run: recorded the offline tiny tokenizer (%d ids) in %s", vocab, out)
 
 
 def _resume_choice(cfg: Config, run_dir: Path, resume):
@@ -216,8 +258,9 @@ def _resume_choice(cfg: Config, run_dir: Path, resume):
     return resume, False
 
 
-def _verify_smoke(trainer) -> int:
-    """Restore what the smoke step saved and compare it with the live parameters."""
+def _verify_smoke(trainer, *, trained: int) -> int:
+    """Restore what the smoke step saved and compare it with the live parameters; `trained`:
+    the steps this command trained (0 when a resumed run had nothing left)."""
     import jax
     import numpy as np
 
@@ -230,8 +273,9 @@ def _verify_smoke(trainer) -> int:
     if worst != 0.0 or not np.isfinite(worst):
         print(f"smoke FAILED: restored parameters differ from the trained ones by {worst}", file=sys.stderr)
         return 1
-    print(f"smoke OK: {trainer.step} step(s) trained, checkpoint {restored.step} restored identically "
-          f"({trainer.run_dir})")
+    did = (f"{trained} step(s) trained" if trained else
+           f"nothing left to train (the run was already at step {trainer.step} of train.steps={trainer.cfg.train.steps})")
+    print(f"smoke OK: {did}, checkpoint {restored.step} restored identically ({trainer.run_dir})")
     return 0
 
 
@@ -240,7 +284,8 @@ def main(argv: list[str]) -> int:
     try:
         if args.resume not in (None, "latest") and not str(args.resume).isdigit():
             raise ConfigError(f"--resume takes a step number, got {args.resume!r}")
-        overrides = list(args.overrides) + (list(SMOKE_OVERRIDES) if args.smoke else [])
+        # the user's overrides come last: `--smoke train.steps=2` trains two steps
+        overrides = (list(SMOKE_OVERRIDES) if args.smoke else []) + list(args.overrides)
         cfg = load_config(args.config, overrides)
         if args.aot and not args.check:
             raise ConfigError("--aot is a mode of --check: actionopd train --check --aot ...")

@@ -60,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def make_agent(args: argparse.Namespace) -> Agent:
+def make_agent(args: argparse.Namespace, loaded: dict | None = None) -> Agent:
     if args.reference:
         return ReferenceAgent()
     if args.endpoint:
@@ -68,10 +68,10 @@ def make_agent(args: argparse.Namespace) -> Agent:
             raise SystemExit("actionopd eval: --endpoint needs --model")
         return EndpointAgent(args.endpoint, args.model, api_key_env=args.api_key_env,
                              temperature=args.temperature, max_tokens=args.max_new_tokens)
-    return BackendAgent(model_backend(args), temperature=args.temperature, max_tokens=args.max_new_tokens)
+    return BackendAgent(model_backend(args, loaded), temperature=args.temperature, max_tokens=args.max_new_tokens)
 
 
-def model_backend(args: argparse.Namespace):
+def model_backend(args: argparse.Namespace, loaded: dict | None = None):
     """The in-process model backend for --hf / --checkpoint (same code path as `actionopd serve`)."""
     from actionopd_jax.model import make_mesh
     from actionopd_jax.sampling import Sampler
@@ -82,7 +82,7 @@ def model_backend(args: argparse.Namespace):
 
     mesh = make_mesh(parse_mesh(args.mesh)) if args.mesh else None
     cfg, model, tokenizer = model_with_tokenizer(hf=args.hf, checkpoint=args.checkpoint, tokenizer=args.tokenizer,
-                                                 mesh=mesh, dtype=args.dtype, step=args.step)
+                                                 mesh=mesh, dtype=args.dtype, step=args.step, record=loaded)
     max_context = None
     if getattr(args, "sampler", "static") == "engine":
         from actionopd_jax.engine import Engine, EngineConfig
@@ -155,16 +155,17 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     warning = eval_overlap_warning(args.checkpoint or args.hf, tasks)  # from the run's train_tasks.json
     if warning:
         print(warning, flush=True)
-    agent = make_agent(args)
+    loaded: dict = {}  # what --checkpoint / --hf loaded: every score records it
+    agent = make_agent(args, loaded)
     out = Path(args.out)
     records, errors = asyncio.run(run_eval(agent, tasks, env_factory(args), out / "episodes.jsonl",
                                            trials=args.trials, concurrency=args.concurrency,
                                            progress=not args.no_progress,
-                                           trajectories_jsonl=out / "trajectories.jsonl"))
+                                           trajectories_jsonl=out / "trajectories.jsonl", evaluated=loaded or None))
     wanted = {(t.task_id, t.env) for t in tasks}
     records = [r for r in records if (r["task_id"], r["env"]) in wanted and r["trial"] < args.trials]
     rows = summarize(records, ks=range(1, args.trials + 1))
-    paths = write_report(out, rows, agent=agent.name, errors=errors)
+    paths = write_report(out, rows, agent=agent.name, errors=errors, evaluated=loaded or None)
     paths["trajectories"] = out / "trajectories.jsonl"
     return {"rows": rows, "errors": errors, "paths": paths}
 

@@ -50,12 +50,26 @@ def bar_chart(rows: list[dict[str, Any]], path: Path, *, title: str) -> None:
     plt.close(fig)
 
 
-def write_report(out_dir: str | Path, rows: list[dict[str, Any]], *, agent: str, errors: list[str]) -> dict[str, Path]:
+def evaluated_line(evaluated: dict[str, Any]) -> str:
+    """What was scored, in words: the checkpoint step and folder, and a fallback if any."""
+    if "step" not in evaluated:
+        return f"Weights: {evaluated.get('hf', '?')}"
+    line = f"Checkpoint: step {evaluated['step']} ({evaluated['step_dir']})"
+    if evaluated.get("fallback_from") is not None:
+        line += f", a fallback: step {evaluated['fallback_from']} was unreadable"
+    if not evaluated.get("verified"):
+        line += "; no checksum manifest, loaded unverified"
+    return line
+
+
+def write_report(out_dir: str | Path, rows: list[dict[str, Any]], *, agent: str, errors: list[str],
+                 evaluated: dict[str, Any] | None = None) -> dict[str, Path]:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "results.json", "markdown": out / "report.md", "png": out / "scores.png"}
-    paths["json"].write_text(json.dumps({"agent": agent, "summary": rows, "errors": errors}, indent=2))
-    md = f"# Evaluation of {agent}\n\n" + markdown_table(rows)
+    body = {"agent": agent, **({"evaluated": evaluated} if evaluated else {}), "summary": rows, "errors": errors}
+    paths["json"].write_text(json.dumps(body, indent=2))
+    md = f"# Evaluation of {agent}\n\n" + (f"{evaluated_line(evaluated)}\n\n" if evaluated else "") + markdown_table(rows)
     if errors:
         md += f"\n{len(errors)} episode(s) could not finish and will rerun on resume:\n" + "".join(f"- {e}\n" for e in errors[:20])
     paths["markdown"].write_text(md)

@@ -149,6 +149,8 @@ def trajectory_record(rec: dict[str, Any], env: Environment) -> dict[str, Any]:
     if score.get("error_type") or score.get("error_message"):
         reason += f"; {score.get('error_type', '')}: {score.get('error_message', '')}"
     out = {k: rec[k] for k in ("task_id", "env", "split", "group", "trial", "agent", "actions")}
+    if "evaluated" in rec:
+        out["evaluated"] = rec["evaluated"]
     out.update(verdict={k: score[k] for k in ("reward", "official", "strict", "bfcl_eval_official") if k in score},
                reason=reason, score=score, **{k: rec[k] for k in CONVERSATION_KEYS})
     scored = getattr(env, "scored_calls", None)
@@ -170,17 +172,30 @@ def _keep_only(path: Path, keys: set[tuple]) -> None:
     tmp.replace(path)
 
 
+def _check_same_weights(out: Path, records: list[dict[str, Any]], evaluated: dict[str, Any]) -> None:
+    key = lambda e: (e or {}).get("step_dir") or (e or {}).get("hf")
+    other = {key(r.get("evaluated")) for r in records} - {key(evaluated), None}  # None: written before this record
+    if other:
+        raise ValueError(f"{out} holds episodes of other weights ({sorted(map(str, other))}); this run scores "
+                         f"{key(evaluated)}: pass another --out, or remove that file to start over")
+
+
 async def run_eval(agent: Agent, tasks: list[Task], make_env: EnvFactory, out_jsonl: str | Path, *,
                    trials: int = 1, concurrency: int = 8, max_actions: int = 200,
                    progress: bool = True, record_conversation: bool = False,
-                   trajectories_jsonl: str | Path | None = None) -> tuple[list[dict[str, Any]], list[str]]:
+                   trajectories_jsonl: str | Path | None = None,
+                   evaluated: dict[str, Any] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
     """Returns (all finished records, errors of episodes that could not finish).
     `record_conversation`: see `run_episode`. `trajectories_jsonl`: also write each episode's
-    `trajectory_record` there (the scores file then stays compact unless record_conversation)."""
+    `trajectory_record` there (the scores file then stays compact unless record_conversation).
+    `evaluated`: what was loaded (the checkpoint step and folder), written into every episode
+    and trajectory; resuming a file of another checkpoint step is refused."""
     out = Path(out_jsonl)
     out.parent.mkdir(parents=True, exist_ok=True)
     _drop_torn_tail(out)
     records = load_finished(out)
+    if evaluated is not None:
+        _check_same_weights(out, records, evaluated)
     done_keys = {(r["task_id"], r["env"], r["trial"]) for r in records}
     traj = Path(trajectories_jsonl) if trajectories_jsonl is not None else None
     if traj is not None:
@@ -197,6 +212,8 @@ async def run_eval(agent: Agent, tasks: list[Task], make_env: EnvFactory, out_js
                     env = make_env(task)
                     rec = await run_episode(agent, env, task, trial, max_actions=max_actions,
                                             record_conversation=record_conversation or traj is not None)
+                    if evaluated is not None:
+                        rec["evaluated"] = evaluated
                     if traj is not None:
                         traj_sink.write(json.dumps(trajectory_record(rec, env)) + "\n")
                         traj_sink.flush()

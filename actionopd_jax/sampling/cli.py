@@ -40,12 +40,13 @@ def resolve_model(args, workdir: Path, *, seed: int, mesh=None):
                                 dtype=args.dtype, step=getattr(args, "step", None))
 
 
-def model_with_tokenizer(*, hf=None, checkpoint=None, tokenizer=None, mesh=None, dtype=None, step=None):
+def model_with_tokenizer(*, hf=None, checkpoint=None, tokenizer=None, mesh=None, dtype=None, step=None, record=None):
     """(cfg, model, tokenizer): the model (load_model) and `tokenizer`, else the one next to the
-    HF weights or the one the training run recorded. Shared by generate, serve and eval."""
+    HF weights or the one the training run recorded. Shared by generate, serve and eval.
+    `record`: see loading.load_model."""
     from actionopd_jax.chat import load_tokenizer
 
-    cfg, model, recorded = load_model(hf=hf, checkpoint=checkpoint, mesh=mesh, dtype=dtype, step=step)
+    cfg, model, recorded = load_model(hf=hf, checkpoint=checkpoint, mesh=mesh, dtype=dtype, step=step, record=record)
     tok_dir = Path(tokenizer) if tokenizer else recorded
     if tok_dir is None:
         raise ValueError(f"{checkpoint}: the run recorded no tokenizer (no <run>/tokenizer/, and its config "

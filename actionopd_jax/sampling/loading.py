@@ -29,12 +29,14 @@ def end_token_ids(tokenizer: Any) -> list[int]:
 
 def load_model(*, hf: str | Path | None = None, checkpoint: str | Path | None = None,
                mesh=None, dtype: str | None = None, step: int | None = None,
-               cfg_overrides: dict | None = None) -> tuple[Qwen3Config, Any, Path | None]:
+               cfg_overrides: dict | None = None, record: dict | None = None) -> tuple[Qwen3Config, Any, Path | None]:
     """(config, model, tokenizer directory or None) from a Hugging Face directory (`hf`, or a
     `checkpoint` holding config.json) or a training run's Orbax checkpoint (`checkpoint` = run
     directory, its checkpoints/ folder or one step folder; `step` picks one, default the latest
     finished). The parameters land on `mesh` (None: the first local device) in `dtype` (None:
-    as recorded). Bad paths raise ValueError / FileNotFoundError with what to do."""
+    as recorded). Bad paths raise ValueError / FileNotFoundError with what to do. `record`, when
+    given, receives what was loaded: {"checkpoint", "step", "step_dir", "fallback_from",
+    "verified"} for a run (scores then say which step they scored), {"hf"} for HF weights."""
     from actionopd_jax.model.weights import load_hf
     from actionopd_jax.checkpoint import CheckpointError
     from actionopd_jax.checkpoint import load_model as load_run_checkpoint
@@ -55,12 +57,18 @@ def load_model(*, hf: str | Path | None = None, checkpoint: str | Path | None = 
         if dtype:
             overrides.update(param_dtype=dtype, dtype=dtype)
         cfg, model = load_hf(path, cfg_overrides=overrides or None, mesh=mesh)
+        if record is not None:
+            record.update(hf=str(path))
         return cfg, model, path
     try:
         cfg, model, info = load_run_checkpoint(path, step=step, mesh=mesh, dtype=dtype)
     except CheckpointError as e:
         raise ValueError(str(e)) from e
-    print(f"loaded step {info['step']} of {info['ckpt_dir']}", file=sys.stderr)
+    fallback = f" (step {info['fallback_from']} was unreadable)" if info["fallback_from"] is not None else ""
+    print(f"loaded step {info['step']} of {info['ckpt_dir']}{fallback}", file=sys.stderr)
+    if record is not None:
+        record.update(checkpoint=str(path), step=info["step"], step_dir=str(info["step_dir"]),
+                      fallback_from=info["fallback_from"], verified=info["verified"])
     return cfg, model, info["tokenizer"]
 
 

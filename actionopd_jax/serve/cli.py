@@ -5,7 +5,8 @@
     actionopd serve --hf DIR --lm-head float32    # exact float32 logprob normalisers
 
 Binds 127.0.0.1 unless --host says otherwise. With --api-key-env NAME, clients must send
-`Authorization: Bearer $NAME`.
+`Authorization: Bearer $NAME`. SIGTERM or Ctrl-C: requests in flight finish (or are
+cancelled after 10 s), then it exits 0.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--model-name", help="model id clients send (default: the directory name)")
     p.add_argument("--max-context", type=int, help="prompt + completion tokens (default: the model's)")
     p.add_argument("--default-max-tokens", type=int, default=1024)
+    p.add_argument("--max-body-mb", type=float, default=8.0,
+                   help="larger request bodies get a 413 before they are parsed (default 8)")
     p.add_argument("--batch-window-ms", type=float, default=5.0,
                    help="how long a request waits for others to share its device call")
     p.add_argument("--segment-tokens", type=int, default=256,
@@ -80,7 +83,8 @@ def main(argv: list[str]) -> int:
                                    default_max_tokens=args.default_max_tokens,
                                    batch_window_s=args.batch_window_ms / 1000.0, enable_thinking=args.enable_thinking,
                                    segment_tokens=args.segment_tokens)
-            server = OpenAIServer(backend, host=args.host, port=args.port, api_key_env=args.api_key_env)
+            server = OpenAIServer(backend, host=args.host, port=args.port, api_key_env=args.api_key_env,
+                                  max_body_bytes=int(args.max_body_mb * 1024 * 1024))
         except ValueError as e:
             print(f"actionopd serve: {e}", file=sys.stderr)
             return 2

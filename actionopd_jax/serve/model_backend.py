@@ -4,10 +4,16 @@ Per request: render messages + tools with the chat template, check the context b
 400 when it does not fit), queue the prompt; concurrent requests are sampled in ONE device
 call (MicroBatcher) with their own settings and keys; each reply is decoded, cut at the
 first `stop` string, and split into content / tool_calls / reasoning_content.
+
+Rendering and tokenizing run off the event loop (a megabyte conversation takes seconds), so
+one large request never stalls the server's other clients. `tool_choice` forcing a call
+(a named function, or "required": the offered tool the model finds most likely) is honoured by
+writing the start of that call after the prompt; the model writes its arguments.
 """
 
 from __future__ import annotations
 
+import asyncio
 import secrets
 from typing import Any
 
@@ -18,7 +24,7 @@ from actionopd_jax.chat import render_ids
 from actionopd_jax.sampling import Generation, Sampler
 from actionopd_jax.sampling.batching import Continue, MicroBatcher
 from actionopd_jax.serve.requests import ChatChoice, ChatRequest, RequestError
-from actionopd_jax.serve.reply_format import message_fields
+from actionopd_jax.serve.reply_format import forced_call, forced_call_prefix, message_fields
 from actionopd_jax.serve.scoring import top_logprob_entries
 from actionopd_jax.serve.segments import SegmentedJob
 
@@ -106,7 +112,11 @@ class ModelBackend:
         return min(room, req.max_tokens if req.max_tokens is not None else self.default_max_tokens)
 
     async def complete(self, req: ChatRequest) -> tuple[list[ChatChoice], int]:
-        prompt_ids = self._render(req)
+        prompt_ids = await asyncio.to_thread(self._render, req)
+        forced = None
+        if req.tool_choice == "required":
+            forced = req.forced_tool or await self._likeliest_tool(req, prompt_ids)
+            prompt_ids = np.concatenate([prompt_ids, self._encode(forced_call_prefix(forced))])
         max_new = self._budget(req, prompt_ids.size)
         job = SegmentedJob(prompt_ids=prompt_ids, n=req.n, max_new=max_new,
                            # top_p 0 means "only the most likely token": greedy
@@ -114,10 +124,24 @@ class ModelBackend:
                            top_p=req.top_p if req.top_p > 0 else 1.0,
                            top_k=req.top_k, key=request_key(req.seed), segment=self.segment_tokens or max_new)
         generations: list[Generation] = await self.batcher.submit(job)
-        choices = [self._choice(req, g) for g in generations]
+        choices = [self._choice(req, g, forced) for g in generations]
         if req.logprobs and req.top_logprobs:
             await self._fill_top_logprobs(req, prompt_ids, choices, job.temperature or 1.0)
         return [c for c, _ in choices], int(prompt_ids.size)
+
+    def _encode(self, text: str) -> np.ndarray:
+        return np.asarray(self.tokenizer.encode(text, add_special_tokens=False), np.int32)
+
+    async def _likeliest_tool(self, req: ChatRequest, prompt_ids: np.ndarray) -> str:
+        """tool_choice "required": the offered tool whose call opening the model scores highest
+        after the prompt (one scoring pass; the only one when a single tool is offered)."""
+        names = [t["function"]["name"] for t in req.tools or []]
+        if len(names) == 1:
+            return names[0]
+        openings = [self._encode(forced_call_prefix(n)) for n in names]
+        self._budget(req, prompt_ids.size + max(o.size for o in openings))
+        scored = await self.score_tokens.response_logprobs([prompt_ids] * len(names), openings)
+        return names[int(np.argmax([float(lp.sum()) for lp in scored]))]
 
     async def _fill_top_logprobs(self, req: ChatRequest, prompt_ids: np.ndarray, choices, temperature: float):
         """Alternatives at each generated token from one scoring pass over prompt + reply, at the
@@ -148,7 +172,7 @@ class ModelBackend:
         return out
 
     # --- generation -> choice ------------------------------------------------------------------
-    def _choice(self, req: ChatRequest, gen: Generation) -> tuple[ChatChoice, np.ndarray]:
+    def _choice(self, req: ChatRequest, gen: Generation, forced: str | None = None) -> tuple[ChatChoice, np.ndarray]:
         """The choice, and the generated ids its text and logprobs cover."""
         ids, logprobs = gen.token_ids, gen.logprobs
         if gen.finish_reason == "stop" and ids.size and int(ids[-1]) in self.end_ids:
@@ -159,7 +183,12 @@ class ModelBackend:
         if cut is not None:
             text, kept = cut
             ids, logprobs, finish, produced = ids[:kept], logprobs[:kept], "stop", kept
-        content, tool_calls, reasoning = message_fields(text, parse_tools=req.tool_choice != "none" and bool(req.tools))
+        if forced is not None:  # the reply is the forced call: its arguments are what the model wrote
+            content, tool_calls, reasoning = None, [forced_call(forced, text)], None
+        else:
+            offered = {t["function"]["name"] for t in req.tools or []}
+            content, tool_calls, reasoning = message_fields(
+                text, parse_tools=req.tool_choice != "none" and bool(offered), offered=offered)
         token_logprobs = None
         if req.logprobs:
             token_logprobs = []

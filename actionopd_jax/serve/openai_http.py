@@ -25,7 +25,11 @@ from aiohttp import web
 from actionopd_jax.serve.requests import (Backend, ChatChoice, ChatRequest, RequestError,  # noqa: F401
                                           completion_body, requested_model)
 
-MAX_BODY_BYTES = 32 * 1024 * 1024
+# A body past this is refused (a JSON 413) before it is read: far above what any context the
+# server can hold needs (32,768 tokens of text and tool schemas are well under 1 MiB).
+MAX_BODY_BYTES = 8 * 1024 * 1024
+
+SHUTDOWN_GRACE_S = 10.0
 
 # Fault-injection hook: sees the decoded body; returns None to proceed, or (status, body, headers).
 Middleware = Callable[[Any], Awaitable["tuple[int, Any, dict[str, str]] | None"]]
@@ -55,6 +59,7 @@ class OpenAIServer:
         port: int = 0,
         api_key_env: str | None = None,
         middleware: Middleware | None = None,
+        max_body_bytes: int = MAX_BODY_BYTES,
     ):
         backends = backends if isinstance(backends, list) else [backends]
         if not backends:
@@ -62,6 +67,7 @@ class OpenAIServer:
         self.backends = {b.model_name: b for b in backends}
         self.host, self.port = host, port
         self.middleware = middleware
+        self.max_body_bytes = int(max_body_bytes)
         self._api_key: str | None = None
         if api_key_env:
             key = os.environ.get(api_key_env)
@@ -76,7 +82,8 @@ class OpenAIServer:
 
     # --- app -------------------------------------------------------------------------------
     def _app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        # one byte more than the limit, so that _json_body (not aiohttp's plain-text 413) refuses
+        app = web.Application(client_max_size=self.max_body_bytes + 1)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)  # token scoring (serve/scoring.py)
         app.router.add_get("/v1/models", self._models)
@@ -97,10 +104,26 @@ class OpenAIServer:
         POST route, so they authenticate and reject bad bodies alike."""
         if (denied := self._auth_error(request)) is not None:
             return None, denied
+        if (request.content_length or 0) > self.max_body_bytes:  # refused before it is parsed
+            return None, await self._too_large(request, request.content_length)
         try:
-            return json.loads(await request.read()), None
+            raw = await request.read()
+        except web.HTTPRequestEntityTooLarge:  # a chunked body without Content-Length
+            return None, await self._too_large(request, None)
+        try:  # a large body decodes off the event loop: other clients keep being answered
+            return (json.loads(raw) if len(raw) < 65536 else await asyncio.to_thread(json.loads, raw)), None
         except (ValueError, UnicodeDecodeError) as e:
             return None, web.json_response(RequestError(400, f"request body is not valid JSON: {e}").body(), status=400)
+
+    async def _too_large(self, request: web.Request, size: int | None) -> web.Response:
+        got = f"{size} bytes" if size is not None else "more than that"
+        err = RequestError(413, f"request body too large: {got}, the limit is {self.max_body_bytes} bytes "
+                                "(actionopd serve --max-body-mb); shorten the conversation", code="request_too_large")
+        # the rest of the body is read and dropped chunk by chunk (no memory, the loop stays free):
+        # a client still sending when the connection closed would see a reset, not this answer
+        async for _ in request.content.iter_chunked(1 << 20):
+            pass
+        return web.json_response(err.body(), status=413)
 
     async def _models(self, request: web.Request) -> web.Response:
         if (denied := self._auth_error(request)) is not None:
@@ -154,7 +177,9 @@ class OpenAIServer:
     async def _start_site(self) -> None:
         # handler_cancellation: a client that disconnects cancels its handler, and with it its
         # queued or segmented generation (sampling/batching.py), instead of leaving it running
-        self._runner = web.AppRunner(self._app(), access_log=None, handler_cancellation=True)
+        # shutdown_timeout: on stop, requests in flight get that long to finish, then are cancelled
+        self._runner = web.AppRunner(self._app(), access_log=None, handler_cancellation=True,
+                                     shutdown_timeout=SHUTDOWN_GRACE_S)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
@@ -198,21 +223,28 @@ class OpenAIServer:
         if self._thread is None or self._loop is None:
             return
         self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=10)
+        self._thread.join(timeout=SHUTDOWN_GRACE_S + 10)
         self._thread = None
 
     def serve_forever(self) -> None:
-        """Blocking run for the CLI (Ctrl-C stops it)."""
+        """Blocking run for the CLI. Ctrl-C or SIGTERM stops it cleanly: no new connections,
+        requests in flight get SHUTDOWN_GRACE_S to finish, then are cancelled."""
+        import signal
+
+        stop = threading.Event()
+        previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
         self.start()
         print(f"serving {sorted(self.backends)} at {self.base_url}", flush=True)
         try:
             assert self._thread is not None
-            while self._thread.is_alive():
-                self._thread.join(timeout=1.0)
+            while self._thread.is_alive() and not stop.wait(0.5):
+                pass
         except KeyboardInterrupt:
             pass
         finally:
+            print("shutting down: finishing requests in flight", flush=True)
             self.stop()
+            signal.signal(signal.SIGTERM, previous)
 
     def __enter__(self) -> "OpenAIServer":
         self.start()

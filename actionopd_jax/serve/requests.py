@@ -30,7 +30,9 @@ class ChatRequest:
     model: str
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None = None
+    # None / "auto" / "none" / "required", or the name of the one function the reply must call
     tool_choice: str | None = None
+    forced_tool: str | None = None
     n: int = 1
     temperature: float = 1.0
     top_p: float = 1.0
@@ -64,11 +66,7 @@ class ChatRequest:
                 for t in tools
             ):
                 raise RequestError(400, "'tools' must be a list of {type: function, function: {name, parameters}}")
-        tool_choice = body.get("tool_choice")
-        if tool_choice is not None and tool_choice not in ("auto", "none", "required") and not isinstance(tool_choice, dict):
-            raise RequestError(400, "'tool_choice' must be 'auto', 'none', 'required' or a function object")
-        if isinstance(tool_choice, dict):
-            tool_choice = "auto"  # forcing one named function is not supported; treated as auto
+        tool_choice = _tool_choice(body.get("tool_choice"), tools or None)
         stop = body.get("stop")
         if isinstance(stop, str):
             stop = [stop]
@@ -87,7 +85,8 @@ class ChatRequest:
             model=model,
             messages=messages,
             tools=tools or None,
-            tool_choice=tool_choice,
+            tool_choice=tool_choice[0],
+            forced_tool=tool_choice[1],
             n=_number(body, "n", int, 1, lo=1, hi=64),
             temperature=_number(body, "temperature", float, 1.0, lo=0.0, hi=5.0),
             top_p=_number(body, "top_p", float, 1.0, lo=0.0, hi=1.0),
@@ -103,6 +102,30 @@ class ChatRequest:
             include_usage=bool((options or {}).get("include_usage")),
             raw=body,
         )
+
+
+def _tool_choice(value: Any, tools: list[dict] | None) -> tuple[str | None, str | None]:
+    """(mode, forced function name) of a request's `tool_choice`, as OpenAI defines it: "none"
+    forbids calls, "auto" lets the model choose, "required" forces a call to one of `tools`,
+    {"type": "function", "function": {"name": X}} forces a call to X (mode "required"). A
+    tool_choice without tools, or forcing a tool that is not offered, is a 400."""
+    if value is None:
+        return None, None
+    if not tools:
+        raise RequestError(400, "'tool_choice' is only allowed when 'tools' are given: offer the tools, "
+                                "or leave 'tool_choice' out")
+    if value in ("auto", "none", "required"):
+        return value, None
+    name = value.get("function", {}).get("name") if isinstance(value, dict) and isinstance(
+        value.get("function"), dict) else None
+    if not isinstance(value, dict) or value.get("type", "function") != "function" or not isinstance(name, str):
+        raise RequestError(400, "'tool_choice' must be 'auto', 'none', 'required' or "
+                                "{'type': 'function', 'function': {'name': NAME}}")
+    offered = [t["function"]["name"] for t in tools]
+    if name not in offered:
+        raise RequestError(400, f"'tool_choice' forces function {name!r}, which is not among the offered "
+                                f"'tools' {offered}; offer it or name one of them")
+    return "required", name
 
 
 def requested_model(body: Any) -> str:

@@ -241,6 +241,13 @@ class BackendScorer:
             return await asyncio.to_thread(scorer.top_alternatives, sequences, k, temperature)
 
 
+    async def response_logprobs(self, prompts: Sequence[np.ndarray], responses: Sequence[np.ndarray]):
+        """`TokenScorer.response_logprobs` on the served model, off the event loop."""
+        async with self._lock:
+            scorer = self._current()
+            return await asyncio.to_thread(scorer.response_logprobs, prompts, responses)
+
+
 def top_logprob_entries(tokenizer: Any, ids: np.ndarray, lps: np.ndarray) -> list[dict[str, Any]]:
     """OpenAI `top_logprobs` entries ({token, logprob, bytes}) of one position, best first."""
     out = []

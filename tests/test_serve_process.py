@@ -1,0 +1,100 @@
+"""A real `actionopd serve` process under a new user's abuse (issue 26): a huge request body
+must not stall the other clients, and SIGTERM shuts it down cleanly. Driven by the `openai`
+SDK over loopback; the --tiny model (random weights, so replies are noise)."""
+
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import openai
+import pytest
+
+from tests._subprocess_fixtures import cli_env
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def served():
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "actionopd_jax.commands", "serve", "--tiny", "--seed", "1", "--port", str(port),
+         "--default-max-tokens", "4", "--segment-tokens", "4"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env(devices=1))
+    lines = []
+    deadline = time.time() + 120
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        lines.append(line)
+        if "serving" in line or not line:
+            break
+    assert f"http://127.0.0.1:{port}/v1" in lines[-1], "".join(lines)
+    client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=120)
+    client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}])  # compiles
+    yield proc, client, lines
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait()
+
+
+def _during(client, big_call) -> tuple[float, object]:
+    """(seconds a health request took while `big_call` ran in another thread, its outcome)."""
+    outcome = {}
+
+    def big():
+        try:
+            outcome["value"] = big_call()
+        except Exception as e:  # noqa: BLE001 - the outcome is what the test inspects
+            outcome["value"] = e
+
+    t = threading.Thread(target=big)
+    t.start()
+    time.sleep(0.3)  # the big body is on its way (or being parsed)
+    t0 = time.perf_counter()
+    assert [m.id for m in client.models.list()] == ["tiny"]
+    health = time.perf_counter() - t0
+    t.join(timeout=120)
+    return health, outcome["value"]
+
+
+def test_a_25mb_body_gets_a_json_413_and_others_are_answered_meanwhile(served):
+    _, client, _ = served
+    text = "weather " * (25 * 1024 * 1024 // 8)
+    health, err = _during(client, lambda: client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": text}]))
+    assert health < 1.0, f"a health request took {health:.2f} s during a 25 MB request"
+    assert isinstance(err, openai.APIStatusError) and err.status_code == 413, err
+    assert err.body["code"] == "request_too_large" and "the limit is 8388608 bytes" in err.body["message"]
+
+
+def test_a_5mb_body_is_tokenized_off_the_event_loop_and_gets_a_json_400(served):
+    _, client, _ = served
+    text = "weather " * (5 * 1024 * 1024 // 8)  # under the body limit, far over the tiny model's context
+    health, err = _during(client, lambda: client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": text}]))
+    assert health < 1.0, f"a health request took {health:.2f} s during a 5 MB request"
+    assert isinstance(err, openai.BadRequestError) and err.body["code"] == "context_length_exceeded", err
+
+
+def test_sigterm_finishes_the_request_in_flight_and_exits_0(served):
+    proc, client, lines = served
+    health, reply = None, {}
+    t = threading.Thread(target=lambda: reply.update(r=client.chat.completions.create(
+        model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=60)))
+    t.start()
+    time.sleep(0.5)  # the request is being generated, segment by segment
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=60)
+    t.join(timeout=30)
+    log = "".join(lines) + out
+    assert proc.returncode == 0, log[-3000:]
+    assert "Traceback" not in log and "Exception ignored" not in log, log[-3000:]
+    assert "shutting down" in out
+    assert reply["r"].choices[0].finish_reason in ("stop", "length")  # it finished, not dropped
