@@ -24,5 +24,6 @@ def check_method(cfg: Config) -> None:
     if cfg.teacher.kind == "self" and kind != "actionopd":
         raise ConfigError("teacher.kind=self is Self-ActionOPD: it needs collect.kind=actionopd "
                           f"(got collect.kind={kind})")
-    if cfg.kd.trials < 1 or cfg.kd.max_tasks < 0 or cfg.kd.examples_per_step < 0:
-        raise ConfigError("kd.trials must be >= 1, kd.max_tasks and kd.examples_per_step >= 0")
+    if cfg.kd.trials < 1 or cfg.kd.examples_per_step < 0:
+        raise ConfigError("kd.trials must be >= 1 (fresh teacher episodes per task start) and "
+                          "kd.examples_per_step >= 0")
