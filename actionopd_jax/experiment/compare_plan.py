@@ -47,7 +47,7 @@ class Method:
 
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("actionopd", "actionopd", "ActionOPD"),
-    Method("kd", "kd", "KD (teacher trajectories)"),
+    Method("kd", "kd", "KD (fresh teacher episodes)"),
     Method("validity", "actionopd", "ablation: validity reward", {"collect.reward": "validity"}),
     Method("binary", "actionopd", "ablation: binary reward", {"collect.reward": "binary"}),
     Method("random_commit", "actionopd", "ablation: random commit", {"collect.commit": "random"}),
