@@ -211,7 +211,8 @@ def run_collector_method(shared: Shared, method: Method, seed: int, rdir: Path) 
     trainer = Trainer(pcfg, run_dir=rdir, source=source)
     try:
         done, http_calls = train_to_budget(trainer, source, shared.settings, lambda: (
-            f"reward {job.history[-1]['reward_mean']:.3f}, match {job.history[-1]['match_rate']:.3f}"))
+            f"reward {job.history[-1]['reward_mean']:.3f}, match {job.history[-1]['match_rate']:.3f}, "
+            f"partial match (0 < c < K) {job.history[-1]['partial_match_rate']:.3f}"))
         steps = trainer.step
     finally:
         trainer.close()
