@@ -125,6 +125,25 @@ def build_source(cfg: Config, ctx: SourceContext) -> GroupSource:
     raise ConfigError(f"collect.kind={kind!r} has no source")
 
 
+def check_self_teacher(cfg: Config) -> None:
+    """Self-ActionOPD's privileged input: the summaries file reads, and every training task that
+    needs a prepared summary (tau2) has one."""
+    from actionopd_jax.baselines.privileged import load_summaries, missing_summaries
+
+    path = cfg.teacher.privileged_summaries
+    summaries: dict[str, str] = {}
+    if path:
+        try:
+            summaries = load_summaries(path)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"teacher.privileged_summaries: {e}") from None
+    missing = missing_summaries(tasks_from_env(cfg), summaries)
+    if missing:
+        raise ConfigError(f"Self-ActionOPD: {len(missing)} training task(s) have no prepared privileged summary "
+                          f"(first: {missing[:3]}); add them to {path or 'a summaries file'} "
+                          "(teacher.privileged_summaries, format docs/formats.md) or narrow env.task_ids")
+
+
 def check_collection(cfg: Config) -> None:
     """The offline part of what `build_source` reads from the config when the run builds it
     (collect/source.py, this module): its settings, the teacher and matcher specs, the task
@@ -154,5 +173,7 @@ def check_collection(cfg: Config) -> None:
     if kind == "actionopd" and teacher != "self":
         teacher_spec(cfg.teacher)
         judge_spec(cfg.matcher)
+    if kind == "actionopd" and teacher == "self":
+        check_self_teacher(cfg)
     source.train_task_stream(cfg)
     env_factory_from(cfg.env)

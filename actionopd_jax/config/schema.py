@@ -150,6 +150,10 @@ class TeacherConfig:
     max_tokens: int = 8192
     enable_thinking: bool = True
     retries: int = 2  # per requested sample, for parser/schema-invalid output
+    # kind=self on tau2: the prepared per-task summaries of the users' private goals (paper B.5;
+    # JSON lines, docs/formats.md "Privileged summaries"). A relative path in a config file is
+    # relative to that file.
+    privileged_summaries: str = ""
     cache_dir: str = ""  # default: <run dir>/cache/teacher
     timeout_s: float = 600.0
     concurrency: int = 32

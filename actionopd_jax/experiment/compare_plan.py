@@ -172,9 +172,10 @@ def not_runnable(method: Method, *, privileged_teacher: bool) -> str:
                 "server, which returns actions, not a token distribution (no local teacher model in the tiny "
                 "setting)")
     if method.kind == "self":
-        return ("its teacher is the student reading privileged notes (the reference calls) in its system "
-                "prompt; a random-init tiny student was never trained to read such notes, so its 'teacher' "
-                "samples would be its own samples, and the harness does not wire it yet")
+        return ("its teacher is the student itself reading privileged notes; in miniature that is the 2-layer "
+                "random-init student, never trained to read such notes, so its 'teacher' samples would be its own "
+                "noise, at up to 4,096 teacher tokens per sample (table 8) on CPU; the harness does not run it. "
+                "Its tau2 recipe: configs/paper/self_actionopd_tau2_qwen3_4b_h200.yaml")
     return ""
 
 
