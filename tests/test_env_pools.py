@@ -430,12 +430,13 @@ def test_audit_starts_each_awm_server_contained_and_lists_its_tools(tmp_path, sa
     assert result.admitted and not any(t.startswith(bad + "/") for t in result.admitted)
 
 
-def test_training_episodes_on_the_pools_are_refused_with_the_reason():
-    """Until the pools' episodes exist, building their environments is a ConfigError naming
-    what does work, not an unknown-environment failure inside collection."""
+def test_training_episodes_on_the_envscaler_pool_are_refused_with_the_reason():
+    """Until EnvScaler episodes exist, building their environments is a ConfigError naming
+    what does work, not an unknown-environment failure inside collection (AWM's are built:
+    tests/test_env_awm.py)."""
     from actionopd_jax.config import ConfigError, EnvConfig
     from actionopd_jax.envs.registry import env_factory_from
 
-    for name in ("awm", "envscaler"):
-        with pytest.raises(ConfigError, match=f"env.name={name}: training episodes .* not available yet"):
-            env_factory_from(EnvConfig(name=name))
+    for env in (EnvConfig(name="envscaler"), EnvConfig(name="awm", mixture=("awm:3", "envscaler:1"))):
+        with pytest.raises(ConfigError, match="training episodes on the envscaler pool are not available yet"):
+            env_factory_from(env)

@@ -3,7 +3,7 @@
 1. `teacher_trajectories`: run a teacher (any eval `Agent`: an OpenAI-compatible endpoint, a
    backend in process, the privileged reference policy) through the environments with the
    evaluation harness, recording each episode's public conversation; keep the successful ones
-   (reward >= 1). Outcome labels filter demonstrations; they are never a reward.
+   (reward >= 1, or the environment's verifier verdict `success` where it has one: AWM). Outcome labels filter demonstrations; they are never a reward.
 2. `kd_examples`: every assistant turn of a kept trajectory is one example: the prompt is the
    public history before it rendered with the chat template within the context budget (the
    same `PromptBuilder` the collector uses, so KD prompts look exactly like ActionOPD states),
@@ -53,7 +53,13 @@ class KDExample:
 # --- 1. teacher trajectories --------------------------------------------------------------------
 
 def is_successful(record: dict[str, Any], min_reward: float = 1.0) -> bool:
-    reward = (record.get("score") or {}).get("reward")
+    """The episode's own verdict where its environment gives one (`score.success`: AWM's
+    verifier, so a judge error or an unverified faulted episode is never kept), else its reward
+    against `min_reward` (BFCL, tau2)."""
+    score = record.get("score") or {}
+    if isinstance(score.get("success"), bool):
+        return score["success"]
+    reward = score.get("reward")
     return isinstance(reward, (int, float)) and float(reward) >= min_reward
 
 

@@ -73,11 +73,13 @@ def build_kd_source(cfg: Config, ctx: SourceContext, *, tokenizer: Any = None, m
         from actionopd_jax.baselines.kd_fresh import FreshKDSource
         from actionopd_jax.collect.source import train_task_stream
         from actionopd_jax.envs.registry import env_factory_from
+        from actionopd_jax.teacher.specs import judge_spec
 
         if make_agent is None:
             endpoint_agent(cfg)  # refuses a missing endpoint before anything runs
             make_agent = lambda: endpoint_agent(cfg)  # noqa: E731 - one client per step's event loop
-        return FreshKDSource(make_agent, train_task_stream(cfg), env_factory_from(cfg.env), tokenizer,
+        make_env = env_factory_from(cfg.env, judge=judge_spec(cfg.matcher))  # the judge grades AWM's verifiers
+        return FreshKDSource(make_agent, train_task_stream(cfg), make_env, tokenizer,
                              out_dir=Path(ctx.run_dir) / "kd", trials=k.trials, min_reward=k.min_reward,
                              max_prompt_tokens=cfg.collect.max_prompt_tokens,
                              enable_thinking=cfg.collect.enable_thinking, concurrency=cfg.teacher.concurrency,

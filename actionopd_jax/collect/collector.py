@@ -39,6 +39,7 @@ from actionopd_jax.collect.metrics import StepMetrics, TrajectoryRecord
 from actionopd_jax.chat.prompt import CandidateDecoder, FitFn, Prompt, PromptBuilder
 from actionopd_jax.collect.sampler_worker import SampleFn, SamplerError, SamplerWorker
 from actionopd_jax.envs.base import Environment
+from actionopd_jax.envs.evidence import evidence_scope
 from actionopd_jax.envs.registry import EnvFactory, default_env_factory  # noqa: F401  (re-exported)
 from actionopd_jax.teacher.base import TeacherBatch, UsageReport
 from actionopd_jax.types import Candidate, Observation, StateGroup, Task, Verdict
@@ -237,7 +238,8 @@ class Collector:
             log.exception("task start %d (%s) failed", start, task.task_id)
             _safe_end(env, rec.end_reason)
         if env is not None:
-            rec.score = _safe_score(env, rec.end_reason)
+            # off the loop: a verifier may run a sandboxed process or ask a judge (AWM)
+            rec.score = await asyncio.to_thread(_safe_score, env, rec.end_reason)
         return rec, groups
 
     def next_prompt(self, obs: Observation, env: Environment, limit: int | None,
@@ -310,7 +312,7 @@ class Collector:
                                         logprobs=np.asarray(gen.logprobs, np.float32), text=text,
                                         action=self.decoder.action(text, prompt.tools, gen.finish_reason),
                                         finish_reason=gen.finish_reason))
-        verdicts = await self._verdicts(candidates, batch, prompt, rec, task.env)
+        verdicts = await self._verdicts(candidates, batch, prompt, rec, evidence_scope(task))
         cfg = self.cfg
         return build_group(task_id=task.task_id, decision_index=decision, prompt_ids=prompt.ids,
                            candidates=candidates, teacher_samples=batch.samples, verdicts=verdicts,

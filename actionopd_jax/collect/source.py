@@ -126,14 +126,20 @@ class ActionOPDGroupSource:
                 check_eval_overlap(cfg.env, tasks)
             if ctx.process_index == 0:
                 record_train_tasks(run_dir, tasks)
+        from actionopd_jax.teacher.specs import judge_spec
+
+        if env_factory is None:  # the run's judge also grades AWM's SQL verifiers
+            env_factory = env_factory_from(cfg.env, concurrency=cfg.collect.concurrency, judge=judge_spec(cfg.matcher))
         if matcher is None:
             from actionopd_jax.matching.build import build_matcher, tool_evidence_from
-            from actionopd_jax.teacher.specs import judge_spec
 
             cache_dir = Path(cfg.matcher.cache_dir or run_dir / "cache" / "matcher")
             cache_dir.mkdir(parents=True, exist_ok=True)
             matcher = build_matcher(judge_spec(cfg.matcher), cache=cache_dir / f"verdicts-p{ctx.process_index}.sqlite",
-                                    evidence_by_env=tool_evidence_from(cfg.matcher, tasks))
+                                    evidence_by_env=tool_evidence_from(cfg.matcher, tasks, env_factory))
+        warm = getattr(env_factory, "warm", None)
+        if callable(warm) and tasks is not None:
+            warm(tasks)  # start the servers now, so no episode (nor a device step) waits for a cold one
         eos = int(tokenizer.convert_tokens_to_ids("<|im_end|>"))
         self.sampler = Sampler(None, ctx.model_config, eos_ids=[eos], buckets=buckets,
                                token_budget=self.cfg.sampler_token_budget)
@@ -141,7 +147,7 @@ class ActionOPDGroupSource:
                                     temperature=self.cfg.temperature, top_p=self.cfg.top_p, top_k=self.cfg.top_k)
         self.collector = Collector(self.cfg, tokenizer=tokenizer, teacher=teacher, matcher=matcher,
                                    sample_fn=sampler_fn(self.sampler, settings), eos_ids=[eos],
-                                   env_factory=env_factory or env_factory_from(cfg.env, concurrency=cfg.collect.concurrency))
+                                   env_factory=env_factory)
         self.last: CollectResult | None = None
 
     def collect(self, step: int, policy: Any) -> list[StateGroup]:

@@ -29,6 +29,9 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--verifier-mode", default="auto", choices=("auto", "code", "sql"),
                    help="AWM verifier to require: code, sql, or auto (code where present, else sql)")
     a.add_argument("--timeout-s", type=float, default=30.0, help="wall-clock limit per sandboxed call")
+    a.add_argument("--heldout-fraction", type=float, default=0.0,
+                   help="keep this fraction of the admitted tasks as the pool's evaluation split (`eval --bench "
+                        "awm:heldout`); training never draws them (default 0: none; chosen by id hash)")
     return p
 
 
@@ -44,6 +47,10 @@ def audit(args: argparse.Namespace) -> int:
     from actionopd_jax.envs.admission import audit_awm, audit_envscaler
     from actionopd_jax.envs.sandbox import SubprocessSandbox
 
+    if not 0.0 <= args.heldout_fraction < 1.0:
+        print(f"actionopd envs audit: --heldout-fraction must be in [0, 1), got {args.heldout_fraction}",
+              file=sys.stderr)
+        return 2
     manifest = Path(args.manifest or Path(args.dir) / "admitted.json")
     tok = _tokenizer(args.tokenizer)
     sandbox = SubprocessSandbox()
@@ -62,12 +69,16 @@ def audit(args: argparse.Namespace) -> int:
         old = json.loads(manifest.read_text(encoding="utf-8"))
         combined["pools"] = dict(old.get("pools") or ({old["pool"]: old} if "pool" in old else {}))
     entry = result.manifest()
+    from actionopd_jax.envs.admission import heldout_split
+
+    entry["heldout"] = heldout_split(result.admitted, args.heldout_fraction)
     entry.update({"tokenizer": args.tokenizer or "qwen3 (offline build)", "max_prompt_tokens": args.max_prompt_tokens})
     combined["pools"][args.env] = entry
     manifest.parent.mkdir(parents=True, exist_ok=True)
     manifest.write_text(json.dumps(combined, indent=1) + "\n", encoding="utf-8")
     print(result.table())
-    print(f"\nadmitted {len(result.admitted)} of {result.funnel.kept[result.funnel.stages[0]]} tasks; "
+    held = f", {len(entry['heldout'])} of them held out for evaluation" if entry["heldout"] else ""
+    print(f"\nadmitted {len(result.admitted)} of {result.funnel.kept[result.funnel.stages[0]]} tasks{held}; "
           f"manifest: {manifest} (set env.manifest to it)")
     return 0
 

@@ -306,7 +306,26 @@ def audit_envscaler(root: str | Path, *, sandbox: Sandbox, tokenizer: Any,
 
 def read_manifest(path: str | Path) -> dict[str, Any]:
     """A manifest written by `AuditResult.write_manifest`, or a combined one
-    {"pools": {"awm": {...}, "envscaler": {...}}}; returns {pool: set of admitted ids} under "admitted"."""
+    {"pools": {"awm": {...}, "envscaler": {...}}}; returns {pool: set of admitted ids} under
+    "admitted", {pool: set of held-out ids} under "heldout" (admitted tasks kept for evaluation,
+    never drawn for training), the per-pool entries under "pools"."""
     raw = json.loads(Path(path).read_text(encoding="utf-8"))
+    if not isinstance(raw, dict):
+        raise ValueError("the manifest is not a JSON object")
     pools = raw.get("pools") if isinstance(raw.get("pools"), dict) else {raw.get("pool", ""): raw}
-    return {"admitted": {p: set(m.get("admitted", [])) for p, m in pools.items()}, "raw": raw}
+    return {"admitted": {p: set(m.get("admitted", [])) for p, m in pools.items()},
+            "heldout": {p: set(m.get("heldout", [])) for p, m in pools.items()}, "pools": pools, "raw": raw}
+
+
+def heldout_split(admitted: list[str], fraction: float) -> list[str]:
+    """A held-out split of `fraction` of the admitted ids (rounded down, at least one when the
+    fraction is > 0): the ids whose sha256 is smallest, so it depends on nothing but the ids
+    and stays put when other tasks are added or dropped."""
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"held-out fraction must be in [0, 1), got {fraction}")
+    if fraction == 0.0 or not admitted:
+        return []
+    import hashlib
+
+    n = max(1, int(len(admitted) * fraction))
+    return sorted(sorted(admitted, key=lambda i: hashlib.sha256(i.encode()).hexdigest())[:n])

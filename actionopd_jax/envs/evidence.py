@@ -70,6 +70,13 @@ def tau2_evidence(domain: str) -> dict[str, str]:
             if getattr(func, TOOL_ATTR, False)}
 
 
+def evidence_scope(task) -> str:
+    """Which evidence table a task's tool calls are judged with: the task's own scope when its
+    payload names one (AWM: "awm/<scenario>", since scenarios reuse tool names), else its env."""
+    scope = (task.payload or {}).get("evidence_scope")
+    return scope if isinstance(scope, str) and scope else task.env
+
+
 def tool_evidence(env: str) -> dict[str, str] | None:
     """The evidence of environment `env` ("bfcl", "tau2_<domain>"); None when it has none."""
     if env == "bfcl":

@@ -81,6 +81,7 @@ class MixtureStream:
         self.tasks = [t for _, tasks, _ in self.pools for t in tasks]  # every task it can start
         blob = json.dumps([[n, c, [_task_json(t) for t in ts]] for n, ts, c in self.pools] + [self.seed])
         self.fingerprint = hashlib.sha256(blob.encode()).hexdigest()[:16]
+        self.heldout: dict[str, int] = {}  # pool -> tasks its manifest keeps for evaluation (not drawn)
         self._next = 0
         self._cache: tuple[int, list[Task]] | None = None
 
@@ -151,20 +152,41 @@ def mixture_stream_from(env: Any, *, per_step: int, seed: int) -> MixtureStream:
     if not env.manifest:
         raise ConfigError("training on the AWM / EnvScaler pools reads the admitted tasks from env.manifest; "
                           "write one with `actionopd envs audit --env <pool> --dir DIR --manifest FILE`")
-    admitted = read_manifest(env.manifest)["admitted"]
+    try:
+        manifest = read_manifest(env.manifest)
+    except (OSError, ValueError) as err:
+        raise ConfigError(f"env.manifest={env.manifest}: not readable as an admission manifest ({err}); write one "
+                          "with `actionopd envs audit --env <pool> --dir DIR --manifest FILE`") from None
+    admitted, heldout = manifest["admitted"], manifest["heldout"]
     counts = scale_counts([c for _, c in entries], per_step)
-    pools = []
+    pools, held = [], {}
     for (pool, _), count in zip(entries, counts):
         directory = env.awm_dir if pool == "awm" else env.envscaler_dir
         if not directory:
             raise ConfigError(f"env.mixture draws from {pool} but env.{pool}_dir is not set")
         if pool not in admitted:
             raise ConfigError(f"env.manifest={env.manifest} has no admitted tasks for pool {pool!r}; audit it first")
-        pools.append((pool, pool_tasks(pool, directory, admitted[pool]), count))
-    return MixtureStream(pools, seed=seed)
+        try:
+            tasks = pool_tasks(pool, directory, None)
+        except (FileNotFoundError, ValueError, KeyError) as err:
+            raise ConfigError(f"env.{pool}_dir={directory}: cannot load it as an {pool} pool: {err}") from None
+        stray = sorted(admitted[pool] - {t.task_id for t in tasks})
+        if stray:
+            raise ConfigError(f"env.manifest={env.manifest} admits {len(stray)} {pool} task(s) that are not in "
+                              f"env.{pool}_dir={directory} (e.g. {stray[:3]}): it was written for another "
+                              "directory; audit this one")
+        # held-out tasks are the pool's evaluation split: never drawn for training
+        train = [t for t in tasks if t.task_id in admitted[pool] and t.task_id not in heldout.get(pool, set())]
+        pools.append((pool, train, count))
+        held[pool] = len(heldout.get(pool, set()))
+    stream = MixtureStream(pools, seed=seed)
+    stream.heldout = held
+    return stream
 
 
 def mixture_summary(stream: MixtureStream) -> str:
     """'pools      awm 12 admitted (59/step), envscaler 6 admitted (5/step)' for --check."""
-    parts = [f"{name} {len(tasks)} admitted ({count}/step)" for name, tasks, count in stream.pools]
+    held = stream.heldout
+    parts = [f"{name} {len(tasks)} admitted ({count}/step)" + (f", {held[name]} held out for eval" if held.get(name)
+                                                              else "") for name, tasks, count in stream.pools]
     return "pools      " + ", ".join(parts) + "; drawn with replacement"

@@ -7,6 +7,8 @@ ground truth they read, never anything the agent's observation lacks).
 
 - BFCL: the `possible_answer` call strings of the current turn, parsed with `ast` (literal
   arguments only, never evaluated); positional arguments are named from the method signatures.
+- AWM (our mini pool only): the task's `reference_solution` (tool calls, then the final
+  answer), a file of ours beside the published layout (envs/awm/layout.py SOLUTIONS_FILE).
 - tau2: `evaluation_criteria.actions` in order. An action the user must do on their own
   device (telecom) becomes a message asking the user to do it; the final message carries the
   task's `communicate_info`.
@@ -40,6 +42,8 @@ def reference_policy(task: Task) -> ReferencePolicy:
         return BFCLReference(task)
     if task.env.startswith("tau2_"):
         return Tau2Reference(task)
+    if task.env == "awm":
+        return AwmReference(task)
     raise ValueError(f"no reference policy for environment '{task.env}'")
 
 
@@ -164,3 +168,27 @@ class Tau2Reference:
         if done < len(self.actions):  # a premature closing message is the plausible wrong one
             return due, [], [Message("Everything you asked for is taken care of. Is there anything else I can help with?")]
         return due, [], []
+
+class AwmReference:
+    """The task's reference solution in order: the k-th tool call of the episode (one user
+    turn), then its final answer."""
+
+    def __init__(self, task: Task):
+        steps = (task.payload or {}).get("reference_solution")
+        if not steps:
+            raise ValueError(f"AWM task {task.task_id} has no reference solution (published AWM pools have none; "
+                             "our mini pool carries one in reference_solutions.jsonl)")
+        self.calls = [ToolCall(s["tool"], dict(s.get("arguments") or {})) for s in steps if "tool" in s]
+        self.answer = next((s["message"] for s in steps if "message" in s), "Done.")
+
+    def next_action(self, observation: Observation) -> ToolCall | Message:
+        _, calls = _calls_since_last_user(observation.messages)
+        if len(calls) < len(self.calls):
+            call = self.calls[len(calls)]
+            return ToolCall(call.name, json.loads(json.dumps(call.arguments)))
+        return Message(self.answer)
+
+    def options(self, observation: Observation) -> tuple[ToolCall | Message, list, list]:
+        due = self.next_action(observation)
+        # a premature final answer is the plausible wrong one while calls are due
+        return due, [], ([Message(self.answer)] if isinstance(due, ToolCall) else [])

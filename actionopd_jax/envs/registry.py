@@ -58,18 +58,35 @@ def default_env_factory(env_options: dict[str, dict[str, Any]] | None = None) ->
     return make
 
 
-def env_factory_from(env: EnvConfig, *, concurrency: int | None = None) -> EnvFactory:
+def _pools(env: EnvConfig) -> set[str]:
+    from actionopd_jax.envs.mixture import mixture_entries
+
+    try:
+        return {pool for pool, _ in mixture_entries(env)}
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def env_factory_from(env: EnvConfig, *, concurrency: int | None = None,
+                     judge: dict[str, Any] | None = None) -> EnvFactory:
     """The environment factory of the `env` section: tau2 gets its user simulator; mcp one
-    server pool of env.mcp_pool_size (0: `concurrency`, the collector's episodes in flight)."""
+    server pool of env.mcp_pool_size (0: `concurrency`, the collector's episodes in flight);
+    awm its runtime (envs/awm/factory.py), whose SQL verifier asks `judge` (the run's judge
+    spec, teacher.specs.judge_spec; None: such tasks score judge_error)."""
     if env.name == "mcp":
         from actionopd_jax.envs.mcp.factory import mcp_env_factory
 
         return mcp_env_factory(env, concurrency=concurrency)
+    if env.name == "awm" and _pools(env) == {"awm"}:
+        from actionopd_jax.envs.awm.factory import awm_env_factory
+
+        return awm_env_factory(env, concurrency=concurrency, judge=judge)
     if env.name in ("awm", "envscaler"):
-        # their tasks load, audit and mix, but episodes on them are not built yet: refuse here
+        # envscaler tasks load, audit and mix, but their episodes are not built yet: refuse here
         # (the run and --check both come through this), never fail later inside collection
-        raise ConfigError(f"env.name={env.name}: training episodes on the {env.name} pool are not available yet "
-                          "(tasks, audit and mixture are: `actionopd envs audit`); train on bfcl, tau2 or mcp")
+        raise ConfigError(f"env.name={env.name} with env.mixture={list(env.mixture)}: training episodes on the "
+                          "envscaler pool are not available yet (its tasks, audit and mixture are: `actionopd envs "
+                          "audit`); train on awm, bfcl, tau2 or mcp")
     if env.name != "tau2":
         return default_env_factory()
     from actionopd_jax.envs.user_sim import UserSimConfig, UserSimulator

@@ -30,7 +30,12 @@ def task_set_names(env: EnvConfig, *, needed_by: str) -> list[tuple[str, str]]:
 
 def training_task_sets(env: EnvConfig, *, needed_by: str) -> list[tuple[str, list]]:
     """(name, tasks) of every task set `env` names, narrowed to env.task_ids when given; training
-    on tasks evaluation scores is refused unless env.allow_eval_overlap (envs/splits.py)."""
+    on tasks evaluation scores is refused unless env.allow_eval_overlap (envs/splits.py). The
+    AWM / EnvScaler pools: each pool's admitted training tasks (the manifest's, without its
+    held-out split), what their mixture draws from."""
+    if env.name in POOLS:
+        stream = mixture_stream_from(env, per_step=sum(c for _, c in mixture_entries(env)), seed=0)
+        return [(f"{name}:admitted", list(tasks)) for name, tasks, _ in stream.pools]
     sets = [(f"{name}:{split}", _task_set(env, name, split)) for name, split in task_set_names(env, needed_by=needed_by)]
     every = select_task_ids([t for _, tasks in sets for t in tasks], env.task_ids)
     keep = {(t.env, t.task_id) for t in every}

@@ -1,5 +1,6 @@
 """`actionopd eval`: evaluate a checkpoint, an HF directory, an OpenAI-compatible endpoint, or
-the privileged reference policy on BFCL multi-turn and tau2; resumable; JSON + markdown + PNG."""
+the privileged reference policy on BFCL multi-turn, tau2 and an AWM pool's held-out tasks
+(verifier success); resumable; JSON + markdown + PNG."""
 
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", choices=("float32", "bfloat16"), help="parameter and compute dtype (default: as trained)")
     p.add_argument("--mesh", help="shard the student over local devices, e.g. tensor=-1 (default: one device)")
     p.add_argument("--bench", action="append", required=True,
-                   help="bfcl[:base,miss_func,miss_param,long_context] or tau2_<domain>[:split]; repeatable")
+                   help="bfcl[:base,miss_func,miss_param,long_context], tau2_<domain>[:split] or "
+                        "awm[:heldout|admitted|all]; repeatable")
     p.add_argument("--limit", type=int, help="first N tasks of each benchmark")
     p.add_argument("--trials", type=int, default=1, help="trials per task (tau2 pass^k needs k trials)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default for students)")
@@ -41,6 +43,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--user-sim-url", help="OpenAI-compatible endpoint of the tau2 user simulator")
     p.add_argument("--user-sim-model", help="user simulator model name")
     p.add_argument("--user-sim-api-key-env", help="environment variable with the user simulator's API key")
+    p.add_argument("--manifest", default="", help="awm: the admission manifest (`actionopd envs audit`) with the split")
+    p.add_argument("--awm-dir", default="", help="awm: the pool directory (default: the manifest's)")
+    p.add_argument("--judge-url", help="awm: OpenAI-compatible endpoint of the SQL verifiers' judge")
+    p.add_argument("--judge-model", help="awm: the judge's model name")
+    p.add_argument("--judge-api-key-env", help="awm: environment variable with the judge's API key")
     p.add_argument("--out", required=True, help="output directory (episodes.jsonl makes the run resumable)")
     p.add_argument("--no-progress", action="store_true")
     return p
@@ -78,9 +85,14 @@ def env_factory(args: argparse.Namespace):
     from actionopd_jax.envs.registry import make_environment
 
     user_sim = None
+    awm = None
 
     def make(task: Task):
-        nonlocal user_sim
+        nonlocal user_sim, awm
+        if task.env == "awm":
+            if awm is None:
+                awm = awm_factory(args)
+            return awm(task)
         if task.env.startswith("tau2_"):
             if user_sim is None:
                 if not (args.user_sim_url and args.user_sim_model):
@@ -95,8 +107,26 @@ def env_factory(args: argparse.Namespace):
     return make
 
 
+def awm_factory(args: argparse.Namespace):
+    """The AWM pool's episodes (envs/awm/factory.py), judged by --judge-url when given."""
+    from actionopd_jax.config import EnvConfig
+    from actionopd_jax.envs.awm.factory import awm_env_factory, awm_eval_tasks
+
+    _, awm_dir = awm_eval_tasks("all" if not args.manifest else "admitted", awm_dir=args.awm_dir,
+                                manifest=args.manifest)
+    judge = None
+    if args.judge_url or args.judge_model:
+        if not (args.judge_url and args.judge_model):
+            raise SystemExit("actionopd eval: the AWM judge needs both --judge-url and --judge-model")
+        judge = {"base_url": args.judge_url, "model": args.judge_model, "api_key_env": args.judge_api_key_env,
+                 "temperature": 0.0, "max_tokens": 512, "request_timeout_s": 120}
+    return awm_env_factory(EnvConfig(name="awm", awm_dir=awm_dir, manifest=args.manifest),
+                           concurrency=args.concurrency, judge=judge)
+
+
 def evaluate(args: argparse.Namespace) -> dict[str, Any]:
-    tasks = [t for spec in args.bench for t in select_tasks(spec, limit=args.limit)]
+    tasks = [t for spec in args.bench
+             for t in select_tasks(spec, limit=args.limit, awm_dir=args.awm_dir, manifest=args.manifest)]
     from actionopd_jax.envs.splits import eval_overlap_warning
 
     warning = eval_overlap_warning(args.checkpoint or args.hf, tasks)  # from the run's train_tasks.json

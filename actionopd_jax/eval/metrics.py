@@ -45,6 +45,8 @@ def summarize(records: list[dict[str, Any]], *, ks: Sequence[int] = (1, 2, 3, 4)
             row["bfcl_eval_accuracy"] = sum(r["score"].get("bfcl_eval_official", r["score"].get("official", 0.0))
                                             for r in recs) / len(recs)
         else:
+            if any("success" in r["score"] for r in recs):  # a verifier's verdict (AWM)
+                row["success"] = sum(bool(r["score"].get("success")) for r in recs) / len(recs)
             per_task = group_by(recs, "task_id")
             succ = [sum(1 for r in rs if r["score"]["reward"] >= 1.0 - 1e-6) for rs in per_task.values()]
             n = [len(rs) for rs in per_task.values()]

@@ -8,8 +8,9 @@ from typing import Any
 
 NOTE = ("(percentages; BFCL accuracy is the official checker's verdict on the calls this harness executed, "
         "strict adds its irrelevance check; bfcl_eval_accuracy is the checker's verdict on the calls "
-        "bfcl_eval's executor would have run, which also runs calls to tools offered only in a later turn)")
-METRIC_ORDER = ("accuracy", "strict_accuracy", "bfcl_eval_accuracy", "pass^1", "pass^2", "pass^3", "pass^4", "reward")
+        "bfcl_eval's executor would have run, which also runs calls to tools offered only in a later turn; "
+        "success is the environment's verifier verdict (AWM))")
+METRIC_ORDER = ("accuracy", "strict_accuracy", "bfcl_eval_accuracy", "success", "pass^1", "pass^2", "pass^3", "pass^4", "reward")
 
 
 def markdown_table(rows: list[dict[str, Any]]) -> str:
@@ -33,7 +34,7 @@ def bar_chart(rows: list[dict[str, Any]], path: Path, *, title: str) -> None:
 
     labels, values = [], []
     for r in rows:
-        metric = "accuracy" if "accuracy" in r else ("pass^1" if "pass^1" in r else "reward")
+        metric = next(m for m in ("accuracy", "success", "pass^1", "reward") if m in r)
         labels.append(f"{r['env']}\n{r['group']}\n({metric})")
         values.append(100 * r[metric])
     fig, ax = plt.subplots(figsize=(max(4.0, 1.3 * len(rows) + 1), 3.6))

@@ -74,9 +74,13 @@ async def run_episode(agent: Agent, env: Environment, task: Task, trial: int, *,
     assistant message, the tool list it saw (an index into `tool_sets`) and the action kind
     (KD builds its examples from these; paper B.4)."""
     t0 = time.perf_counter()
-    obs = await env.reset(task)
     actions, end_reason = 0, ""
-    done = obs.done
+    try:
+        obs = await env.reset(task)
+    except Exception as err:
+        end_reason = _env_fault(err)  # a server that cannot start (MCP / AWM): scored as it stands
+        obs = None
+    done = obs is None or obs.done
     turns: list[dict[str, Any]] = []
     tool_sets: list[list[dict]] = []
     while not done:
@@ -91,7 +95,13 @@ async def run_episode(agent: Agent, env: Environment, task: Task, trial: int, *,
             end_reason = "context_budget"
             break
         before, tools = len(obs.messages), obs.tools
-        obs, done = await env.step(action)
+        try:
+            obs, done = await env.step(action)
+        except Exception as err:
+            end_reason = _env_fault(err)  # the environment ended the episode on a fault, with its reason
+            actions += 1
+            obs = env.end(end_reason)
+            break
         actions += 1
         if record_conversation:
             if not tool_sets or tool_sets[-1] != tools:
@@ -104,6 +114,8 @@ async def run_episode(agent: Agent, env: Environment, task: Task, trial: int, *,
               "end_reason": end_reason or score.get("end_reason", ""), "seconds": round(time.perf_counter() - t0, 3),
               "score": score}
     if record_conversation:
+        if obs is None:
+            obs = env.end(end_reason)
         messages = [dict(m) for m in obs.messages]
         for turn in turns:
             reasoning = turn.pop("reasoning")
@@ -114,6 +126,15 @@ async def run_episode(agent: Agent, env: Environment, task: Task, trial: int, *,
                 messages[turn["index"]]["reasoning_content"] = reasoning
         record.update(messages=messages, tools=list(obs.tools), tool_sets=tool_sets, turns=turns)
     return record
+
+
+def _env_fault(err: Exception) -> str:
+    """The end reason of an environment fault that ends one episode (`McpFault.end_reason`);
+    any other error is re-raised (the episode does not finish and reruns on resume)."""
+    reason = getattr(err, "end_reason", None)
+    if isinstance(reason, str) and reason:
+        return reason
+    raise err
 
 
 CONVERSATION_KEYS = ("messages", "tools", "tool_sets", "turns")

@@ -25,8 +25,10 @@ def build_matcher(judge_spec: Mapping[str, Any] | None, *, cache: PersistentCach
     return Matcher(judge, cache=store, evidence=evidence, evidence_by_env=evidence_by_env)
 
 
-def tool_evidence_from(m: MatcherConfig, tasks: list | None) -> dict[str, dict[str, str]] | None:
-    """Per environment, each tool's implementation evidence for the judge (matcher.tool_evidence)."""
+def tool_evidence_from(m: MatcherConfig, tasks: list | None, env_factory: Any = None) -> dict[str, dict[str, str]] | None:
+    """Per environment (or evidence scope, envs.evidence.evidence_scope), each tool's
+    implementation evidence for the judge (matcher.tool_evidence). An environment factory that
+    reads it from its live servers (AWM: `tool_evidence(tasks)`, which warms its pool) adds its own."""
     if not m.tool_evidence or m.kind == "rules" or not tasks:
         return None
     from actionopd_jax.envs.evidence import tool_evidence
@@ -36,4 +38,7 @@ def tool_evidence_from(m: MatcherConfig, tasks: list | None) -> dict[str, dict[s
         evidence = tool_evidence(env)
         if evidence is not None:
             out[env] = evidence
+    from_servers = getattr(env_factory, "tool_evidence", None)
+    if callable(from_servers):
+        out.update(from_servers(tasks))
     return out

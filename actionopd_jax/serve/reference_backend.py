@@ -61,10 +61,12 @@ class ReferenceBackend:
             from actionopd_jax.envs import bfcl_data
 
             for task in self._by_id.values():
-                if task.env != "bfcl":
+                if task.env == "awm":  # the task text is the episode's only user turn
+                    text = task.payload.get("task")
+                elif task.env == "bfcl":
+                    text = _first_user_text(bfcl_data.load_entry(task.task_id)["question"][0])
+                else:
                     continue
-                first_turn = bfcl_data.load_entry(task.task_id)["question"][0]
-                text = _first_user_text(first_turn)
                 if text:
                     self._by_opening.setdefault(_digest(text), []).append(task)
         return self._by_opening

@@ -385,6 +385,44 @@ def verify_task(initial_db_path, final_db_path):
 ))
 
 
+def call(tool, **arguments):
+    return {"tool": tool, "arguments": arguments}
+
+
+def say(text):
+    return {"message": text}
+
+
+# Ours, not part of AWM's layout: one reference solution per task (the tool calls in order, then
+# the final answer), written to reference_solutions.jsonl for the privileged reference teacher
+# (envs/reference.py) alone; docs/formats.md says so.
+SOLUTIONS = {
+    "library_loans_1": [
+        [call("search_books", title_query="Salt and Stars"), call("borrow_book", book_id=2),
+         say("I borrowed 'Salt and Stars' for you.")],
+        [call("list_my_loans"), call("return_book", loan_id=1), say("'Maps of Nowhere' is returned.")],
+        [call("search_books", title_query=""), call("borrow_book", book_id=1), call("borrow_book", book_id=4),
+         say("I borrowed 'The Quiet River' and 'Garden Physics', the M. Stone books with a copy available.")],
+        [call("search_books", title_query="Garden Physics"), say("You can borrow 3 copies of 'Garden Physics' now.")],
+    ],
+    "recipe_box_2": [
+        [call("list_recipes", cuisine="italian"), call("add_favorite", recipe_id=3),
+         say("'Quick Tomato Pasta' is in your favourites.")],
+        [call("remove_favorite", recipe_id=4), say("'Slow Ragu' is no longer a favourite.")],
+        [call("create_recipe", title="Pea Risotto", cuisine="italian", minutes=35), say("I saved 'Pea Risotto'.")],
+        [call("list_recipes", cuisine="japanese"), call("add_favorite", recipe_id=2),
+         say("'Miso Glazed Aubergine' (30 minutes) is now a favourite.")],
+    ],
+    "gym_classes_3": [
+        [call("list_classes", day="monday"), call("book_class", class_id=1), say("You are booked into Monday's Spin.")],
+        [call("list_my_bookings"), call("cancel_booking", booking_id=1), say("Your Friday Boxing booking is cancelled.")],
+        [call("list_classes", day="wednesday"), call("book_class", class_id=3),
+         say("You are booked into Wednesday's Yoga at 18:30.")],
+        [call("list_classes", day="friday"), say("The Friday Boxing class starts at 19:00.")],
+    ],
+}
+
+
 def write_jsonl(path: Path, rows: list[dict]) -> None:
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows), encoding="utf-8")
 
@@ -429,6 +467,9 @@ def make_awm(out: Path) -> None:
                                  "verification": {"code": sql, "raw_response": json.dumps(raw)}})
     write_jsonl(out / "gen_verifier.pure_code.jsonl", code_rows)
     write_jsonl(out / "gen_verifier.jsonl", sql_rows)
+    write_jsonl(out / "reference_solutions.jsonl", [
+        {"scenario": s["name"], "task_idx": i, "actions": actions}
+        for s in SCENARIOS for i, actions in enumerate(SOLUTIONS[s["name"]])])
 
 
 # ---------------------------------------------------------------- EnvScaler ----------------

@@ -23,6 +23,10 @@ FILES = {
     "sample": "gen_sample.jsonl", "spec": "gen_spec.jsonl", "envs": "gen_envs.jsonl",
     "verifier_sql": "gen_verifier.jsonl", "verifier_code": "gen_verifier.pure_code.jsonl",
 }
+# Ours, not AWM's: a reference solution per task ({"scenario", "task_idx", "actions": [{"tool",
+# "arguments"} | {"message"}]}), written only for our mini pool so that the privileged reference
+# teacher can solve its tasks (envs/reference.py). Published pools have no such file.
+SOLUTIONS_FILE = "reference_solutions.jsonl"
 REQUIRED = ("tasks", "db", "sample", "envs")  # without these no task can be started
 
 # the system prompt of an AWM episode (our wording): the scenario's tools are the native tools
@@ -58,6 +62,7 @@ class AwmScenario:
     api_spec: dict[str, Any] | None = None  # {"api_groups": [{"group_name", "endpoints": [...]}]}
     server_code: str | None = None  # gen_envs full_code
     verifiers: dict[str, dict[int, dict[str, Any]]] = field(default_factory=lambda: {"code": {}, "sql": {}})
+    solutions: dict[int, list[dict[str, Any]]] = field(default_factory=dict)  # ours (SOLUTIONS_FILE)
 
     def verifier(self, task_idx: int, mode: str) -> dict[str, Any] | None:
         """{"code", "function_name", "raw"} of a task's verifier in mode "code" or "sql"."""
@@ -111,8 +116,11 @@ class AwmDataset:
         for sc in self.scenarios.values():
             tools = sc.tool_schemas()
             for i, text in enumerate(sc.tasks):
-                out.append(Task(task_id=f"{sc.name}/{i}", env=ENV_NAME, split=split,
-                                payload={"scenario": sc.name, "task_idx": i, "task": text, "tools": tools}))
+                payload = {"scenario": sc.name, "task_idx": i, "task": text, "tools": tools,
+                           "evidence_scope": f"{ENV_NAME}/{sc.name}"}
+                if i in sc.solutions:  # ours, mini data only: read by the reference teacher alone
+                    payload["reference_solution"] = sc.solutions[i]
+                out.append(Task(task_id=f"{sc.name}/{i}", env=ENV_NAME, split=split, payload=payload))
         return out
 
     def scenario_of(self, task: Task) -> AwmScenario:
@@ -178,4 +186,8 @@ def load_awm(root: str | Path) -> AwmDataset:
         for r in rows[key]:
             if normalize_name(r["scenario"]) in scenarios and "task_idx" in r:
                 get(r["scenario"]).verifiers[mode][int(r["task_idx"])] = _verifier_entry(r, mode)
+    if (root / SOLUTIONS_FILE).is_file():
+        for r in read_jsonl(root / SOLUTIONS_FILE):
+            if normalize_name(r["scenario"]) in scenarios:
+                get(r["scenario"]).solutions[int(r["task_idx"])] = list(r["actions"])
     return AwmDataset(root=root, scenarios=scenarios, missing_files=missing)
