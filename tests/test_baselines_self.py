@@ -36,8 +36,11 @@ def test_privileged_context_comes_from_the_task_and_never_from_the_public_conver
     first_call = bfcl_data.ground_truth(bfcl.task_id)[0][0]
     assert text.startswith("Reference tool calls") and first_call in text
     tau = Task("retail/0", "tau2_retail", payload={"domain": "retail", "tau2_id": "0"})
-    tau_text = privileged_context(tau)
-    assert "W2378156" in tau_text and "find_user_id_by_name_zip" in tau_text and "do not remember your email" in tau_text
+    tau_text = privileged_context(tau, {"retail/0": "Prepared summary: Yusuf Rossi forgot his email."})
+    assert "Prepared summary: Yusuf Rossi" in tau_text and "find_user_id_by_name_zip" in tau_text
+    assert "do not remember your email" not in tau_text  # never the simulator's raw instructions
+    with pytest.raises(ValueError, match="no prepared privileged summary"):
+        privileged_context(tau)
     assert privileged_context(toy_task("t", "x", privileged_context=SECRET)) == SECRET
     assert privileged_context(toy_task("t", "x")) == ""
 

@@ -7,6 +7,7 @@ HTTP, a short warm start, one optimizer update per method (ActionOPD's collector
 KD's trainer), the held-out evaluation, compare.md / compare.png."""
 
 import asyncio
+import dataclasses
 import json
 from pathlib import Path
 
@@ -65,7 +66,10 @@ def test_preset_loads_and_bad_settings_say_what_is_wrong():
     from actionopd_jax.config.load import load_config
 
     main_job = load_config(CONFIGS / "tiny_cpu.yaml")
-    assert cfg.experiment == main_job.experiment  # the main job's student, tasks and warm start
+    # the main job's student, tasks and warm start; only the reference teacher disagrees with itself
+    assert cfg.experiment == dataclasses.replace(main_job.experiment, reference=cfg.experiment.reference)
+    assert (cfg.experiment.reference.alternative, cfg.experiment.reference.wrong) == (0.3, 0.1)
+    assert main_job.experiment.reference.wrong == 0.0  # the main job's teacher stays deterministic
     with pytest.raises(ConfigError, match="unknown method"):
         load_compare(None, ["compare.methods=actionopd,nope"])
     with pytest.raises(ConfigError, match="unknown compare key"):
@@ -143,7 +147,11 @@ def test_compare_one_update_budget_failing_method_and_table(tmp_path, monkeypatc
         logged = [json.loads(x) for x in (run / "runs" / f"{name}-s0" / "metrics.jsonl").read_text().splitlines()]
         assert sum(m.get("updates", 0) for m in logged) == 1
         assert r["teacher_samples"] > 0 and 0.0 <= r["eval"]["first1"]["agreement_rate"] <= 1.0
-    assert res["kd"]["teacher_requests"] == 0 and res["actionopd"]["teacher_requests"] > 0
+    # KD asks the teacher afresh (4 episodes per task start), one request per teacher turn
+    assert res["kd"]["teacher_requests"] == res["kd"]["teacher_samples"] > 0 and res["actionopd"]["teacher_requests"] > 0
+    kd_episodes = [json.loads(x) for f in sorted((run / "runs" / "kd-s0" / "kd").iterdir())
+                   for x in f.read_text().splitlines()]
+    assert len(kd_episodes) == 4 * res["kd"]["steps"]
 
     # the failing method is recorded and the others kept
     assert res["broken"]["status"] == "failed" and "deliberately broken" in res["broken"]["error"]
@@ -151,7 +159,7 @@ def test_compare_one_update_budget_failing_method_and_table(tmp_path, monkeypatc
     assert res["opd"]["status"] == "not run" and res["opd"]["reason"]
 
     md = (run / "compare.md").read_text()
-    assert "| ActionOPD | 1/1 seeds | 1 |" in md and "| KD (teacher trajectories) | 1/1 seeds | 1 |" in md
+    assert "| ActionOPD | 1/1 seeds | 1 |" in md and "| KD (fresh teacher episodes) | 1/1 seeds | 1 |" in md
     assert "deliberately failing | 0/1 seeds (1 failed)" in md and "token-level OPD: needs" in md
     assert (run / "compare.png").read_bytes()[:4] == b"\x89PNG"
     for name in ("actionopd", "kd"):

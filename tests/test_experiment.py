@@ -104,6 +104,7 @@ def test_step_stats_by_hand():
     assert s["reward_mean"] == pytest.approx((1.25 + 0 - 1 + 1.25) / 8)
     assert s["match_rate"] == pytest.approx(2 / 8)
     assert s["invalid_rate"] == pytest.approx(1 / 8)
+    assert s["partial_match_rate"] == pytest.approx(2 / 8)  # the two 2-of-3 matches; none is 3 of 3
     assert s["committed_reward_mean"] == pytest.approx((1.25 + 0.0) / 2)
     assert (s["groups"], s["groups_retained"]) == (3, 1)
     assert s["unavailable_rate"] == pytest.approx(1 / 3)  # 1 of 3 groups masked for unavailable supervision

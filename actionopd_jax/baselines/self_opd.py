@@ -7,11 +7,14 @@ task information the student never sees.
   samples and verdicts are fixed in the groups before the update (the collector's contract).
 - No teacher cache: every step asks the current weights again (the paper clears the
   self-teacher cache at each collection step); the identity names the step ("self@step-N").
-- Privileged context (teacher-only) = guidance + the task's private information: an explicit
-  `payload["privileged_context"]`, BFCL reference calls per turn, or tau2's private user
-  scenario, reference actions and required information. It goes into the teacher's copy of the
+- Privileged context (teacher-only) = guidance + the task's private information
+  (baselines/privileged.py: an explicit `payload["privileged_context"]`, BFCL reference calls
+  per turn, or for tau2 the prepared summary from `teacher.privileged_summaries` plus the
+  reference actions and required information). It goes into the teacher's copy of the
   system message (LocalTeacher); the student's prompt, the matcher and the training rows never
   contain it. The teacher's prompt budget is the student's plus `TEACHER_EXTRA_TOKENS`.
+- Generation (paper table 8, "Self Teacher"): T 0.6, p 0.95, k 20, thinking on, a 4,096-token
+  response limit (teacher.max_tokens; configs/paper/self_actionopd_tau2_qwen3_4b_h200.yaml).
 - Training uses the ActionOPD reward on student candidates only (teacher outputs never become
   rows: `train.batching.rows_from_groups` reads candidates).
 """
@@ -19,12 +22,12 @@ task information the student never sees.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from flax import nnx
 
+from actionopd_jax.baselines.privileged import load_summaries, privileged_context
 from actionopd_jax.collect.source import ActionOPDGroupSource
 from actionopd_jax.config import Config
 from actionopd_jax.teacher.hf_local import parse_reply, prompt_key, reply_texts
@@ -44,56 +47,6 @@ GUIDANCE = (
     "are for deciding; still obtain any confirmation and evidence the conversation requires.")
 
 
-def _bfcl_context(task: Task) -> str:
-    from actionopd_jax.envs import bfcl_data
-
-    turns = bfcl_data.ground_truth(task.task_id)
-    lines = ["Reference tool calls for each user turn (in order):"]
-    for i, calls in enumerate(turns, 1):
-        lines.append(f"Turn {i}: " + ("; ".join(calls) if calls else "no call; the request cannot be completed with the tools"))
-    return "\n".join(lines)
-
-
-def _tau2_context(task: Task) -> str:
-    from actionopd_jax.envs.tau2_tasks import tau2_task
-
-    domain, tau2_id = task.payload.get("domain"), task.payload.get("tau2_id")
-    if domain is None or tau2_id is None:
-        domain, tau2_id = task.task_id.split("/", 1)
-    spec = tau2_task(domain, tau2_id)
-    lines = ["Private information about the user (goals, constraints, what they know and do not know):"]
-    scenario = getattr(spec, "user_scenario", None)
-    instructions = getattr(scenario, "instructions", None)
-    if hasattr(instructions, "model_dump"):
-        for key, value in instructions.model_dump().items():
-            if value and key != "domain":
-                lines.append(f"- {key.replace('_', ' ')}: {value}")
-    elif instructions:
-        lines.append(str(instructions))
-    criteria = getattr(spec, "evaluation_criteria", None)
-    actions = list(getattr(criteria, "actions", None) or [])
-    if actions:
-        lines.append("Reference actions (in order; 'user' ones are done by the user on their device):")
-        for a in actions:
-            lines.append(f"- [{a.requestor}] {a.name}({json.dumps(a.arguments, sort_keys=True)})")
-    info = list(getattr(criteria, "communicate_info", None) or [])
-    if info:
-        lines.append("Information the user must be told: " + "; ".join(str(x) for x in info))
-    return "\n".join(lines)
-
-
-def privileged_context(task: Task) -> str:
-    """The task's teacher-only information ('' when there is none)."""
-    explicit = task.payload.get("privileged_context")
-    if isinstance(explicit, str) and explicit:
-        return explicit
-    if task.env == "bfcl":
-        return _bfcl_context(task)
-    if task.env.startswith("tau2_"):
-        return _tau2_context(task)
-    return ""
-
-
 @dataclasses.dataclass(frozen=True)
 class SelfTeacherSettings:
     temperature: float = 0.6
@@ -105,6 +58,14 @@ class SelfTeacherSettings:
     guidance: str = GUIDANCE
 
 
+def self_teacher_settings(cfg: Config) -> SelfTeacherSettings:
+    """The self-teacher's generation settings from teacher.* (table 8: max_tokens 4,096)."""
+    t = cfg.teacher
+    return SelfTeacherSettings(temperature=t.temperature, top_p=t.top_p, top_k=t.top_k, max_new_tokens=t.max_tokens,
+                               enable_thinking=t.enable_thinking,
+                               max_prompt_tokens=cfg.collect.max_prompt_tokens + TEACHER_EXTRA_TOKENS)
+
+
 class SelfTeacher:
     """A `Teacher` over the student's current weights (see the module docstring).
 
@@ -114,13 +75,14 @@ class SelfTeacher:
 
     def __init__(self, tokenizer: Any, model_config: Any, weights: Callable[[], tuple[Any, Any]], *, seed: int,
                  eos_ids: Sequence[int], settings: SelfTeacherSettings, buckets: Any = None,
-                 observe: Callable[[int, Any], None] | None = None):
+                 observe: Callable[[int, Any], None] | None = None, summaries: Mapping[str, str] | None = None):
         from actionopd_jax.chat.prompt import CandidateDecoder, PromptBuilder
         from actionopd_jax.sampling import Sampler
         from actionopd_jax.sampling.batching import MicroBatcher
         from actionopd_jax.teacher.local_provider import LocalTeacher, LocalTeacherConfig
 
         self.settings = settings
+        self.summaries = dict(summaries or {})  # tau2 task id -> prepared privileged summary
         self.seed = int(seed)
         self.weights = weights
         self.observe = observe
@@ -146,7 +108,7 @@ class SelfTeacher:
         """New collection step: forget every earlier answer (no cache across weight versions)."""
         self.step = int(step)
         self.local.cfg = dataclasses.replace(self.local.cfg, model=f"self@step-{step}")
-        self._privileged = {t.task_id: privileged_context(t) for t in tasks}
+        self._privileged = {t.task_id: privileged_context(t, self.summaries) for t in tasks}
         self._truncated.clear()
         self._calls.clear()
         self.teacher_prompts = []
@@ -229,13 +191,11 @@ class SelfActionOPDGroupSource(ActionOPDGroupSource):
 
         if tokenizer is None:
             tokenizer = tokenizer_from(ctx, needed_by="this baseline")
-        t = cfg.teacher
-        settings = SelfTeacherSettings(temperature=t.temperature, top_p=t.top_p, top_k=t.top_k,
-                                       max_new_tokens=t.max_tokens, enable_thinking=t.enable_thinking,
-                                       max_prompt_tokens=cfg.collect.max_prompt_tokens + TEACHER_EXTRA_TOKENS)
         eos = int(tokenizer.convert_tokens_to_ids("<|im_end|>"))
+        summaries = load_summaries(cfg.teacher.privileged_summaries) if cfg.teacher.privileged_summaries else {}
         self.self_teacher = SelfTeacher(tokenizer, ctx.model_config, self._student_weights, seed=cfg.run.seed,
-                                        eos_ids=[eos], settings=settings, buckets=teacher_buckets, observe=observe)
+                                        eos_ids=[eos], settings=self_teacher_settings(cfg), buckets=teacher_buckets,
+                                        observe=observe, summaries=summaries)
         self._step = 0
         stream = _StepTasks(stream if stream is not None else train_task_stream(cfg),
                             lambda tasks: self.self_teacher.begin_step(self._step, tasks))

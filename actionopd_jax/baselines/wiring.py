@@ -5,7 +5,8 @@ picks one: `build_source` is handed to `Trainer`), and that source's start-up ch
     collect.kind=synthetic                 the deterministic stand-in (train/sources.py)
     collect.kind=actionopd                 the state-group collector (collect/source.py)
 
-    collect.kind=kd  train.loss=kd         offline KD (kd.trajectories=FILE, or the teacher.* endpoint runs first)
+    collect.kind=kd  train.loss=kd         KD: fresh teacher.* episodes every step (paper B.4), or
+                                           kd.trajectories=FILE (recorded demonstrations, collected once)
     collect.kind=opd train.loss=opd        token-level OPD (teacher.kind=local: teacher.model is an HF dir;
                                            teacher.kind=openai: teacher.base_url scores through /v1/completions)
     collect.kind=actionopd teacher.kind=self   Self-ActionOPD (current student weights + privileged context)
@@ -58,32 +59,37 @@ def endpoint_agent(cfg: Config):
                          max_tokens=t.max_tokens, extra_body=extra, timeout_s=t.timeout_s)
 
 
-def build_kd_source(cfg: Config, ctx: SourceContext, *, tokenizer: Any = None, agent: Any = None):
-    import asyncio
-
-    from actionopd_jax.baselines.kd import KDGroupSource, kd_examples, load_trajectories, teacher_trajectories
+def build_kd_source(cfg: Config, ctx: SourceContext, *, tokenizer: Any = None, make_agent: Any = None):
+    """KD's source: with kd.trajectories, the recorded demonstrations (collected once,
+    `kd.KDGroupSource`); without, paper B.4's schedule (`kd_fresh.FreshKDSource`: kd.trials fresh
+    teacher episodes per task start every step, the successful ones trained on). `make_agent`
+    builds the teacher agent (default: the teacher.* endpoint)."""
+    from actionopd_jax.baselines.kd import KDGroupSource, kd_examples, load_trajectories
 
     if tokenizer is None:
         from actionopd_jax.collect.source import tokenizer_from
 
         tokenizer = tokenizer_from(ctx, needed_by="this baseline")
     k = cfg.kd
-    if k.trajectories:
-        records = load_trajectories(k.trajectories, min_reward=k.min_reward)
-    else:
+    if not k.trajectories:
+        from actionopd_jax.baselines.kd_fresh import FreshKDSource
+        from actionopd_jax.collect.source import train_task_stream
         from actionopd_jax.envs.registry import env_factory_from
         from actionopd_jax.teacher.specs import judge_spec
 
-        out = Path(ctx.run_dir) / "kd" / f"trajectories-p{ctx.process_index}.jsonl"
-        out.parent.mkdir(parents=True, exist_ok=True)
-        records = asyncio.run(teacher_trajectories(  # the run's judge grades AWM's SQL verifiers
-            agent or endpoint_agent(cfg), tasks_from_env(cfg, limit=k.max_tasks),
-            env_factory_from(cfg.env, judge=judge_spec(cfg.matcher)),
-            trials=k.trials, concurrency=cfg.teacher.concurrency, min_reward=k.min_reward, out_jsonl=out,
-            progress=cfg.run.progress))
+        if make_agent is None:
+            endpoint_agent(cfg)  # refuses a missing endpoint before anything runs
+            make_agent = lambda: endpoint_agent(cfg)  # noqa: E731 - one client per step's event loop
+        make_env = env_factory_from(cfg.env, judge=judge_spec(cfg.matcher))  # the judge grades AWM's verifiers
+        return FreshKDSource(make_agent, train_task_stream(cfg), make_env, tokenizer,
+                             out_dir=Path(ctx.run_dir) / "kd", trials=k.trials, min_reward=k.min_reward,
+                             max_prompt_tokens=cfg.collect.max_prompt_tokens,
+                             enable_thinking=cfg.collect.enable_thinking, concurrency=cfg.teacher.concurrency,
+                             process_index=ctx.process_index, process_count=ctx.process_count)
+    records = load_trajectories(k.trajectories, min_reward=k.min_reward)
     examples = kd_examples(records, tokenizer, max_prompt_tokens=cfg.collect.max_prompt_tokens,
                            enable_thinking=cfg.collect.enable_thinking)
-    log.info("KD: %d successful trajectories -> %d examples", len(records), len(examples))
+    log.info("KD: %d successful recorded trajectories -> %d examples", len(records), len(examples))
     return KDGroupSource(examples, examples_per_step=k.examples_per_step or cfg.train.minibatch_rows,
                          seed=cfg.run.seed, process_index=ctx.process_index, process_count=ctx.process_count)
 
@@ -165,6 +171,23 @@ def reference_teacher_source(cfg: Config, ctx: SourceContext) -> GroupSource:
     source = ActionOPDGroupSource(dataclasses.replace(cfg, teacher=teacher), ctx, stream=stream)
     source.reference_server = server
     return source
+def check_self_teacher(cfg: Config) -> None:
+    """Self-ActionOPD's privileged input: the summaries file reads, and every training task that
+    needs a prepared summary (tau2) has one."""
+    from actionopd_jax.baselines.privileged import load_summaries, missing_summaries
+
+    path = cfg.teacher.privileged_summaries
+    summaries: dict[str, str] = {}
+    if path:
+        try:
+            summaries = load_summaries(path)
+        except (OSError, ValueError) as e:
+            raise ConfigError(f"teacher.privileged_summaries: {e}") from None
+    missing = missing_summaries(tasks_from_env(cfg), summaries)
+    if missing:
+        raise ConfigError(f"Self-ActionOPD: {len(missing)} training task(s) have no prepared privileged summary "
+                          f"(first: {missing[:3]}); add them to {path or 'a summaries file'} "
+                          "(teacher.privileged_summaries, format docs/formats.md) or narrow env.task_ids")
 
 
 def check_collection(cfg: Config) -> None:
@@ -184,9 +207,9 @@ def check_collection(cfg: Config) -> None:
 
         if cfg.kd.trajectories:
             kd.load_trajectories(cfg.kd.trajectories, min_reward=cfg.kd.min_reward)
-        else:  # the teacher runs first, on the training tasks
+        else:  # the teacher runs every step, on the run's task stream
             endpoint_agent(cfg)
-            tasks_from_env(cfg, limit=cfg.kd.max_tasks)
+            source.train_task_stream(cfg)
             env_factory_from(cfg.env)
         return
     try:
@@ -203,5 +226,7 @@ def check_collection(cfg: Config) -> None:
         return  # a planning host without the pool data: `--check` prints which paths it lacks
     if teacher == "reference":
         reference_tasks(cfg)
+    if kind == "actionopd" and teacher == "self":
+        check_self_teacher(cfg)
     source.train_task_stream(cfg)
     env_factory_from(cfg.env, concurrency=cfg.collect.concurrency)

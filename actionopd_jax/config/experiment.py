@@ -35,11 +35,23 @@ class StudentShape:
 
 
 @dataclass(frozen=True)
+class ReferenceTeacherSettings:
+    """How the embedded privileged reference teacher disagrees with itself (issue 26 item 8;
+    envs/reference_disagreement.py says what the alternative and wrong actions are). All 0:
+    deterministic, its K samples of a state identical (c is 0 or K, lambda never acts)."""
+
+    alternative: float = 0.0  # P(a sample is another reference call still due in the turn)
+    wrong: float = 0.0  # P(a sample is a plausible wrong action)
+    seed: int = 0
+
+
+@dataclass(frozen=True)
 class ExperimentConfig:
     enabled: bool = True  # `actionopd train` runs the main job; false: the plain trainer run
     # Teacher. "auto": the embedded privileged reference teacher when teacher.kind=none, else
     # the teacher.* endpoint. "reference" / "endpoint" force one of them.
     teacher: str = "auto"
+    reference: ReferenceTeacherSettings = field(default_factory=ReferenceTeacherSettings)
     # Tasks: BFCL multi-turn tasks of one category whose tools come from exactly these
     # classes; split into train / held-out deterministically by task id (sha256 order).
     bfcl_category: str = "base"

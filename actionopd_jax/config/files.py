@@ -3,7 +3,8 @@
 `base: other.yaml` (relative to the file that names it) is loaded first and the file's own
 keys override it, section by section, recursively; lists and scalars are replaced whole. Each
 file's keys are checked on their own, so an unknown key names the file it is in; a missing
-base and cycles are refused with the chain that led there.
+base and cycles are refused with the chain that led there. The few path settings in
+FILE_RELATIVE_KEYS are relative to the file that names them.
 """
 
 from __future__ import annotations
@@ -35,6 +36,18 @@ def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+# Path settings that a config file names relative to itself (data shipped next to a recipe).
+FILE_RELATIVE_KEYS = (("teacher", "privileged_summaries"),)
+
+
+def _resolve_file_relative(loaded: dict[str, Any], folder: Path) -> None:
+    for section, key in FILE_RELATIVE_KEYS:
+        values = loaded.get(section)
+        value = values.get(key) if isinstance(values, dict) else None
+        if isinstance(value, str) and value and not Path(value).is_absolute():
+            loaded[section] = {**values, key: str((folder / value).resolve())}
+
+
 def read_config_file(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
     """A YAML config with its `base:` chain resolved: `base: other.yaml` (relative to the file
     that names it) is loaded first and this file's keys override it, recursively. Each file's
@@ -53,6 +66,7 @@ def read_config_file(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[st
         build_section(Config, loaded, "")  # unknown keys / types in this file are reported as such
     except ConfigError as e:
         raise ConfigError(f"{p}: {e}") from None
+    _resolve_file_relative(loaded, p.parent)
     if base is None:
         return loaded
     if not isinstance(base, str) or not base.strip():

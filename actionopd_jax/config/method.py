@@ -27,5 +27,10 @@ def check_method(cfg: Config) -> None:
     if cfg.teacher.kind == "self" and kind != "actionopd":
         raise ConfigError("teacher.kind=self is Self-ActionOPD: it needs collect.kind=actionopd "
                           f"(got collect.kind={kind})")
-    if cfg.kd.trials < 1 or cfg.kd.max_tasks < 0 or cfg.kd.examples_per_step < 0:
-        raise ConfigError("kd.trials must be >= 1, kd.max_tasks and kd.examples_per_step >= 0")
+    if cfg.teacher.kind == "self" and cfg.env.name == "tau2" and not cfg.teacher.privileged_summaries:
+        raise ConfigError("Self-ActionOPD on tau2 gives its teacher prepared summaries of each user's private "
+                          "goals, not the simulator's raw instructions: set teacher.privileged_summaries to a "
+                          "summaries file (docs/formats.md, 'Privileged summaries')")
+    if cfg.kd.trials < 1 or cfg.kd.examples_per_step < 0:
+        raise ConfigError("kd.trials must be >= 1 (fresh teacher episodes per task start) and "
+                          "kd.examples_per_step >= 0")

@@ -130,13 +130,14 @@ class CollectConfig:
 
 @dataclass(frozen=True)
 class KDConfig:
-    """Offline KD baseline (collect.kind=kd, train.loss=kd; paper B.4)."""
+    """KD baseline (collect.kind=kd, train.loss=kd; paper B.4, baselines/kd_fresh.py)."""
 
-    trajectories: str = ""  # JSONL of recorded teacher episodes; empty: run the teacher (teacher.*) first
-    trials: int = 4  # teacher episodes per task (paper: four per task start)
+    # empty: B.4's schedule, fresh teacher (teacher.*) episodes every step on the run's task
+    # starts; a JSONL of recorded teacher episodes: train on those, collected once
+    trajectories: str = ""
+    trials: int = 4  # fresh teacher episodes per task start per step (paper: four)
     min_reward: float = 1.0  # keep episodes whose score reward is at least this (successful ones)
-    max_tasks: int = 0  # tasks of env.* to run the teacher on (0: all)
-    examples_per_step: int = 0  # demonstrated turns per step (0: train.minibatch_rows)
+    examples_per_step: int = 0  # recorded schedule only: demonstrated turns per step (0: train.minibatch_rows)
 
 
 @dataclass(frozen=True)
@@ -157,6 +158,10 @@ class TeacherConfig:
     max_tokens: int = 8192
     enable_thinking: bool | None = True  # null: send no thinking switch (the endpoint's default)
     retries: int = 2  # per requested sample, for parser/schema-invalid output
+    # kind=self on tau2: the prepared per-task summaries of the users' private goals (paper B.5;
+    # JSON lines, docs/formats.md "Privileged summaries"). A relative path in a config file is
+    # relative to that file.
+    privileged_summaries: str = ""
     cache_dir: str = ""  # default: <run dir>/cache/teacher
     timeout_s: float = 600.0
     concurrency: int = 32

@@ -34,6 +34,11 @@ BFCL_CANNOT = "I cannot complete this request with the tools and information I h
 class ReferencePolicy(Protocol):
     def next_action(self, observation: Observation) -> ToolCall | Message: ...
 
+    def options(self, observation: Observation) -> tuple[ToolCall | Message, list, list]:
+        """(due action, other correct-looking actions, plausible wrong actions) for a
+        self-disagreeing teacher (envs/reference_disagreement.py)."""
+        ...
+
 
 def reference_policy(task: Task) -> ReferencePolicy:
     if task.env == "bfcl":
@@ -77,6 +82,40 @@ class BFCLReference:
         if len(calls) < len(reference):
             return reference[len(calls)]
         return Message(BFCL_DONE if reference else BFCL_CANNOT)
+
+    def options(self, observation: Observation) -> tuple[ToolCall | Message, list, list]:
+        # Progress is the turn's reference calls already made (name and arguments), so a
+        # reordered call does not derail the teacher; the call budget ends the turn as in
+        # next_action.
+        users, calls = _calls_since_last_user(observation.messages)
+        turn = users - 1
+        if not 0 <= turn < len(self.turns):
+            raise ValueError(f"observation is at turn {turn}; the task has {len(self.turns)} turns")
+        reference = self.turns[turn]
+        remaining = list(reference)
+        for call in calls:
+            made = _tool_call_of(call)
+            if made in remaining:
+                remaining.remove(made)
+        if remaining and len(calls) < len(reference):
+            due = remaining[0]
+            others: list[ToolCall] = []
+            for c in remaining[1:]:
+                if c != due and c not in others:
+                    others.append(c)
+            return due, others, [Message(BFCL_DONE)]
+        if reference:
+            return Message(BFCL_DONE), [], [reference[-1]]
+        return Message(BFCL_CANNOT), [], [Message(BFCL_DONE)]
+
+
+def _tool_call_of(call: dict) -> ToolCall | None:
+    fn = call.get("function") or {}
+    try:
+        args = json.loads(fn.get("arguments") or "{}")
+    except (TypeError, json.JSONDecodeError):
+        return None
+    return ToolCall(fn.get("name", ""), args) if isinstance(args, dict) else None
 
 
 def user_action_request(name: str, arguments: dict[str, Any]) -> str:
@@ -128,6 +167,12 @@ class Tau2Reference:
             closing += " " + " ".join(f"{info}." for info in self.communicate)
         return Message(closing + " Is there anything else I can help with?")
 
+    def options(self, observation: Observation) -> tuple[ToolCall | Message, list, list]:
+        due = self.next_action(observation)
+        done = self._progress(observation.messages)
+        if done < len(self.actions):  # a premature closing message is the plausible wrong one
+            return due, [], [Message("Everything you asked for is taken care of. Is there anything else I can help with?")]
+        return due, [], []
 
 ENVSCALER_DONE = "Task Completed: everything you asked for is done."
 
@@ -180,3 +225,8 @@ class AwmReference:
             call = self.calls[len(calls)]
             return ToolCall(call.name, json.loads(json.dumps(call.arguments)))
         return Message(self.answer)
+
+    def options(self, observation: Observation) -> tuple[ToolCall | Message, list, list]:
+        due = self.next_action(observation)
+        # a premature final answer is the plausible wrong one while calls are due
+        return due, [], ([Message(self.answer)] if isinstance(due, ToolCall) else [])

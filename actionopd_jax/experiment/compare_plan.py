@@ -5,7 +5,8 @@ Methods (paper tables 2 and 3, in miniature), all started from ONE shared warm s
   validity       ablation: reward = 1 for any valid action, -1 otherwise (collect.reward=validity)
   binary         ablation: reward = 1 if the action matches a teacher sample, else 0 (collect.reward=binary)
   random_commit  ablation: the environment advances with a random candidate (collect.commit=random)
-  kd             supervised KD on the teacher's successful trajectories of the training tasks
+  kd             KD as paper B.4 runs it: each step, kd.trials fresh teacher episodes per task start,
+                 the successful ones' teacher turns trained with ActionOPD's optimizer and minibatch
   opd            token-level OPD: needs the teacher's token logprobs (a local or served teacher model)
   self_actionopd Self-ActionOPD: the student itself, with privileged context, is the teacher
 
@@ -13,9 +14,10 @@ Budget, held equal EXACTLY: `compare.updates` optimizer updates per run, each ov
 train.minibatch_rows rows (KD: exactly that many teacher turns per update). An ActionOPD-style
 run collects as many steps as it needs to reach the budget; in the step that would exceed it,
 `UpdateBudget` keeps a seeded random subset of the learning groups so that the update count
-lands on the budget, and drops the others (drop reason "over_budget"). Teacher samples are NOT
-held equal (they cannot be: KD learns from a fixed set of demonstrations, the on-policy methods
-ask the teacher at every state they visit); every run reports how many it used.
+lands on the budget, and drops the others (drop reason "over_budget"); KD's fresh examples are
+trimmed the same way. Teacher samples are NOT held equal (KD asks for whole episodes, one
+sample per teacher turn; the on-policy methods ask for K at every state they visit); every run
+reports how many it used.
 
 The `compare:` section of a compare preset (configs/compare/compare_tiny.yaml) holds these settings;
 the rest of the file is an ordinary run config (the main job's `experiment:` section sets the
@@ -45,7 +47,7 @@ class Method:
 
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("actionopd", "actionopd", "ActionOPD"),
-    Method("kd", "kd", "KD (teacher trajectories)"),
+    Method("kd", "kd", "KD (fresh teacher episodes)"),
     Method("validity", "actionopd", "ablation: validity reward", {"collect.reward": "validity"}),
     Method("binary", "actionopd", "ablation: binary reward", {"collect.reward": "binary"}),
     Method("random_commit", "actionopd", "ablation: random commit", {"collect.commit": "random"}),
@@ -170,9 +172,10 @@ def not_runnable(method: Method, *, privileged_teacher: bool) -> str:
                 "server, which returns actions, not a token distribution (no local teacher model in the tiny "
                 "setting)")
     if method.kind == "self":
-        return ("its teacher is the student reading privileged notes (the reference calls) in its system "
-                "prompt; a random-init tiny student was never trained to read such notes, so its 'teacher' "
-                "samples would be its own samples, and the harness does not wire it yet")
+        return ("its teacher is the student itself reading privileged notes; in miniature that is the 2-layer "
+                "random-init student, never trained to read such notes, so its 'teacher' samples would be its own "
+                "noise, at up to 4,096 teacher tokens per sample (table 8) on CPU; the harness does not run it. "
+                "Its tau2 recipe: configs/paper/self_actionopd_tau2_qwen3_4b_h200.yaml")
     return ""
 
 

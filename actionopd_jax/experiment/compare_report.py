@@ -160,7 +160,8 @@ def write(summary: dict[str, Any], run_dir: Path, *, command: str = "") -> Path:
         f"- Budget held equal: **{s['updates']} optimizer updates per run** (at most {summary['minibatch_rows']} "
         f"rows each; KD: {summary['minibatch_rows']} teacher turns each), lr {summary['lr']:g} for every method, "
         f"seeds {s['seeds']}. Teacher samples are not held equal; the table reports them (on-policy methods: "
-        f"{summary['teacher_samples_per_state']} per visited state; KD: the demonstrated teacher turns it learns from).",
+        f"{summary['teacher_samples_per_state']} per visited state; KD: the teacher turns of its fresh episodes, "
+        "successful or not, paper B.4's kd.trials per task start per step).",
         "- Metrics: held-out evaluation of every final policy, greedy (experiment/heldout.py): BFCL accuracy "
         "(official checker, whole episodes), and per decision at the reference policy's states: valid action, "
         "same tool, agreement with the reference action. Mean ± sample sd over seeds.",

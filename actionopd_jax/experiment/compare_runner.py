@@ -112,6 +112,15 @@ def shared_warm_start(cfg: Config, teacher_cfg: Config, *, train: list[Task], to
     return ws
 
 
+def deterministic_reference(cfg: Config) -> Config:
+    """`cfg` with a deterministic reference teacher (`cfg` itself when it already is one)."""
+    r = cfg.experiment.reference
+    if not (r.alternative or r.wrong):
+        return cfg
+    return replace_keys(cfg, **{"experiment.reference.alternative": 0.0, "experiment.reference.wrong": 0.0,
+                                "experiment.reference.seed": 0})
+
+
 def setup(cfg: Config, settings: CompareSettings, run_dir: Path, opened: list[Any]) -> tuple[Shared, dict[str, Any]]:
     from actionopd_jax.chat import load_tokenizer
     from actionopd_jax.experiment import assets
@@ -132,7 +141,15 @@ def setup(cfg: Config, settings: CompareSettings, run_dir: Path, opened: list[An
     say(f"  teacher: {endpoint.label}; tasks: {len(train)} training ("
         f"{eval_name(settings.train_user_turns)}), {len(split.heldout)} held out, evaluated as {list(heldout)} "
         f"(BFCL {exp.bfcl_category} {list(exp.bfcl_classes)})")
-    ws = shared_warm_start(cfg, teacher_cfg, train=train, tokenizer=tokenizer, tokenizer_dir=tok_dir,
+    # The warm start's demonstrations come from the deterministic reference teacher even when
+    # the methods' teacher disagrees with itself (experiment.reference): it is every run's
+    # shared start, not a method under comparison, and a noisy teacher would only thin it.
+    ws_cfg, ws_teacher_cfg = deterministic_reference(cfg), teacher_cfg
+    if endpoint.privileged and ws_cfg is not cfg:
+        ws_endpoint = teacher_lib.start_teacher(ws_cfg, train)
+        opened.append(ws_endpoint)
+        ws_teacher_cfg = replace_keys(ws_cfg, **teacher_lib.teacher_overrides(ws_cfg, ws_endpoint))
+    ws = shared_warm_start(ws_cfg, ws_teacher_cfg, train=train, tokenizer=tokenizer, tokenizer_dir=tok_dir,
                            student_dir=student_dir, progress=cfg.run.progress)
     (run_dir / "warm_start.json").write_text(json.dumps(ws, indent=1))
     shared = Shared(cfg=cfg, teacher_cfg=teacher_cfg, teacher_over=over, settings=settings, train=train,
@@ -152,35 +169,50 @@ def _updates_done(trainer: Any) -> int:
     return int(host_scalar(trainer.state["step"]))
 
 
-def run_collector_method(shared: Shared, method: Method, seed: int, rdir: Path) -> dict[str, Any]:
-    """ActionOPD or one of its ablations: collection steps until the update budget is spent."""
+def train_to_budget(trainer: Any, source: Any, s: CompareSettings, describe: Callable[[], str]) -> tuple[int, float]:
+    """Trainer steps until `s.updates` optimizer updates are done (or the step cap); returns
+    (updates done, teacher HTTP calls the collector reported)."""
+    http_calls, done = 0.0, 0
+    while done < s.updates and trainer.step < s.step_cap:
+        source.remaining = s.updates - done
+        metrics = trainer.train_step()
+        trainer.writer.write(trainer.step, metrics)
+        http_calls += float(metrics.get("collect/teacher/http_calls", 0.0))
+        done = _updates_done(trainer)
+        say(f"    step {trainer.step}: {int(metrics.get('updates', 0))} update(s), {done}/{s.updates} done; {describe()}")
+    trainer.save()
+    trainer.ckpt.wait()
+    return done, http_calls
+
+
+def method_config(shared: Shared, method: Method, seed: int, rdir: Path) -> Config:
+    """The run config of one (method, seed): the main job's ActionOPD phase config (same
+    optimizer, minibatch, lr, task starts) with the method's overrides."""
     from actionopd_jax.experiment import phases
-    from actionopd_jax.train.loop import Trainer
 
     s = shared.settings
     pcfg = phases.opd_phase_config(shared.teacher_cfg, student_dir=shared.start_dir, tokenizer_dir=shared.tokenizer_dir,
                                    run_dir=rdir, train_tasks=shared.train,
                                    heldout_tasks=next(iter(shared.heldout.values())),
                                    teacher=shared.teacher_over)
-    pcfg = replace_keys(pcfg, **{**method.overrides, "run.seed": seed, "train.lr": shared.lr, "train.steps": s.step_cap,
+    return replace_keys(pcfg, **{**method.overrides, "run.seed": seed, "train.lr": shared.lr, "train.steps": s.step_cap,
                                  "checkpoint.every_steps": 0})
+
+
+def run_collector_method(shared: Shared, method: Method, seed: int, rdir: Path) -> dict[str, Any]:
+    """ActionOPD or one of its ablations: collection steps until the update budget is spent."""
+    from actionopd_jax.experiment import phases
+    from actionopd_jax.train.loop import Trainer
+
+    pcfg = method_config(shared, method, seed, rdir)
     phases.write_phase_config(pcfg, rdir / "config.yaml", f"compare: {method.label}, seed {seed}")
     job = phases.actionopd_source(pcfg, tasks=shared.train, run_dir=rdir, name="bfcl:compare-train")
     source = UpdateBudget(job, minibatch_rows=pcfg.train.minibatch_rows, seed=seed)
     trainer = Trainer(pcfg, run_dir=rdir, source=source)
-    http_calls = 0.0
     try:
-        done = 0
-        while done < s.updates and trainer.step < s.step_cap:
-            source.remaining = s.updates - done
-            metrics = trainer.train_step()
-            trainer.writer.write(trainer.step, metrics)
-            http_calls += float(metrics.get("collect/teacher/http_calls", 0.0))
-            done = _updates_done(trainer)
-            say(f"    step {trainer.step}: {int(metrics.get('updates', 0))} update(s), {done}/{s.updates} done; "
-                f"reward {job.history[-1]['reward_mean']:.3f}, match {job.history[-1]['match_rate']:.3f}")
-        trainer.save()
-        trainer.ckpt.wait()
+        done, http_calls = train_to_budget(trainer, source, shared.settings, lambda: (
+            f"reward {job.history[-1]['reward_mean']:.3f}, match {job.history[-1]['match_rate']:.3f}, "
+            f"partial match (0 < c < K) {job.history[-1]['partial_match_rate']:.3f}"))
         steps = trainer.step
     finally:
         trainer.close()
@@ -193,33 +225,41 @@ def run_collector_method(shared: Shared, method: Method, seed: int, rdir: Path) 
 
 
 def run_kd_method(shared: Shared, method: Method, seed: int, rdir: Path) -> dict[str, Any]:
-    """KD on the teacher's successful trajectories: `updates` steps of minibatch_rows teacher turns."""
-    from actionopd_jax.baselines.kd import kd_examples, load_trajectories, run_kd
+    """KD as paper B.4 runs it (baselines/kd_fresh.py): every step, kd.trials fresh teacher
+    episodes per task start (the training tasks, started as ActionOPD starts them), the
+    successful ones' teacher turns trained with ActionOPD's optimizer settings and minibatch
+    rows, until the same update budget is spent."""
+    from actionopd_jax.baselines.kd import kd_config
+    from actionopd_jax.baselines.kd_fresh import FreshKDSource
+    from actionopd_jax.baselines.wiring import endpoint_agent
+    from actionopd_jax.envs.registry import make_environment
+    from actionopd_jax.envs.tasks import TaskSource, TaskStream
     from actionopd_jax.experiment import phases
+    from actionopd_jax.train.loop import Trainer
 
-    cfg, s = shared.cfg, shared.settings
-    per_step = cfg.train.minibatch_rows
-    records = load_trajectories(shared.trajectories)
-    budget = phases.context_overrides(cfg)["collect.max_prompt_tokens"]
-    examples = kd_examples(records, shared.tokenizer, max_prompt_tokens=budget,
-                           enable_thinking=cfg.collect.enable_thinking)
-    if not examples:
-        raise RuntimeError(f"KD: no teacher turns in {shared.trajectories}")
-    longest = max(len(e.prompt_ids) + len(e.target_ids) for e in examples)
-    kcfg = phases.kd_phase_config(replace_keys(cfg, **{"experiment.kd_examples_per_step": per_step}),
-                                  student_dir=shared.start_dir, tokenizer_dir=shared.tokenizer_dir, run_dir=rdir,
-                                  steps=s.updates)
-    kcfg = replace_keys(kcfg, **{"train.lr": shared.lr, "run.seed": seed,
-                                 "train.max_seq_len": max(kcfg.train.max_seq_len, longest)})
+    kcfg = kd_config(method_config(shared, method, seed, rdir))
     phases.write_phase_config(kcfg, rdir / "config.yaml", f"compare: {method.label}, seed {seed}")
-    result = run_kd(kcfg, examples, run_dir=rdir, examples_per_step=per_step, export_hf=rdir / "student_final",
-                    tokenizer_dir=shared.tokenizer_dir)
-    final, steps, done = result.hf_dir, result.steps, result.updates
-    say(f"    {done} update(s) of {per_step} teacher turns from {len(examples)} demonstrated turns")
+    stream = TaskStream([(TaskSource("bfcl:compare-train", shared.train), kcfg.collect.task_starts_per_step)],
+                        seed=seed)
+    inner = FreshKDSource(lambda: endpoint_agent(kcfg), stream, lambda task: make_environment(task.env),
+                          shared.tokenizer, out_dir=rdir / "kd", trials=kcfg.kd.trials, min_reward=kcfg.kd.min_reward,
+                          max_prompt_tokens=kcfg.collect.max_prompt_tokens,
+                          enable_thinking=kcfg.collect.enable_thinking, concurrency=shared.cfg.experiment.eval_concurrency)
+    source = UpdateBudget(inner, minibatch_rows=kcfg.train.minibatch_rows, seed=seed)
+    trainer = Trainer(kcfg, run_dir=rdir, source=source)
+    try:
+        done, _ = train_to_budget(trainer, source, shared.settings, lambda: (
+            f"{int(inner.metrics()['kd/episodes_kept'])}/{int(inner.metrics()['kd/episodes'])} fresh teacher "
+            f"episodes successful, {int(inner.metrics()['kd/examples'])} teacher turns"))
+        steps = trainer.step
+    finally:
+        trainer.close()
+    final = phases.export_final_student(rdir, steps, rdir / "student_final", shared.tokenizer_dir)
     return {"final_dir": str(final), "updates": done, "steps": steps, "lr": shared.lr,
-            "teacher_samples": len(examples), "teacher_requests": 0,
-            "note": f"{len(examples)} teacher turns of {len(records)} successful trajectories, the warm start's "
-                    "demonstrations (no new teacher requests)"}
+            "teacher_samples": inner.teacher_samples, "teacher_requests": inner.teacher_samples,
+            "groups_over_budget": source.trimmed_groups,
+            "note": f"{inner.episodes} fresh teacher episodes ({kcfg.kd.trials} per task start per step), "
+                    "successful ones trained on"}
 
 
 RUNNERS: dict[str, Callable[[Shared, Method, int, Path], dict[str, Any]]] = {

@@ -99,6 +99,8 @@ def step_stats(groups: list[StateGroup]) -> dict[str, float]:
     reward_mean   mean r_lambda of all candidates (invalid -1, valid no match 0, matches >= 1);
     match_rate    fraction of candidates matching at least one teacher sample;
     invalid_rate  fraction of candidates that are not one valid action;
+    partial_match_rate  fraction of candidates matching some but not all teacher samples
+                  (0 < c < M: where the frequency bonus lambda changes the reward);
     committed_reward_mean  mean reward of the committed (environment-advancing) candidates;
     unavailable_rate  fraction of groups masked for unavailable supervision (paper A.3);
     truncated_rate  fraction of all candidates cut at the response limit (Invalid)."""
@@ -113,6 +115,8 @@ def step_stats(groups: list[StateGroup]) -> dict[str, float]:
         "reward_mean": float(sum(c.reward for c in cands) / n) if cands else float("nan"),
         "match_rate": float(sum(any(v == "match" for v in c.verdicts) for c in cands) / n) if cands else float("nan"),
         "invalid_rate": float(sum(isinstance(c.action, Invalid) for c in cands) / n) if cands else float("nan"),
+        "partial_match_rate": float(sum(0 < sum(v == "match" for v in c.verdicts) < len(c.verdicts)
+                                        for c in cands) / n) if cands else float("nan"),
         "committed_reward_mean": float(np.mean(committed)) if committed else float("nan"),
         "unavailable_rate": float(len(groups) - len(scored)) / len(groups) if groups else float("nan"),
         "truncated_rate": float(np.mean([c.finish_reason == "length" for g in groups for c in g.candidates]))

@@ -107,6 +107,7 @@ def start_teacher(cfg: Config, train_tasks: list[Task]) -> TeacherEndpoint:
         t = cfg.teacher
         return TeacherEndpoint(base_url=t.base_url, model=t.model, api_key_env=t.api_key_env, privileged=False,
                                label=f"remote teacher {t.model} at {t.base_url}")
+    from actionopd_jax.envs.reference_disagreement import Disagreement
     from actionopd_jax.experiment.tasks import opening_collisions
     from actionopd_jax.serve.openai_http import OpenAIServer
     from actionopd_jax.serve.reference_backend import MODEL_NAME, ReferenceBackend
@@ -115,12 +116,18 @@ def start_teacher(cfg: Config, train_tasks: list[Task]) -> TeacherEndpoint:
     if shared:
         raise ConfigError(f"training tasks share their first user message ({shared[:3]}); the reference teacher "
                           "could not tell them apart: choose other experiment.bfcl_classes")
-    server = OpenAIServer(ReferenceBackend(train_tasks, model_name=MODEL_NAME), host="127.0.0.1", port=0)
+    r = cfg.experiment.reference
+    disagreement = Disagreement(alternative=r.alternative, wrong=r.wrong, seed=r.seed)
+    server = OpenAIServer(ReferenceBackend(train_tasks, model_name=MODEL_NAME, disagreement=disagreement),
+                          host="127.0.0.1", port=0)
     url = server.start()
+    how = (f"self-disagreeing: alternative {r.alternative:g}, wrong {r.wrong:g}, seed {r.seed}"
+           if disagreement.active else "deterministic")
     log.warning("%s: embedded OpenAI-compatible server at %s answering with the reference policy of %d "
-                "training tasks (it reads their ground truth)", REFERENCE_LABEL.upper(), url, len(train_tasks))
+                "training tasks (it reads their ground truth; %s)", REFERENCE_LABEL.upper(), url, len(train_tasks), how)
     return TeacherEndpoint(base_url=url, model=MODEL_NAME, api_key_env="", privileged=True,
-                           label=f"{REFERENCE_LABEL} (embedded, {len(train_tasks)} training tasks)", server=server)
+                           label=f"{REFERENCE_LABEL} (embedded, {len(train_tasks)} training tasks, {how})",
+                           server=server)
 
 
 def teacher_overrides(cfg: Config, endpoint: TeacherEndpoint) -> dict[str, Any]:

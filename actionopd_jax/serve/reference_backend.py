@@ -9,6 +9,10 @@ teacher's numbers.
 Which task a request belongs to: the request may name it (`metadata.task_id` in the body);
 otherwise it is recognised by the conversation's first user message, which is unique per task
 in the supported datasets (ambiguity is reported as a 400, never guessed).
+
+By default it is deterministic: the n choices of a request are identical. With a
+`Disagreement` (envs/reference_disagreement.py) each choice is drawn on its own, seeded, so
+the K teacher samples of a state can differ (the frequency bonus then has something to count).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import hashlib
 from typing import Any, Iterable
 
 from actionopd_jax.envs.reference import reference_policy
+from actionopd_jax.envs.reference_disagreement import Disagreement, sample_actions
 from actionopd_jax.serve.requests import ChatChoice, ChatRequest, RequestError
 from actionopd_jax.serve.scripted import message_choice, tool_call_choice
 from actionopd_jax.types import Message, Observation, Task, ToolCall
@@ -37,8 +42,10 @@ def _digest(text: str) -> str:
 
 
 class ReferenceBackend:
-    def __init__(self, tasks: Iterable[Task], *, model_name: str = MODEL_NAME):
+    def __init__(self, tasks: Iterable[Task], *, model_name: str = MODEL_NAME,
+                 disagreement: Disagreement | None = None):
         self.model_name = model_name
+        self.disagreement = disagreement if disagreement is not None and disagreement.active else None
         self._by_id: dict[str, Task] = {}
         self._by_opening: dict[str, list[Task]] = {}
         self._policies: dict[str, Any] = {}
@@ -91,13 +98,18 @@ class ReferenceBackend:
         if policy is None:
             policy = self._policies[task.task_id] = reference_policy(task)
         try:
-            action = policy.next_action(Observation(messages=req.messages, tools=req.tools or []))
+            if self.disagreement is None:
+                actions = [policy.next_action(Observation(messages=req.messages, tools=req.tools or []))] * req.n
+            else:
+                actions = sample_actions(policy, req.messages, req.tools or [], req.n, self.disagreement, req.seed)
         except ValueError as e:
             raise RequestError(400, f"reference policy cannot answer this state: {e}") from e
-        if isinstance(action, ToolCall):
-            choice = tool_call_choice(action.name, action.arguments)
-        else:
-            assert isinstance(action, Message)
-            choice = message_choice(action.text)
         prompt_chars = sum(len(str(m.get("content") or "")) for m in req.messages)
-        return [choice] * req.n, max(1, prompt_chars // 4)
+        return [_choice(a) for a in actions], max(1, prompt_chars // 4)
+
+
+def _choice(action: ToolCall | Message) -> ChatChoice:
+    if isinstance(action, ToolCall):
+        return tool_call_choice(action.name, action.arguments)
+    assert isinstance(action, Message)
+    return message_choice(action.text)
