@@ -104,5 +104,5 @@ def test_check_of_a_transfer_recipe_prints_the_pool_sizes_from_the_manifest(mini
     assert train_cli.main(["--config", str(path), "--check", f"env.awm_dir={DATA / 'awm_mini'}",
                            f"env.envscaler_dir={DATA / 'envscaler_mini'}", f"env.manifest={manifest}"]) == 0
     out = capsys.readouterr().out
-    assert ("pools      awm 9 admitted (59/step), 3 held out for eval, envscaler 5 admitted (5/step), "
+    assert ("pools      awm 12 admitted (59/step), 3 held out for eval, envscaler 5 admitted (5/step), "
             "1 held out for eval; drawn with replacement") in out
