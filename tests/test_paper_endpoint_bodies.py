@@ -44,6 +44,9 @@ TABLE8 = {
     ("matcher", "qwen3.8-27b"): dict(thinking=False, temperature=0.7, top_p=0.8, top_k=20, max_tokens=32 * 1024),
     ("user", "qwen3.8-27b"): dict(thinking=False, temperature=0.7, top_p=0.8, top_k=20, max_tokens=8 * 1024),
 }
+# Table 8's "Self Teacher" (B.5): the student samples itself in-process, so there is no request
+# body; its settings are checked where the in-process sampler takes them.
+SELF_TEACHER = dict(enable_thinking=True, temperature=0.6, top_p=0.95, top_k=20, max_new_tokens=4 * 1024)
 
 
 def thinking_sent(body: dict) -> bool:
@@ -78,7 +81,7 @@ def assert_table8(body: dict, role: str, model: str) -> None:
 
 def _point_at(cfg_path, url: str):
     cfg = load_config(cfg_path)
-    overrides = [f"teacher.base_url={url}", f"matcher.base_url={url}"]
+    overrides = [f"matcher.base_url={url}"] + ([f"teacher.base_url={url}"] if cfg.teacher.kind == "openai" else [])
     if cfg.env.user_model:
         overrides.append(f"env.user_base_url={url}")
     return load_config(cfg_path, overrides)
@@ -90,9 +93,15 @@ def test_every_paper_recipe_sends_table8_settings(name, monkeypatch):
     cfg = load_config(path)
     for env_name in {cfg.teacher.api_key_env, cfg.matcher.api_key_env, cfg.env.user_api_key_env} - {""}:
         monkeypatch.setenv(env_name, "test-key")  # the keys are read from the environment only
-    assert cfg.teacher.kind == "openai" and cfg.matcher.kind == "rules+llm", name
+    assert cfg.teacher.kind in ("openai", "self") and cfg.matcher.kind == "rules+llm", name
+    remote_teacher = cfg.teacher.kind == "openai"
+    if not remote_teacher:  # Self-ActionOPD: table 8's self-teacher row reaches the in-process sampler
+        from actionopd_jax.baselines.self_opd import self_teacher_settings
+
+        settings = self_teacher_settings(cfg)
+        assert {k: getattr(settings, k) for k in SELF_TEACHER} == SELF_TEACHER, name
     backends: dict[str, ScriptedBackend] = {}
-    for model in {cfg.teacher.model, cfg.matcher.model, cfg.env.user_model} - {""}:
+    for model in {cfg.teacher.model if remote_teacher else "", cfg.matcher.model, cfg.env.user_model} - {""}:
         backends[model] = ScriptedBackend(model, lambda req: message_choice("VERDICT: MATCH"))
     server = OpenAIServer(list(backends.values()))
     server.start()
@@ -100,9 +109,11 @@ def test_every_paper_recipe_sends_table8_settings(name, monkeypatch):
         cfg = _point_at(path, server.base_url)
 
         async def ask_all():
-            teacher = build_teacher(teacher_spec(cfg.teacher))
-            await teacher.sample(STATE, TOOLS, 1)
-            bodies = {"teacher": backends[cfg.teacher.model].requests[-1].raw}
+            bodies = {}
+            if remote_teacher:
+                teacher = build_teacher(teacher_spec(cfg.teacher))
+                await teacher.sample(STATE, TOOLS, 1)
+                bodies["teacher"] = backends[cfg.teacher.model].requests[-1].raw
             matcher = build_matcher(judge_spec(cfg.matcher))
             await matcher.verdict(Message("It is 20 C."), Message("Twenty degrees."), messages=STATE, tools=TOOLS)
             bodies["matcher"] = backends[cfg.matcher.model].requests[-1].raw
@@ -115,7 +126,8 @@ def test_every_paper_recipe_sends_table8_settings(name, monkeypatch):
         bodies = asyncio.run(ask_all())
     finally:
         server.stop()
-    assert_table8(bodies["teacher"], "teacher", cfg.teacher.model)
+    if remote_teacher:
+        assert_table8(bodies["teacher"], "teacher", cfg.teacher.model)
     assert_table8(bodies["matcher"], "matcher", cfg.matcher.model)
     if cfg.env.user_model:
         assert_table8(bodies["user"], "user", cfg.env.user_model)

@@ -59,7 +59,7 @@ def test_a_run_refused_at_start_up_leaves_no_run_folder(tmp_path, capsys):
     run = tmp_path / "refused"
     code = train_cli.main([
         "--run-dir", str(run), "experiment.enabled=false", "collect.kind=actionopd", f"model.tokenizer={tok}",
-        "teacher.kind=openai", "teacher.base_url=http://127.0.0.1:9/v1", "teacher.model=m", "matcher.kind=rules",
+        "teacher.kind=openai", "teacher.provider=vllm", "teacher.base_url=http://127.0.0.1:9/v1", "teacher.model=m", "matcher.kind=rules",
         "env.name=bfcl", "env.task_ids=[multi_turn_base_0]", "env.heldout_task_ids=[multi_turn_base_0]"])
     assert code == 2 and "that evaluation scores" in capsys.readouterr().err
     assert not run.exists()
@@ -68,6 +68,6 @@ def test_a_run_refused_at_start_up_leaves_no_run_folder(tmp_path, capsys):
     (run / "notes.txt").write_text("mine")
     assert train_cli.main([
         "--run-dir", str(run), "experiment.enabled=false", "collect.kind=actionopd", f"model.tokenizer={tok}",
-        "teacher.kind=openai", "teacher.base_url=http://127.0.0.1:9/v1", "teacher.model=m", "matcher.kind=rules",
+        "teacher.kind=openai", "teacher.provider=vllm", "teacher.base_url=http://127.0.0.1:9/v1", "teacher.model=m", "matcher.kind=rules",
         "env.name=bfcl", "env.task_ids=[multi_turn_base_0]", "env.heldout_task_ids=[multi_turn_base_0]"]) == 2
     assert sorted(p.name for p in run.iterdir()) == ["notes.txt"]
