@@ -294,3 +294,55 @@ def test_a_resumed_run_draws_the_same_mixture_tasks(tasks, tmp_path):
     assert sorted(whole) == [0, 1] and sorted(first) == [0] and sorted(rest) == [1]
     assert {**first, **rest} == whole
     assert whole[1] != whole[0]  # the draws move on: a stream restarted from scratch would repeat step 0
+
+
+KILLED_TRAINER = """
+import asyncio, sys, time
+sys.path.insert(0, {root!r})
+from actionopd_jax.envs.envscaler.env import EnvScalerEnvironment
+from actionopd_jax.envs.envscaler.layout import load_envscaler
+from actionopd_jax.envs.sandbox import SubprocessSandbox
+from actionopd_jax.types import Task
+FORKER = '''
+import os, time
+class Forker:
+    def __init__(self, cfg=None):
+        if os.fork() == 0:  # a grandchild that would outlive its group if nothing held it
+            os.setsid(); time.sleep(600); os._exit(0)
+    def ping(self):
+        return "pong"
+'''
+base = next(t for t in load_envscaler({es!r}).tasks() if not t.payload.get("conversational"))
+hostile = Task("forker", "envscaler", payload={{**base.payload, "class_code": FORKER, "class_name": "Forker",
+                                                "init_config": {{}}}})
+envs = [EnvScalerEnvironment(SubprocessSandbox()) for _ in range(3)]
+async def main():  # the class processes start on the episodes' executor threads, as in training
+    await asyncio.gather(envs[0].reset(base), envs[1].reset(base), envs[2].reset(hostile))
+asyncio.run(main())
+print("READY", flush=True)
+time.sleep(600)
+"""
+
+
+def test_no_class_process_outlives_a_kill_9_of_the_trainer(tmp_path):
+    """EnvScaler's class processes are spawned from executor threads (not the MCP pool's loop
+    thread): after a `kill -9` of their trainer none remains, a forked, setsid()-escaped one
+    included. The processes are found by the private directories TMPDIR puts under tmp_path."""
+    import subprocess
+    import sys
+
+    from tests.test_env_mcp import marked_pids, wait_gone
+
+    code = KILLED_TRAINER.format(root=str(Path(__file__).parents[1]), es=str(ES))
+    trainer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                               env={**os.environ, "TMPDIR": str(tmp_path)})
+    mark = str(tmp_path)  # every sandboxed process's HOME / TMPDIR lies under it
+    try:
+        assert trainer.stdout.readline().strip() == "READY"
+        contained = [p for p in marked_pids(mark) if p != trainer.pid]
+        assert len(contained) >= 4, contained  # 3 class processes + the forked grandchild
+        trainer.kill()
+        trainer.wait(10)
+        assert wait_gone(mark) == []
+    finally:
+        trainer.kill()
