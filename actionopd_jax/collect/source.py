@@ -21,7 +21,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from actionopd_jax.collect.collector import Collector, CollectResult
+from actionopd_jax.collect.collector import Collector, CollectResult, local_task_starts
 from actionopd_jax.collect.config import CollectorConfig
 from actionopd_jax.collect.engine_worker import EngineSampling
 from actionopd_jax.collect.sampler_worker import SamplingSettings, sampler_fn
@@ -175,6 +175,13 @@ class ActionOPDGroupSource:
         load_behaviour(self.sampler, policy, self.ctx.mesh)
         self.last = self.collector.collect(tasks, step=step, process_index=self.ctx.process_index,
                                            process_count=self.ctx.process_count)
+        # the next step's draws are known now: their servers start while the device runs this
+        # step's update (and the next collection begins with them warm)
+        peek = getattr(self.stream, "peek_step", None)
+        if callable(peek):
+            upcoming = peek()
+            self.collector.prefetch([upcoming[i] for i in local_task_starts(len(upcoming), self.ctx.process_index,
+                                                                            self.ctx.process_count)])
         return self.last.groups
 
     def state_dict(self) -> dict[str, Any]:
