@@ -96,7 +96,7 @@ def test_schema_errors_and_raising_methods_are_tool_errors_the_episode_survives(
 
 
 HOSTILE = '''
-import os, time
+import os, sys, time
 class Hostile:
     def __init__(self, init_config):
         self.n = 0
@@ -106,12 +106,17 @@ class Hostile:
         time.sleep(60)
     def env_key(self):
         return os.environ.get("OPENAI_API_KEY", "absent")
+    def half_reply(self):  # the start of a reply line on the reply channel, then silence
+        sys.__stdout__.write('{"ok": true, "value": "'); sys.__stdout__.flush()
+        time.sleep(60)
+    def huge(self):  # 20 MB through the pipe (the file-size rlimit does not bound a pipe)
+        return "x" * (20 << 20)
 '''
 
 
 def _hostile_task(name):
     tools = [{"type": "function", "function": {"name": n, "description": n, "parameters": {"type": "object", "properties": {}}}}
-             for n in ("die", "hang", "env_key")]
+             for n in ("die", "hang", "env_key", "half_reply", "huge")]
     return Task(name, "envscaler", payload={"env_id": "h", "task": "x", "tools": tools, "intro": "", "class_name": "Hostile",
                                             "class_code": HOSTILE, "init_config": {}, "checks": []})
 
@@ -121,7 +126,8 @@ def test_process_faults_end_the_episode_with_a_reason(sandbox, monkeypatch):
     env = EnvScalerEnvironment(sandbox, config=EpisodeConfig(call_timeout_s=1.0))
     obs, _, _ = _score(env, _hostile_task("k"), [ToolCall("env_key", {})])
     assert obs.messages[-1]["content"] == "absent"  # the class's process never sees our secrets
-    for tool, reason in (("die", "envscaler_died"), ("hang", "envscaler_timeout")):
+    for tool, reason in (("die", "envscaler_died"), ("hang", "envscaler_timeout"),
+                         ("half_reply", "envscaler_timeout"), ("huge", "envscaler_malformed_reply")):
         with pytest.raises(EnvScalerFault) as err:
             _score(env, _hostile_task(tool), [ToolCall(tool, {})])
         assert err.value.end_reason == reason
