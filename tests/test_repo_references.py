@@ -96,3 +96,20 @@ def test_the_checks_catch_what_they_look_for(tmp_path):
     assert refs == ["docs/absent_file.md", "docs/formats.md"]
     assert [_exists(r) for r in refs] == [False, True]
     assert _exists("configs/paper/qwen3_*.yaml") and not _exists("configs/paper/qwen9_*.yaml")
+
+
+def test_ci_turns_the_lowering_skips_into_failures(monkeypatch):
+    """.ci/run exports the variables of tests/_required.py, and with them a missing CUDA plugin
+    or libtpu fails the lowering tests instead of skipping them."""
+    import pytest
+
+    from tests._required import REQUIRE_CUDA, REQUIRE_TPU, skip_or_fail
+
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert f"{REQUIRE_CUDA}=1" in ci and f"{REQUIRE_TPU}=1" in ci
+    monkeypatch.delenv(REQUIRE_CUDA, raising=False)
+    with pytest.raises(pytest.skip.Exception):
+        skip_or_fail(REQUIRE_CUDA, "no plugin")
+    monkeypatch.setenv(REQUIRE_CUDA, "1")
+    with pytest.raises(pytest.fail.Exception, match="no plugin.*ACTIONOPD_REQUIRE_CUDA_LOWERING is set"):
+        skip_or_fail(REQUIRE_CUDA, "no plugin")
