@@ -189,7 +189,7 @@ def test_engine_programs_lower_for_cuda():
     pps = shapes.pages_per_slot
     for mesh in meshes:
         pool = abstract_pool(cfg, mesh, shapes.slots * pps + 1, shapes.page_size)
-        k, v = pool.k[0], pool.v[0]
+        k, v = jax.tree.leaves(pool.k)[0], jax.tree.leaves(pool.v)[0]   # per-layer or stacked layout
         fn = jax.jit(lambda q, k, v, n, t, pos: paged_attention(q, k, v, n, t, q_positions=pos, impl="paged_gpu"))
         for rows, q_len in ((shapes.slots, 1), (shapes.prefill_lanes, shapes.chunk)):
             args = (SDS((rows, q_len, q_heads, dh), jnp.bfloat16), k, v, SDS((rows,), jnp.int32),

@@ -57,11 +57,13 @@ def build_engine(cfg: Config, model_config: Any, eos: int):
     """The continuous-batching engine of `collect.sampler = "engine"` (weights come by
     load_policy each step, as for the static sampler): a slot holds the longest prompt plus a
     reply; the pool is sized from the devices' free memory after the weights and trainer state."""
-    from actionopd_jax.engine import Engine
-    from actionopd_jax.engine.aot import engine_shapes
+    from actionopd_jax.engine import Engine, EngineConfig
 
-    # the same shapes `train --check` lowers for a GPU target (train/gpu_lowering.py)
-    return Engine(None, model_config, eos_ids=[eos], config=engine_shapes(cfg.collect), dtype=cfg.model.dtype)
+    c = cfg.collect
+    shapes = EngineConfig(slots=c.engine_slots or c.concurrency * c.num_candidates, page_size=c.engine_page_size,
+                          max_len=c.max_prompt_tokens + c.max_response_tokens, segment=c.engine_segment,
+                          chunk=min(512, c.max_prompt_tokens))
+    return Engine(None, model_config, eos_ids=[eos], config=shapes, dtype=cfg.model.dtype)
 
 
 def token_budget_setting(value: Any) -> int | str | None:

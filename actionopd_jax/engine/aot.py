@@ -27,8 +27,9 @@ TRITON = "triton"  # a substring of the custom call the Pallas GPU kernel lowers
 
 
 def engine_shapes(collect) -> EngineConfig:
-    """The engine's shapes for a run's `collect` section (config/schema.CollectConfig): a
-    slot holds the longest prompt plus a reply; slots default to concurrency x candidates."""
+    """The engine's shapes for a run's `collect` section (config/schema.CollectConfig), as
+    collect/source.build_engine gives them: a slot holds the longest prompt plus a reply;
+    slots default to concurrency x candidates."""
     c = collect
     return EngineConfig(slots=c.engine_slots or c.concurrency * c.num_candidates, page_size=c.engine_page_size,
                         max_len=c.max_prompt_tokens + c.max_response_tokens, segment=c.engine_segment,
@@ -42,12 +43,11 @@ def takes_attention() -> bool:
 
 
 def abstract_pool(cfg, mesh, pages: int, page_size: int, dtype=jnp.bfloat16) -> programs.Pool:
-    """Per-layer k and v pools [KVH, pages, page_size, Dh], KV heads over "tensor" where it
-    divides them (the kernels' split)."""
-    spec = P(tensor_split(mesh, cfg.num_key_value_heads))
-    layer = jax.ShapeDtypeStruct((cfg.num_key_value_heads, pages, page_size, cfg.head_dim), dtype,
-                                 sharding=NamedSharding(mesh, spec))
-    return programs.Pool(k=(layer,) * cfg.num_hidden_layers, v=(layer,) * cfg.num_hidden_layers)
+    """The engine's own pool (programs.empty_pool, whatever its layout) as abstract arrays,
+    KV heads (axis 0) over "tensor" where it divides them (the kernels' split)."""
+    pool = jax.eval_shape(lambda: programs.empty_pool(cfg, pages, page_size, dtype))
+    sharding = NamedSharding(mesh, P(tensor_split(mesh, cfg.num_key_value_heads)))
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), pool)
 
 
 def abstract_slots(cfg, mesh, slots: int, pages_per_slot: int, dtype=jnp.bfloat16) -> programs.Slots:
