@@ -120,6 +120,8 @@ def test_bad_requests_get_clean_4xx(served):
     assert "context too long" in str(err.value) and err.value.body["code"] == "context_length_exceeded"
     with pytest.raises(openai.BadRequestError, match="context too long"):
         client.chat.completions.create(model="tiny-student", messages=CHAT_CONVERSATION, max_tokens=MAX_CONTEXT)
+    with pytest.raises(openai.BadRequestError, match="n=5 samples exceed the engine's 4 slots"):
+        client.chat.completions.create(model="tiny-student", messages=CHAT_CONVERSATION, n=5, stream=True)
     with pytest.raises(openai.NotFoundError, match="not found"):
         client.chat.completions.create(model="other", messages=CHAT_CONVERSATION)
     status, body = _post(server, b"{oops")
