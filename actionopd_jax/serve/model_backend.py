@@ -1,9 +1,12 @@
-"""A `Backend` that answers chat completions with a local model through the Sampler.
+"""A `Backend` that answers chat completions with a local model, through the continuous-
+batching engine (`actionopd serve`'s default) or the static Sampler.
 
 Per request: render messages + tools with the chat template, check the context budget (a
-400 when it does not fit), queue the prompt; concurrent requests are sampled in ONE device
-call (MicroBatcher) with their own settings and keys; each reply is decoded, cut at the
-first `stop` string, and split into content / tool_calls / reasoning_content.
+400 when it does not fit), queue the prompt with its own settings and key. The engine runs it
+in a slot as soon as one is free, beside whatever else is running, and its tokens stream out
+after every segment (serve/engine_backend.py); the static sampler samples concurrent requests
+in ONE device call (MicroBatcher). Each reply is decoded, cut at the first `stop` string, and
+split into content / tool_calls / reasoning_content.
 
 Rendering and tokenizing run off the event loop (a megabyte conversation takes seconds), so
 one large request never stalls the server's other clients. `tool_choice` forcing a call
