@@ -3,6 +3,11 @@
     actionopd serve --hf DIR [--port 8000] [--api-key-env ACTIONOPD_API_KEY]
     actionopd serve --checkpoint RUN_DIR [--step N] [--dtype bfloat16] --mesh tensor=-1
     actionopd serve --hf DIR --lm-head float32    # exact float32 logprob normalisers
+    actionopd serve --hf DIR --engine-slots 16 --engine-max-len 16384 --segment-tokens 16
+
+Generation runs through the continuous-batching engine (requests join and leave between
+segments, `stream: true` sends tokens as segments end); `--sampler static` uses the batched
+static sampler instead (the same samples; streams once a reply is finished).
 
 Binds 127.0.0.1 unless --host says otherwise. With --api-key-env NAME, clients must send
 `Authorization: Bearer $NAME`. SIGTERM or Ctrl-C: requests in flight finish (or are
