@@ -296,15 +296,16 @@ def test_a_client_that_leaves_frees_its_slot_within_one_segment(served):
             break
     (rid,) = runner.history[-1][1]
     stream.close()  # the client leaves mid-generation
-    left = runner.steps
     deadline = time.time() + 30
     while runner._thread is not None and time.time() < deadline:  # until the engine is idle
         time.sleep(0.005)
-    # the request ran in at most two more steps (the one in flight when the client left, and
-    # one while the server noticed), and the step after freed its slot
+    # the server withdrew it when it saw the client go; it ran at most in the segment then in
+    # flight, and its slot was free for the next one
+    (at,) = [step for r, step in runner.withdrawn if r == rid]
     last = max(step for step, ids in runner.history if rid in ids)
-    print(f"client left after step {left}; the request last ran in step {last}")
-    assert last <= left + 2, (left, last, list(runner.history)[-5:])
+    print(f"withdrawn after step {at}; the request last ran in step {last}")
+    assert last <= at + 1, (at, last, list(runner.history)[-5:])
+    assert all(rid not in ids for step, ids in runner.history if step > at + 1)
     assert backend.sampler.stats.generated_tokens - made_before < LONG // 4  # it never made its LONG tokens
     assert not backend.sampler.running and sorted(backend.sampler._free_slots) == list(range(SHAPES.slots))
 
@@ -347,3 +348,21 @@ def test_requests_join_and_leave_between_segments_with_their_own_tokens(served):
     a = history[0]
     assert len(a) == 1 and history[-1] == a, history
     assert max(len(ids) for ids in history) == 3, history
+
+
+def test_a_stop_string_ends_the_engine_request_early(served):
+    """A reply that holds a stop string needs no more tokens: the request leaves the engine
+    instead of running to max_tokens (the static path generates them all, then cuts)."""
+    server, _, _ = served
+    backend, client = server.backends["endless"], _client(server)
+    before = backend.sampler.stats.generated_tokens
+    for stream in (False, True):
+        r = client.chat.completions.create(model="endless", messages=CHAT_CONVERSATION, temperature=0.0, stop=["How"],
+                                           max_tokens=LONG, stream=stream)
+        if stream:
+            chunks = list(r)
+            text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            assert text == "Hello!" and chunks[-1].choices[0].finish_reason == "stop"
+        else:
+            assert r.choices[0].message.content == "Hello!" and r.choices[0].finish_reason == "stop"
+    assert backend.sampler.stats.generated_tokens - before < LONG // 4

@@ -63,6 +63,8 @@ class EngineRunner:
         self.steps = 0             # engine steps run (tests and logs)
         # (engine step, ids of the requests whose samples ran in its segment): who shared which
         self.history: collections.deque = collections.deque(maxlen=4096)
+        # (request id, engine steps run when it was withdrawn before its end)
+        self.withdrawn: collections.deque = collections.deque(maxlen=4096)
 
     def submit(self, prompt: np.ndarray, **args) -> Ticket:
         """Queue a request (`Engine.submit`'s arguments); call from the event loop."""
@@ -77,6 +79,9 @@ class EngineRunner:
     def cancel(self, ticket: Ticket) -> None:
         """Withdraw a request (its client left, or it needs no more tokens); any thread."""
         ticket.cancelled = True
+        req = ticket.request
+        if req is not None and not req.done:
+            self.withdrawn.append((req.rid, self.steps))
 
     # --- the stepping thread ----------------------------------------------------------------
     def _loop(self) -> None:
