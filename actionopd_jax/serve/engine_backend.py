@@ -17,14 +17,13 @@ from actionopd_jax.serve.stream_text import ReplyStream, prompt_opens_reasoning
 
 
 async def open_stream(backend, req: ChatRequest, prompt_ids: np.ndarray, forced: str | None, max_new: int,
-                      temperature: float, top_p: float):
-    """Submit the request and wait until the engine has taken it (a request its shapes cannot
-    take is a 400 here, before the stream starts); returns the event iterator."""
-    from actionopd_jax.serve.model_backend import request_key
-
+                      temperature: float, top_p: float, key):
+    """Submit the request (`key`: its PRNG key) and wait until the engine has taken it (a
+    request its shapes cannot take is a 400 here, before the stream starts); returns the
+    event iterator."""
     runner = backend.runner
     ticket = runner.submit(prompt_ids, n=req.n, max_new_tokens=max_new, temperature=temperature, top_p=top_p,
-                           top_k=req.top_k, key=request_key(req.seed))
+                           top_k=req.top_k, key=key)
     try:
         first = await ticket.queue.get()
     except BaseException:  # the client left while the request waited

@@ -27,6 +27,7 @@ import numpy as np
 from actionopd_jax.chat import render_ids
 from actionopd_jax.sampling import Generation, Sampler
 from actionopd_jax.sampling.batching import Continue, MicroBatcher
+from actionopd_jax.serve.engine_backend import open_stream
 from actionopd_jax.serve.requests import ChatChoice, ChatRequest, RequestError
 from actionopd_jax.serve.reply_format import forced_call, forced_call_prefix, message_fields
 from actionopd_jax.serve.scoring import top_logprob_entries
@@ -154,10 +155,8 @@ class ModelBackend:
         """(prompt tokens, an async iterator of ("delta", choice, field, text) events and a last
         ("choices", [ChatChoice])); a request the engine cannot take raises here (an HTTP
         error, before any of the stream is sent). Engine only (`streams_live`)."""
-        from actionopd_jax.serve.engine_backend import open_stream
-
         prompt_ids, forced, max_new, temperature, top_p = await self._prepare(req)
-        events = await open_stream(self, req, prompt_ids, forced, max_new, temperature, top_p)
+        events = await open_stream(self, req, prompt_ids, forced, max_new, temperature, top_p, request_key(req.seed))
         return int(prompt_ids.size), events
 
     async def complete(self, req: ChatRequest) -> tuple[list[ChatChoice], int]:
