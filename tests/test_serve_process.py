@@ -26,7 +26,7 @@ def served():
     port = _free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "actionopd_jax.commands", "serve", "--tiny", "--seed", "1", "--port", str(port),
-         "--default-max-tokens", "4", "--segment-tokens", "4"],
+         "--default-max-tokens", "4", "--segment-tokens", "4", "--engine-max-len", "512"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env(devices=1))
     lines = []
     deadline = time.time() + 120
