@@ -243,7 +243,26 @@ def _drop_orbax_read_noise() -> None:
             previous_except(kind, value, tb)
 
     sys.unraisablehook, sys.excepthook = hook, excepthook
+    # a read *task* collected with its failure unretrieved is reported by asyncio's exception
+    # handler through the "asyncio" logger ("Task exception was never retrieved"), not by the
+    # unraisable hook; which of the two reports a read depends on timing
+    logging.getLogger("asyncio").addFilter(_OrbaxReadRecords())
     _NOISE_FILTER_ON = True
+
+
+class _OrbaxReadRecords(logging.Filter):
+    """Drops asyncio's log records of a failed Orbax read task (its traceback runs through Orbax)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info
+        if not exc or exc[2] is None:
+            return True
+        tb = exc[2]
+        while tb is not None:
+            if f"{os.sep}orbax{os.sep}" in tb.tb_frame.f_code.co_filename:
+                return False
+            tb = tb.tb_next
+        return True
 
 
 @contextlib.contextmanager
