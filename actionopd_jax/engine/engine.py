@@ -46,6 +46,19 @@ from actionopd_jax.sampling.token_choice import DEFAULT_CAP
 _PROGRAMS: dict[tuple, Any] = {}
 
 
+def engine_attention(setting: str, platform: str, backend: str) -> str:
+    """The engine's paged backend for `setting` on `platform` (dispatch.resolve_paged's
+    names and refusals); the CPU backend's gather path reads live pages only ("live")."""
+    from actionopd_jax.model.attention.dispatch import resolve_paged
+
+    impl = resolve_paged(setting, platform)
+    if impl == "ragged_tpu":
+        raise ValueError("engine attention='ragged_tpu' is not supported: the engine keeps split k/v pools and "
+                         "prefills chunks with explicit positions, which the ragged kernel does not take; use "
+                         "'paged_tpu' (the default on TPU) or 'gather'")
+    return "live" if impl == "gather" and backend == "cpu" else impl
+
+
 @jax.jit
 def _sample_key_data(prompt_key, samples):
     return jax.random.key_data(jax.vmap(lambda j: jax.random.fold_in(prompt_key, j))(samples))
@@ -73,8 +86,12 @@ class Engine:
         # the cache's dtype: the model's compute dtype (a model-less engine, loaded by
         # load_policy, is told it: `dtype`, default float32)
         self.dtype = jnp.dtype(model.runtime.dtype if model is not None else (dtype or "float32"))
-        self.total_pages = pool_pages(self.cfg, c, mesh=mesh, dtype=str(self.dtype), reserve_bytes=reserve_bytes)
-        self.pages = PagePool(self.total_pages, c.page_size)
+        self.reserve_bytes = int(reserve_bytes)
+        # sized now, or (no model yet, "auto") at the first load_policy: with the rollout copy
+        # resident and its mesh known, so the free memory measured is what the pool can take
+        self.total_pages, self.pages = None, None
+        if model is not None or c.pages != "auto":
+            self._size_pool()
         self.pool = None   # allocated at the first step (after the weights, so "auto" sizing saw them)
         self._policy: dict[str, tuple] | None = None
         self.stats = EngineStats()
@@ -95,12 +112,19 @@ class Engine:
         self._weights: tuple | None = None
         self._checked: tuple[weakref.ref, Any] | None = None
 
+    def _size_pool(self) -> None:
+        self.total_pages = pool_pages(self.cfg, self.config, mesh=self.mesh, dtype=str(self.dtype),
+                                      reserve_bytes=self.reserve_bytes)
+        self.pages = PagePool(self.total_pages, self.config.page_size)
+
     # --- submission ------------------------------------------------------------------------
     def submit(self, prompt, *, n: int = 1, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
                top_k: int = 0, key, on_done=None, session=None) -> Request:
         """Queue one state; `key` is its PRNG key (sample j uses fold_in(key, j)). on_done(request)
         runs in the stepping thread as soon as its N samples are done. session: any hashable id
         of the trajectory, to count chat-template misses of the prefix cache (EngineStats)."""
+        if self.pages is None:
+            raise RuntimeError("the engine has no weights yet: call load_policy(graphdef, params) before submitting")
         prompt = np.asarray(prompt)
         validate(prompt, n=n, max_new=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                  vocab=self.cfg.vocab_size, context=self.cfg.max_position_embeddings, max_len=self.config.max_len,
@@ -148,7 +172,7 @@ class Engine:
         if self.model is None:
             raise RuntimeError("the engine has no weights yet: call load_policy(graphdef, params) first")
         if self.pool is None:
-            self.pool = programs.empty_pool(self.cfg, self.total_pages, self.config.page_size, self.dtype)
+            self.pool = programs.empty_pool(self.cfg, self.total_pages, self.config.page_size, self.dtype, self.mesh)
         self._check_weights()
         finished = self._drop_cancelled()
         self._admit()
@@ -190,9 +214,13 @@ class Engine:
             raise ValueError(f"load_policy: the model computes in {model.runtime.dtype}, the engine's cache was "
                              f"built for {self.dtype}; build the engine with dtype={model.runtime.dtype!r}")
         self.model, self.mesh = model, mesh
+        if self.pages is None:
+            self._size_pool()
 
     def invalidate(self) -> None:
         """Drop the prefix cache (a weight update: the cached keys/values belong to the old weights)."""
+        if self.pages is None:
+            return
         self.pages.clear_index()
         self.sessions.clear()
 
@@ -252,8 +280,8 @@ class Engine:
             t0 = time.perf_counter()
             graphdef, params = nnx.split(self.model)
             args = (graphdef, params, self.pool, tokens, start, n_valid, table)
-            self.pool, hidden = self._run("chunk", programs.prefill_chunk, args, {"page_size": c.page_size},
-                                          donate=(2,))
+            self.pool, hidden = self._run("chunk", programs.prefill_chunk, args,
+                                          {"page_size": c.page_size, "attention": self.attention()}, donate=(2,))
             hidden = np.asarray(hidden)
             self.stats.prefill_s += time.perf_counter() - t0
             self.stats.chunk_calls += 1
@@ -309,7 +337,7 @@ class Engine:
         t0 = time.perf_counter()
         args = (graphdef, params, self._checked_head(), self.pool, slots, copy_src, copy_dst, self.eos_ids)
         static = {"steps": c.segment, "page_size": c.page_size, "cap": self.cap, "head": self.lm_head,
-                  "backend": self.backend}
+                  "backend": self.backend, "attention": self.attention()}
         self.pool, out = self._run("segment", programs.segment, args, static, donate=(3,))
         out = jax.device_get(out)
         self.stats.decode_s += time.perf_counter() - t0
@@ -392,6 +420,12 @@ class Engine:
         import contextlib
 
         return jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
+
+    def attention(self) -> str:
+        """The paged-attention backend the programs run (`EngineConfig.attention` resolved for
+        the mesh's platform); "live" is the gather path's CPU form (paged_live.py)."""
+        platform = self.mesh.devices.flat[0].platform if self.mesh is not None else jax.default_backend()
+        return engine_attention(self.config.attention, platform, self.backend)
 
     def _checked_head(self):
         if not decode_lib.uses_checked_head(self.model, self.lm_head, self.backend):

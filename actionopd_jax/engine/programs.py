@@ -35,7 +35,8 @@ from flax import nnx
 
 import actionopd_jax.sampling.cpu_backend as cpu_backend
 import actionopd_jax.sampling.decode as decode_lib
-from actionopd_jax.model.attention.paged_gather import paged_attention_gather
+from actionopd_jax.model.attention.paged import copy_pages, paged_attention, write_rows
+from actionopd_jax.model.attention.paged_live import paged_attention_live
 from actionopd_jax.model.layers import rope_tables
 from actionopd_jax.engine.pages import NULL_PAGE
 
@@ -48,10 +49,27 @@ class Pool:
     v: tuple
 
 
-def empty_pool(cfg, total_pages: int, page_size: int, dtype) -> Pool:
+def pool_sharding(mesh, kv_heads: int):
+    """Where the pool lives on `mesh`: KV heads over the "tensor" axis where it divides them
+    (the kernels' own split, paged_tpu.tensor_split), whole on every other device; None
+    without a mesh (the default device)."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from actionopd_jax.model.attention.paged_tpu import tensor_split
+
+    if mesh is None:
+        return None
+    return NamedSharding(mesh, P(tensor_split(mesh, kv_heads)))
+
+
+def empty_pool(cfg, total_pages: int, page_size: int, dtype, mesh=None) -> Pool:
+    """The zeroed pool, made where it lives (pool_sharding): each device allocates its own
+    shard, nothing is built on one device first."""
     shape = (cfg.num_key_value_heads, total_pages, page_size, cfg.head_dim)
+    sharding = pool_sharding(mesh, cfg.num_key_value_heads)
+    zeros = jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)
     layers = range(cfg.num_hidden_layers)
-    return Pool(k=tuple(jnp.zeros(shape, dtype) for _ in layers), v=tuple(jnp.zeros(shape, dtype) for _ in layers))
+    return Pool(k=tuple(zeros() for _ in layers), v=tuple(zeros() for _ in layers))
 
 
 @flax.struct.dataclass
@@ -88,14 +106,17 @@ def _layer_modules(model):
             for i in range(model.cfg.num_hidden_layers)]
 
 
-def _write(pages: jax.Array, page: jax.Array, offset: jax.Array, values: jax.Array) -> jax.Array:
-    """pages [KVH, P, page, Dh] with values [*idx, KVH, Dh] stored at (page, offset) [*idx]."""
-    moved = jnp.moveaxis(values, -2, 0).astype(pages.dtype)      # [KVH, *idx, Dh]
-    return pages.at[:, page, offset].set(moved)
+def _attend(q, k_pages, v_pages, lengths, table, *, attention: str, q_positions=None):
+    """The paged switch (model/attention/paged.py) with the engine's setting; "gather" on
+    the CPU backend reads only the pages live slots have filled (paged_live.py)."""
+    if attention == "live":
+        return paged_attention_live(q, k_pages, v_pages, lengths, table, q_positions=q_positions)
+    return paged_attention(q, k_pages, v_pages, lengths, table, q_positions=q_positions, impl=attention)
 
 
 def prefill_chunk(graphdef: nnx.GraphDef, params: Any, pool: Pool, tokens: jax.Array, start: jax.Array,
-                  n_valid: jax.Array, table: jax.Array, *, page_size: int) -> tuple[Pool, jax.Array]:
+                  n_valid: jax.Array, table: jax.Array, *, page_size: int, attention: str = "gather"
+                  ) -> tuple[Pool, jax.Array]:
     """tokens i32[lanes, chunk] at positions start[lanes] + [0, chunk), the first n_valid[lanes]
     of them real; table i32[lanes, pages_per_slot]. Returns the pool with their keys/values
     and the final-normed hidden [lanes, D] of each lane's last real token."""
@@ -113,8 +134,8 @@ def prefill_chunk(graphdef: nnx.GraphDef, params: Any, pool: Pool, tokens: jax.A
     for i, layer in enumerate(_layer_modules(model)):
         attn = layer.self_attn
         q, k, v = attn.project_qkv(layer.input_layernorm(h), cos, sin)     # [lanes, chunk, heads, Dh]
-        ks[i], vs[i] = _write(ks[i], page, offset, k), _write(vs[i], page, offset, v)
-        out = paged_attention_gather(q, ks[i], vs[i], lengths, table, q_positions=positions)
+        ks[i], vs[i] = write_rows(ks[i], page, offset, k), write_rows(vs[i], page, offset, v)
+        out = _attend(q, ks[i], vs[i], lengths, table, attention=attention, q_positions=positions)
         h = h + attn.output(out)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
     last = jnp.maximum(n_valid - 1, 0)
@@ -128,7 +149,7 @@ def _is_end(tokens, end_ids):
 
 def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots: Slots, copy_src: jax.Array,
             copy_dst: jax.Array, end_ids: jax.Array, *, steps: int, page_size: int, cap: int, head: str,
-            backend: str) -> tuple[Pool, SegmentOut]:
+            backend: str, attention: str = "gather") -> tuple[Pool, SegmentOut]:
     """One decode segment (module docstring). copy_src/copy_dst i32[M]: pages to copy first
     (copy-on-write of a shared prompt's last partial page; pad with NULL_PAGE -> NULL_PAGE)."""
     model = nnx.merge(graphdef, params)
@@ -139,8 +160,8 @@ def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots
     rows = decode_lib.RowSettings(keys=jax.random.wrap_key_data(slots.key_data), temperature=slots.temperature,
                                   top_k=slots.top_k, top_p=slots.top_p, max_new=slots.max_new)
     step_keys = lambda s: jax.vmap(jax.random.fold_in)(rows.keys, s.step)
-    ks = tuple(pk.at[:, copy_dst].set(pk[:, copy_src]) for pk in pool.k)
-    vs = tuple(pv.at[:, copy_dst].set(pv[:, copy_src]) for pv in pool.v)
+    ks = tuple(copy_pages(pk, copy_src, copy_dst) for pk in pool.k)
+    vs = tuple(copy_pages(pv, copy_src, copy_dst) for pv in pool.v)
     out_tok = jnp.zeros((n_slots, width), jnp.int32)
     out_lp = jnp.zeros((n_slots, width), jnp.float32)
     produced = jnp.zeros((n_slots,), jnp.int32)
@@ -175,8 +196,8 @@ def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots
             attn = layer.self_attn
             qkv_w, o_w, gate_up_w, down_w = fused[j]
             q, k, v = attn.project_qkv(layer.input_layernorm(h), cos, sin, qkv_w)   # [S, 1, heads, Dh]
-            ks[j], vs[j] = _write(ks[j], page, offset, k[:, 0]), _write(vs[j], page, offset, v[:, 0])
-            out = paged_attention_gather(q, ks[j], vs[j], pos + 1, s.table)
+            ks[j], vs[j] = write_rows(ks[j], page, offset, k[:, 0]), write_rows(vs[j], page, offset, v[:, 0])
+            out = _attend(q, ks[j], vs[j], pos + 1, s.table, attention=attention)
             h = h + attn.output(out, o_w)
             h = h + layer.mlp(layer.post_attention_layernorm(h), gate_up_w, down_w)
         hidden = jnp.where(s.fresh[:, None], s.fresh_hidden.astype(dt), model.norm(h)[:, 0])

@@ -25,6 +25,9 @@ class EngineConfig:
     prefill_lanes: int = 4
     segment: int = 16
     pages: int | str = "auto"
+    # paged attention backend (model/attention/dispatch.PAGED_IMPLEMENTATIONS; "auto": the
+    # platform's kernel, the gather path on CPU; "ragged_tpu" is refused by the engine)
+    attention: str = "auto"
     # chunk calls one scheduler step may run before the next segment (prefill is interleaved
     # with decode so running rows are not stalled by a long prompt)
     chunks_per_step: int = 4
@@ -35,6 +38,10 @@ class EngineConfig:
                 raise ValueError(f"engine {name} must be >= 1, got {getattr(self, name)}")
         if not (self.pages == "auto" or (isinstance(self.pages, int) and self.pages >= 2)):
             raise ValueError(f"engine pages must be 'auto' or an int >= 2 (page 0 is the null page), got {self.pages!r}")
+        from actionopd_jax.model.attention.dispatch import PAGED_IMPLEMENTATIONS
+
+        if self.attention not in PAGED_IMPLEMENTATIONS:
+            raise ValueError(f"engine attention={self.attention!r}; expected one of {PAGED_IMPLEMENTATIONS}")
 
     @property
     def pages_per_slot(self) -> int:

@@ -46,6 +46,22 @@ def write_rows(pages, page, offset, values):
     return pages.reshape(kvh * n * size, dh).at[at].set(vals).reshape(kvh, n, size, dh)
 
 
+def copy_pages(pages, src, dst):
+    """pages [KVH, P, page_size, Dh] with page dst[m] made a copy of page src[m] (i32[M];
+    pairs NULL -> NULL pad), in the same row view as `write_rows`, so the copy-on-write of a
+    shared prompt's last page moves M pages, not the pool (`pages.at[:, dst].set(pages[:, src])`
+    risks the layout change write_rows avoids)."""
+    import jax.numpy as jnp
+
+    kvh, n, size, dh = pages.shape
+    within = jnp.arange(size, dtype=src.dtype)
+    heads = jnp.arange(kvh, dtype=src.dtype)[:, None, None] * (n * size)
+    src_rows = (heads + (src * size)[None, :, None] + within).reshape(-1)
+    dst_rows = (heads + (dst * size)[None, :, None] + within).reshape(-1)
+    flat = pages.reshape(kvh * n * size, dh)
+    return flat.at[dst_rows].set(flat[src_rows]).reshape(kvh, n, size, dh)
+
+
 def paged_attention(q, k_pages, v_pages, lengths, page_table, *, q_positions=None, impl: str = "auto",
                     mesh=None):
     """Attention of q [slots, q_len, Hq, Dh] over each slot's pages (paged_gather.py for the
@@ -69,4 +85,4 @@ def paged_attention(q, k_pages, v_pages, lengths, page_table, *, q_positions=Non
     return paged_attention_gather(q, k_pages, v_pages, lengths, page_table, q_positions=q_positions)
 
 
-__all__ = ["paged_attention", "storage_layout", "write_rows"]
+__all__ = ["copy_pages", "paged_attention", "storage_layout", "write_rows"]
