@@ -110,6 +110,8 @@ class Engine:
                          temperature=np.ones(s, np.float32), top_k=np.zeros(s, np.int32),
                          top_p=np.ones(s, np.float32), max_new=np.zeros(s, np.int32))
         self._weights: tuple | None = None
+        self._split: tuple | None = None
+        self._local_programs: dict[str, tuple] = {}
         self._checked: tuple[weakref.ref, Any] | None = None
 
     def _size_pool(self) -> None:
@@ -173,7 +175,10 @@ class Engine:
             raise RuntimeError("the engine has no weights yet: call load_policy(graphdef, params) first")
         if self.pool is None:
             self.pool = programs.empty_pool(self.cfg, self.total_pages, self.config.page_size, self.dtype, self.mesh)
-        self._check_weights()
+        # one split per step (the programs' arguments and the weight check): nnx.split and the
+        # state walk cost milliseconds of host time each, per call
+        self._split = nnx.split(self.model)
+        self._check_weights(self._split[1])
         finished = self._drop_cancelled()
         self._admit()
         self._prefill()
@@ -182,8 +187,8 @@ class Engine:
         return finished
 
     # --- weights ----------------------------------------------------------------------------
-    def _check_weights(self) -> None:
-        leaves = tuple(id(x) for x in jax.tree.leaves(nnx.state(self.model, nnx.Param)))
+    def _check_weights(self, state) -> None:
+        leaves = tuple(id(x) for x in jax.tree.leaves(state))
         if self._weights is not None and leaves != self._weights:
             if self.prefilling or self.starting or self.running:
                 raise RuntimeError("the model's weights changed while requests were running in the engine; "
@@ -278,8 +283,7 @@ class Engine:
                 start[lane], n_valid[lane] = req.prefilled, take
                 table[lane, :len(req.prompt_pages)] = req.prompt_pages
             t0 = time.perf_counter()
-            graphdef, params = nnx.split(self.model)
-            args = (graphdef, params, self.pool, tokens, start, n_valid, table)
+            args = (*self._split, self.pool, tokens, start, n_valid, table)
             self.pool, hidden = self._run("chunk", programs.prefill_chunk, args,
                                           {"page_size": c.page_size, "attention": self.attention()}, donate=(2,))
             hidden = np.asarray(hidden)
@@ -333,9 +337,8 @@ class Engine:
         c, h = self.config, self.host
         fresh, fresh_hidden, copy_src, copy_dst = self._start_samples()
         slots = programs.Slots(fresh=fresh, fresh_hidden=fresh_hidden, **h)
-        graphdef, params = nnx.split(self.model)
         t0 = time.perf_counter()
-        args = (graphdef, params, self._checked_head(), self.pool, slots, copy_src, copy_dst, self.eos_ids)
+        args = (*self._split, self._checked_head(), self.pool, slots, copy_src, copy_dst, self.eos_ids)
         static = {"steps": c.segment, "page_size": c.page_size, "cap": self.cap, "head": self.lm_head,
                   "backend": self.backend, "attention": self.attention()}
         self.pool, out = self._run("segment", programs.segment, args, static, donate=(3,))
@@ -401,6 +404,11 @@ class Engine:
 
     # --- compiled programs --------------------------------------------------------------------
     def _run(self, kind, fn, args, static, donate=()):
+        # the other arguments' shapes are the engine's own: the program found for these weights
+        # is the one until they change (hashing the graphdef and pool costs host time per call)
+        mine = self._local_programs.get(kind)
+        if mine is not None and mine[0] == self._weights:
+            return mine[1](*args[1:])
         key = (kind, args[0], _signature(args[1:]), tuple(sorted(static.items())), self.backend)
         program = _PROGRAMS.get(key)
         if program is None:
@@ -414,6 +422,7 @@ class Engine:
             self.compile_stats.seconds += time.perf_counter() - t0
             self.compile_stats.shapes.append((kind, round(time.perf_counter() - t0, 2)))
             _PROGRAMS[key] = program
+        self._local_programs[kind] = (self._weights, program)
         return program(*args[1:])
 
     def _mesh(self):

@@ -143,6 +143,41 @@ def prefill_chunk(graphdef: nnx.GraphDef, params: Any, pool: Pool, tokens: jax.A
     return Pool(k=tuple(ks), v=tuple(vs)), hidden
 
 
+def _row_buckets(n_slots: int) -> tuple[int, ...]:
+    sizes, b = [], 4
+    while b < n_slots:
+        sizes.append(b)
+        b *= 2
+    return tuple(sizes) + (n_slots,)
+
+
+def _running_rows_only(choose, n_slots: int):
+    """The CPU backend's LM head over the running slots only: they are moved to the front and
+    the head runs on the smallest of a few fixed row counts that holds them (one branch per
+    count, `lax.switch`), so idle and finished slots do not pay for the head, the largest
+    cost of a small model's step. Each row's token depends on its own hidden state, key and
+    settings only, so which rows share the call does not change it."""
+    sizes = _row_buckets(n_slots)
+    if len(sizes) == 1:
+        return choose
+
+    def run(hidden, keys, rows, running):
+        order = jnp.argsort(~running, stable=True).astype(jnp.int32)       # running slots first
+        n = running.sum()
+
+        def branch(size):
+            def f(_):
+                o = order[:size]
+                tok, logp, fell = choose(hidden[o], keys[o], jax.tree.map(lambda x: x[o], rows), running[o])
+                return (jnp.zeros((n_slots,), tok.dtype).at[o].set(tok),
+                        jnp.zeros((n_slots,), logp.dtype).at[o].set(logp), fell)
+            return f
+
+        index = jnp.searchsorted(jnp.asarray(sizes, jnp.int32), n.astype(jnp.int32))
+        return jax.lax.switch(jnp.minimum(index, len(sizes) - 1), [branch(b) for b in sizes], None)
+    return run
+
+
 def _is_end(tokens, end_ids):
     return (tokens[:, None] == end_ids[None, :]).any(-1)
 
@@ -177,6 +212,8 @@ def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots
         return s, out_tok, out_lp, produced + running.astype(jnp.int32)
 
     choose = decode_lib.token_chooser(model, head, cap=cap, backend=backend, checked=checked)
+    if backend == "cpu":
+        choose = _running_rows_only(choose, n_slots)
     layers = _layer_modules(model)
     fused = [cpu_backend.step_weights(layer) if backend == "cpu" else (None,) * 4 for layer in layers]
 
