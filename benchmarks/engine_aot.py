@@ -119,8 +119,8 @@ def compile_segment(cfg, mesh, *, slots, pages, page, pps, steps, layer_unroll=1
 
 
 def compile_engine_segment(cfg, mesh, *, slots, pages, page, pps, steps, attention="paged_tpu"):
-    """The engine's own segment program (actionopd_jax/engine/programs.py: layers unrolled,
-    per-layer pools [KVH, pages, page, Dh], page writes and copy-on-write copies as row
+    """The engine's own segment program (actionopd_jax/engine/programs.py: one pool array per k
+    and v for all layers, a layer scan, page writes and copy-on-write copies as row
     scatters), compiled as the engine compiles it, with its attention setting (the paged
     switch, EngineConfig.attention). Its while_loop body is one decode step, so the cost
     model's figures are one step's."""
@@ -130,9 +130,9 @@ def compile_engine_segment(cfg, mesh, *, slots, pages, page, pps, steps, attenti
 
     graphdef, params = aot.abstract_model(cfg, mesh, RuntimeOptions(dtype="bfloat16"))
     sds = lambda shape, dt, spec=P(): jax.ShapeDtypeStruct(shape, dt, sharding=NamedSharding(mesh, spec))
-    layer_pool = sds((cfg.num_key_value_heads, pages, page, cfg.head_dim), jnp.bfloat16,
-                     programs.pool_sharding(mesh, cfg.num_key_value_heads).spec)
-    pool = programs.Pool(k=(layer_pool,) * cfg.num_hidden_layers, v=(layer_pool,) * cfg.num_hidden_layers)
+    pool_kv = sds((cfg.num_key_value_heads, cfg.num_hidden_layers * pages, page, cfg.head_dim), jnp.bfloat16,
+                  programs.pool_sharding(mesh, cfg.num_key_value_heads).spec)
+    pool = programs.Pool(k=pool_kv, v=pool_kv)
     i32, f32, b = (lambda: sds((slots,), jnp.int32)), (lambda: sds((slots,), jnp.float32)), \
         (lambda: sds((slots,), jnp.bool_))
     state = programs.Slots(table=sds((slots, pps), jnp.int32), lengths=i32(), last=i32(), step=i32(), done=b(),

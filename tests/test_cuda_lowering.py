@@ -166,8 +166,12 @@ def test_engine_programs_lower_for_cuda():
     model = nnx.eval_shape(lambda: Qwen3(cfg, runtime=RuntimeOptions(dtype="bfloat16"), rngs=nnx.Rngs(0)))
     graphdef, params = nnx.split(model)
     slots_n, per_slot, page, pages = 4, 4, 16, 24
-    kv = SDS((cfg.num_key_value_heads, pages, page, cfg.head_dim), jnp.bfloat16)
-    pool = programs.Pool(k=(kv,) * cfg.num_hidden_layers, v=(kv,) * cfg.num_hidden_layers)
+    kv = SDS((cfg.num_key_value_heads, cfg.num_hidden_layers * pages, page, cfg.head_dim), jnp.bfloat16)
+    pool = programs.Pool(k=kv, v=kv)
+    from actionopd_jax.engine.engine import engine_attention
+
+    attention = engine_attention("auto", "gpu", "accelerator")       # the engine's choice on GPU
+    assert attention == "paged_gpu"
     i32 = lambda *s: SDS(s, jnp.int32)  # noqa: E731
     slots = programs.Slots(table=i32(slots_n, per_slot), lengths=i32(slots_n), last=i32(slots_n), step=i32(slots_n),
                            done=SDS((slots_n,), jnp.bool_), stopped=SDS((slots_n,), jnp.bool_),
@@ -175,8 +179,10 @@ def test_engine_programs_lower_for_cuda():
                            top_k=i32(slots_n), top_p=SDS((slots_n,), jnp.float32), max_new=i32(slots_n),
                            fresh=SDS((slots_n,), jnp.bool_), fresh_hidden=SDS((slots_n, cfg.hidden_size), jnp.bfloat16))
     segment = jax.jit(functools.partial(programs.segment, steps=4, page_size=page, cap=DEFAULT_CAP, head="float32",
-                                        backend="accelerator"), static_argnums=(0,), donate_argnums=(3,))
-    chunk = jax.jit(functools.partial(programs.prefill_chunk, page_size=page), static_argnums=(0,), donate_argnums=(2,))
+                                        backend="accelerator", attention=attention), static_argnums=(0,),
+                      donate_argnums=(3,))
+    chunk = jax.jit(functools.partial(programs.prefill_chunk, page_size=page, attention=attention), static_argnums=(0,),
+                    donate_argnums=(2,))
     for mesh in (None, make_mesh({"tensor": 2}, devices=jax.devices()[:2])):
         r = lower_for(segment, (graphdef, params, None, pool, slots, i32(2), i32(2), i32(2)), label="segment", mesh=mesh)
         assert r.ok, r.error

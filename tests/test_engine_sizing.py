@@ -50,8 +50,8 @@ def test_the_pool_is_made_split_over_the_tensor_axis():
     mesh = Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("data", "tensor"))
     assert pool_shards(mesh, 2) == 2 and pool_shards(mesh, 3) == 1
     pool = programs.empty_pool(cfg, 9, 4, "float32", mesh)
-    k = pool.k[0]
-    assert k.shape == (2, 9, 4, cfg.head_dim) and len(pool.k) == cfg.num_hidden_layers
+    k = pool.k                                                      # every layer's pages in one array
+    assert k.shape == (2, cfg.num_hidden_layers * 9, 4, cfg.head_dim)
     assert k.sharding.spec[0] == "tensor"
     assert {s.data.shape[0] for s in k.addressable_shards} == {1}   # one KV head per device
     assert float(abs(k).max()) == 0.0

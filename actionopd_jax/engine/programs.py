@@ -20,8 +20,12 @@ Sampling is the static sampler's: the LM-head chooser of `decode.token_chooser` 
 "checked" head on CPU; with lm_head="float32", `choose_tokens` over the model's head, as the
 static sampler's first token, for every token) and the same keys, so a
 sample does not depend on which slot or segment it ran in (tests/test_engine_exact.py).
-Layers are unrolled in Python (per-layer page arrays, no slicing of a stacked pool); on the CPU
-backend decode uses the fused output-major step weights as the static CPU backend does.
+One pool array per k and v holds every layer's pages (Pool); page writes and copy-on-write
+copies are row scatters of it (paged.write_rows / copy_pages), attention goes through the paged
+switch (`attention`: paged.paged_attention's names, or "live", the CPU gather path over live
+pages only, paged_live.py). On accelerators a decode step scans the stacked layer weights with
+the pool in the carry; on the CPU backend layers are unrolled over the fused output-major step
+weights as the static CPU backend does, and the LM head runs on the running slots only.
 """
 
 from __future__ import annotations
@@ -38,15 +42,19 @@ import actionopd_jax.sampling.decode as decode_lib
 from actionopd_jax.model.attention.paged import copy_pages, paged_attention, write_rows
 from actionopd_jax.model.attention.paged_live import paged_attention_live
 from actionopd_jax.model.layers import rope_tables
+from actionopd_jax.model.sharding import constrain
 from actionopd_jax.engine.pages import NULL_PAGE
 
 
 @flax.struct.dataclass
 class Pool:
-    """The paged KV cache: per layer k and v [KVH, total_pages, page_size, Dh]."""
+    """The paged KV cache: k and v [KVH, L * total_pages, page_size, Dh], one array each for
+    all layers; layer l's page p is pool page l * total_pages + p (`layer_tables`), so each
+    layer reads and writes the whole pool through offset page tables, never a slice of it (a
+    slice or a per-layer array in the loop carry is what made the compiler copy)."""
 
-    k: tuple
-    v: tuple
+    k: jax.Array
+    v: jax.Array
 
 
 def pool_sharding(mesh, kv_heads: int):
@@ -65,11 +73,15 @@ def pool_sharding(mesh, kv_heads: int):
 def empty_pool(cfg, total_pages: int, page_size: int, dtype, mesh=None) -> Pool:
     """The zeroed pool, made where it lives (pool_sharding): each device allocates its own
     shard, nothing is built on one device first."""
-    shape = (cfg.num_key_value_heads, total_pages, page_size, cfg.head_dim)
+    shape = (cfg.num_key_value_heads, cfg.num_hidden_layers * total_pages, page_size, cfg.head_dim)
     sharding = pool_sharding(mesh, cfg.num_key_value_heads)
     zeros = jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)
-    layers = range(cfg.num_hidden_layers)
-    return Pool(k=tuple(zeros() for _ in layers), v=tuple(zeros() for _ in layers))
+    return Pool(k=zeros(), v=zeros())
+
+
+def layer_pages(pool_pages: jax.Array, cfg) -> int:
+    """Pages per layer of a pool array [KVH, L * pages, page, Dh]."""
+    return pool_pages.shape[1] // cfg.num_hidden_layers
 
 
 @flax.struct.dataclass
@@ -130,17 +142,19 @@ def prefill_chunk(graphdef: nnx.GraphDef, params: Any, pool: Pool, tokens: jax.A
     lengths = start + n_valid
     h = jnp.take(model.embed_tokens[...], tokens, axis=0).astype(dt)
     cos, sin = rope_tables(positions, cfg)
-    ks, vs = list(pool.k), list(pool.v)
+    pk, pv = pool.k, pool.v
+    per_layer = layer_pages(pk, cfg)
     for i, layer in enumerate(_layer_modules(model)):
         attn = layer.self_attn
         q, k, v = attn.project_qkv(layer.input_layernorm(h), cos, sin)     # [lanes, chunk, heads, Dh]
-        ks[i], vs[i] = write_rows(ks[i], page, offset, k), write_rows(vs[i], page, offset, v)
-        out = _attend(q, ks[i], vs[i], lengths, table, attention=attention, q_positions=positions)
+        at = page + i * per_layer
+        pk, pv = write_rows(pk, at, offset, k), write_rows(pv, at, offset, v)
+        out = _attend(q, pk, pv, lengths, table + i * per_layer, attention=attention, q_positions=positions)
         h = h + attn.output(out)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
     last = jnp.maximum(n_valid - 1, 0)
     hidden = jnp.take_along_axis(model.norm(h), last[:, None, None], axis=1)[:, 0]
-    return Pool(k=tuple(ks), v=tuple(vs)), hidden
+    return Pool(k=pk, v=pv), hidden
 
 
 def _row_buckets(n_slots: int) -> tuple[int, ...]:
@@ -195,8 +209,10 @@ def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots
     rows = decode_lib.RowSettings(keys=jax.random.wrap_key_data(slots.key_data), temperature=slots.temperature,
                                   top_k=slots.top_k, top_p=slots.top_p, max_new=slots.max_new)
     step_keys = lambda s: jax.vmap(jax.random.fold_in)(rows.keys, s.step)
-    ks = tuple(copy_pages(pk, copy_src, copy_dst) for pk in pool.k)
-    vs = tuple(copy_pages(pv, copy_src, copy_dst) for pv in pool.v)
+    per_layer = layer_pages(pool.k, cfg)
+    shift = (jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32) * per_layer)[:, None]
+    src, dst = (copy_src[None] + shift).reshape(-1), (copy_dst[None] + shift).reshape(-1)
+    pk, pv = copy_pages(pool.k, src, dst), copy_pages(pool.v, src, dst)
     out_tok = jnp.zeros((n_slots, width), jnp.int32)
     out_lp = jnp.zeros((n_slots, width), jnp.float32)
     produced = jnp.zeros((n_slots,), jnp.int32)
@@ -214,11 +230,46 @@ def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots
     choose = decode_lib.token_chooser(model, head, cap=cap, backend=backend, checked=checked)
     if backend == "cpu":
         choose = _running_rows_only(choose, n_slots)
-    layers = _layer_modules(model)
-    fused = [cpu_backend.step_weights(layer) if backend == "cpu" else (None,) * 4 for layer in layers]
+        layers = _layer_modules(model)
+        fused = [cpu_backend.step_weights(layer) for layer in layers]
+    else:
+        layer_def, layer_state = nnx.split(model.layers)
+
+    def decoder(h, pk, pv, s, page, offset, cos, sin):
+        """The layers of one step: the CPU backend unrolls them over sliced, fused weights
+        (cpu_backend.py); accelerators scan the stacked weights, the pool in the carry."""
+        pos = s.lengths
+        if backend == "cpu":
+            for j, layer in enumerate(layers):
+                attn = layer.self_attn
+                qkv_w, o_w, gate_up_w, down_w = fused[j]
+                q, k, v = attn.project_qkv(layer.input_layernorm(h), cos, sin, qkv_w)   # [S, 1, heads, Dh]
+                at = page + j * per_layer
+                pk, pv = write_rows(pk, at, offset, k[:, 0]), write_rows(pv, at, offset, v[:, 0])
+                out = _attend(q, pk, pv, pos + 1, s.table + j * per_layer, attention=attention)
+                h = h + attn.output(out, o_w)
+                h = h + layer.mlp(layer.post_attention_layernorm(h), gate_up_w, down_w)
+            return h, pk, pv
+
+        def layer_body(carry, xs):
+            h, pk, pv = carry
+            one_layer, j = xs
+            layer = nnx.merge(layer_def, one_layer)
+            attn = layer.self_attn
+            q, k, v = attn.project_qkv(layer.input_layernorm(h), cos, sin)
+            at = page + j * per_layer
+            pk, pv = write_rows(pk, at, offset, k[:, 0]), write_rows(pv, at, offset, v[:, 0])
+            out = _attend(q, pk, pv, pos + 1, s.table + j * per_layer, attention=attention)
+            h = h + attn.output(out)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            return (constrain(h, ("batch", "length", "act_embed")), pk, pv), None
+
+        (h, pk, pv), _ = jax.lax.scan(layer_body, (h, pk, pv),
+                                      (layer_state, jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32)))
+        return h, pk, pv
 
     def one_step(carry):
-        i, ks, vs, s, out_tok, out_lp, produced, fallbacks = carry
+        i, pk, pv, s, out_tok, out_lp, produced, fallbacks = carry
         # fresh slots take their first token from the prompt's hidden state in this step (one
         # chooser in the program, not two); their forward row is junk and writes nothing
         feeding = ~s.done & ~s.fresh
@@ -228,27 +279,19 @@ def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots
         offset = jnp.where(feeding, pos % page_size, 0)
         h = jnp.take(model.embed_tokens[...], s.last[:, None], axis=0).astype(dt)   # [S, 1, D]
         cos, sin = rope_tables(pos[:, None], cfg)
-        ks, vs = list(ks), list(vs)
-        for j, layer in enumerate(layers):
-            attn = layer.self_attn
-            qkv_w, o_w, gate_up_w, down_w = fused[j]
-            q, k, v = attn.project_qkv(layer.input_layernorm(h), cos, sin, qkv_w)   # [S, 1, heads, Dh]
-            ks[j], vs[j] = write_rows(ks[j], page, offset, k[:, 0]), write_rows(vs[j], page, offset, v[:, 0])
-            out = _attend(q, ks[j], vs[j], pos + 1, s.table, attention=attention)
-            h = h + attn.output(out, o_w)
-            h = h + layer.mlp(layer.post_attention_layernorm(h), gate_up_w, down_w)
+        h, pk, pv = decoder(h, pk, pv, s, page, offset, cos, sin)
         hidden = jnp.where(s.fresh[:, None], s.fresh_hidden.astype(dt), model.norm(h)[:, 0])
         running = ~s.done
         tok, logp, fell_back = choose(hidden, step_keys(s), rows, running)
         s = s.replace(lengths=jnp.where(feeding, pos + 1, pos), fresh=jnp.zeros_like(s.fresh))
         s, out_tok, out_lp, produced = record(s, out_tok, out_lp, produced, tok, logp, running)
-        return i + 1, tuple(ks), tuple(vs), s, out_tok, out_lp, produced, fallbacks + fell_back.astype(jnp.int32)
+        return i + 1, pk, pv, s, out_tok, out_lp, produced, fallbacks + fell_back.astype(jnp.int32)
 
     s = slots.replace(done=slots.done & ~slots.fresh)
-    carry = (jnp.zeros((), jnp.int32), ks, vs, s, out_tok, out_lp, produced, jnp.zeros((), jnp.int32))
-    _, ks, vs, s, out_tok, out_lp, produced, fallbacks = jax.lax.while_loop(
+    carry = (jnp.zeros((), jnp.int32), pk, pv, s, out_tok, out_lp, produced, jnp.zeros((), jnp.int32))
+    _, pk, pv, s, out_tok, out_lp, produced, fallbacks = jax.lax.while_loop(
         lambda c: (c[0] < steps) & ~jnp.all(c[3].done), one_step, carry)
-    return Pool(k=ks, v=vs), SegmentOut(tokens=out_tok, logprobs=out_lp, produced=produced, slots=s,
+    return Pool(k=pk, v=pv), SegmentOut(tokens=out_tok, logprobs=out_lp, produced=produced, slots=s,
                                         head_fallbacks=fallbacks)
 
 
