@@ -192,6 +192,30 @@ def _running_rows_only(choose, n_slots: int):
     return run
 
 
+COPY_BLOCK = 8   # page copies per loop trip of the copy-on-write pass
+
+
+def _copy_on_write(pk, pv, copy_src, copy_dst, n_layers: int, per_layer: int):
+    """Copy page copy_src[m] to copy_dst[m] in every layer, for the real pairs only: the host
+    puts them first (NULL -> NULL pads the rest), and a loop runs ceil(real / COPY_BLOCK) trips,
+    so a segment with no sample starting copies nothing (a fixed pass over all `slots` pairs cost
+    the compiler's estimate 13.5 ms per segment at the recipe's sizes)."""
+    m = copy_src.shape[0]
+    block = min(COPY_BLOCK, m)
+    padded = -(-m // block) * block
+    src = jnp.pad(copy_src, (0, padded - m), constant_values=NULL_PAGE)
+    dst = jnp.pad(copy_dst, (0, padded - m), constant_values=NULL_PAGE)
+    shift = (jnp.arange(n_layers, dtype=jnp.int32) * per_layer)[:, None]
+    real = jnp.sum(dst != NULL_PAGE)
+
+    def trip(b, pools):
+        s = (jax.lax.dynamic_slice_in_dim(src, b * block, block)[None] + shift).reshape(-1)
+        d = (jax.lax.dynamic_slice_in_dim(dst, b * block, block)[None] + shift).reshape(-1)
+        return copy_pages(pools[0], s, d), copy_pages(pools[1], s, d)
+
+    return jax.lax.fori_loop(0, (real + block - 1) // block, trip, (pk, pv))
+
+
 def _is_end(tokens, end_ids):
     return (tokens[:, None] == end_ids[None, :]).any(-1)
 
@@ -210,9 +234,7 @@ def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots
                                   top_k=slots.top_k, top_p=slots.top_p, max_new=slots.max_new)
     step_keys = lambda s: jax.vmap(jax.random.fold_in)(rows.keys, s.step)
     per_layer = layer_pages(pool.k, cfg)
-    shift = (jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32) * per_layer)[:, None]
-    src, dst = (copy_src[None] + shift).reshape(-1), (copy_dst[None] + shift).reshape(-1)
-    pk, pv = copy_pages(pool.k, src, dst), copy_pages(pool.v, src, dst)
+    pk, pv = _copy_on_write(pool.k, pool.v, copy_src, copy_dst, cfg.num_hidden_layers, per_layer)
     out_tok = jnp.zeros((n_slots, width), jnp.int32)
     out_lp = jnp.zeros((n_slots, width), jnp.float32)
     produced = jnp.zeros((n_slots,), jnp.int32)
