@@ -125,7 +125,7 @@ def compile_engine_segment(cfg, mesh, *, slots, pages, page, pps, steps, attenti
     switch, EngineConfig.attention). Its while_loop body is one decode step, so the cost
     model's figures are one step's."""
     import actionopd_jax.engine.programs as programs
-    from actionopd_jax.engine.engine import engine_attention
+    from actionopd_jax.engine.sizing import engine_attention
     from actionopd_jax.sampling.token_choice import DEFAULT_CAP
 
     graphdef, params = aot.abstract_model(cfg, mesh, RuntimeOptions(dtype="bfloat16"))

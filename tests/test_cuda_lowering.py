@@ -168,7 +168,7 @@ def test_engine_programs_lower_for_cuda():
     slots_n, per_slot, page, pages = 4, 4, 16, 24
     kv = SDS((cfg.num_key_value_heads, cfg.num_hidden_layers * pages, page, cfg.head_dim), jnp.bfloat16)
     pool = programs.Pool(k=kv, v=kv)
-    from actionopd_jax.engine.engine import engine_attention
+    from actionopd_jax.engine.sizing import engine_attention
 
     attention = engine_attention("auto", "gpu", "accelerator")       # the engine's choice on GPU
     assert attention == "paged_gpu"

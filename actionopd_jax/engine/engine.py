@@ -35,7 +35,7 @@ from actionopd_jax.engine.pages import NULL_PAGE, PagePool, page_keys
 from actionopd_jax.engine.requests import EngineStats, Request, pages_needed, validate
 from actionopd_jax.engine.sessions import Sessions
 from actionopd_jax.engine.static_api import sample_all
-from actionopd_jax.engine.sizing import EngineConfig, pool_pages
+from actionopd_jax.engine.sizing import EngineConfig, engine_attention, pool_pages
 from actionopd_jax.sampling.checked_head import checked_head
 from actionopd_jax.sampling.sampler import CompileStats, SampleResult, _as_typed_key, _signature
 from actionopd_jax.sampling.token_choice import DEFAULT_CAP
@@ -44,19 +44,6 @@ from actionopd_jax.sampling.token_choice import DEFAULT_CAP
 # compiled programs by (kind, graphdef, argument shapes, static settings, backend): engines of
 # the same shapes in one process (a new engine per collection run, tests) compile once
 _PROGRAMS: dict[tuple, Any] = {}
-
-
-def engine_attention(setting: str, platform: str, backend: str) -> str:
-    """The engine's paged backend for `setting` on `platform` (dispatch.resolve_paged's
-    names and refusals); the CPU backend's gather path reads live pages only ("live")."""
-    from actionopd_jax.model.attention.dispatch import resolve_paged
-
-    impl = resolve_paged(setting, platform)
-    if impl == "ragged_tpu":
-        raise ValueError("engine attention='ragged_tpu' is not supported: the engine keeps split k/v pools and "
-                         "prefills chunks with explicit positions, which the ragged kernel does not take; use "
-                         "'paged_tpu' (the default on TPU) or 'gather'")
-    return "live" if impl == "gather" and backend == "cpu" else impl
 
 
 @jax.jit

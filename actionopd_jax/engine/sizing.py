@@ -48,6 +48,19 @@ class EngineConfig:
         return math.ceil(self.max_len / self.page_size)
 
 
+def engine_attention(setting: str, platform: str, backend: str) -> str:
+    """The engine's paged backend for `setting` on `platform` (dispatch.resolve_paged's
+    names and refusals); the CPU backend's gather path reads live pages only ("live")."""
+    from actionopd_jax.model.attention.dispatch import resolve_paged
+
+    impl = resolve_paged(setting, platform)
+    if impl == "ragged_tpu":
+        raise ValueError("engine attention='ragged_tpu' is not supported: the engine keeps split k/v pools and "
+                         "prefills chunks with explicit positions, which the ragged kernel does not take; use "
+                         "'paged_tpu' (the default on TPU) or 'gather'")
+    return "live" if impl == "gather" and backend == "cpu" else impl
+
+
 def pages_for(cfg, engine: EngineConfig, free_bytes_per_chip: float, *, shards: int = 1, dtype: str = "float32",
               reserve_bytes: float = 0) -> int:
     """Pages (null page included) in what each chip can still allocate, less `reserve_bytes`
@@ -88,4 +101,4 @@ def pool_pages(cfg, engine: EngineConfig, *, mesh=None, dtype: str = "float32", 
                      dtype=dtype, reserve_bytes=reserve_bytes)
 
 
-__all__ = ["EngineConfig", "pages_for", "pool_pages", "pool_shards"]
+__all__ = ["EngineConfig", "engine_attention", "pages_for", "pool_pages", "pool_shards"]
