@@ -1,13 +1,16 @@
 """The first command to run on new hardware: one NVIDIA GPU host or one TPU VM, nothing
 installed but Python and this repository.
 
-    python benchmarks/device_check.py --out DIR [--no-install] [--budget-s 480]
+    python benchmarks/device_check.py --out DIR [--no-install] [--budget-s 480] [--only NAME,...]
     python benchmarks/device_check.py --out DIR --dry-run      # on any CPU host: the same steps, tiny shapes
 
 1. Finds the accelerator (`nvidia-smi` -> gpu, /dev/accel* or /dev/vfio -> tpu) and installs
-   the matching extra (`pip install -e '.[cuda]'` or `'.[tpu]'`) unless jax already sees it;
-   the work then runs in a fresh interpreter (`--stage work`) that imports what was installed.
-2. On the device (jax.local_devices()):
+   the matching extra (`pip install -e '.[cuda]'` or `'.[tpu]'`) unless jax already sees it.
+2. Runs the measurements in a child interpreter (it imports what was installed; this process
+   never starts jax, so it never holds the device). Each measurement has a time limit
+   (STAGES; --stage-timeout-s overrides), and none may run past --budget-s from the start: a
+   measurement over its limit is killed with its process, recorded as timed out, and the rest
+   go on in a fresh child. On the device (jax.local_devices()):
    - attention parity: the platform's fused kernel (cudnn on GPU, splash on TPU) against
      "xla", forward and the gradients of q, k, v, bf16, right-padded rows;
    - sampler parity: greedy tokens of the tiny model on the device equal the CPU backend's
@@ -17,19 +20,14 @@ installed but Python and this repository.
      FSDP over the local devices), fused kernel vs xla: compile s, step s, tokens/s, MFU
      (model FLOPs / (step s x peak x devices)), peak device memory (memory_stats
      peak_bytes_in_use: the process's peak so far) vs `train --check`'s analytic plan;
-   - sampler decode tokens/s of Qwen3-0.6B on one device against the HBM bound (every
-     weight read once per step plus the KV cache attended over).
-3. Writes DIR/device_check.json and DIR/device_check.md; exit 0 when every check passed.
+   - decode tokens/s of Qwen3-0.6B on one device, the static sampler and the paged engine on
+     the same workload, against the HBM bound (every weight read once per step plus the KV
+     cache attended over).
+3. Writes DIR/device_check.json and DIR/device_check.md (format: docs/formats.md, "Device
+   check report"); exit 0 when every check passed.
 
-Output format (device_check.json): {"schema": 1, "mode": "device" | "dry-run", "platform",
-"devices": [{"kind", "platform"}], "jax": version, "install": {"extra", "command", "seconds",
-"skipped"}, "parity": [{"check", "ok", ...}], "train_step": [{"model", "attention", "devices",
-"rows", "seq_len", "resp_len", "compile_s", "step_s", "tokens_per_s", "mfu", "peak_bytes",
-"plan_bytes", "ok"}], "decode": [{"model", "rows", "prompt_len", "max_new", "decode_steps",
-"decode_s", "tokens_per_s", "hbm_bound_tokens_per_s", "fraction_of_bound", "ok"}], "skipped":
-[what the time budget left out], "stage_s": {measurement: wall seconds}, "elapsed_s", "ok"}. device_check.md holds the same as three
-tables. --dry-run runs every step on this host's CPU at tiny shapes (no install: it says what
-it would install), so CI proves the script end to end.
+--dry-run runs every step on this host's CPU at tiny shapes (no install: it says what it
+would install), so CI proves the script end to end.
 """
 
 from __future__ import annotations
@@ -84,8 +82,26 @@ def install(platform: str, dry_run: bool, skip: bool) -> dict:
     return info
 
 
-def work(mode: str, platform: str, deadline: float) -> dict:
-    """Every measurement, each skipped (and listed) when the time budget is spent."""
+FAST = {"gpu": "cudnn", "tpu": "splash"}  # the fused kernel timed against xla (as device_check_work.fast_kernel)
+# time limit of each measurement (s), first compile included; the longest is the 4B train step
+LIMIT_S = {"attention parity": 90.0, "sampler parity": 120.0, "train": 150.0, "decode": 120.0}
+STARTUP_LIMIT_S = 180.0  # the child's jax import and device start, before its first measurement
+EVENTS = "device_check_events.jsonl"
+
+
+def stages(mode: str, platform: str) -> list[tuple[str, str, float]]:
+    """(name, report section, time limit s) of every measurement, in the order they run."""
+    fast = FAST.get(platform, "cpu") if mode == "device" else "cpu"
+    plan = [("attention parity", "parity", LIMIT_S["attention parity"]),
+            ("sampler parity", "parity", LIMIT_S["sampler parity"])]
+    for preset, *_ in TRAIN[mode]:
+        plan += [(f"train {preset} {a}", "train_step", LIMIT_S["train"]) for a in dict.fromkeys((fast, "xla"))]
+    return plan + [("decode", "decode", LIMIT_S["decode"]), ("engine decode", "decode", LIMIT_S["decode"])]
+
+
+def child(mode: str, names: list[str], out_dir: Path) -> int:
+    """`--stage work`: run the named measurements in this interpreter, one event line each
+    (start, done) appended to DIR/device_check_events.jsonl for the parent to follow."""
     if mode == "dry-run":
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
     import jax
@@ -94,37 +110,106 @@ def work(mode: str, platform: str, deadline: float) -> dict:
     sys.path.insert(0, str(ROOT / "benchmarks"))
     import device_check_work as w
 
+    log = open(out_dir / EVENTS, "a")
+
+    def emit(**event):
+        log.write(json.dumps(event) + "\n")
+        log.flush()
+
     # a dry run on one CPU device whatever the host has (the smallest programs to compile)
     devices = jax.local_devices() if mode == "device" else jax.local_devices()[:1]
     platform = devices[0].platform if mode == "device" else "cpu"
-    fast = w.fast_kernel(platform)
-    out = {"platform": platform, "jax": jax.__version__, "devices": [{"kind": d.device_kind, "platform": d.platform}
-                                                                    for d in devices],
-           "parity": [], "train_step": [], "decode": [], "skipped": [], "stage_s": {}}
+    emit(event="devices", platform=platform, jax=jax.__version__,
+         devices=[{"kind": d.device_kind, "platform": d.platform} for d in devices])
+    calls = {"attention parity": lambda: w.attention_parity(platform, **PARITY[mode]),
+             "sampler parity": lambda: w.sampler_parity(devices[0], bf16=mode == "device"),
+             "decode": lambda: w.decode_timing(**DECODE[mode]),
+             "engine decode": lambda: w.decode_timing(**DECODE[mode], sampler="engine")}
+    shapes = {preset: (rows, seq, resp) for preset, rows, seq, resp in TRAIN[mode]}
 
-    def timed(name, fn, into):
-        if time.time() > deadline:
-            out["skipped"].append(name)
-            return
+    def call(name):
+        if name.startswith("train "):  # "train PRESET ATTENTION" (stages())
+            _, preset, attention = name.split(" ")
+            rows, seq, resp = shapes[preset]
+            return w.train_step_timing(preset, attention, rows=rows * len(devices), seq=seq, resp=resp,
+                                       reps=2 if mode == "device" else 1, devices=devices)
+        return calls[name]()
+
+    for name in names:
+        emit(event="start", name=name)
         t0 = time.time()
         try:
-            res = fn()
+            res = call(name)
         except Exception as e:  # noqa: BLE001 - a failed measurement is a result
             res = {"check": name, "ok": False, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
-        res = res if isinstance(res, list) else [res]
-        out[into] += res
-        out["stage_s"][name] = round(time.time() - t0, 1)
-        print(f"[device_check] {name}: {'ok' if all(r.get('ok') for r in res) else 'FAILED'} "
-              f"({out['stage_s'][name]} s)", flush=True)
+        emit(event="done", name=name, result=res if isinstance(res, list) else [res], seconds=round(time.time() - t0, 1))
+    return 0
 
-    timed("attention parity", lambda: w.attention_parity(platform, **PARITY[mode]), "parity")
-    timed("sampler parity", lambda: w.sampler_parity(devices[0], bf16=mode == "device"), "parity")
-    for preset, rows, seq, resp in TRAIN[mode]:
-        for attention in dict.fromkeys((fast, "xla")):
-            timed(f"train {preset} {attention}", lambda p=preset, a=attention, r=rows: w.train_step_timing(
-                p, a, rows=r * len(devices), seq=seq, resp=resp, reps=2 if mode == "device" else 1,
-                devices=devices), "train_step")
-    timed("decode", lambda: w.decode_timing(**DECODE[mode]), "decode")
+
+def run_stages(mode: str, platform: str, out_dir: Path, plan, deadline: float, stage_timeout: float | None) -> dict:
+    """Every measurement of `plan` in child interpreters, each killed at its time limit or at
+    `deadline`; what the deadline leaves unstarted is listed under "skipped"."""
+    out = {"platform": platform, "jax": "", "devices": [], "parity": [], "train_step": [], "decode": [],
+           "skipped": [], "timed_out": [], "errors": [], "stage_s": {}}
+    section = {name: sec for name, sec, _ in plan}
+    limit = {name: stage_timeout or lim for name, _, lim in plan}
+    todo = [name for name, _, _ in plan]
+    events = out_dir / EVENTS
+    events.write_text("")
+    seen = 0
+
+    def record(name, result, seconds):
+        out[section[name]] += result
+        out["stage_s"][name] = seconds
+        todo.remove(name)
+        ok = all(r.get("ok") for r in result)
+        print(f"[device_check] {name}: {'ok' if ok else 'FAILED'} ({seconds} s)", flush=True)
+
+    while todo:
+        if time.time() >= deadline:
+            out["skipped"] += todo
+            break
+        cmd = [sys.executable, str(Path(__file__).resolve()), "--stage", "work", "--out", str(out_dir),
+               "--names", json.dumps(todo)] + (["--dry-run"] if mode == "dry-run" else [])
+        proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True)  # its own group: killed whole
+        started, current, began = time.time(), None, 0.0
+        while True:
+            rc = proc.poll()
+            text = events.read_text()
+            lines = text[:text.rfind("\n") + 1].splitlines()  # whole lines only
+            for line in lines[seen:]:
+                e = json.loads(line)
+                if e["event"] == "devices":
+                    out.update(platform=e["platform"], jax=e["jax"], devices=e["devices"])
+                elif e["event"] == "start":
+                    current, began = e["name"], time.time()
+                elif e["event"] == "done":
+                    record(e["name"], e["result"], e["seconds"])
+                    current = None
+            seen = len(lines)
+            now = time.time()
+            over = (current is not None and now > min(began + limit[current], deadline)) or \
+                   (current is None and rc is None and now > min(started + STARTUP_LIMIT_S, deadline))
+            if rc is None and not over:
+                time.sleep(0.2)
+                continue
+            if rc is None:  # over its limit: the measurement (or the start-up) is killed with its group
+                os.killpg(proc.pid, 9)
+                proc.wait()
+            if current is not None:
+                spent = round(now - began, 1)
+                if rc is None:
+                    out["timed_out"].append(current)
+                    why = f"timed out after {spent} s (limit {round(min(limit[current], deadline - began), 1):g} s)"
+                else:
+                    why = f"its process exited with code {rc} during the measurement"
+                record(current, [{"check": current, "ok": False, "timed_out": rc is None, "error": why}], spent)
+            elif todo:
+                out["errors"].append(f"the measuring process did not start ({'timed out' if rc is None else f'exit code {rc}'})"
+                                     f"; not run: {', '.join(todo)}")
+                out["skipped"] += todo
+                todo.clear()
+            break
     return out
 
 
@@ -152,16 +237,20 @@ def markdown(rep: dict) -> str:
                      f"{t['compile_s']} | {t['step_s']} | {t['tokens_per_s']:,.0f} | "
                      f"{_fmt(t['mfu'], '{:.1%}')} | {_fmt(t['peak_bytes'] and t['peak_bytes'] / gib, '{:.1f}')} | "
                      f"{t['plan_bytes'] / gib:.1f} |")
-    lines += ["", "| decode | rows | prompt + new | tokens/s | HBM bound tokens/s | of bound |",
-              "| --- | --- | --- | --- | --- | --- |"]
+    lines += ["", "| decode | sampler | rows | prompt + new | tokens/s | HBM bound tokens/s | of bound |",
+              "| --- | --- | --- | --- | --- | --- | --- |"]
     for d in rep["decode"]:
         if "tokens_per_s" not in d:
-            lines.append(f"| {d['check']} | FAILED: {d.get('error', '')} | | | | |")
+            lines.append(f"| {d['check']} | FAILED: {d.get('error', '')} | | | | | |")
             continue
-        lines.append(f"| {d['model']} | {d['rows']} | {d['prompt_len']} + {d['max_new']} | {d['tokens_per_s']:,.0f} | "
-                     f"{_fmt(d['hbm_bound_tokens_per_s'], '{:,.0f}')} | {_fmt(d['fraction_of_bound'], '{:.1%}')} |")
+        lines.append(f"| {d['model']} | {d['sampler']} | {d['rows']} | {d['prompt_len']} + {d['max_new']} | "
+                     f"{d['tokens_per_s']:,.0f} | {_fmt(d['hbm_bound_tokens_per_s'], '{:,.0f}')} | "
+                     f"{_fmt(d['fraction_of_bound'], '{:.1%}')} |")
+    if rep["timed_out"]:
+        lines += ["", "timed out (killed at their time limit): " + ", ".join(rep["timed_out"])]
     if rep["skipped"]:
         lines += ["", "skipped (time budget): " + ", ".join(rep["skipped"])]
+    lines += [f"error: {e}" for e in rep["errors"]]
     lines += ["", f"install: {rep['install']['command'] or '-'} ({rep['install']['skipped'] or str(rep['install']['seconds']) + ' s'}); "
               f"elapsed {rep['elapsed_s']} s; {'ALL OK' if rep['ok'] else 'SOME CHECK FAILED'}"]
     return "\n".join(lines) + "\n"
@@ -172,32 +261,38 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True, type=Path, help="directory for device_check.json and device_check.md")
     p.add_argument("--dry-run", action="store_true", help="every step on this CPU at tiny shapes; installs nothing")
     p.add_argument("--no-install", action="store_true", help="use the jax already installed")
-    p.add_argument("--budget-s", type=float, default=480.0, help="stop starting measurements after this long")
+    p.add_argument("--budget-s", type=float, default=480.0,
+                   help="nothing runs past this many seconds from the start (install included)")
+    p.add_argument("--stage-timeout-s", type=float, default=None,
+                   help="time limit of every measurement (default: each its own, LIMIT_S)")
+    p.add_argument("--only", default="", help="comma-separated measurement names to run (default: all)")
     p.add_argument("--stage", choices=("all", "work"), default="all", help=argparse.SUPPRESS)
-    p.add_argument("--started", type=float, default=0.0, help=argparse.SUPPRESS)
+    p.add_argument("--names", default="[]", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    started = args.started or time.time()
     mode = "dry-run" if args.dry_run else "device"
+    if args.stage == "work":
+        return child(mode, json.loads(args.names), args.out)
+    started = time.time()
     platform = detect_platform()
     if mode == "device" and platform == "cpu":
         print("device_check: no NVIDIA GPU (nvidia-smi) or TPU (/dev/accel*) on this host; "
               "--dry-run runs the same steps on the CPU", file=sys.stderr)
         return 2
+    plan = stages(mode, platform)
+    if args.only:
+        wanted = [n.strip() for n in args.only.split(",") if n.strip()]
+        unknown = sorted(set(wanted) - {name for name, _, _ in plan})
+        if unknown:
+            print(f"device_check: --only {', '.join(unknown)}: no such measurement; the measurements are: "
+                  f"{', '.join(name for name, _, _ in plan)}", file=sys.stderr)
+            return 2
+        plan = [row for row in plan if row[0] in wanted]
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.stage == "all":
-        info = install(platform, args.dry_run, args.no_install)
-        if info["seconds"]:  # new packages: measure in an interpreter that imports them
-            cmd = [sys.executable, __file__, "--out", str(args.out), "--stage", "work", "--started", str(started),
-                   "--budget-s", str(args.budget_s)]
-            (args.out / "install.json").write_text(json.dumps(info))
-            return subprocess.run(cmd, cwd=ROOT).returncode
-    else:
-        path = args.out / "install.json"
-        info = json.loads(path.read_text()) if path.exists() else {"extra": "", "command": "", "seconds": 0.0,
-                                                                    "skipped": "not recorded"}
-    rep = {"schema": 1, "mode": mode, "install": info, **work(mode, platform, started + args.budget_s)}
+    info = install(platform, args.dry_run, args.no_install)
+    rep = {"schema": 2, "mode": mode, "install": info,
+           **run_stages(mode, platform, args.out, plan, started + args.budget_s, args.stage_timeout_s)}
     rep["elapsed_s"] = round(time.time() - started, 1)
-    rep["ok"] = all(r.get("ok") for key in ("parity", "train_step", "decode") for r in rep[key])
+    rep["ok"] = not rep["errors"] and all(r.get("ok") for key in ("parity", "train_step", "decode") for r in rep[key])
     (args.out / "device_check.json").write_text(json.dumps(rep, indent=1))
     (args.out / "device_check.md").write_text(markdown(rep))
     print(markdown(rep))

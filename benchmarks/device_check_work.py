@@ -166,36 +166,50 @@ def train_step_timing(preset: str, attention: str, *, rows: int, seq: int, resp:
             "ok": bool(np.isfinite(loss))}
 
 
-def decode_timing(preset: str, *, prompts: int, prompt_len: int, samples: int, max_new: int) -> dict:
-    """Sampler decode tokens/s on one device (bf16 weights, no end token so every row runs
-    max_new steps) against the HBM bound: each step reads every weight once plus the KV cache
-    it attends over (the prompt's, once per prompt, and the generated slots)."""
+def decode_timing(preset: str, *, prompts: int, prompt_len: int, samples: int, max_new: int,
+                  sampler: str = "static") -> dict:
+    """Decode tokens/s on one device (bf16 weights, no end token so every row runs max_new
+    steps) against the HBM bound: each step reads every weight once plus the KV cache it
+    attends over (the prompt's, once per prompt, and the generated slots). sampler: "static"
+    (sampling.Sampler, one batched call) or "engine" (the paged continuous-batching engine,
+    every state in its own slots, the same workload); the second call of each is timed."""
     from flax import nnx
 
     from actionopd_jax.model import PRESETS, Qwen3, count_params, make_mesh
     from actionopd_jax.model.runtime import RuntimeOptions
-    from actionopd_jax.sampling import Sampler
     from actionopd_jax.sampling.budget import cache_bytes_per_token
 
     device = jax.local_devices()[0]
     cfg = PRESETS[preset].replace(param_dtype="bfloat16")
     with jax.default_device(device):
         model = Qwen3(cfg, runtime=RuntimeOptions(dtype="bfloat16"), rngs=nnx.Rngs(0))
-    s = Sampler(model, eos_ids=[], mesh=make_mesh({"tensor": 1}, devices=[device]), token_budget=None)
+    mesh = make_mesh({"tensor": 1}, devices=[device])
+    rows = prompts * samples
+    if sampler == "engine":
+        from actionopd_jax.engine import Engine, EngineConfig
+
+        shapes = EngineConfig(slots=rows, page_size=16, max_len=prompt_len + max_new, chunk=min(512, prompt_len),
+                              segment=16)
+        s = Engine(model, eos_ids=[], config=shapes, mesh=mesh)
+    else:
+        from actionopd_jax.sampling import Sampler
+
+        s = Sampler(model, eos_ids=[], mesh=mesh, token_budget=None)
     rng = np.random.default_rng(0)
     batch = [rng.integers(10, cfg.vocab_size, size=prompt_len).astype(np.int32) for _ in range(prompts)]
-    kw = dict(n=samples, max_new_tokens=max_new, temperature=1.0, top_p=1.0, top_k=0, key=jax.random.key(0))
-    first = s.sample(batch, **kw)  # compiles
-    res = s.sample(batch, **kw)
-    rows = prompts * samples
-    tok_s = rows * res.decode_steps / res.decode_s
+    kw = dict(n=samples, max_new_tokens=max_new, temperature=1.0, top_p=1.0, top_k=0)
+    first = s.sample(batch, key=jax.random.key(0), **kw)  # compiles
+    res = s.sample(batch, key=jax.random.key(1), **kw)
+    tokens = res.generated_tokens   # rows x max_new: no end token
+    tok_s = tokens / res.decode_s
     _, bw = peaks(device)
     per_token = cache_bytes_per_token(cfg, "bfloat16")
     weights = 2 * count_params(cfg)["total"]
     kv_step = per_token * (prompts * prompt_len + rows * max_new / 2)  # mean generated length
     bound = None if bw is None else rows * bw / (weights + kv_step)
-    return {"model": preset, "rows": rows, "prompt_len": prompt_len, "max_new": max_new,
-            "decode_steps": res.decode_steps, "decode_s": round(res.decode_s, 4),
+    return {"model": preset, "sampler": sampler, "rows": rows, "prompt_len": prompt_len, "max_new": max_new,
+            "decode_steps": res.decode_steps, "decode_s": round(res.decode_s, 4), "generated_tokens": int(tokens),
             "first_call_s": round(first.prefill_s + first.decode_s, 2), "tokens_per_s": round(tok_s, 1),
             "hbm_bound_tokens_per_s": None if bound is None else round(bound, 1),
-            "fraction_of_bound": None if bound is None else round(tok_s / bound, 4), "ok": tok_s > 0}
+            "fraction_of_bound": None if bound is None else round(tok_s / bound, 4),
+            "ok": tok_s > 0 and res.decode_steps == max_new}

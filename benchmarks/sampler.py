@@ -1,12 +1,12 @@
 """Sampler speed on the fixed peer_bench workload, next to the peers, in one run.
 
     python benchmarks/sampler.py --config bench-tiny [--reps 3] [--skip-peers] --peer-bench DIR
-                                 [--lm-head checked,float32,bfloat16]
+                                 [--lm-head checked,float32,bfloat16] [--hf-python PY] [--tunix-python PY]
 
 Workload (common.py of the peer harness named by --peer-bench): 8 prompts x 512 ids, 4 samples each, exactly 128
 new tokens (no end token), T=0.6, top-k 20, top-p 0.95, on the shared checkpoint written by
-peer_bench/hf_bench.py (our logits are checked against its ref_logits.npy first). Then the
-peers (transformers in /tmp/peer_hf_venv, Tunix in /tmp/peer_tunix_venv) run the same
+the harness's hf_bench.py (our logits are checked against its ref_logits.npy first). Then the
+peers (transformers and Tunix, with the interpreters --hf-python and --tunix-python name) run the same
 workload in subprocesses, one at a time, and a table with ratios is printed. Last, a
 mixed-length workload reports how many programs the bucketing compiles, and how long that takes.
 `--lm-head` lists the Sampler(lm_head=...) modes to time, each a labelled row; the first
@@ -29,9 +29,12 @@ from typing import Any
 
 import numpy as np
 
-PEERS = {  # name -> (python, script)
-    "transformers": ("/tmp/peer_hf_venv/bin/python", "hf_bench.py"),
-    "tunix": ("/tmp/peer_tunix_venv/bin/python", "tunix_bench.py"),
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _peers import PEER_OPTIONS, add_peer_args, peer_pythons  # noqa: E402
+
+PEERS = {  # name -> script in the peer harness (interpreters: --hf-python, --tunix-python)
+    "transformers": "hf_bench.py",
+    "tunix": "tunix_bench.py",
 }
 
 
@@ -42,10 +45,10 @@ def _common(peer_dir: Path):
     return module
 
 
-def _run_peer(name: str, peer_dir: Path, config: str, workload: str, reps: int) -> dict | None:
-    python, script = PEERS[name]
-    if not Path(python).exists():
-        print(f"[{name}] skipped: {python} does not exist (see {peer_dir}/README.md)", flush=True)
+def _run_peer(name: str, python: str | None, peer_dir: Path, config: str, workload: str, reps: int) -> dict | None:
+    script = PEERS[name]
+    if python is None:
+        print(f"[{name}] skipped: no {PEER_OPTIONS[name][0]} given", flush=True)
         return None
     cmd = [python, str(peer_dir / script), "--config", config, "--workload", workload, "--reps", str(reps)]
     print(f"[{name}] {' '.join(cmd)}", flush=True)
@@ -174,14 +177,20 @@ def main(argv=None) -> int:
     ap.add_argument("--peer-bench", required=True, metavar="DIR",
                     help="the peer benchmark harness (its common.py defines the workload, hf_bench.py writes "
                          "the shared checkpoint); it is not part of this repository")
+    add_peer_args(ap)
     a = ap.parse_args(argv)
+    pythons = peer_pythons(a)
     peer_dir = Path(a.peer_bench)
+    if not (peer_dir / "common.py").is_file():
+        print(f"--peer-bench {peer_dir}: no common.py there; name the peer harness directory "
+              "(its common.py defines the workload, hf_bench.py writes the shared checkpoint)", file=sys.stderr)
+        return 2
     C = _common(peer_dir)
     model_dir = Path(C.model_dir(a.config))
     if not (model_dir / "ref_logits.npy").exists():
         print(f"{model_dir} missing: writing it with hf_bench.py", flush=True)
-        if _run_peer("transformers", peer_dir, a.config, "prepare", 0) is None:
-            print(f"cannot create {model_dir}; run peer_bench/hf_bench.py --config {a.config} first", file=sys.stderr)
+        if _run_peer("transformers", pythons["transformers"], peer_dir, a.config, "prepare", 0) is None:
+            print(f"cannot create {model_dir}; run hf_bench.py of the harness with --config {a.config} first (or pass --hf-python)", file=sys.stderr)
             return 2
 
     import jax
@@ -209,7 +218,7 @@ def main(argv=None) -> int:
     peers = {}
     if not a.skip_peers:
         for name in PEERS:
-            r = _run_peer(name, peer_dir, a.config, "sample", a.reps)
+            r = _run_peer(name, pythons[name], peer_dir, a.config, "sample", a.reps)
             if r is not None and "sample" in r:
                 peers[name] = r
     compiles = None

@@ -1,16 +1,16 @@
 """Train-step speed on the fixed peer_bench workload, next to the peers, in one run.
 
-    python benchmarks/train_step.py --config bench-tiny [--reps 3] [--skip-peers] --peer-bench DIR [--micro 8]
+    python benchmarks/train_step.py --config bench-tiny [--reps 3] [--skip-peers] --peer-bench DIR [--micro 8] [--hf-python PY] [--tunix-python PY]
         [--vocab-chunk 8192] [--scan-unroll 0] [--bf16-compute]
 
 Workload (common.py of the peer harness named by --peer-bench): 32 rows of 512 prompt + 128 response ids, the
 clipped-ratio loss on response tokens only (logits / 0.6, token mean, no KL), forward +
 backward + AdamW(lr 1e-6); step_s = one update over all 32 rows. Ours is the project's
 TrainStep (the dual-clip ActionOPD surrogate, which equals the plain clipped ratio here) on
-one device, with the weights peer_bench/hf_bench.py wrote (logits checked against its
+one device, with the weights the harness's hf_bench.py wrote (logits checked against its
 ref_logits.npy). Old log-probabilities are computed before the timed updates (the peers take
 them as detach(new) inside the step), and that extra forward is reported separately.
-The peers (transformers in /tmp/peer_hf_venv, Tunix in /tmp/peer_tunix_venv) and the JAX
+The peers (transformers and Tunix, with the interpreters --hf-python and --tunix-python name) and the JAX
 matmul peak run in subprocesses, one at a time. %-of-peak counts only the FLOPs the step
 needs: causal attention, and the LM head at the 128 response positions only.
 --vocab-chunk N (default 8192) scores response tokens with the fused LM head (online
@@ -34,9 +34,12 @@ from pathlib import Path
 
 import numpy as np
 
-PEERS = {
-    "transformers": ("/tmp/peer_hf_venv/bin/python", "hf_bench.py", []),
-    "tunix": ("/tmp/peer_tunix_venv/bin/python", "tunix_bench.py", ["--train-micro", "8"]),
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _peers import PEER_OPTIONS, add_peer_args, peer_pythons  # noqa: E402
+
+PEERS = {  # name -> (script in the peer harness, extra args); interpreters: --hf-python, --tunix-python
+    "transformers": ("hf_bench.py", []),
+    "tunix": ("tunix_bench.py", ["--train-micro", "8"]),
 }
 
 
@@ -57,10 +60,10 @@ def _run(cmd: list[str], cwd: Path, label: str) -> dict | None:
     return None
 
 
-def run_peer(name: str, peer_dir: Path, config: str, reps: int) -> dict | None:
-    python, script, extra = PEERS[name]
-    if not Path(python).exists():
-        print(f"[{name}] skipped: {python} does not exist (see {peer_dir}/README.md)", flush=True)
+def run_peer(name: str, python: str | None, peer_dir: Path, config: str, reps: int) -> dict | None:
+    script, extra = PEERS[name]
+    if python is None:
+        print(f"[{name}] skipped: no {PEER_OPTIONS[name][0]} given", flush=True)
         return None
     return _run([python, str(peer_dir / script), "--config", config, "--workload", "train", "--reps", str(reps),
                  *extra], peer_dir, name)
@@ -141,14 +144,20 @@ def main(argv=None) -> int:
     ap.add_argument("--peer-bench", required=True, metavar="DIR",
                     help="the peer benchmark harness (its common.py defines the workload, hf_bench.py writes "
                          "the shared checkpoint); it is not part of this repository")
+    add_peer_args(ap)
     a = ap.parse_args(argv)
+    pythons = peer_pythons(a)
     peer_dir = Path(a.peer_bench)
+    if not (peer_dir / "common.py").is_file():
+        print(f"--peer-bench {peer_dir}: no common.py there; name the peer harness directory "
+              "(its common.py defines the workload, hf_bench.py writes the shared checkpoint)", file=sys.stderr)
+        return 2
     C = _common(peer_dir)
     model_dir = Path(C.model_dir(a.config))
     if not (model_dir / "ref_logits.npy").exists():
         print(f"{model_dir} missing: writing it with hf_bench.py", flush=True)
-        if run_peer("transformers", peer_dir, a.config, 0) is None:
-            print(f"cannot create {model_dir}; run peer_bench/hf_bench.py --config {a.config} first", file=sys.stderr)
+        if run_peer("transformers", pythons["transformers"], peer_dir, a.config, 0) is None:
+            print(f"cannot create {model_dir}; run hf_bench.py of the harness with --config {a.config} first (or pass --hf-python)", file=sys.stderr)
             return 2
 
     import jax
@@ -177,7 +186,7 @@ def main(argv=None) -> int:
     peers = {}
     if not a.skip_peers:
         for name in PEERS:
-            r = run_peer(name, peer_dir, a.config, a.reps)
+            r = run_peer(name, pythons[name], peer_dir, a.config, a.reps)
             if r is not None and "train" in r:
                 peers[name] = r["train"]
     peak = _run([sys.executable, str(peer_dir / "matmul_peak.py")], peer_dir, "matmul-peak")

@@ -7,9 +7,15 @@ import io
 
 import pytest
 
-pytest.importorskip("libtpu", reason="libtpu (the tpu/test extra) compiles for TPU topologies")
+from actionopd_jax.commands import train as cli
+from tests._required import need_libtpu
 
-from actionopd_jax.commands import train as cli  # noqa: E402
+
+@pytest.fixture(autouse=True)
+def _libtpu():
+    """libtpu (the tpu/test extra) compiles for TPU topologies: skip without it, fail in CI."""
+    need_libtpu()
+
 
 RECIPE = "configs/paper/qwen3_4b_tpu.yaml"
 TINY = ["model.preset=tiny", "model.hf_path=", "collect.max_response_tokens=128", "train.shared_prompt=false"]

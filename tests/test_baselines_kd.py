@@ -161,3 +161,67 @@ def test_kd_through_actionopd_train_cli(tok_dir, tmp_path):
     assert [x["step"] for x in lines] == [1, 2] and all(x["loss"] > 0 and x["updates"] == 1 for x in lines)
     # a mismatched objective is a clear config error
     assert cli.main(["collect.kind=kd", "--check"]) == 2
+
+
+class _ReferenceOrPartial:
+    """Trial 0 replays the task's reference solution; trial 1 makes its first tool call and then
+    answers as if done (a partly done episode)."""
+
+    name = "reference-or-partial"
+
+    def __init__(self):
+        from actionopd_jax.eval.agents import ReferenceAgent
+
+        self.reference, self.calls = ReferenceAgent(), {}
+
+    async def act(self, obs, *, task, trial):
+        from actionopd_jax.types import Message, ToolCall
+
+        action = await self.reference.act(obs, task=task, trial=trial)
+        if trial == 1 and isinstance(action, ToolCall):
+            n = self.calls[task.task_id] = self.calls.get(task.task_id, 0) + 1
+            if n > 1:
+                return Message("All done.")
+        return action
+
+
+def test_kd_keeps_awm_and_envscaler_episodes_by_their_verifiers_success(tok, tmp_path):
+    """KD's success filter (kd.is_successful, also what kd_fresh keeps) on real verifier
+    outcomes of the mini pools: an EnvScaler episode that passes 1 of 2 checks (reward 0.5,
+    success False) is dropped even at min_reward 0.5, an AWM episode the code verifier fails is
+    dropped even at min_reward 0; the reference episodes (success True) are kept."""
+    from pathlib import Path
+
+    from actionopd_jax.baselines.kd import is_successful, teacher_trajectories
+    from actionopd_jax.config import EnvConfig
+    from actionopd_jax.envs.awm.factory import awm_env_factory
+    from actionopd_jax.envs.awm.layout import load_awm
+    from actionopd_jax.envs.envscaler.env import EnvScalerEnvironment
+    from actionopd_jax.envs.envscaler.layout import load_envscaler
+    from actionopd_jax.envs.sandbox import SubprocessSandbox
+
+    data = Path(__file__).parent / "data"
+    awm_task = next(t for t in load_awm(data / "awm_mini").tasks() if t.task_id == "library_loans_1/2")
+    es_task = next(t for t in load_envscaler(data / "envscaler_mini").tasks() if t.task_id == "mini_locker_3")
+    awm = awm_env_factory(EnvConfig(name="awm", awm_dir=str(data / "awm_mini"), mcp_pool_size=1),
+                          cache_dir=str(tmp_path / "db"))
+    sandbox = SubprocessSandbox()
+    try:
+        records = asyncio.run(teacher_trajectories(
+            _ReferenceOrPartial(), [awm_task, es_task],
+            lambda t: awm(t) if t.env == "awm" else EnvScalerEnvironment(sandbox),
+            trials=2, concurrency=2, keep_successful=False, out_jsonl=tmp_path / "episodes.jsonl"))
+    finally:
+        awm.close()
+    scores = {(r["task_id"], r["trial"]): r["score"] for r in records}
+    assert (scores[("mini_locker_3", 1)]["reward"], scores[("mini_locker_3", 1)]["success"]) == (0.5, False)
+    assert scores[("library_loans_1/2", 1)]["success"] is False
+    assert scores[("library_loans_1/2", 1)]["verifier_mode"] == "code"
+    assert all(scores[(t, 0)]["success"] is True for t in ("mini_locker_3", "library_loans_1/2"))
+    for min_reward in (0.0, 0.5, 1.0):
+        kept = [(r["task_id"], r["trial"]) for r in records if is_successful(r, min_reward)]
+        assert kept == [("library_loans_1/2", 0), ("mini_locker_3", 0)], min_reward
+    kept = load_trajectories(tmp_path / "episodes.jsonl", min_reward=0.5)
+    assert sorted((r["task_id"], r["trial"]) for r in kept) == [("library_loans_1/2", 0), ("mini_locker_3", 0)]
+    examples = kd_examples(kept, tok, max_prompt_tokens=8192)
+    assert len(examples) == sum(1 for r in kept for m in r["messages"] if m["role"] == "assistant")

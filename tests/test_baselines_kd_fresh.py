@@ -110,3 +110,38 @@ def test_fresh_kd_trains_with_the_run_optimizer_one_update_per_minibatch(tok, to
             trainer.close()
     assert m["updates"] == 2 and m["collect/kd/examples"] == 16 and m["loss"] > 0
     assert m["tokens"] == m["collect/kd/target_tokens"]
+
+
+def test_kd_on_tau2_draws_eight_starts_per_domain_each_step(tok, tmp_path):
+    """Paper B.4 on tau2: 8 task starts per domain per step, each with kd.trials fresh teacher
+    episodes. The shipped tau2 recipe with collect.kind=kd, wired as a run wires it
+    (build_kd_source: the run's task stream, sharded over processes). The tau2 episodes need
+    the teacher and user-simulator endpoints, which cannot run here, so `episodes_of` is
+    replaced by a recorder of the starts each step asks episodes for (and no episodes)."""
+    from collections import Counter
+
+    from actionopd_jax.baselines.wiring import build_kd_source
+    from actionopd_jax.collect.source import train_task_stream
+    from actionopd_jax.config.load import load_config
+    from actionopd_jax.train.sources import SourceContext
+
+    cfg = load_config("configs/paper/tau2_qwen3_4b_h200.yaml", ["collect.kind=kd", "train.loss=kd"])
+    asked: dict[tuple[int, int], list] = {}
+    sources = []
+    for p in range(2):  # two processes: each runs its share of the same global starts
+        ctx = SourceContext(model_config=None, run_dir=str(tmp_path / "run"), tokenizer_path="", process_index=p,
+                            process_count=2)
+        src = build_kd_source(cfg, ctx, tokenizer=tok, make_agent=lambda: None)
+        assert isinstance(src, FreshKDSource) and src.trials == 4
+        src.episodes_of = lambda step, starts, p=p: asked.setdefault((step, p), list(starts)) and []
+        sources.append(src)
+    reference = train_task_stream(cfg)  # the run's global list of starts, step by step
+    for step in range(3):
+        for src in sources:
+            assert src.collect(step) == []
+        starts = asked[(step, 0)] + asked[(step, 1)]
+        assert Counter(t.env for t in starts) == {"tau2_airline": 8, "tau2_retail": 8, "tau2_telecom": 8}, step
+        key = lambda t: (t.env, t.task_id)  # noqa: E731
+        assert sorted(map(key, starts)) == sorted(map(key, reference.next_step()))  # the shares split one list
+        assert sources[0].metrics()["kd/task_starts"] == len(asked[(step, 0)]) == 12
+    assert [t.task_id for t in asked[(0, 0)]] != [t.task_id for t in asked[(1, 0)]]  # new starts each step

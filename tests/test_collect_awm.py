@@ -6,7 +6,10 @@ and `actionopd eval` on the manifest's held-out tasks printing the verifier's su
 from __future__ import annotations
 
 import json
+import time
+from collections import Counter
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -156,10 +159,11 @@ def test_eval_on_the_heldout_tasks_prints_verifier_success(manifest, tmp_path, c
     assert "awm:heldout reads the admission manifest: pass --manifest" in capsys.readouterr().err
 
 
-def test_the_runs_source_builds_awm_episodes_with_judge_evidence_and_a_warm_pool(manifest, tmp_path, tiny_tokenizer):
+def test_the_runs_source_builds_awm_episodes_with_judge_evidence_and_a_warm_pool(manifest, tmp_path, tiny_tokenizer,
+                                                                                  monkeypatch):
     """collect.kind=actionopd over env.name=awm (collect/source.py): the environment factory comes
     from env.*, its SQL verifier judge is the run's matcher endpoint, the matcher's evidence is
-    read per scenario from the servers, which stay warm for the first episodes."""
+    read per scenario from the servers, and each step's drawn scenarios are warm before it."""
     from actionopd_jax.collect import ActionOPDGroupSource
     from actionopd_jax.envs.awm.runtime import AwmRuntime
     from actionopd_jax.sampling import Buckets
@@ -188,8 +192,28 @@ def test_the_runs_source_builds_awm_episodes_with_judge_evidence_and_a_warm_pool
             evidence = source.collector.matcher.evidence_by_env
             assert set(evidence) == {"awm/library_loans_1", "awm/recipe_box_2", "awm/gym_classes_3", "awm/bike_rental_4"}
             assert "def borrow_book" in evidence["awm/library_loans_1"]["borrow_book"]
-            # each of the 4 scenarios started once; 3 stay warm for the first episodes (pool of 3)
-            assert runtime.pool.stats.starts == 4 and len(runtime.pool._idle) == 3
+            # the evidence started each of the 4 scenarios once (pool of 3: one was evicted since)
+            assert runtime.pool.stats.keys_started.keys() == {"library_loans_1", "recipe_box_2", "gym_classes_3",
+                                                              "bike_rental_4"}
+
+            def warm_for_next_step() -> None:
+                """The servers of the next step's draws start in the background (the first step's
+                while the programs compile, each next one's while the device updates)."""
+                upcoming = Counter(t.payload["scenario"] for t in source.stream.peek_step())
+                deadline = time.monotonic() + 60
+                while time.monotonic() < deadline and not idle() >= upcoming:
+                    time.sleep(0.1)
+                assert runtime.pool._protect == set(upcoming) and idle() >= upcoming
+
+            def idle() -> Counter:
+                return Counter(runtime.pool.key_of(s) for s in runtime.pool._idle)
+
+            warm_for_next_step()
+            # the device collection is replaced here: it is not what this checks
+            monkeypatch.setattr("actionopd_jax.collect.source.load_behaviour", lambda *a: None)
+            monkeypatch.setattr(source.collector, "collect", lambda tasks, **kw: SimpleNamespace(groups=[]))
+            source.collect(0, None)
+            warm_for_next_step()
         finally:
             make.close()
     trained = json.loads((tmp_path / "run" / "train_tasks.json").read_text())["tasks"]

@@ -264,13 +264,17 @@ def test_local_task_starts_partition_the_step():
 
 
 def test_config_errors_name_the_problem():
+    sampling = dict(max_new_tokens=16, temperature=1.0, top_p=1.0, top_k=0, enable_thinking=False)
     with pytest.raises(ValueError, match="seed"):
-        CollectorConfig(seed=-1)
+        CollectorConfig(seed=-1, **sampling)
     with pytest.raises(ValueError, match="commit"):
-        CollectorConfig(seed=0, commit="best")
+        CollectorConfig(seed=0, commit="best", **sampling)
     with pytest.raises(ValueError, match="variant"):
-        CollectorConfig(seed=0).with_variant("greedy")
-    cfg = CollectorConfig(seed=0)
+        CollectorConfig(seed=0, **sampling).with_variant("greedy")
+    # the sampling settings have no defaults of their own (config/schema.py is their one source)
+    with pytest.raises(TypeError, match="temperature"):
+        CollectorConfig(seed=0, max_new_tokens=16, top_p=1.0, top_k=0, enable_thinking=False)
+    cfg = CollectorConfig(seed=0, **sampling)
     assert cfg.decision_limit("tau2_airline") == 20 and cfg.decision_limit("bfcl") is None
     assert cfg.decision_limit("awm") == 40
     assert dataclasses.replace(cfg, reward=RewardConfig(k=5)).k == 5

@@ -104,3 +104,19 @@ def test_one_trainer_step_over_the_collector(tiny_tokenizer, tmp_path):
     assert metrics["collect/groups_kept"] + metrics["collect/groups_dropped"] == len(source.last.groups) >= 4
     assert all(len(g.candidates) == 4 and g.candidates[0].logprobs.size > 0 for g in source.last.groups)
     assert source.state_dict() == {"next_index": 4}
+
+
+def test_sampling_settings_have_one_source():
+    """The student's sampling settings come from the run config alone: a default Config and a
+    paper recipe reach the collector unchanged (collect/config.py keeps no defaults of its own)."""
+    from actionopd_jax.config.load import load_config
+
+    fields = ("temperature", "top_p", "top_k", "enable_thinking")
+    for cfg in (from_dict({}), load_config("configs/paper/qwen3_4b_h200x8.yaml")):
+        cc = collector_config_from(cfg)
+        assert tuple(getattr(cc, f) for f in fields) == tuple(getattr(cfg.collect, f) for f in fields)
+        assert cc.max_new_tokens == cfg.collect.max_response_tokens
+        assert cc.max_prompt_tokens == cfg.collect.max_prompt_tokens
+    # the tiny job's defaults and table 8's recipe values, pinned so a changed default shows here
+    assert (from_dict({}).collect.temperature, from_dict({}).collect.top_k) == (1.0, 0)
+    assert tuple(getattr(collector_config_from(cfg), f) for f in fields) == (0.6, 0.95, 20, True)

@@ -13,8 +13,17 @@ import pytest
 
 from actionopd_jax.aot.lowering import cuda_lowering_missing, lower_for, lowering_for
 
+from tests._required import REQUIRE_CUDA, skip_or_fail  # noqa: E402
+
 MISSING = cuda_lowering_missing()
-pytestmark = pytest.mark.skipif(bool(MISSING), reason=MISSING)
+
+
+@pytest.fixture(autouse=True)
+def _cuda_lowering_available():
+    """Skip without the CUDA plugin; in CI (ACTIONOPD_REQUIRE_CUDA_LOWERING=1) fail instead."""
+    if MISSING:
+        skip_or_fail(REQUIRE_CUDA, MISSING)
+
 
 from actionopd_jax.commands import train as cli  # noqa: E402
 from actionopd_jax.model import PRESETS, Qwen3, make_mesh  # noqa: E402
@@ -154,38 +163,48 @@ def test_without_the_gpu_trace_cudnn_is_refused_on_the_cpu_stand_ins():
 
 def test_engine_programs_lower_for_cuda():
     """The paged rollout engine's prefill chunk and decode segment (issue 25), on the
-    accelerator path over the page pool, lowered for CUDA on one GPU and over a 2-GPU mesh."""
-    programs = pytest.importorskip("actionopd_jax.engine.programs", reason="the engine (issue 25) is not merged yet")
-    import functools
+    accelerator path over the page pool, lowered for CUDA on one GPU and over a 2-GPU mesh,
+    with the gather path and with the paged switch's GPU kernel ("paged_gpu": Pallas ->
+    Triton), whose Triton call must be in both programs."""
+    from actionopd_jax.engine.aot import TRITON, abstract_pool, lower_engine_programs
+    from actionopd_jax.engine.sizing import EngineConfig
+    from actionopd_jax.model.attention.paged import paged_attention
 
-    from flax import nnx
+    cfg = PRESETS["tiny"]
+    shapes = EngineConfig(slots=4, page_size=16, max_len=64, chunk=16, prefill_lanes=2, segment=4)
+    meshes = [make_mesh({"tensor": n}, devices=jax.devices()[:n]) for n in (1, 2)]
+    for mesh in meshes:
+        for attention in ("gather", "paged_gpu"):
+            reports = lower_engine_programs(cfg, mesh, shapes, attention=attention)
+            assert [r.ok for r in reports] == [True, True], [r.error for r in reports]
+            triton = [any(TRITON in c for c in r.custom_calls) for r in reports]
+            if attention == "gather":
+                assert triton == [False, False], [r.custom_calls for r in reports]
+            else:
+                assert triton == [True, True], [r.custom_calls for r in reports]
+    # The switch itself at the engine's shapes (its pool layout, decode q [slots, 1, Hq, Dh],
+    # a prefill chunk [lanes, chunk, Hq, Dh] at explicit positions), as the engine's programs
+    # call it.
+    q_heads, dh = cfg.num_attention_heads, cfg.head_dim
+    pps = shapes.pages_per_slot
+    for mesh in meshes:
+        pool = abstract_pool(cfg, mesh, shapes.slots * pps + 1, shapes.page_size)
+        k, v = jax.tree.leaves(pool.k)[0], jax.tree.leaves(pool.v)[0]   # per-layer or stacked layout
+        fn = jax.jit(lambda q, k, v, n, t, pos: paged_attention(q, k, v, n, t, q_positions=pos, impl="paged_gpu"))
+        for rows, q_len in ((shapes.slots, 1), (shapes.prefill_lanes, shapes.chunk)):
+            args = (SDS((rows, q_len, q_heads, dh), jnp.bfloat16), k, v, SDS((rows,), jnp.int32),
+                    SDS((rows, pps), jnp.int32), SDS((rows, q_len), jnp.int32))
+            r = lower_for(fn, args, label=f"paged_gpu {rows} x {q_len}", mesh=mesh)
+            assert r.ok and any(TRITON in c for c in r.custom_calls), (r.error, r.custom_calls)
 
-    from actionopd_jax.sampling.token_choice import DEFAULT_CAP
 
-    cfg = PRESETS["tiny"].replace(param_dtype="bfloat16")
-    model = nnx.eval_shape(lambda: Qwen3(cfg, runtime=RuntimeOptions(dtype="bfloat16"), rngs=nnx.Rngs(0)))
-    graphdef, params = nnx.split(model)
-    slots_n, per_slot, page, pages = 4, 4, 16, 24
-    kv = SDS((cfg.num_key_value_heads, cfg.num_hidden_layers * pages, page, cfg.head_dim), jnp.bfloat16)
-    pool = programs.Pool(k=kv, v=kv)
-    from actionopd_jax.engine.sizing import engine_attention
-
-    attention = engine_attention("auto", "gpu", "accelerator")       # the engine's choice on GPU
-    assert attention == "paged_gpu"
-    i32 = lambda *s: SDS(s, jnp.int32)  # noqa: E731
-    slots = programs.Slots(table=i32(slots_n, per_slot), lengths=i32(slots_n), last=i32(slots_n), step=i32(slots_n),
-                           done=SDS((slots_n,), jnp.bool_), stopped=SDS((slots_n,), jnp.bool_),
-                           key_data=SDS((slots_n, 2), jnp.uint32), temperature=SDS((slots_n,), jnp.float32),
-                           top_k=i32(slots_n), top_p=SDS((slots_n,), jnp.float32), max_new=i32(slots_n),
-                           fresh=SDS((slots_n,), jnp.bool_), fresh_hidden=SDS((slots_n, cfg.hidden_size), jnp.bfloat16))
-    segment = jax.jit(functools.partial(programs.segment, steps=4, page_size=page, cap=DEFAULT_CAP, head="float32",
-                                        backend="accelerator", attention=attention), static_argnums=(0,),
-                      donate_argnums=(3,))
-    chunk = jax.jit(functools.partial(programs.prefill_chunk, page_size=page, attention=attention), static_argnums=(0,),
-                    donate_argnums=(2,))
-    for mesh in (None, make_mesh({"tensor": 2}, devices=jax.devices()[:2])):
-        r = lower_for(segment, (graphdef, params, None, pool, slots, i32(2), i32(2), i32(2)), label="segment", mesh=mesh)
-        assert r.ok, r.error
-        r = lower_for(chunk, (graphdef, params, pool, i32(2, 16), i32(2), i32(2), i32(2, per_slot)), label="chunk",
-                      mesh=mesh)
-        assert r.ok, r.error
+def test_check_with_the_engine_lowers_its_programs():
+    """`train --check` for a GPU target with `collect.sampler=engine` lowers the engine's
+    programs in place of the static sampler's, with the paged GPU kernel (Triton)."""
+    code, text = _check(["--config", H200X1, "--check", *SMALL, "collect.sampler=engine"])
+    assert code == 0, text
+    assert "sampler prefill" not in text and "sampler decode" not in text
+    for program in ("engine prefill chunk", "engine decode segment"):
+        cells = _row(text, program)
+        assert cells[1:3] == ["lowered", "1"], cells
+        assert "triton" in cells[3], cells

@@ -96,7 +96,7 @@ def test_schema_errors_and_raising_methods_are_tool_errors_the_episode_survives(
 
 
 HOSTILE = '''
-import os, time
+import os, sys, time
 class Hostile:
     def __init__(self, init_config):
         self.n = 0
@@ -106,12 +106,17 @@ class Hostile:
         time.sleep(60)
     def env_key(self):
         return os.environ.get("OPENAI_API_KEY", "absent")
+    def half_reply(self):  # the start of a reply line on the reply channel, then silence
+        sys.__stdout__.write('{"ok": true, "value": "'); sys.__stdout__.flush()
+        time.sleep(60)
+    def huge(self):  # 20 MB through the pipe (the file-size rlimit does not bound a pipe)
+        return "x" * (20 << 20)
 '''
 
 
 def _hostile_task(name):
     tools = [{"type": "function", "function": {"name": n, "description": n, "parameters": {"type": "object", "properties": {}}}}
-             for n in ("die", "hang", "env_key")]
+             for n in ("die", "hang", "env_key", "half_reply", "huge")]
     return Task(name, "envscaler", payload={"env_id": "h", "task": "x", "tools": tools, "intro": "", "class_name": "Hostile",
                                             "class_code": HOSTILE, "init_config": {}, "checks": []})
 
@@ -121,7 +126,8 @@ def test_process_faults_end_the_episode_with_a_reason(sandbox, monkeypatch):
     env = EnvScalerEnvironment(sandbox, config=EpisodeConfig(call_timeout_s=1.0))
     obs, _, _ = _score(env, _hostile_task("k"), [ToolCall("env_key", {})])
     assert obs.messages[-1]["content"] == "absent"  # the class's process never sees our secrets
-    for tool, reason in (("die", "envscaler_died"), ("hang", "envscaler_timeout")):
+    for tool, reason in (("die", "envscaler_died"), ("hang", "envscaler_timeout"),
+                         ("half_reply", "envscaler_timeout"), ("huge", "envscaler_malformed_reply")):
         with pytest.raises(EnvScalerFault) as err:
             _score(env, _hostile_task(tool), [ToolCall(tool, {})])
         assert err.value.end_reason == reason
@@ -294,3 +300,55 @@ def test_a_resumed_run_draws_the_same_mixture_tasks(tasks, tmp_path):
     assert sorted(whole) == [0, 1] and sorted(first) == [0] and sorted(rest) == [1]
     assert {**first, **rest} == whole
     assert whole[1] != whole[0]  # the draws move on: a stream restarted from scratch would repeat step 0
+
+
+KILLED_TRAINER = """
+import asyncio, sys, time
+sys.path.insert(0, {root!r})
+from actionopd_jax.envs.envscaler.env import EnvScalerEnvironment
+from actionopd_jax.envs.envscaler.layout import load_envscaler
+from actionopd_jax.envs.sandbox import SubprocessSandbox
+from actionopd_jax.types import Task
+FORKER = '''
+import os, time
+class Forker:
+    def __init__(self, cfg=None):
+        if os.fork() == 0:  # a grandchild that would outlive its group if nothing held it
+            os.setsid(); time.sleep(600); os._exit(0)
+    def ping(self):
+        return "pong"
+'''
+base = next(t for t in load_envscaler({es!r}).tasks() if not t.payload.get("conversational"))
+hostile = Task("forker", "envscaler", payload={{**base.payload, "class_code": FORKER, "class_name": "Forker",
+                                                "init_config": {{}}}})
+envs = [EnvScalerEnvironment(SubprocessSandbox()) for _ in range(3)]
+async def main():  # the class processes start on the episodes' executor threads, as in training
+    await asyncio.gather(envs[0].reset(base), envs[1].reset(base), envs[2].reset(hostile))
+asyncio.run(main())
+print("READY", flush=True)
+time.sleep(600)
+"""
+
+
+def test_no_class_process_outlives_a_kill_9_of_the_trainer(tmp_path):
+    """EnvScaler's class processes are spawned from executor threads (not the MCP pool's loop
+    thread): after a `kill -9` of their trainer none remains, a forked, setsid()-escaped one
+    included. The processes are found by the private directories TMPDIR puts under tmp_path."""
+    import subprocess
+    import sys
+
+    from tests.test_env_mcp import marked_pids, wait_gone
+
+    code = KILLED_TRAINER.format(root=str(Path(__file__).parents[1]), es=str(ES))
+    trainer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                               env={**os.environ, "TMPDIR": str(tmp_path)})
+    mark = str(tmp_path)  # every sandboxed process's HOME / TMPDIR lies under it
+    try:
+        assert trainer.stdout.readline().strip() == "READY"
+        contained = [p for p in marked_pids(mark) if p != trainer.pid]
+        assert len(contained) >= 4, contained  # 3 class processes + the forked grandchild
+        trainer.kill()
+        trainer.wait(10)
+        assert wait_gone(mark) == []
+    finally:
+        trainer.kill()

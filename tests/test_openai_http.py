@@ -56,6 +56,13 @@ def test_completions_messages_tool_calls_and_n(server):
         (json.dumps({"model": "scripted", "messages": USER, "n": 0}).encode(), 400, "'n' must be between"),
         (json.dumps({"model": "scripted", "messages": USER, "temperature": "hot"}).encode(), 400, "'temperature' must be a number"),
         (json.dumps({"model": "scripted", "messages": [{"role": "robot"}]}).encode(), 400, "messages[0]"),
+        # settings the sampler does not apply are refused, not silently ignored
+        (json.dumps({"model": "scripted", "messages": USER, "presence_penalty": 0.5}).encode(), 400,
+         "'presence_penalty' is not applied"),
+        (json.dumps({"model": "scripted", "messages": USER, "response_format": {"type": "json_object"}}).encode(),
+         400, "'response_format' other than"),
+        (json.dumps({"model": "scripted", "messages": USER, "logit_bias": {"1": 5}}).encode(), 400,
+         "'logit_bias' is not applied"),
     ],
 )
 def test_bad_requests_get_json_4xx(server, body, status, needle):
@@ -202,6 +209,15 @@ def test_stream_sse_framing_and_done_marker(server):
                       if p["choices"][0]["delta"].get("tool_calls"))
     assert first_call["index"] == 0 and first_call["function"] == {"name": "get_weather", "arguments": ""}
     assert payloads[-1]["choices"][0]["finish_reason"] == "tool_calls"
+
+
+def test_neutral_values_of_unapplied_settings_are_accepted(server):
+    """AppWorld sends penalties of 0 and a text response_format: those are what we do anyway."""
+    srv, backend = server
+    client = openai.OpenAI(base_url=srv.base_url, api_key="x")
+    client.chat.completions.create(model="scripted", messages=USER, frequency_penalty=0, presence_penalty=0.0,
+                                   response_format={"type": "text"})
+    assert backend.requests[-1].raw["frequency_penalty"] == 0
 
 
 def test_top_logprobs_needs_logprobs_and_stream_options_need_stream(server):

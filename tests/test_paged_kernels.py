@@ -23,6 +23,7 @@ from actionopd_jax.model.attention.paged import paged_attention, storage_layout,
 from actionopd_jax.model.attention.paged_gather import paged_attention_gather
 from actionopd_jax.model.attention.paged_gpu import check_gpu_shapes, gpu_blocks
 from actionopd_jax.model.attention.paged_tpu import check_shapes, combine_pages, pages_per_block, query_rows
+from tests._required import REQUIRE_CUDA, REQUIRE_TPU, need_libtpu, skip_or_fail
 
 KVH, G, DH, PAGE, PPS = 2, 2, 16, 8, 4          # 4 pages of 8 tokens per slot: up to 32 tokens
 
@@ -132,14 +133,14 @@ def test_combined_pool_interleaves_k_and_v():
 
 @pytest.fixture(scope="module")
 def v5p_mesh():
-    pytest.importorskip("libtpu", reason="libtpu not installed (TPU AOT compilation needs it)")
+    need_libtpu()
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     from actionopd_jax.sampling import aot
 
     try:
         return aot.tpu_mesh(aot.v5p_topology("v5p:2x2x1"), {"tensor": 4})
     except Exception as e:  # noqa: BLE001 - any libtpu init failure means: cannot test here
-        pytest.skip(f"libtpu cannot describe a v5p:2x2x1 topology here: {e}")
+        skip_or_fail(REQUIRE_TPU, f"libtpu cannot describe a v5p:2x2x1 topology here: {e}")
 
 
 @pytest.mark.parametrize("impl", ["paged_tpu", "ragged_tpu"])
@@ -166,7 +167,7 @@ def test_tpu_kernels_compile_for_v5p(v5p_mesh, impl):
 
 def test_gpu_kernel_lowers_for_cuda():
     if importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
-        pytest.skip("jax's CUDA 12 plugin is not installed (pip install jax-cuda12-plugin==0.10.2 "
+        skip_or_fail(REQUIRE_CUDA, "jax's CUDA 12 plugin is not installed (pip install jax-cuda12-plugin==0.10.2 "
                     "jax-cuda12-pjrt==0.10.2): lowering for CUDA needs it")
     q = jax.ShapeDtypeStruct((4, 2, 32, 128), jnp.bfloat16)
     pages = jax.ShapeDtypeStruct((8, 33, 16, 128), jnp.bfloat16)

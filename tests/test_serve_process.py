@@ -26,7 +26,7 @@ def served():
     port = _free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "actionopd_jax.commands", "serve", "--tiny", "--seed", "1", "--port", str(port),
-         "--default-max-tokens", "4", "--segment-tokens", "4"],
+         "--default-max-tokens", "4", "--segment-tokens", "4", "--engine-max-len", "512"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env(devices=1))
     lines = []
     deadline = time.time() + 120
@@ -81,6 +81,29 @@ def test_a_5mb_body_is_tokenized_off_the_event_loop_and_gets_a_json_400(served):
         model="tiny", messages=[{"role": "user", "content": text}]))
     assert health < 1.0, f"a health request took {health:.2f} s during a 5 MB request"
     assert isinstance(err, openai.BadRequestError) and err.body["code"] == "context_length_exceeded", err
+
+
+TOOLS = [{"type": "function", "function": {"name": n, "description": d, "parameters": {
+    "type": "object", "properties": {"symbol": {"type": "string"}}}}}
+    for n, d in (("get_stock_price", "Price of a stock."), ("get_news", "Latest news on a stock."))]
+
+
+def test_tool_choice_is_honoured_by_the_served_process(served):
+    """OpenAI's tool_choice through the real process (issue 26): a named function is the
+    reply's one call whatever the (random) model writes; a forced name that was not offered,
+    or a tool_choice without tools, is a 400 that says why."""
+    _, client, _ = served
+    ask = [{"role": "user", "content": "What is ACME trading at?"}]
+    for name in ("get_news", "get_stock_price"):
+        c = client.chat.completions.create(model="tiny", messages=ask, tools=TOOLS,
+                                           tool_choice={"type": "function", "function": {"name": name}}).choices[0]
+        assert [t.function.name for t in c.message.tool_calls] == [name] and c.message.content is None, c
+    with pytest.raises(openai.BadRequestError, match="not among the offered 'tools'") as err:
+        client.chat.completions.create(model="tiny", messages=ask, tools=TOOLS,
+                                       tool_choice={"type": "function", "function": {"name": "get_watchlist"}})
+    assert err.value.status_code == 400
+    with pytest.raises(openai.BadRequestError, match="only allowed when 'tools' are given"):
+        client.chat.completions.create(model="tiny", messages=ask, tool_choice="required")
 
 
 def test_sigterm_finishes_the_request_in_flight_and_exits_0(served):

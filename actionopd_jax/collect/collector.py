@@ -164,6 +164,7 @@ class Collector:
         outcomes: list[tuple[int, StateGroup, np.ndarray | None]] = []
         bar = self._progress_bar(len(pending), progress)
         t0 = time.perf_counter()
+        self.prefetch([task for _, task in starts])
         if isinstance(self.sample_fn, EngineSampling):   # collect.sampler = "engine"
             worker_cm = EngineWorker(self.sample_fn)
         else:
@@ -206,6 +207,17 @@ class Collector:
         outcomes.sort(key=lambda o: (o[0], o[1].decision_index))
         records.sort(key=lambda r: r.task_start)
         return CollectResult.assemble(step, outcomes, records, metrics)
+
+    def prefetch(self, tasks: Sequence[Task]) -> None:
+        """Have the environments start the servers of these task starts now, in the background
+        (pools that have servers: AWM), so that an episode's reset, and the device step that
+        waits on its states, does not wait for a cold server start. Returns at once."""
+        prefetch = getattr(self.env_factory, "prefetch", None)
+        if callable(prefetch) and tasks:
+            try:
+                prefetch(list(tasks))
+            except Exception as err:  # noqa: BLE001 - a missed prefetch only costs a cold start
+                log.warning("environment prefetch failed (%s: %s)", type(err).__name__, err)
 
     # --- one trajectory ------------------------------------------------------------------------
 

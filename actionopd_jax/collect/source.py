@@ -21,7 +21,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from actionopd_jax.collect.collector import Collector, CollectResult
+from actionopd_jax.collect.collector import Collector, CollectResult, local_task_starts
 from actionopd_jax.collect.config import CollectorConfig
 from actionopd_jax.collect.engine_worker import EngineSampling
 from actionopd_jax.collect.sampler_worker import SamplingSettings, sampler_fn
@@ -60,13 +60,10 @@ def build_engine(cfg: Config, model_config: Any, eos: int, mesh: Any = None):
     devices' free memory then (the trainer's parameters and optimizer state, the rollout copy),
     less what an update allocates beside the pool, which stays resident (`update_reserve_bytes`
     on the training `mesh`)."""
-    from actionopd_jax.engine import Engine, EngineConfig
+    from actionopd_jax.engine import Engine
+    from actionopd_jax.engine.aot import engine_shapes
 
-    c = cfg.collect
-    shapes = EngineConfig(slots=c.engine_slots or c.concurrency * c.num_candidates, page_size=c.engine_page_size,
-                          max_len=c.max_prompt_tokens + c.max_response_tokens, segment=c.engine_segment,
-                          chunk=min(512, c.max_prompt_tokens), attention=c.engine_attention)
-    return Engine(None, model_config, eos_ids=[eos], config=shapes, dtype=cfg.model.dtype,
+    return Engine(None, model_config, eos_ids=[eos], config=engine_shapes(cfg.collect), dtype=cfg.model.dtype,
                   reserve_bytes=update_reserve_bytes(cfg, model_config, mesh))
 
 
@@ -168,9 +165,12 @@ class ActionOPDGroupSource:
             cache_dir.mkdir(parents=True, exist_ok=True)
             matcher = build_matcher(judge_spec(cfg.matcher), cache=cache_dir / f"verdicts-p{ctx.process_index}.sqlite",
                                     evidence_by_env=tool_evidence_from(cfg.matcher, tasks, env_factory))
+        # servers of a pool that can prefetch start for each step's own draws (_prefetch_next);
+        # others start now, so no episode (nor a device step) waits for a cold one
+        prefetches = callable(getattr(self.stream, "peek_step", None)) and callable(getattr(env_factory, "prefetch", None))
         warm = getattr(env_factory, "warm", None)
-        if callable(warm) and tasks is not None:
-            warm(tasks)  # start the servers now, so no episode (nor a device step) waits for a cold one
+        if not prefetches and callable(warm) and tasks is not None:
+            warm(tasks)
         eos = int(tokenizer.convert_tokens_to_ids("<|im_end|>"))
         settings = SamplingSettings(n=self.cfg.n, max_new_tokens=self.cfg.max_new_tokens,
                                     temperature=self.cfg.temperature, top_p=self.cfg.top_p, top_k=self.cfg.top_k)
@@ -184,6 +184,8 @@ class ActionOPDGroupSource:
         self.collector = Collector(self.cfg, tokenizer=tokenizer, teacher=teacher, matcher=matcher,
                                    sample_fn=sample_fn, eos_ids=[eos],
                                    env_factory=env_factory)
+        if prefetches:
+            self._prefetch_next()  # the first step's servers start in the background, while the programs compile
         self.last: CollectResult | None = None
 
     def collect(self, step: int, policy: Any) -> list[StateGroup]:
@@ -192,7 +194,18 @@ class ActionOPDGroupSource:
         load_behaviour(self.sampler, policy, self.ctx.mesh)
         self.last = self.collector.collect(tasks, step=step, process_index=self.ctx.process_index,
                                            process_count=self.ctx.process_count)
+        self._prefetch_next()  # while the device runs this step's update
         return self.last.groups
+
+    def _prefetch_next(self) -> None:
+        """The next step's draws are known before it (envs/mixture.py): have the environment
+        start this process's servers for them in the background, so the collection begins with
+        them warm and no device step waits for a server start (docs/measurements.md)."""
+        peek = getattr(self.stream, "peek_step", None)
+        if callable(peek):
+            upcoming = peek()
+            self.collector.prefetch([upcoming[i] for i in local_task_starts(len(upcoming), self.ctx.process_index,
+                                                                            self.ctx.process_count)])
 
     def state_dict(self) -> dict[str, Any]:
         return self.stream.get_state()

@@ -221,6 +221,10 @@ class EnvConfig:
     mcp_call_timeout_s: float = 30.0  # per tools/call (then the server is replaced), per EnvScaler method call
     mcp_pool_size: int = 0  # servers at most; 0: collect.concurrency (a url-only server shares its
     # state across sessions unless it keeps state per session: give it a pool of 1)
+    # matcher evidence (paper A.3) beyond each tool's description + input schema: a JSON / YAML
+    # file mapping tool name -> its implementation's source, as a file path (relative to the
+    # mapping file) or the source text itself (several lines); "" = schemas only
+    mcp_tool_sources: str = ""
     tasks_file: str = ""
     # AWM / EnvScaler pools (docs/formats.md): directories in the published layouts, the manifest of
     # admitted task ids `actionopd envs audit` writes, and the per-step mixture as "<pool>:<count>"

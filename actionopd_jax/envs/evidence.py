@@ -7,8 +7,10 @@ never includes databases, task data or answers. Only the matcher sees it, never 
 BFCL: the public methods of the package's environment classes (no name is defined by two
 classes). tau2: the `@is_tool` methods of each domain's agent toolkit. EnvScaler: per
 environment (`task_tool_evidence`, keyed by Task.evidence_scope), each tool's description,
-schema and method source from the environment's class code. Other environments supply none
-(`tool_evidence` returns None), so their judged pairs do not require it.
+schema and method source from the environment's class code. Environments backed by live MCP
+servers (AWM, `env.name: mcp`) read theirs from the servers' tool lists through their factory's
+`tool_evidence(tasks)` (matching/build.py). Other environments supply none (`tool_evidence`
+returns None), so their judged pairs do not require it.
 """
 
 from __future__ import annotations

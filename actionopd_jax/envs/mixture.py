@@ -105,6 +105,12 @@ class MixtureStream:
     def next_step(self) -> list[Task]:
         return [self.next_task() for _ in range(self.step_size)]
 
+    def peek_step(self) -> list[Task]:
+        """The task starts `next_step` will return, without drawing them (the draws are a pure
+        function of (seed, pool, step), so the environment can start their servers early)."""
+        return [self.step_tasks(i // self.step_size)[i % self.step_size]
+                for i in range(self._next, self._next + self.step_size)]
+
     def get_state(self) -> dict[str, Any]:
         return {"next": self._next, "fingerprint": self.fingerprint}
 

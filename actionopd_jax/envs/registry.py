@@ -90,7 +90,8 @@ def pool_env_factory(env: EnvConfig, *, concurrency: int | None = None, judge: d
     """One factory for every pool env.mixture draws from (or env.name's pool): a task start is
     built by its own pool's factory (Task.env), so one collection step mixes AWM and EnvScaler
     episodes. `tasks`: the tasks the run can start (default: the manifest's training tasks).
-    It exposes the pools' `tool_evidence(tasks)`, `warm(tasks)` and `close()` (AWM's servers)."""
+    It exposes the pools' `tool_evidence(tasks)`, `warm(tasks)`, `prefetch(tasks)` and `close()`
+    (AWM's servers)."""
     from actionopd_jax.envs.mixture import mixture_entries, mixture_pool_tasks
 
     pools = [p for p, _ in mixture_entries(env)]
@@ -130,6 +131,7 @@ def pool_env_factory(env: EnvConfig, *, concurrency: int | None = None, judge: d
     make.factories = factories
     make.tool_evidence = tool_evidence
     make.warm = lambda tasks: [f(tasks) for f in each("warm")]
+    make.prefetch = lambda tasks: [f(tasks) for f in each("prefetch")]
     make.close = lambda: [f() for f in each("close")]
     return make
 

@@ -17,8 +17,9 @@ Nothing here execs dataset code in the trainer's process. Two contracts:
 `SubprocessSandbox` runs each call or session as a child started through the MCP servers'
 launcher (`envs/mcp/sandbox.py`, whose table says what is enforced): its own session and
 process group, a scrubbed environment, a private working directory, private namespaces where
-the kernel allows them, rlimits (an 8 MiB cap on what the code writes, its prints included;
-CPU seconds for one-shot calls), plus a wall-clock limit here.
+the kernel allows them, rlimits (an 8 MiB cap on each file the code writes, its prints included;
+CPU seconds for one-shot calls only: a class session has no CPU-time limit, it lives one
+episode), plus here a wall-clock limit per call and an 8 MiB cap on a session's reply line.
 """
 
 from __future__ import annotations
@@ -134,6 +135,7 @@ for line in sys.stdin:
 '''
 
 MAX_OUTPUT_BYTES = 8 << 20  # file-size limit in the child: its stderr file (and any file it writes)
+MAX_REPLY_BYTES = 8 << 20  # one reply line of a class session (a pipe: no rlimit bounds it)
 
 
 def _contained_argv(python: str, workdir: str, cpu_s: float | None) -> tuple[list[str], dict[str, str]]:
@@ -225,6 +227,7 @@ class _SubprocessSession:
     timeout_s: float
     _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
     _dir: tempfile.TemporaryDirectory | None = field(default=None, init=False, repr=False)
+    _unread: bytes = field(default=b"", init=False, repr=False)  # bytes after the last reply line
 
     def __post_init__(self) -> None:
         self._dir = tempfile.TemporaryDirectory(prefix="sandbox-")
@@ -236,24 +239,16 @@ class _SubprocessSession:
             raise
 
     def _ask(self, msg: dict[str, Any]) -> Any:
-        import selectors
-
         proc = self._proc
         if proc is None or proc.poll() is not None:
             raise SandboxError("the environment process is not running")
-        proc.stdin.write(json.dumps(msg) + "\n")
-        proc.stdin.flush()
-        sel = selectors.DefaultSelector()
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        ready = sel.select(self.timeout_s)
-        sel.close()
-        if not ready:
+        try:
+            proc.stdin.write(json.dumps(msg) + "\n")
+            proc.stdin.flush()
+        except OSError:
             self.close()
-            raise SandboxError(f"timeout after {self.timeout_s:g}s")
-        line = proc.stdout.readline()
-        if not line:
-            self.close()
-            raise SandboxError("the environment process died")
+            raise SandboxError("the environment process died") from None
+        line = self._reply_line(proc)
         try:
             reply = json.loads(line)
         except json.JSONDecodeError:
@@ -263,6 +258,34 @@ class _SubprocessSession:
             # the class session's child answers a method's exception and keeps serving
             raise SandboxError(reply.get("error", "failed"), fatal=msg.get("kind") == "class")
         return reply.get("value")
+
+    def _reply_line(self, proc: subprocess.Popen) -> bytes:
+        """The next reply line, read from the pipe's descriptor within the call's wall clock
+        (a partial line then silence is a timeout, not a hang) and at most MAX_REPLY_BYTES
+        (the file-size rlimit does not bound a pipe)."""
+        import select
+
+        fd, buf = proc.stdout.fileno(), bytearray(self._unread)
+        deadline = time.monotonic() + self.timeout_s
+        end = buf.find(b"\n")
+        while end < 0:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self.close()
+                raise SandboxError(f"timeout after {self.timeout_s:g}s")
+            if not select.select([fd], [], [], left)[0]:
+                continue
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                self.close()
+                raise SandboxError("the environment process died")
+            buf += chunk
+            if len(buf) > MAX_REPLY_BYTES:
+                self.close()
+                raise SandboxError(f"malformed reply from the environment process: over {MAX_REPLY_BYTES >> 20} MiB")
+            end = buf.find(b"\n", len(buf) - len(chunk))
+        self._unread = bytes(buf[end + 1:])
+        return bytes(buf[:end])
 
     def call(self, method: str, arguments: dict[str, Any]) -> str:
         return self._ask({"op": "call", "method": method, "arguments": arguments})

@@ -7,7 +7,7 @@
   With experiment.schema_tokens, each tool's schema line -- exactly as the chat template
   renders it in every prompt -- is also one added token. The prompt still holds every schema
   verbatim (it decodes to the same text), but costs ~1 token per tool instead of ~120: a
-  TradingBot prompt drops from ~2.6k to ~350-600 tokens. Why (measured, notes/main_job.md):
+  TradingBot prompt drops from ~2.6k to ~350-600 tokens. Why (observed while building the main job):
   with the schemas as text, a random-init student affordable on 2 CPU cores (dense attention
   over 2.6k tokens dominates the cost) learned one reply for every state -- the same
   first-token distribution at every state after 180 KD updates -- because the few tokens that

@@ -3,6 +3,11 @@
     actionopd serve --hf DIR [--port 8000] [--api-key-env ACTIONOPD_API_KEY]
     actionopd serve --checkpoint RUN_DIR [--step N] [--dtype bfloat16] --mesh tensor=-1
     actionopd serve --hf DIR --lm-head float32    # exact float32 logprob normalisers
+    actionopd serve --hf DIR --engine-slots 16 --engine-max-len 16384 --segment-tokens 16
+
+Generation runs through the continuous-batching engine (requests join and leave between
+segments, `stream: true` sends tokens as segments end); `--sampler static` uses the batched
+static sampler instead (the same samples; streams once a reply is finished).
 
 Binds 127.0.0.1 unless --host says otherwise. With --api-key-env NAME, clients must send
 `Authorization: Bearer $NAME`. SIGTERM or Ctrl-C: requests in flight finish (or are
@@ -46,9 +51,16 @@ def _parser() -> argparse.ArgumentParser:
                    help="larger request bodies get a 413 before they are parsed (default 8)")
     p.add_argument("--batch-window-ms", type=float, default=5.0,
                    help="how long a request waits for others to share its device call")
-    p.add_argument("--segment-tokens", type=int, default=256,
-                   help="new tokens per device call: a disconnected client's request stops within one segment "
-                        "and new requests join between segments")
+    p.add_argument("--sampler", choices=("engine", "static"), default="engine",
+                   help="engine (default): continuous batching, requests join and leave between segments and "
+                        "stream token by token; static: batched calls of the static sampler, streamed at the end")
+    p.add_argument("--engine-slots", type=int, default=8, help="requests' samples the engine decodes together")
+    p.add_argument("--engine-max-len", type=int, default=8192,
+                   help="prompt + reply tokens one engine slot holds (sizes the page pool; caps --max-context)")
+    p.add_argument("--segment-tokens", type=int,
+                   help="new tokens per device call (default 16 with the engine, 256 static): a disconnected "
+                        "client's request stops within one segment, new requests join between segments, and "
+                        "streamed text arrives segment by segment")
     p.add_argument("--mesh", type=parse_mesh, help="shard over local devices, e.g. tensor=-1 or fsdp=2,tensor=4")
     p.add_argument("--enable-thinking", action="store_true", help="default for chat_template_kwargs.enable_thinking")
     p.add_argument("--seed", type=int, help="init seed of the --tiny model (default: random)")
@@ -58,13 +70,29 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _sampler(args: argparse.Namespace, cfg, model, tokenizer, mesh):
+    """The engine (default) or the static sampler, as the flags say."""
+    from actionopd_jax.sampling import Sampler
+    from actionopd_jax.sampling.loading import end_token_ids
+
+    if args.sampler == "static":
+        return Sampler(model, cfg, eos_ids=end_token_ids(tokenizer), mesh=mesh, lm_head=args.lm_head)
+    from actionopd_jax.engine import Engine, EngineConfig
+
+    max_len = min(args.engine_max_len, args.max_context or cfg.max_position_embeddings, cfg.max_position_embeddings)
+    if args.engine_slots < 1 or max_len < 1 or (args.segment_tokens is not None and args.segment_tokens < 1):
+        raise ValueError("--engine-slots, --engine-max-len and --segment-tokens must be >= 1")
+    shapes = EngineConfig(slots=args.engine_slots, max_len=max_len, chunk=min(256, max_len),
+                          segment=args.segment_tokens or 16)
+    return Engine(model, cfg, eos_ids=end_token_ids(tokenizer), mesh=mesh, config=shapes, lm_head=args.lm_head)
+
+
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     from actionopd_jax.compile_cache import enable_compile_cache
     enable_compile_cache()  # persistent XLA compile cache (JAX_COMPILATION_CACHE_DIR or the default)
     from actionopd_jax.model import make_mesh
-    from actionopd_jax.sampling import Sampler
-    from actionopd_jax.sampling.loading import end_token_ids, model_name_of
+    from actionopd_jax.sampling.loading import model_name_of
     from actionopd_jax.serve.model_backend import ModelBackend
     from actionopd_jax.serve.openai_http import OpenAIServer
 
@@ -77,12 +105,12 @@ def main(argv: list[str]) -> int:
             print(f"actionopd serve: {e}", file=sys.stderr)
             return 2
         name = args.model_name or ("tiny" if args.tiny else model_name_of(args.hf or args.checkpoint))
-        sampler = Sampler(model, cfg, eos_ids=end_token_ids(tokenizer), mesh=mesh, lm_head=args.lm_head)
         try:  # ValueError: --max-context beyond the model's context, an unset --api-key-env variable
+            sampler = _sampler(args, cfg, model, tokenizer, mesh)
             backend = ModelBackend(sampler, tokenizer, model_name=name, max_context=args.max_context,
                                    default_max_tokens=args.default_max_tokens,
                                    batch_window_s=args.batch_window_ms / 1000.0, enable_thinking=args.enable_thinking,
-                                   segment_tokens=args.segment_tokens)
+                                   segment_tokens=args.segment_tokens or 256)
             server = OpenAIServer(backend, host=args.host, port=args.port, api_key_env=args.api_key_env,
                                   max_body_bytes=int(args.max_body_mb * 1024 * 1024))
         except ValueError as e:

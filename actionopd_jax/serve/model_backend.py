@@ -1,9 +1,12 @@
-"""A `Backend` that answers chat completions with a local model through the Sampler.
+"""A `Backend` that answers chat completions with a local model, through the continuous-
+batching engine (`actionopd serve`'s default) or the static Sampler.
 
 Per request: render messages + tools with the chat template, check the context budget (a
-400 when it does not fit), queue the prompt; concurrent requests are sampled in ONE device
-call (MicroBatcher) with their own settings and keys; each reply is decoded, cut at the
-first `stop` string, and split into content / tool_calls / reasoning_content.
+400 when it does not fit), queue the prompt with its own settings and key. The engine runs it
+in a slot as soon as one is free, beside whatever else is running, and its tokens stream out
+after every segment (serve/engine_backend.py); the static sampler samples concurrent requests
+in ONE device call (MicroBatcher). Each reply is decoded, cut at the first `stop` string, and
+split into content / tool_calls / reasoning_content.
 
 Rendering and tokenizing run off the event loop (a megabyte conversation takes seconds), so
 one large request never stalls the server's other clients. `tool_choice` forcing a call
@@ -14,6 +17,7 @@ writing the start of that call after the prompt; the model writes its arguments.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import secrets
 from typing import Any
 
@@ -23,6 +27,7 @@ import numpy as np
 from actionopd_jax.chat import render_ids
 from actionopd_jax.sampling import Generation, Sampler
 from actionopd_jax.sampling.batching import Continue, MicroBatcher
+from actionopd_jax.serve.engine_backend import open_stream
 from actionopd_jax.serve.requests import ChatChoice, ChatRequest, RequestError
 from actionopd_jax.serve.reply_format import forced_call, forced_call_prefix, message_fields
 from actionopd_jax.serve.scoring import top_logprob_entries
@@ -62,6 +67,11 @@ class ModelBackend:
     segment_tokens: new tokens per device call (serve/segments.py): a client that disconnects
     holds the device for at most one segment, and new requests join between segments; None
     (default): each generation in one call, the fewest compiled shapes (batch evaluation).
+
+    `sampler` may be a continuous-batching `Engine` (the same samples): requests then run in
+    its slots as they arrive, their tokens stream as its segments end (`stream`), and the
+    engine's own segment length applies (segment_tokens and the batch window are unused);
+    max_context is then at most the engine's max_len.
     """
 
     def __init__(self, sampler: Sampler, tokenizer: Any, *, model_name: str = "actionopd",
@@ -83,6 +93,18 @@ class ModelBackend:
         self.enable_thinking = enable_thinking
         self.end_ids = set(int(i) for i in sampler.eos_ids)
         self.batcher = MicroBatcher(self._sample_batch, window_s=batch_window_s, max_items=max_batch_requests)
+        # a continuous-batching engine generates through its own stepping thread (requests join
+        # and leave between its segments, tokens stream as they come); a Sampler through the batcher
+        from actionopd_jax.engine import Engine
+        from actionopd_jax.serve.engine_runner import EngineRunner
+
+        self.runner = EngineRunner(sampler) if isinstance(sampler, Engine) else None
+        if self.runner is not None and self.max_context > sampler.config.max_len:
+            if max_context is not None:
+                raise ValueError(f"max_context {self.max_context} exceeds the engine's max_len of "
+                                 f"{sampler.config.max_len} tokens per slot; raise the engine's max_len or "
+                                 "lower --max-context")
+            self.max_context = sampler.config.max_len
         # /v1/completions echo scoring (token-level OPD teacher logprobs), serve/scoring.py
         from actionopd_jax.serve.scoring import BackendScorer
 
@@ -111,23 +133,53 @@ class ModelBackend:
                                code="context_length_exceeded")
         return min(room, req.max_tokens if req.max_tokens is not None else self.default_max_tokens)
 
-    async def complete(self, req: ChatRequest) -> tuple[list[ChatChoice], int]:
+    async def _prepare(self, req: ChatRequest) -> tuple[np.ndarray, str | None, int, float, float]:
+        """(prompt ids, forced tool name or None, token budget, temperature, top_p) of a request."""
         prompt_ids = await asyncio.to_thread(self._render, req)
         forced = None
         if req.tool_choice == "required":
             forced = req.forced_tool or await self._likeliest_tool(req, prompt_ids)
             prompt_ids = np.concatenate([prompt_ids, self._encode(forced_call_prefix(forced))])
         max_new = self._budget(req, prompt_ids.size)
-        job = SegmentedJob(prompt_ids=prompt_ids, n=req.n, max_new=max_new,
-                           # top_p 0 means "only the most likely token": greedy
-                           temperature=req.temperature if req.top_p > 0 else 0.0,
-                           top_p=req.top_p if req.top_p > 0 else 1.0,
+        # top_p 0 means "only the most likely token": greedy
+        temperature, top_p = (req.temperature, req.top_p) if req.top_p > 0 else (0.0, 1.0)
+        return prompt_ids, forced, max_new, temperature, top_p
+
+    @property
+    def streams_live(self) -> bool:
+        """True when `stream` sends tokens as they are generated (the engine); else the server
+        streams the finished reply from `complete`."""
+        return self.runner is not None
+
+    async def stream(self, req: ChatRequest):
+        """(prompt tokens, an async iterator of ("delta", choice, field, text) events and a last
+        ("choices", [ChatChoice])); a request the engine cannot take raises here (an HTTP
+        error, before any of the stream is sent). Engine only (`streams_live`)."""
+        prompt_ids, forced, max_new, temperature, top_p = await self._prepare(req)
+        events = await open_stream(self, req, prompt_ids, forced, max_new, temperature, top_p, request_key(req.seed))
+        return int(prompt_ids.size), events
+
+    async def complete(self, req: ChatRequest) -> tuple[list[ChatChoice], int]:
+        if self.runner is not None:
+            prompt_tokens, events = await self.stream(req)
+            async with contextlib.aclosing(events):
+                async for event in events:
+                    if event[0] == "choices":
+                        return event[1], prompt_tokens
+            raise RuntimeError("the engine's event stream ended without the choices")
+        prompt_ids, forced, max_new, temperature, top_p = await self._prepare(req)
+        job = SegmentedJob(prompt_ids=prompt_ids, n=req.n, max_new=max_new, temperature=temperature, top_p=top_p,
                            top_k=req.top_k, key=request_key(req.seed), segment=self.segment_tokens or max_new)
         generations: list[Generation] = await self.batcher.submit(job)
+        return await self.choices(req, prompt_ids, generations, forced, temperature), int(prompt_ids.size)
+
+    async def choices(self, req: ChatRequest, prompt_ids: np.ndarray, generations: list[Generation],
+                      forced: str | None, temperature: float) -> list[ChatChoice]:
+        """The finished generations as choices (with top_logprobs when asked: a scoring pass)."""
         choices = [self._choice(req, g, forced) for g in generations]
         if req.logprobs and req.top_logprobs:
-            await self._fill_top_logprobs(req, prompt_ids, choices, job.temperature or 1.0)
-        return [c for c, _ in choices], int(prompt_ids.size)
+            await self._fill_top_logprobs(req, prompt_ids, choices, temperature or 1.0)
+        return [c for c, _ in choices]
 
     def _encode(self, text: str) -> np.ndarray:
         return np.asarray(self.tokenizer.encode(text, add_special_tokens=False), np.int32)

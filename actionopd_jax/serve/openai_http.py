@@ -149,13 +149,21 @@ class OpenAIServer:
                 raise RequestError(404, f"model {req.model!r} not found; served: {sorted(self.backends)}",
                                    code="model_not_found")
             self.request_count += 1
-            choices, prompt_tokens = await backend.complete(req)
-            body = completion_body(req, choices, prompt_tokens)
+            if req.stream and getattr(backend, "streams_live", False):
+                # tokens are sent as they are generated; a request the backend cannot take
+                # fails here, as an HTTP error, before the stream starts
+                prompt_tokens, events = await backend.stream(req)
+            else:
+                events = None
+                choices, prompt_tokens = await backend.complete(req)
+                body = completion_body(req, choices, prompt_tokens)
         except Exception as e:  # noqa: BLE001 - mapped to an HTTP error below
             return _error_response(e)
         if req.stream:
-            from actionopd_jax.serve.streaming import send_stream
+            from actionopd_jax.serve.streaming import send_live_stream, send_stream
 
+            if events is not None:
+                return await send_live_stream(request, req, prompt_tokens, events)
             return await send_stream(request, body, include_usage=req.include_usage)
         return web.json_response(body)
 

@@ -78,6 +78,7 @@ class ChatRequest:
             raise RequestError(400, "'stream' must be a boolean and 'stream_options' an object")
         if options is not None and not stream:
             raise RequestError(400, "'stream_options' is only allowed with 'stream': true")
+        _refuse_unapplied(body)
         top_logprobs = _number(body, "top_logprobs", int, 0, lo=0, hi=20)
         if top_logprobs and not body.get("logprobs"):
             raise RequestError(400, "'top_logprobs' needs 'logprobs': true")
@@ -126,6 +127,21 @@ def _tool_choice(value: Any, tools: list[dict] | None) -> tuple[str | None, str 
         raise RequestError(400, f"'tool_choice' forces function {name!r}, which is not among the offered "
                                 f"'tools' {offered}; offer it or name one of them")
     return "required", name
+
+
+def _refuse_unapplied(body: dict) -> None:
+    """Settings our sampler does not apply are accepted only at their neutral values (AppWorld
+    sends penalties of 0 and a text response_format); anything else is a 400, not a silent
+    no-op that would make a harness's numbers mean something other than they say."""
+    for key in ("frequency_penalty", "presence_penalty"):
+        if _number(body, key, float, 0.0, lo=-2.0, hi=2.0) != 0.0:
+            raise RequestError(400, f"'{key}' is not applied by this server; send 0 or leave it out")
+    fmt = body.get("response_format")
+    if fmt is not None and (not isinstance(fmt, dict) or fmt.get("type") != "text"):
+        raise RequestError(400, "'response_format' other than {'type': 'text'} is not applied by this server "
+                                "(no constrained decoding); leave it out")
+    if body.get("logit_bias"):
+        raise RequestError(400, "'logit_bias' is not applied by this server; leave it out")
 
 
 def requested_model(body: Any) -> str:

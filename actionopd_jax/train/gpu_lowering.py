@@ -12,7 +12,9 @@ CPU stand-ins of the target's devices (same count, same mesh) and lowered to CUD
 - the same update as ONE GPU's program (its rows on a one-device mesh): the cuDNN flash
   attention calls themselves, forward and backward, must be in its StableHLO;
 - the sampler's prefill and decode at the collection's largest call (tensor-parallel over a
-  host's GPUs, the rollout copy's layout), and prefill as one GPU's program.
+  host's GPUs, the rollout copy's layout), and prefill as one GPU's program; with
+  `collect.sampler: engine`, the engine's prefill chunk and decode segment instead
+  (engine/aot.py, the same layout), whose paged attention must be the Triton kernel.
 
 A program that uses cuDNN attention but whose one-device lowering holds no cuDNN call is a
 failure too (the kernel was not what ran). Memory stays the analytic plan.
@@ -113,16 +115,22 @@ def lower_run_programs(cfg: Config, qcfg: Qwen3Config, target: Target) -> tuple[
         one = make_mesh({k: 1 for k in sizes}, devices=devices[:1])
         reports += lower_train_step(cfg, qcfg, one, local_rows, seq_len, resp_len,
                                     f"one GPU's program: {local_rows} x {seq_len:,}")
-    call = _collection_call(cfg)
     host = make_mesh({"tensor": target.chips_per_host}, devices=devices[:target.chips_per_host])
-    reports += lower_sampler_programs(qcfg, host, runtime=runtime, **call)
-    if host.size > 1:  # one GPU's prefill: its cuDNN calls
-        reports += lower_sampler_programs(qcfg, make_mesh({"tensor": 1}, devices=devices[:1]), runtime=runtime,
-                                          **call)[:1]
-        reports[-1].label = reports[-1].label.replace("sampler prefill (", "sampler prefill on one GPU (")
+    if cfg.collect.sampler == "engine":
+        from actionopd_jax.engine.aot import engine_shapes, lower_engine_programs
+
+        reports += lower_engine_programs(qcfg, host, engine_shapes(cfg.collect), runtime=runtime)
+    else:
+        call = _collection_call(cfg)
+        reports += lower_sampler_programs(qcfg, host, runtime=runtime, **call)
+        if host.size > 1:  # one GPU's prefill: its cuDNN calls
+            reports += lower_sampler_programs(qcfg, make_mesh({"tensor": 1}, devices=devices[:1]), runtime=runtime,
+                                              **call)[:1]
+            reports[-1].label = reports[-1].label.replace("sampler prefill (", "sampler prefill on one GPU (")
     if attention == "cudnn":
         for r in reports:
-            if r.ok and r.partitions == 1 and ("train" in r.label or "prefill" in r.label or "old" in r.label):
+            # the engine's paged attention is not cuDNN (its kernel is checked in engine/aot.py)
+            if r.ok and r.partitions == 1 and r.label.startswith(("train", "old", "sampler prefill")):
                 want = (CUDNN_FORWARD, CUDNN_BACKWARD) if r.label.startswith("train update") else (CUDNN_FORWARD,)
                 missing = [w for w in want if w not in r.custom_calls]
                 if missing:
@@ -131,9 +139,9 @@ def lower_run_programs(cfg: Config, qcfg: Qwen3Config, target: Target) -> tuple[
 
 
 def _calls(r: LoweringReport) -> str:
-    cudnn = [c for c in r.custom_calls if c.startswith("__cudnn")]
-    if cudnn:
-        return ", ".join(cudnn)
+    kernels = [c for c in r.custom_calls if c.startswith("__cudnn") or "triton" in c]
+    if kernels:
+        return ", ".join(kernels)
     return "behind the partitioner" if PARTITIONED in r.custom_calls else "-"
 
 
@@ -141,7 +149,7 @@ def format_lowering(target: Target, reports: list[LoweringReport], attention: st
     head = (f"CUDA lowering for {target.name} ({target.chips} GPU(s)): the run's programs traced for GPU over "
             f"{target.chips} CPU stand-in device(s) of this host and lowered to CUDA StableHLO; abstract shapes, "
             f"nothing compiled or allocated; attention {attention}")
-    cols = ("program", "result", "partitions", "cuDNN calls", "lower s")
+    cols = ("program", "result", "partitions", "cuDNN / Triton calls", "lower s")
     lines = [head, " | ".join(cols), " | ".join("---" for _ in cols)]
     for r in reports:
         lines.append(" | ".join([r.label, "lowered" if r.ok else "ERROR", str(r.partitions),

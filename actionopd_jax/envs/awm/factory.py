@@ -7,7 +7,8 @@ collector's concurrency) and env.mcp_call_timeout_s. `judge` is the run's judge 
 (`teacher.specs.judge_spec(cfg.matcher)`), used by tasks verified in SQL + judge mode.
 
 The factory exposes `runtime`, `tool_evidence(tasks)` (matcher evidence per scenario, read
-from the warmed servers), `warm(tasks)` and `close()`. Nothing starts until the first episode
+from the warmed servers), `warm(tasks)`, `prefetch(tasks)` (start the servers of upcoming task
+starts in the background, returning at once) and `close()`. Nothing starts until the first episode
 or `warm`, so `--check` builds it for free.
 """
 
@@ -93,6 +94,8 @@ def awm_env_factory(env: Any, *, concurrency: int | None = None, judge: Mapping[
             runtime.warm(cold[:runtime.pool_size])
 
     make.warm = warm
+    # a step's drawn task starts, known before the step: their servers start in the background
+    make.prefetch = lambda tasks: runtime.prefetch([t.payload["scenario"] for t in tasks if t.env == "awm"])
     make.close = runtime.close
     return make
 

@@ -182,6 +182,11 @@ class AwmRuntime:
         names = sorted(set(scenarios if scenarios is not None else self.dataset.scenarios))
         return self.pool.warm(names, timeout_s=timeout_s)
 
+    def prefetch(self, scenarios: list[str]):
+        """Start servers for upcoming episodes (a scenario once per episode) in the background
+        (KeyedPool.prefetch); returns its future at once."""
+        return self.pool.prefetch(list(scenarios))
+
     def evidence(self, scenarios: list[str]) -> dict[str, dict[str, str]]:
         """Matcher evidence (paper A.3) per scope "awm/<scenario>": each listed tool's description
         and input schema with the implementing function's source. Warms the pool for scenarios

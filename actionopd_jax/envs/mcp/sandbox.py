@@ -24,6 +24,13 @@ an unprivileged trainer, and what is not:
 
 The death signal belongs to the spawning *thread*: servers must be spawned from a thread that
 lives as long as they do (the pool's event-loop thread, `loop.py`).
+
+Dataset code outside MCP servers (AWM verifiers, EnvScaler classes and checks; envs/sandbox.py)
+starts through the same launcher with the same rows, except: CPU seconds are limited for
+one-shot calls (verifiers, checks) but not for an EnvScaler class session (it lives one episode,
+with a wall clock per call); its replies come through a pipe, capped at 8 MiB per reply there
+(RLIMIT_FSIZE bounds files, not pipes); and its sessions are spawned from long-lived executor
+threads (envs/envscaler/env.py), so a `kill -9` of the trainer leaves none of them either.
 """
 
 from __future__ import annotations
