@@ -57,6 +57,10 @@ class Engine:
     under when given; reserve_bytes: per-chip memory to leave for state not yet allocated
     (a trainer's), when the pool is sized "auto"."""
 
+    # CPU: a prompt's pages read once for up to SHARE_WIDTH of its samples (programs.Groups);
+    # False reads them per slot (kept to measure the difference)
+    share_prompts = True
+
     def __init__(self, model, cfg=None, *, eos_ids: Sequence[int], config: EngineConfig | None = None,
                  cap: int = DEFAULT_CAP, lm_head: str = "checked", backend: str = "auto", mesh=None,
                  reserve_bytes: int = 0, dtype: str | None = None):
@@ -326,6 +330,8 @@ class Engine:
         slots = programs.Slots(fresh=fresh, fresh_hidden=fresh_hidden, **h)
         t0 = time.perf_counter()
         args = (*self._split, self._checked_head(), self.pool, slots, copy_src, copy_dst, self.eos_ids)
+        if self.share_prompts and self.backend == "cpu" and self.attention() == "live":
+            args += (self._groups(),)
         static = {"steps": c.segment, "page_size": c.page_size, "cap": self.cap, "head": self.lm_head,
                   "backend": self.backend, "attention": self.attention()}
         self.pool, out = self._run("segment", programs.segment, args, static, donate=(3,))
@@ -347,6 +353,39 @@ class Engine:
                 if self._retire(slot, req, j):
                     finished.append(req)
         return finished
+
+    def _groups(self) -> programs.Groups:
+        """The running samples grouped by request, SHARE_WIDTH at a time, with their prompt's
+        whole pages (programs.Groups): on CPU a prompt's pages are read once per group."""
+        c, table = self.config, self.host["table"]
+        s_count, pps = c.slots, c.pages_per_slot
+        width = min(programs.SHARE_WIDTH, s_count)
+        member = np.zeros((s_count, width), np.int32)
+        g_table = np.full((s_count, pps), NULL_PAGE, np.int32)
+        length = np.zeros(s_count, np.int32)
+        slot_group, slot_member, own_start = (np.zeros(s_count, np.int32) for _ in range(3))
+        own_table = table.copy()
+        by_request: dict[int, list[int]] = {}
+        for slot, (req, _) in self.running.items():
+            by_request.setdefault(req.rid, [req]).append(slot)
+        g = 0
+        for req, *slots in by_request.values():
+            full = req.prompt.size // c.page_size
+            if full == 0:
+                continue
+            for i in range(0, len(slots), width):
+                part = slots[i:i + width]
+                member[g] = part + part[:1] * (width - len(part))
+                g_table[g, :full] = req.prompt_pages[:full]
+                length[g] = full * c.page_size
+                for m, slot in enumerate(part):
+                    slot_group[slot], slot_member[slot], own_start[slot] = g, m, full * c.page_size
+                    own_table[slot] = NULL_PAGE
+                    own_table[slot, :pps - full] = table[slot, full:]
+                g += 1
+        return programs.Groups(member=member, table=g_table, length=length, count=np.int32(g),
+                               slot_group=slot_group, slot_member=slot_member, own_start=own_start,
+                               own_table=own_table)
 
     def _retire(self, slot: int, req: Request, j: int) -> bool:
         """Free a finished sample's slot; True when it was its request's last one."""

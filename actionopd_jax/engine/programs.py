@@ -40,7 +40,7 @@ from flax import nnx
 import actionopd_jax.sampling.cpu_backend as cpu_backend
 import actionopd_jax.sampling.decode as decode_lib
 from actionopd_jax.model.attention.paged import copy_pages, paged_attention, write_rows
-from actionopd_jax.model.attention.paged_live import paged_attention_live
+from actionopd_jax.model.attention.paged_live import MASK_VALUE, live_part, merge_parts, paged_attention_live
 from actionopd_jax.model.layers import rope_tables
 from actionopd_jax.model.sharding import constrain
 from actionopd_jax.engine.pages import NULL_PAGE
@@ -101,6 +101,54 @@ class Slots:
     max_new: jax.Array      # i32[S]
     fresh: jax.Array        # bool[S]: the slot's first token is still to be sampled
     fresh_hidden: jax.Array  # [S, D]: for fresh slots, the hidden state of the prompt's last token
+
+
+SHARE_WIDTH = 4   # samples of one prompt whose queries share one read of its pages (CPU "live" path)
+
+
+@flax.struct.dataclass
+class Groups:
+    """The CPU live path's prompt sharing (the static CPU backend's shared prompt, on pages): a
+    group is up to SHARE_WIDTH running samples of one request; its queries attend over the
+    request's full prompt pages in one pass (the pages read once, not once per sample), each
+    slot attends over its own pages (`own_table`: its table past the shared pages) in a second
+    pass, and the two online-softmax states are merged. Rows [count:) of the group arrays are
+    unused; a slot in no group (own_start 0) has everything in its own pass."""
+
+    member: jax.Array       # i32[G, SHARE_WIDTH]: the group's slots (padded with its first)
+    table: jax.Array        # i32[G, pages_per_slot]: the shared prompt pages, null-padded
+    length: jax.Array       # i32[G]: shared tokens (whole pages)
+    count: jax.Array        # i32[]: live groups, first in the arrays
+    slot_group: jax.Array   # i32[S]
+    slot_member: jax.Array  # i32[S]
+    own_start: jax.Array    # i32[S]: tokens of the slot's cache in its group's pass
+    own_table: jax.Array    # i32[S, pages_per_slot]: table[s, own_start // page:], null-padded
+
+
+def _shared_attend(q, pk, pv, lengths, groups: Groups, shift):
+    """Live attention with each group's prompt pages read once (Groups)."""
+    n_groups, width = groups.member.shape
+    qm = q[:, 0][groups.member]                                               # [G, M, Hq, Dh]
+    positions = jnp.broadcast_to(groups.length[:, None] - 1, (n_groups, width))
+
+    def branch(size):
+        def f(_):
+            top, total, acc = live_part(qm[:size], pk, pv, groups.length[:size], groups.table[:size] + shift,
+                                        q_positions=positions[:size])
+            pad = lambda x, fill: jnp.pad(x, [(0, n_groups - size)] + [(0, 0)] * (x.ndim - 1), constant_values=fill)
+            return pad(top, MASK_VALUE), pad(total, 0.0), pad(acc, 0.0)
+        return f
+
+    sizes = _row_buckets(n_groups)
+    index = jnp.minimum(jnp.searchsorted(jnp.asarray(sizes, jnp.int32), groups.count), len(sizes) - 1)
+    top, total, acc = jax.lax.switch(index, [branch(b) for b in sizes], None)   # [G, KVH, Gq, M(, Dh)]
+    g, m = groups.slot_group, groups.slot_member
+    inside = (groups.own_start > 0)[:, None, None, None]
+    shared = (jnp.where(inside, top[g, :, :, m][..., None], MASK_VALUE),
+              jnp.where(inside, total[g, :, :, m][..., None], 0.0),
+              jnp.where(inside[..., None], acc[g, :, :, m][..., None, :], 0.0))
+    own = live_part(q, pk, pv, lengths - groups.own_start, groups.own_table + shift)
+    return merge_parts([shared, own], q.dtype)
 
 
 @flax.struct.dataclass
@@ -221,10 +269,11 @@ def _is_end(tokens, end_ids):
 
 
 def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots: Slots, copy_src: jax.Array,
-            copy_dst: jax.Array, end_ids: jax.Array, *, steps: int, page_size: int, cap: int, head: str,
+            copy_dst: jax.Array, end_ids: jax.Array, groups: Groups | None = None, *, steps: int, page_size: int, cap: int, head: str,
             backend: str, attention: str = "gather") -> tuple[Pool, SegmentOut]:
     """One decode segment (module docstring). copy_src/copy_dst i32[M]: pages to copy first
-    (copy-on-write of a shared prompt's last partial page; pad with NULL_PAGE -> NULL_PAGE)."""
+    (copy-on-write of a shared prompt's last partial page; pad with NULL_PAGE -> NULL_PAGE).
+    groups: the CPU live path's prompt sharing (Groups), or None (each slot reads its pages)."""
     model = nnx.merge(graphdef, params)
     cfg, dt = model.cfg, jnp.dtype(model.runtime.dtype)
     n_slots = slots.last.shape[0]
@@ -268,7 +317,10 @@ def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots
                 q, k, v = attn.project_qkv(layer.input_layernorm(h), cos, sin, qkv_w)   # [S, 1, heads, Dh]
                 at = page + j * per_layer
                 pk, pv = write_rows(pk, at, offset, k[:, 0]), write_rows(pv, at, offset, v[:, 0])
-                out = _attend(q, pk, pv, pos + 1, s.table + j * per_layer, attention=attention)
+                if groups is not None and attention == "live":
+                    out = _shared_attend(q, pk, pv, pos + 1, groups, j * per_layer)
+                else:
+                    out = _attend(q, pk, pv, pos + 1, s.table + j * per_layer, attention=attention)
                 h = h + attn.output(out, o_w)
                 h = h + layer.mlp(layer.post_attention_layernorm(h), gate_up_w, down_w)
             return h, pk, pv
@@ -290,6 +342,12 @@ def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots
                                       (layer_state, jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32)))
         return h, pk, pv
 
+    if backend == "cpu":
+        # RoPE of every position a slot can reach, once per segment (the static CPU backend's
+        # table): computed per step, XLA evaluates it inside each layer's q/k fusions
+        reach = slots.table.shape[1] * page_size + 1
+        cos_table, sin_table = (t[0] for t in rope_tables(jnp.arange(reach, dtype=jnp.int32)[None], cfg))
+
     def one_step(carry):
         i, pk, pv, s, out_tok, out_lp, produced, fallbacks = carry
         # fresh slots take their first token from the prompt's hidden state in this step (one
@@ -300,7 +358,11 @@ def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots
                                                       mode="clip")[:, 0], NULL_PAGE)
         offset = jnp.where(feeding, pos % page_size, 0)
         h = jnp.take(model.embed_tokens[...], s.last[:, None], axis=0).astype(dt)   # [S, 1, D]
-        cos, sin = rope_tables(pos[:, None], cfg)
+        if backend == "cpu":
+            cos = jnp.take(cos_table, pos[:, None], axis=0, mode="clip")                # [S, 1, Dh]
+            sin = jnp.take(sin_table, pos[:, None], axis=0, mode="clip")
+        else:
+            cos, sin = rope_tables(pos[:, None], cfg)
         h, pk, pv = decoder(h, pk, pv, s, page, offset, cos, sin)
         hidden = jnp.where(s.fresh[:, None], s.fresh_hidden.astype(dt), model.norm(h)[:, 0])
         running = ~s.done
@@ -317,4 +379,4 @@ def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots
                                         head_fallbacks=fallbacks)
 
 
-__all__ = ["Pool", "SegmentOut", "Slots", "empty_pool", "prefill_chunk", "segment"]
+__all__ = ["Groups", "Pool", "SHARE_WIDTH", "SegmentOut", "Slots", "empty_pool", "prefill_chunk", "segment"]

@@ -26,6 +26,14 @@ def block_pages_for(page_size: int, pages_per_slot: int, block_tokens: int = BLO
 
 
 def paged_attention_live(q, k_pages, v_pages, lengths, page_table, *, q_positions=None, block_pages=None):
+    return merge_parts([live_part(q, k_pages, v_pages, lengths, page_table, q_positions=q_positions,
+                                  block_pages=block_pages)], q.dtype)
+
+
+def live_part(q, k_pages, v_pages, lengths, page_table, *, q_positions=None, block_pages=None):
+    """The online softmax's unnormalised state over one slot's pages: (top, total, acc), each
+    [S, KVH, G, T(, Dh)], float32; `merge_parts` combines parts over disjoint key sets (the
+    engine's shared-prompt pass and per-slot pass) into the attention output."""
     slots, q_len, hq, dh = q.shape
     kvh, _, page, _ = k_pages.shape
     pps = page_table.shape[1]
@@ -62,9 +70,19 @@ def paged_attention_live(q, k_pages, v_pages, lengths, page_table, *, q_position
     shape = (slots, kvh, hq // kvh, q_len)
     init = (jnp.full(shape, MASK_VALUE, jnp.float32), jnp.zeros(shape, jnp.float32),
             jnp.zeros(shape + (dh,), jnp.float32))
-    top, total, acc = jax.lax.fori_loop(0, n_blocks, block, init)
+    return jax.lax.fori_loop(0, n_blocks, block, init)
+
+
+def merge_parts(parts, dtype):
+    """[(top, total, acc)] over disjoint keys -> the attention output [S, T, Hq, Dh]."""
+    top = parts[0][0]
+    for p in parts[1:]:
+        top = jnp.maximum(top, p[0])
+    total = sum(p[1] * jnp.exp(p[0] - top) for p in parts)
+    acc = sum(p[2] * jnp.exp(p[0] - top)[..., None] for p in parts)
     out = (acc / total[..., None]).astype(dtype)                                  # [S, KVH, G, T, Dh]
-    return out.transpose(0, 3, 1, 2, 4).reshape(slots, q_len, hq, dh)
+    slots, kvh, g, q_len, dh = out.shape
+    return out.transpose(0, 3, 1, 2, 4).reshape(slots, q_len, kvh * g, dh)
 
 
-__all__ = ["BLOCK_TOKENS", "block_pages_for", "paged_attention_live"]
+__all__ = ["BLOCK_TOKENS", "block_pages_for", "live_part", "merge_parts", "paged_attention_live"]
