@@ -229,6 +229,8 @@ def _running_rows_only(choose, n_slots: int):
 
         def branch(size):
             def f(_):
+                if size == n_slots:        # every slot: no reordering (measured: 4-7 ms of a ~30 ms step)
+                    return choose(hidden, keys, rows, running)
                 o = order[:size]
                 tok, logp, fell = choose(hidden[o], keys[o], jax.tree.map(lambda x: x[o], rows), running[o])
                 return (jnp.zeros((n_slots,), tok.dtype).at[o].set(tok),
