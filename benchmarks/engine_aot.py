@@ -1,11 +1,13 @@
 """A paged-engine decode segment compiled ahead of time for TPU v5p-8 on this CPU host.
 
     python benchmarks/engine_aot.py [--slots 256] [--context 6144] [--page 128] [--steps 16]
+    python benchmarks/engine_aot.py --program engine [--attention paged_tpu] ...
 
-The segment program here is OURS, built for this measurement from the model's own layer
-modules over a paged KV cache with the "paged_tpu" kernel (model/attention/paged.py); the
-engine's own segment program (issue 25, branch f-engine) was not ready when this was written.
-One segment = `--steps` decode steps for every slot: embed the fed token, per layer project
+`--program ours` (default) compiles a segment program built for this measurement from the
+model's own layer modules over a paged KV cache with the "paged_tpu" kernel
+(model/attention/paged.py), the reference the engine is held to; `--program engine` compiles
+the engine's own segment (engine/programs.py) exactly as the engine does, with its attention
+setting. One segment = `--steps` decode steps for every slot: embed the fed token, per layer project
 q/k/v, write k/v into the slot's page (one scatter into the pool, in place), attend over the
 slot's pages with the Pallas kernel, MLP; then the model's head and the sampler's token
 choice (top-k / top-p, traced settings). The pool is one array per k and v for all layers,
@@ -116,36 +118,33 @@ def compile_segment(cfg, mesh, *, slots, pages, page, pps, steps, layer_unroll=1
     return compiled, time.perf_counter() - t0
 
 
-def compile_engine_segment(cfg, mesh, *, slots, pages, page, pps, steps, rows_write=False):
-    """f-engine's real segment program (actionopd_jax/engine/programs.py: layers unrolled,
-    per-layer pools [KVH, pages, page, Dh]) with its attention call swapped for the "paged_tpu"
-    kernel (it calls the gather path directly). Its while_loop body is one decode step, so the
-    cost model's figures are one step's."""
+def compile_engine_segment(cfg, mesh, *, slots, pages, page, pps, steps, attention="paged_tpu"):
+    """The engine's own segment program (actionopd_jax/engine/programs.py: one pool array per k
+    and v for all layers, a layer scan, page writes and copy-on-write copies as row
+    scatters), compiled as the engine compiles it, with its attention setting (the paged
+    switch, EngineConfig.attention). Its while_loop body is one decode step, so the cost
+    model's figures are one step's."""
     import actionopd_jax.engine.programs as programs
+    from actionopd_jax.engine.sizing import engine_attention
     from actionopd_jax.sampling.token_choice import DEFAULT_CAP
 
     graphdef, params = aot.abstract_model(cfg, mesh, RuntimeOptions(dtype="bfloat16"))
     sds = lambda shape, dt, spec=P(): jax.ShapeDtypeStruct(shape, dt, sharding=NamedSharding(mesh, spec))
-    layer_pool = sds((cfg.num_key_value_heads, pages, page, cfg.head_dim), jnp.bfloat16, P("tensor"))
-    pool = programs.Pool(k=(layer_pool,) * cfg.num_hidden_layers, v=(layer_pool,) * cfg.num_hidden_layers)
+    pool_kv = sds((cfg.num_key_value_heads, cfg.num_hidden_layers * pages, page, cfg.head_dim), jnp.bfloat16,
+                  programs.pool_sharding(mesh, cfg.num_key_value_heads).spec)
+    pool = programs.Pool(k=pool_kv, v=pool_kv)
     i32, f32, b = (lambda: sds((slots,), jnp.int32)), (lambda: sds((slots,), jnp.float32)), \
         (lambda: sds((slots,), jnp.bool_))
     state = programs.Slots(table=sds((slots, pps), jnp.int32), lengths=i32(), last=i32(), step=i32(), done=b(),
                            stopped=b(), key_data=sds((slots, 2), jnp.uint32), temperature=f32(), top_k=i32(),
                            top_p=f32(), max_new=i32(), fresh=b(), fresh_hidden=sds((slots, cfg.hidden_size), jnp.bfloat16))
     args = (params, None, pool, state, i32(), i32(), sds((2,), jnp.int32))
-    gather, write = programs.paged_attention_gather, programs._write
-    programs.paged_attention_gather = functools.partial(paged_attention, impl="paged_tpu")
-    if rows_write:
-        programs._write = write_rows
-    try:
-        fn = jax.jit(functools.partial(programs.segment, steps=steps, page_size=page, cap=DEFAULT_CAP, head="checked",
-                                       backend="accelerator"), static_argnums=(0,), donate_argnums=(3,))
-        t0 = time.perf_counter()
-        with jax.set_mesh(mesh), no_persistent_cache():
-            compiled = fn.lower(graphdef, *args).compile()
-    finally:
-        programs.paged_attention_gather, programs._write = gather, write
+    impl = engine_attention(attention, "tpu", "accelerator")
+    fn = jax.jit(functools.partial(programs.segment, steps=steps, page_size=page, cap=DEFAULT_CAP, head="checked",
+                                   backend="accelerator", attention=impl), static_argnums=(0,), donate_argnums=(3,))
+    t0 = time.perf_counter()
+    with jax.set_mesh(mesh), no_persistent_cache():
+        compiled = fn.lower(graphdef, *args).compile()
     return compiled, time.perf_counter() - t0
 
 
@@ -183,9 +182,9 @@ def main() -> None:
                     help="share of HBM bandwidth the paged kernel reaches (0.86: vLLM's TPU kernel authors' report)")
     ap.add_argument("--skip-full", action="store_true", help="skip the full-depth segment compile")
     ap.add_argument("--program", choices=("ours", "engine"), default="ours",
-                    help="ours: the segment above; engine: f-engine's programs.segment with the paged_tpu kernel")
-    ap.add_argument("--row-write", action="store_true",
-                    help="with --program engine: its page writes replaced by paged.write_rows (one row scatter)")
+                    help="ours: the segment above; engine: the engine's own programs.segment")
+    ap.add_argument("--attention", default="paged_tpu",
+                    help="with --program engine: its attention setting (EngineConfig.attention)")
     args = ap.parse_args()
 
     cfg = PRESETS["qwen3-4b"].replace(param_dtype="bfloat16")
@@ -249,7 +248,7 @@ def main() -> None:
 
 def _engine_rows(cfg, mesh, args, pages, pps, resident, usable, bw, kv_token) -> None:
     compiled, seconds = compile_engine_segment(cfg, mesh, slots=args.slots, pages=pages, page=args.page, pps=pps,
-                                               steps=args.steps, rows_write=args.row_write)
+                                               steps=args.steps, attention=args.attention)
     mem, cost, chips = aot.memory_gib(compiled), _cost(compiled), mesh.size
     block = pages_per_block(pps, args.page) * args.page
     read_tokens = args.slots * (-(-args.context // block) * block)

@@ -3,7 +3,7 @@
     python benchmarks/engine_cpu.py [--config bench-tiny] [--reps 2] [--segment 16]
 
 Workloads (random bench-tiny weights; every run is warmed up first, so compile time is not in
-the numbers; both paths use the default "checked" LM head):
+the numbers; static and engine runs alternate; both paths use the default "checked" LM head):
 - fixed: the sampler benchmark's shape (benchmarks/sampler.py): 8 prompts x 512 ids, 4 samples,
   exactly 128 new tokens (no end token), T=0.6, top-k 20, top-p 0.95;
 - mixed: the same prompts, but each prompt's max_new_tokens drawn from 16..128 (long-tailed
@@ -35,14 +35,19 @@ def _model(config: str):
     return Qwen3(PRESETS[config], runtime=RuntimeOptions(dtype="float32"), rngs=nnx.Rngs(params=0))
 
 
-def _timed(fn, reps):
-    fn()                                   # warm-up: compiles
-    best = None
+def _timed_pair(fn_a, fn_b, reps):
+    """Best of `reps` for each, the two alternating (a, b, a, b, ...) so that a change in the
+    machine's load mid-run falls on both (a shared VM: all of one then all of the other
+    skewed the ratio by up to 20%)."""
+    out_a, out_b = fn_a(), fn_b()          # warm-up: compiles
+    best = [1e9, 1e9]
     for _ in range(reps):
-        t0 = time.perf_counter()
-        out = fn()
-        best = min(best or 1e9, time.perf_counter() - t0)
-    return best, out
+        for i, fn in enumerate((fn_a, fn_b)):
+            t0 = time.perf_counter()
+            out = fn()
+            best[i] = min(best[i], time.perf_counter() - t0)
+            out_a, out_b = (out, out_b) if i == 0 else (out_a, out)
+    return best[0], out_a, best[1], out_b
 
 
 def _same(a, b):
@@ -86,9 +91,8 @@ def main() -> None:
     rows = []
 
     def both(name, static_fn, engine_fn, tokens):
-        s_t, s_out = _timed(static_fn, args.reps)
-        # every timed run starts with an empty prefix cache (reuse across reps would flatter it)
-        e_t, e_out = _timed(lambda: (engine.invalidate(), engine_fn())[1], args.reps)
+        # every timed engine run starts with an empty prefix cache (reuse across reps would flatter it)
+        s_t, s_out, e_t, e_out = _timed_pair(static_fn, lambda: (engine.invalidate(), engine_fn())[1], args.reps)
         rows.append((name, s_t, e_t, tokens, _same(s_out, e_out)))
 
     fixed = dict(n=4, max_new_tokens=128, **SETTINGS)

@@ -166,7 +166,7 @@ def test_engine_programs_lower_for_cuda():
     accelerator path over the page pool, lowered for CUDA on one GPU and over a 2-GPU mesh,
     with the gather path and with the paged switch's GPU kernel ("paged_gpu": Pallas ->
     Triton), whose Triton call must be in both programs."""
-    from actionopd_jax.engine.aot import TRITON, abstract_pool, lower_engine_programs, takes_attention
+    from actionopd_jax.engine.aot import TRITON, abstract_pool, lower_engine_programs
     from actionopd_jax.engine.sizing import EngineConfig
     from actionopd_jax.model.attention.paged import paged_attention
 
@@ -178,13 +178,13 @@ def test_engine_programs_lower_for_cuda():
             reports = lower_engine_programs(cfg, mesh, shapes, attention=attention)
             assert [r.ok for r in reports] == [True, True], [r.error for r in reports]
             triton = [any(TRITON in c for c in r.custom_calls) for r in reports]
-            if attention == "gather" or not takes_attention():
+            if attention == "gather":
                 assert triton == [False, False], [r.custom_calls for r in reports]
             else:
                 assert triton == [True, True], [r.custom_calls for r in reports]
     # The switch itself at the engine's shapes (its pool layout, decode q [slots, 1, Hq, Dh],
-    # a prefill chunk [lanes, chunk, Hq, Dh] at explicit positions): what the engine's
-    # programs call once engine/programs.py routes attention through it.
+    # a prefill chunk [lanes, chunk, Hq, Dh] at explicit positions), as the engine's programs
+    # call it.
     q_heads, dh = cfg.num_attention_heads, cfg.head_dim
     pps = shapes.pages_per_slot
     for mesh in meshes:
@@ -200,14 +200,11 @@ def test_engine_programs_lower_for_cuda():
 
 def test_check_with_the_engine_lowers_its_programs():
     """`train --check` for a GPU target with `collect.sampler=engine` lowers the engine's
-    programs in place of the static sampler's, with the paged GPU kernel once the engine runs
-    the switch."""
-    from actionopd_jax.engine.aot import takes_attention
-
+    programs in place of the static sampler's, with the paged GPU kernel (Triton)."""
     code, text = _check(["--config", H200X1, "--check", *SMALL, "collect.sampler=engine"])
     assert code == 0, text
     assert "sampler prefill" not in text and "sampler decode" not in text
     for program in ("engine prefill chunk", "engine decode segment"):
         cells = _row(text, program)
         assert cells[1:3] == ["lowered", "1"], cells
-        assert ("triton" in cells[3]) == takes_attention(), cells
+        assert "triton" in cells[3], cells

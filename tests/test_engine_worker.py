@@ -7,6 +7,7 @@ import time
 
 import jax
 import numpy as np
+import pytest
 
 from _engine_fixtures import assert_same, engine, reference
 from actionopd_jax.collect.engine_worker import EngineSampling, EngineWorker
@@ -81,3 +82,8 @@ def test_collect_sampler_engine_builds_the_engine_from_the_config():
     eng = build_engine(cfg, tiny_config(), eos=7)
     assert (eng.config.slots, eng.config.segment, eng.config.max_len) == (6, 5, 128)
     assert eng.model is None
+    # the pool is sized at the first load_policy (on the rollout mesh, weights resident), keeping
+    # room for an update's gradients and activations
+    assert eng.total_pages is None and eng.reserve_bytes > 0
+    with pytest.raises(RuntimeError, match="load_policy"):
+        eng.submit(np.arange(5, dtype=np.int32), max_new_tokens=3, key=jax.random.key(0))

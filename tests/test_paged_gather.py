@@ -86,3 +86,33 @@ def test_bad_shapes_are_refused_with_the_reason():
     pages = jnp.zeros((3, 5, PAGE, DH))     # 3 KV heads do not divide 4 query heads
     with pytest.raises(ValueError, match="do not group"):
         paged_attention_gather(q, pages, pages, jnp.ones(2, jnp.int32), jnp.zeros((2, 2), jnp.int32))
+
+
+def test_live_pages_path_equals_dense_attention_and_reads_no_further():
+    """The engine's CPU path (paged_live.py): blocks of 2 pages, a loop that stops after the
+    longest slot's last block; decode rows and a causal chunk."""
+    from actionopd_jax.model.attention.paged_live import paged_attention_live
+
+    lengths = np.array([1, 9, 11], np.int32)   # 3 of the 5 pages at most: blocks 0 and 1 of 3
+    k, v, k_pages, v_pages, table = _pool(lengths, seed=5)
+    q = jax.random.normal(jax.random.key(6), (3, 1, KVH * G, DH), jnp.float32)
+    got = paged_attention_live(q, k_pages, v_pages, jnp.asarray(lengths), table, block_pages=2)
+    np.testing.assert_allclose(np.asarray(got), _dense(q, k, v, lengths, (lengths - 1)[:, None]), rtol=1e-5, atol=1e-5)
+    # the last block (column 4) is past every slot's length, so it is never read: pointed at
+    # pages of NaN keys and values (a read would give NaN through 0 * NaN), nothing changes
+    junk = jnp.asarray(sorted(set(range(1, k_pages.shape[1])) - set(np.asarray(table).ravel()))[:3], jnp.int32)
+    table_nan = table.at[:, 4].set(junk)
+    again = paged_attention_live(q, k_pages.at[:, junk].set(jnp.nan), v_pages.at[:, junk].set(jnp.nan),
+                                 jnp.asarray(lengths), table_nan, block_pages=2)
+    np.testing.assert_array_equal(np.asarray(again), np.asarray(got))
+    # ... while the gather path, which reads every page, is poisoned by them
+    assert np.isnan(np.asarray(paged_attention_gather(q, k_pages.at[:, junk].set(jnp.nan),
+                                                      v_pages.at[:, junk].set(jnp.nan), jnp.asarray(lengths),
+                                                      table_nan))).any()
+    q4 = jax.random.normal(jax.random.key(7), (3, 4, KVH * G, DH), jnp.float32)
+    lengths4 = np.array([6, 13, 20], np.int32)
+    k, v, k_pages, v_pages, table = _pool(lengths4, seed=8)
+    positions = lengths4[:, None] - 4 + np.arange(4)[None, :]
+    got = paged_attention_live(q4, k_pages, v_pages, jnp.asarray(lengths4), table,
+                               q_positions=jnp.asarray(positions, jnp.int32), block_pages=2)
+    np.testing.assert_allclose(np.asarray(got), _dense(q4, k, v, lengths4, positions), rtol=1e-5, atol=1e-5)

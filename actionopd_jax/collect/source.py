@@ -53,17 +53,31 @@ def collector_config_from(cfg: Config) -> CollectorConfig:
         progress=cfg.run.progress)
 
 
-def build_engine(cfg: Config, model_config: Any, eos: int):
+def build_engine(cfg: Config, model_config: Any, eos: int, mesh: Any = None):
     """The continuous-batching engine of `collect.sampler = "engine"` (weights come by
     load_policy each step, as for the static sampler): a slot holds the longest prompt plus a
-    reply; the pool is sized from the devices' free memory after the weights and trainer state."""
-    from actionopd_jax.engine import Engine, EngineConfig
+    reply. The pool is sized at the first load_policy, on the rollout copy's mesh, from the
+    devices' free memory then (the trainer's parameters and optimizer state, the rollout copy),
+    less what an update allocates beside the pool, which stays resident (`update_reserve_bytes`
+    on the training `mesh`)."""
+    from actionopd_jax.engine import Engine
+    from actionopd_jax.engine.aot import engine_shapes
 
-    c = cfg.collect
-    shapes = EngineConfig(slots=c.engine_slots or c.concurrency * c.num_candidates, page_size=c.engine_page_size,
-                          max_len=c.max_prompt_tokens + c.max_response_tokens, segment=c.engine_segment,
-                          chunk=min(512, c.max_prompt_tokens))
-    return Engine(None, model_config, eos_ids=[eos], config=shapes, dtype=cfg.model.dtype)
+    return Engine(None, model_config, eos_ids=[eos], config=engine_shapes(cfg.collect), dtype=cfg.model.dtype,
+                  reserve_bytes=update_reserve_bytes(cfg, model_config, mesh))
+
+
+def update_reserve_bytes(cfg: Config, model_config: Any, mesh: Any = None) -> float:
+    """Bytes per chip a training update allocates beyond the resident parameters and optimizer
+    state (gradients, activations, logits, the plan's 10% slack: train/plan.estimate_memory on
+    the training mesh), which must fit beside the engine's pool."""
+    from actionopd_jax.model.attention import resolve
+    from actionopd_jax.train.plan import estimate_memory
+
+    shape = dict(mesh.shape) if mesh is not None else {}
+    platform = mesh.devices.flat[0].platform if mesh is not None else "cpu"
+    est = estimate_memory(cfg, model_config, shape, resolve(cfg.model.attention, platform))
+    return est.total - est.params - est.optimizer
 
 
 def token_budget_setting(value: Any) -> int | str | None:
@@ -161,7 +175,7 @@ class ActionOPDGroupSource:
         settings = SamplingSettings(n=self.cfg.n, max_new_tokens=self.cfg.max_new_tokens,
                                     temperature=self.cfg.temperature, top_p=self.cfg.top_p, top_k=self.cfg.top_k)
         if cfg.collect.sampler == "engine":
-            self.sampler = build_engine(cfg, ctx.model_config, eos)
+            self.sampler = build_engine(cfg, ctx.model_config, eos, mesh=ctx.mesh)
             sample_fn = EngineSampling(self.sampler, settings)
         else:
             self.sampler = Sampler(None, ctx.model_config, eos_ids=[eos], buckets=buckets,

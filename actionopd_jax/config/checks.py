@@ -22,6 +22,7 @@ from actionopd_jax.envs.mixture import parse_mixture
 from actionopd_jax.matching.judge import PROMPT_MARGIN_TOKENS
 from actionopd_jax.providers import PROVIDERS, refusal, unsendable
 from actionopd_jax.model.attention import IMPLEMENTATIONS
+from actionopd_jax.model.attention.dispatch import PAGED_IMPLEMENTATIONS
 from actionopd_jax.model.runtime import DTYPES, REMAT as REMAT_MODES
 from actionopd_jax.rewards import RewardMode
 from actionopd_jax.sampling.budget import parse_token_budget
@@ -41,6 +42,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "collect.reward": typing.get_args(RewardMode),
     "collect.commit": typing.get_args(CommitMode),
     "collect.sampler": SAMPLER_KINDS,
+    "collect.engine_attention": tuple(a for a in PAGED_IMPLEMENTATIONS if a != "ragged_tpu"),
     "teacher.kind": TEACHER_KINDS,
     "matcher.kind": MATCHER_KINDS,
     "run.distributed.mode": DISTRIBUTED_MODES,

@@ -125,6 +125,9 @@ class CollectConfig:
     engine_slots: int = 0
     engine_segment: int = 16
     engine_page_size: int = 16
+    # the engine's paged attention: "auto" (TPU: the Pallas paged kernel, NVIDIA GPU: the Pallas
+    # GPU kernel, CPU: the gather path over live pages), "paged_tpu", "paged_gpu" or "gather"
+    engine_attention: str = "auto"
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
 
 

@@ -9,7 +9,6 @@ paged switch's "paged_gpu" backend is in them."""
 from __future__ import annotations
 
 import functools
-import inspect
 
 import jax
 import jax.numpy as jnp
@@ -17,8 +16,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from actionopd_jax.aot.lowering import LoweringReport, lower_for
 from actionopd_jax.engine import programs
-from actionopd_jax.engine.sizing import EngineConfig
-from actionopd_jax.model.attention.dispatch import resolve_paged
+from actionopd_jax.engine.sizing import EngineConfig, engine_attention
 from actionopd_jax.model.attention.paged_tpu import tensor_split
 from actionopd_jax.sampling.aot import abstract_model
 from actionopd_jax.sampling.token_choice import DEFAULT_CAP
@@ -33,13 +31,7 @@ def engine_shapes(collect) -> EngineConfig:
     c = collect
     return EngineConfig(slots=c.engine_slots or c.concurrency * c.num_candidates, page_size=c.engine_page_size,
                         max_len=c.max_prompt_tokens + c.max_response_tokens, segment=c.engine_segment,
-                        chunk=min(512, c.max_prompt_tokens))
-
-
-def takes_attention() -> bool:
-    """Whether engine/programs.py routes attention through the paged switch (an `attention`
-    argument); before it does, its programs run the gather path whatever the platform."""
-    return "attention" in inspect.signature(programs.segment).parameters
+                        chunk=min(512, c.max_prompt_tokens), attention=c.engine_attention)
 
 
 def abstract_pool(cfg, mesh, pages: int, page_size: int, dtype=jnp.bfloat16) -> programs.Pool:
@@ -68,21 +60,18 @@ def lower_engine_programs(cfg, mesh, shapes: EngineConfig, *, attention: str = "
     setting, resolved for the platform; a resolved GPU kernel whose Triton call is missing
     from a lowered program is reported as an error (the kernel was not what ran)."""
     traced_for = "gpu" if platform in ("cuda", "rocm") else platform
-    impl = resolve_paged(attention, traced_for)
-    switch = takes_attention()
-    extra = {"attention": impl} if switch else {}
+    impl = engine_attention(attention, traced_for, "accelerator")   # ragged_tpu refused, as the engine does
     graphdef, params = abstract_model(cfg.replace(param_dtype="bfloat16"), mesh, runtime)
     pps = shapes.pages_per_slot
     pages = shapes.pages if isinstance(shapes.pages, int) else shapes.slots * pps + 1
     pool = abstract_pool(cfg, mesh, pages, shapes.page_size)
     rep = NamedSharding(mesh, P())
     i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32, sharding=rep)  # noqa: E731
-    shown = impl if switch else "gather: no switch in engine/programs.py"
-    what = label or f"{shapes.slots} slots x {shapes.max_len:,} tokens, pages of {shapes.page_size}, {shown}"
+    what = label or f"{shapes.slots} slots x {shapes.max_len:,} tokens, pages of {shapes.page_size}, {impl}"
     segment = jax.jit(functools.partial(programs.segment, steps=shapes.segment, page_size=shapes.page_size, cap=cap,
-                                        head=head, backend="accelerator", **extra),
+                                        head=head, backend="accelerator", attention=impl),
                       static_argnums=(0,), donate_argnums=(3,))
-    chunk = jax.jit(functools.partial(programs.prefill_chunk, page_size=shapes.page_size, **extra),
+    chunk = jax.jit(functools.partial(programs.prefill_chunk, page_size=shapes.page_size, attention=impl),
                     static_argnums=(0,), donate_argnums=(2,))
     lanes = shapes.prefill_lanes
     reports = [
@@ -91,11 +80,11 @@ def lower_engine_programs(cfg, mesh, shapes: EngineConfig, *, attention: str = "
         lower_for(segment, (graphdef, params, None, pool, abstract_slots(cfg, mesh, shapes.slots, pps),
                             i32(shapes.slots), i32(shapes.slots), i32(2)),
                   label=f"engine decode segment ({what})", platform=platform, mesh=mesh, traced_for=traced_for)]
-    if switch and impl == "paged_gpu":
+    if impl == "paged_gpu":
         for r in reports:
             if r.ok and not any(TRITON in c for c in r.custom_calls):
                 r.ok, r.error = False, "engine attention is paged_gpu but the lowered program has no Triton call"
     return reports
 
 
-__all__ = ["abstract_pool", "abstract_slots", "engine_shapes", "lower_engine_programs", "takes_attention"]
+__all__ = ["abstract_pool", "abstract_slots", "engine_shapes", "lower_engine_programs"]

@@ -31,11 +31,12 @@ from flax import nnx
 import actionopd_jax.engine.programs as programs
 import actionopd_jax.sampling.cpu_backend as cpu_backend
 import actionopd_jax.sampling.decode as decode_lib
+from actionopd_jax.engine.groups import share_groups
 from actionopd_jax.engine.pages import NULL_PAGE, PagePool, page_keys
 from actionopd_jax.engine.requests import EngineStats, Request, pages_needed, validate
 from actionopd_jax.engine.sessions import Sessions
 from actionopd_jax.engine.static_api import sample_all
-from actionopd_jax.engine.sizing import EngineConfig, pool_pages
+from actionopd_jax.engine.sizing import EngineConfig, engine_attention, pool_pages
 from actionopd_jax.sampling.checked_head import checked_head
 from actionopd_jax.sampling.sampler import CompileStats, SampleResult, _as_typed_key, _signature
 from actionopd_jax.sampling.token_choice import DEFAULT_CAP
@@ -57,6 +58,10 @@ class Engine:
     under when given; reserve_bytes: per-chip memory to leave for state not yet allocated
     (a trainer's), when the pool is sized "auto"."""
 
+    # CPU: a prompt's pages read once for up to SHARE_WIDTH of its samples (programs.Groups);
+    # False reads them per slot (kept to measure the difference)
+    share_prompts = True
+
     def __init__(self, model, cfg=None, *, eos_ids: Sequence[int], config: EngineConfig | None = None,
                  cap: int = DEFAULT_CAP, lm_head: str = "checked", backend: str = "auto", mesh=None,
                  reserve_bytes: int = 0, dtype: str | None = None):
@@ -73,8 +78,12 @@ class Engine:
         # the cache's dtype: the model's compute dtype (a model-less engine, loaded by
         # load_policy, is told it: `dtype`, default float32)
         self.dtype = jnp.dtype(model.runtime.dtype if model is not None else (dtype or "float32"))
-        self.total_pages = pool_pages(self.cfg, c, mesh=mesh, dtype=str(self.dtype), reserve_bytes=reserve_bytes)
-        self.pages = PagePool(self.total_pages, c.page_size)
+        self.reserve_bytes = int(reserve_bytes)
+        # sized now, or (no model yet, "auto") at the first load_policy: with the rollout copy
+        # resident and its mesh known, so the free memory measured is what the pool can take
+        self.total_pages, self.pages = None, None
+        if model is not None or c.pages != "auto":
+            self._size_pool()
         self.pool = None   # allocated at the first step (after the weights, so "auto" sizing saw them)
         self._policy: dict[str, tuple] | None = None
         self.stats = EngineStats()
@@ -93,7 +102,14 @@ class Engine:
                          temperature=np.ones(s, np.float32), top_k=np.zeros(s, np.int32),
                          top_p=np.ones(s, np.float32), max_new=np.zeros(s, np.int32))
         self._weights: tuple | None = None
+        self._split: tuple | None = None
+        self._local_programs: dict[str, tuple] = {}
         self._checked: tuple[weakref.ref, Any] | None = None
+
+    def _size_pool(self) -> None:
+        self.total_pages = pool_pages(self.cfg, self.config, mesh=self.mesh, dtype=str(self.dtype),
+                                      reserve_bytes=self.reserve_bytes)
+        self.pages = PagePool(self.total_pages, self.config.page_size)
 
     # --- submission ------------------------------------------------------------------------
     def submit(self, prompt, *, n: int = 1, max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
@@ -101,6 +117,8 @@ class Engine:
         """Queue one state; `key` is its PRNG key (sample j uses fold_in(key, j)). on_done(request)
         runs in the stepping thread as soon as its N samples are done. session: any hashable id
         of the trajectory, to count chat-template misses of the prefix cache (EngineStats)."""
+        if self.pages is None:
+            raise RuntimeError("the engine has no weights yet: call load_policy(graphdef, params) before submitting")
         prompt = np.asarray(prompt)
         validate(prompt, n=n, max_new=max_new_tokens, temperature=temperature, top_p=top_p, top_k=top_k,
                  vocab=self.cfg.vocab_size, context=self.cfg.max_position_embeddings, max_len=self.config.max_len,
@@ -148,8 +166,11 @@ class Engine:
         if self.model is None:
             raise RuntimeError("the engine has no weights yet: call load_policy(graphdef, params) first")
         if self.pool is None:
-            self.pool = programs.empty_pool(self.cfg, self.total_pages, self.config.page_size, self.dtype)
-        self._check_weights()
+            self.pool = programs.empty_pool(self.cfg, self.total_pages, self.config.page_size, self.dtype, self.mesh)
+        # one split per step (the programs' arguments and the weight check): nnx.split and the
+        # state walk cost milliseconds of host time each, per call
+        self._split = nnx.split(self.model)
+        self._check_weights(self._split[1])
         finished = self._drop_cancelled()
         self._admit()
         self._prefill()
@@ -158,8 +179,8 @@ class Engine:
         return finished
 
     # --- weights ----------------------------------------------------------------------------
-    def _check_weights(self) -> None:
-        leaves = tuple(id(x) for x in jax.tree.leaves(nnx.state(self.model, nnx.Param)))
+    def _check_weights(self, state) -> None:
+        leaves = tuple(id(x) for x in jax.tree.leaves(state))
         if self._weights is not None and leaves != self._weights:
             if self.prefilling or self.starting or self.running:
                 raise RuntimeError("the model's weights changed while requests were running in the engine; "
@@ -190,9 +211,13 @@ class Engine:
             raise ValueError(f"load_policy: the model computes in {model.runtime.dtype}, the engine's cache was "
                              f"built for {self.dtype}; build the engine with dtype={model.runtime.dtype!r}")
         self.model, self.mesh = model, mesh
+        if self.pages is None:
+            self._size_pool()
 
     def invalidate(self) -> None:
         """Drop the prefix cache (a weight update: the cached keys/values belong to the old weights)."""
+        if self.pages is None:
+            return
         self.pages.clear_index()
         self.sessions.clear()
 
@@ -250,10 +275,9 @@ class Engine:
                 start[lane], n_valid[lane] = req.prefilled, take
                 table[lane, :len(req.prompt_pages)] = req.prompt_pages
             t0 = time.perf_counter()
-            graphdef, params = nnx.split(self.model)
-            args = (graphdef, params, self.pool, tokens, start, n_valid, table)
-            self.pool, hidden = self._run("chunk", programs.prefill_chunk, args, {"page_size": c.page_size},
-                                          donate=(2,))
+            args = (*self._split, self.pool, tokens, start, n_valid, table)
+            self.pool, hidden = self._run("chunk", programs.prefill_chunk, args,
+                                          {"page_size": c.page_size, "attention": self.attention()}, donate=(2,))
             hidden = np.asarray(hidden)
             self.stats.prefill_s += time.perf_counter() - t0
             self.stats.chunk_calls += 1
@@ -305,11 +329,12 @@ class Engine:
         c, h = self.config, self.host
         fresh, fresh_hidden, copy_src, copy_dst = self._start_samples()
         slots = programs.Slots(fresh=fresh, fresh_hidden=fresh_hidden, **h)
-        graphdef, params = nnx.split(self.model)
         t0 = time.perf_counter()
-        args = (graphdef, params, self._checked_head(), self.pool, slots, copy_src, copy_dst, self.eos_ids)
+        args = (*self._split, self._checked_head(), self.pool, slots, copy_src, copy_dst, self.eos_ids)
+        if self.share_prompts and self.backend == "cpu" and self.attention() == "live":
+            args += (self._groups(),)
         static = {"steps": c.segment, "page_size": c.page_size, "cap": self.cap, "head": self.lm_head,
-                  "backend": self.backend}
+                  "backend": self.backend, "attention": self.attention()}
         self.pool, out = self._run("segment", programs.segment, args, static, donate=(3,))
         out = jax.device_get(out)
         self.stats.decode_s += time.perf_counter() - t0
@@ -329,6 +354,9 @@ class Engine:
                 if self._retire(slot, req, j):
                     finished.append(req)
         return finished
+
+    def _groups(self) -> programs.Groups:
+        return share_groups(self.running, self.host["table"], self.config)
 
     def _retire(self, slot: int, req: Request, j: int) -> bool:
         """Free a finished sample's slot; True when it was its request's last one."""
@@ -373,6 +401,11 @@ class Engine:
 
     # --- compiled programs --------------------------------------------------------------------
     def _run(self, kind, fn, args, static, donate=()):
+        # the other arguments' shapes are the engine's own: the program found for these weights
+        # is the one until they change (hashing the graphdef and pool costs host time per call)
+        mine = self._local_programs.get(kind)
+        if mine is not None and mine[0] == self._weights:
+            return mine[1](*args[1:])
         key = (kind, args[0], _signature(args[1:]), tuple(sorted(static.items())), self.backend)
         program = _PROGRAMS.get(key)
         if program is None:
@@ -386,12 +419,19 @@ class Engine:
             self.compile_stats.seconds += time.perf_counter() - t0
             self.compile_stats.shapes.append((kind, round(time.perf_counter() - t0, 2)))
             _PROGRAMS[key] = program
+        self._local_programs[kind] = (self._weights, program)
         return program(*args[1:])
 
     def _mesh(self):
         import contextlib
 
         return jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
+
+    def attention(self) -> str:
+        """The paged-attention backend the programs run (`EngineConfig.attention` resolved for
+        the mesh's platform); "live" is the gather path's CPU form (paged_live.py)."""
+        platform = self.mesh.devices.flat[0].platform if self.mesh is not None else jax.default_backend()
+        return engine_attention(self.config.attention, platform, self.backend)
 
     def _checked_head(self):
         if not decode_lib.uses_checked_head(self.model, self.lm_head, self.backend):

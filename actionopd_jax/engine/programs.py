@@ -20,8 +20,12 @@ Sampling is the static sampler's: the LM-head chooser of `decode.token_chooser` 
 "checked" head on CPU; with lm_head="float32", `choose_tokens` over the model's head, as the
 static sampler's first token, for every token) and the same keys, so a
 sample does not depend on which slot or segment it ran in (tests/test_engine_exact.py).
-Layers are unrolled in Python (per-layer page arrays, no slicing of a stacked pool); on the CPU
-backend decode uses the fused output-major step weights as the static CPU backend does.
+One pool array per k and v holds every layer's pages (Pool); page writes and copy-on-write
+copies are row scatters of it (paged.write_rows / copy_pages), attention goes through the paged
+switch (`attention`: paged.paged_attention's names, or "live", the CPU gather path over live
+pages only, paged_live.py). On accelerators a decode step scans the stacked layer weights with
+the pool in the carry; on the CPU backend layers are unrolled over the fused output-major step
+weights as the static CPU backend does, and the LM head runs on the running slots only.
 """
 
 from __future__ import annotations
@@ -35,23 +39,49 @@ from flax import nnx
 
 import actionopd_jax.sampling.cpu_backend as cpu_backend
 import actionopd_jax.sampling.decode as decode_lib
-from actionopd_jax.model.attention.paged_gather import paged_attention_gather
+from actionopd_jax.model.attention.paged import copy_pages, paged_attention, write_rows
+from actionopd_jax.model.attention.paged_live import MASK_VALUE, live_part, merge_parts, paged_attention_live
 from actionopd_jax.model.layers import rope_tables
+from actionopd_jax.model.sharding import constrain
 from actionopd_jax.engine.pages import NULL_PAGE
 
 
 @flax.struct.dataclass
 class Pool:
-    """The paged KV cache: per layer k and v [KVH, total_pages, page_size, Dh]."""
+    """The paged KV cache: k and v [KVH, L * total_pages, page_size, Dh], one array each for
+    all layers; layer l's page p is pool page l * total_pages + p (`layer_tables`), so each
+    layer reads and writes the whole pool through offset page tables, never a slice of it (a
+    slice or a per-layer array in the loop carry is what made the compiler copy)."""
 
-    k: tuple
-    v: tuple
+    k: jax.Array
+    v: jax.Array
 
 
-def empty_pool(cfg, total_pages: int, page_size: int, dtype) -> Pool:
-    shape = (cfg.num_key_value_heads, total_pages, page_size, cfg.head_dim)
-    layers = range(cfg.num_hidden_layers)
-    return Pool(k=tuple(jnp.zeros(shape, dtype) for _ in layers), v=tuple(jnp.zeros(shape, dtype) for _ in layers))
+def pool_sharding(mesh, kv_heads: int):
+    """Where the pool lives on `mesh`: KV heads over the "tensor" axis where it divides them
+    (the kernels' own split, paged_tpu.tensor_split), whole on every other device; None
+    without a mesh (the default device)."""
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    from actionopd_jax.model.attention.paged_tpu import tensor_split
+
+    if mesh is None:
+        return None
+    return NamedSharding(mesh, P(tensor_split(mesh, kv_heads)))
+
+
+def empty_pool(cfg, total_pages: int, page_size: int, dtype, mesh=None) -> Pool:
+    """The zeroed pool, made where it lives (pool_sharding): each device allocates its own
+    shard, nothing is built on one device first."""
+    shape = (cfg.num_key_value_heads, cfg.num_hidden_layers * total_pages, page_size, cfg.head_dim)
+    sharding = pool_sharding(mesh, cfg.num_key_value_heads)
+    zeros = jax.jit(lambda: jnp.zeros(shape, dtype), out_shardings=sharding)
+    return Pool(k=zeros(), v=zeros())
+
+
+def layer_pages(pool_pages: jax.Array, cfg) -> int:
+    """Pages per layer of a pool array [KVH, L * pages, page, Dh]."""
+    return pool_pages.shape[1] // cfg.num_hidden_layers
 
 
 @flax.struct.dataclass
@@ -73,6 +103,54 @@ class Slots:
     fresh_hidden: jax.Array  # [S, D]: for fresh slots, the hidden state of the prompt's last token
 
 
+SHARE_WIDTH = 4   # samples of one prompt whose queries share one read of its pages (CPU "live" path)
+
+
+@flax.struct.dataclass
+class Groups:
+    """The CPU live path's prompt sharing (the static CPU backend's shared prompt, on pages): a
+    group is up to SHARE_WIDTH running samples of one request; its queries attend over the
+    request's full prompt pages in one pass (the pages read once, not once per sample), each
+    slot attends over its own pages (`own_table`: its table past the shared pages) in a second
+    pass, and the two online-softmax states are merged. Rows [count:) of the group arrays are
+    unused; a slot in no group (own_start 0) has everything in its own pass."""
+
+    member: jax.Array       # i32[G, SHARE_WIDTH]: the group's slots (padded with its first)
+    table: jax.Array        # i32[G, pages_per_slot]: the shared prompt pages, null-padded
+    length: jax.Array       # i32[G]: shared tokens (whole pages)
+    count: jax.Array        # i32[]: live groups, first in the arrays
+    slot_group: jax.Array   # i32[S]
+    slot_member: jax.Array  # i32[S]
+    own_start: jax.Array    # i32[S]: tokens of the slot's cache in its group's pass
+    own_table: jax.Array    # i32[S, pages_per_slot]: table[s, own_start // page:], null-padded
+
+
+def _shared_attend(q, pk, pv, lengths, groups: Groups, shift):
+    """Live attention with each group's prompt pages read once (Groups)."""
+    n_groups, width = groups.member.shape
+    qm = q[:, 0][groups.member]                                               # [G, M, Hq, Dh]
+    positions = jnp.broadcast_to(groups.length[:, None] - 1, (n_groups, width))
+
+    def branch(size):
+        def f(_):
+            top, total, acc = live_part(qm[:size], pk, pv, groups.length[:size], groups.table[:size] + shift,
+                                        q_positions=positions[:size])
+            pad = lambda x, fill: jnp.pad(x, [(0, n_groups - size)] + [(0, 0)] * (x.ndim - 1), constant_values=fill)
+            return pad(top, MASK_VALUE), pad(total, 0.0), pad(acc, 0.0)
+        return f
+
+    sizes = _row_buckets(n_groups)
+    index = jnp.minimum(jnp.searchsorted(jnp.asarray(sizes, jnp.int32), groups.count), len(sizes) - 1)
+    top, total, acc = jax.lax.switch(index, [branch(b) for b in sizes], None)   # [G, KVH, Gq, M(, Dh)]
+    g, m = groups.slot_group, groups.slot_member
+    inside = (groups.own_start > 0)[:, None, None, None]
+    shared = (jnp.where(inside, top[g, :, :, m][..., None], MASK_VALUE),
+              jnp.where(inside, total[g, :, :, m][..., None], 0.0),
+              jnp.where(inside[..., None], acc[g, :, :, m][..., None, :], 0.0))
+    own = live_part(q, pk, pv, lengths - groups.own_start, groups.own_table + shift)
+    return merge_parts([shared, own], q.dtype)
+
+
 @flax.struct.dataclass
 class SegmentOut:
     tokens: jax.Array       # i32[S, steps + 1]: this segment's tokens per slot (first `produced`)
@@ -88,14 +166,17 @@ def _layer_modules(model):
             for i in range(model.cfg.num_hidden_layers)]
 
 
-def _write(pages: jax.Array, page: jax.Array, offset: jax.Array, values: jax.Array) -> jax.Array:
-    """pages [KVH, P, page, Dh] with values [*idx, KVH, Dh] stored at (page, offset) [*idx]."""
-    moved = jnp.moveaxis(values, -2, 0).astype(pages.dtype)      # [KVH, *idx, Dh]
-    return pages.at[:, page, offset].set(moved)
+def _attend(q, k_pages, v_pages, lengths, table, *, attention: str, q_positions=None):
+    """The paged switch (model/attention/paged.py) with the engine's setting; "gather" on
+    the CPU backend reads only the pages live slots have filled (paged_live.py)."""
+    if attention == "live":
+        return paged_attention_live(q, k_pages, v_pages, lengths, table, q_positions=q_positions)
+    return paged_attention(q, k_pages, v_pages, lengths, table, q_positions=q_positions, impl=attention)
 
 
 def prefill_chunk(graphdef: nnx.GraphDef, params: Any, pool: Pool, tokens: jax.Array, start: jax.Array,
-                  n_valid: jax.Array, table: jax.Array, *, page_size: int) -> tuple[Pool, jax.Array]:
+                  n_valid: jax.Array, table: jax.Array, *, page_size: int, attention: str = "gather"
+                  ) -> tuple[Pool, jax.Array]:
     """tokens i32[lanes, chunk] at positions start[lanes] + [0, chunk), the first n_valid[lanes]
     of them real; table i32[lanes, pages_per_slot]. Returns the pool with their keys/values
     and the final-normed hidden [lanes, D] of each lane's last real token."""
@@ -109,17 +190,80 @@ def prefill_chunk(graphdef: nnx.GraphDef, params: Any, pool: Pool, tokens: jax.A
     lengths = start + n_valid
     h = jnp.take(model.embed_tokens[...], tokens, axis=0).astype(dt)
     cos, sin = rope_tables(positions, cfg)
-    ks, vs = list(pool.k), list(pool.v)
+    pk, pv = pool.k, pool.v
+    per_layer = layer_pages(pk, cfg)
     for i, layer in enumerate(_layer_modules(model)):
         attn = layer.self_attn
         q, k, v = attn.project_qkv(layer.input_layernorm(h), cos, sin)     # [lanes, chunk, heads, Dh]
-        ks[i], vs[i] = _write(ks[i], page, offset, k), _write(vs[i], page, offset, v)
-        out = paged_attention_gather(q, ks[i], vs[i], lengths, table, q_positions=positions)
+        at = page + i * per_layer
+        pk, pv = write_rows(pk, at, offset, k), write_rows(pv, at, offset, v)
+        out = _attend(q, pk, pv, lengths, table + i * per_layer, attention=attention, q_positions=positions)
         h = h + attn.output(out)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
     last = jnp.maximum(n_valid - 1, 0)
     hidden = jnp.take_along_axis(model.norm(h), last[:, None, None], axis=1)[:, 0]
-    return Pool(k=tuple(ks), v=tuple(vs)), hidden
+    return Pool(k=pk, v=pv), hidden
+
+
+def _row_buckets(n_slots: int) -> tuple[int, ...]:
+    sizes, b = [], 4
+    while b < n_slots:
+        sizes.append(b)
+        b *= 2
+    return tuple(sizes) + (n_slots,)
+
+
+def _running_rows_only(choose, n_slots: int):
+    """The CPU backend's LM head over the running slots only: they are moved to the front and
+    the head runs on the smallest of a few fixed row counts that holds them (one branch per
+    count, `lax.switch`), so idle and finished slots do not pay for the head, the largest
+    cost of a small model's step. Each row's token depends on its own hidden state, key and
+    settings only, so which rows share the call does not change it."""
+    sizes = _row_buckets(n_slots)
+    if len(sizes) == 1:
+        return choose
+
+    def run(hidden, keys, rows, running):
+        order = jnp.argsort(~running, stable=True).astype(jnp.int32)       # running slots first
+        n = running.sum()
+
+        def branch(size):
+            def f(_):
+                if size == n_slots:        # every slot: no reordering (measured: 4-7 ms of a ~30 ms step)
+                    return choose(hidden, keys, rows, running)
+                o = order[:size]
+                tok, logp, fell = choose(hidden[o], keys[o], jax.tree.map(lambda x: x[o], rows), running[o])
+                return (jnp.zeros((n_slots,), tok.dtype).at[o].set(tok),
+                        jnp.zeros((n_slots,), logp.dtype).at[o].set(logp), fell)
+            return f
+
+        index = jnp.searchsorted(jnp.asarray(sizes, jnp.int32), n.astype(jnp.int32))
+        return jax.lax.switch(jnp.minimum(index, len(sizes) - 1), [branch(b) for b in sizes], None)
+    return run
+
+
+COPY_BLOCK = 8   # page copies per loop trip of the copy-on-write pass
+
+
+def _copy_on_write(pk, pv, copy_src, copy_dst, n_layers: int, per_layer: int):
+    """Copy page copy_src[m] to copy_dst[m] in every layer, for the real pairs only: the host
+    puts them first (NULL -> NULL pads the rest), and a loop runs ceil(real / COPY_BLOCK) trips,
+    so a segment with no sample starting copies nothing (a fixed pass over all `slots` pairs cost
+    the compiler's estimate 13.5 ms per segment at the recipe's sizes)."""
+    m = copy_src.shape[0]
+    block = min(COPY_BLOCK, m)
+    padded = -(-m // block) * block
+    src = jnp.pad(copy_src, (0, padded - m), constant_values=NULL_PAGE)
+    dst = jnp.pad(copy_dst, (0, padded - m), constant_values=NULL_PAGE)
+    shift = (jnp.arange(n_layers, dtype=jnp.int32) * per_layer)[:, None]
+    real = jnp.sum(dst != NULL_PAGE)
+
+    def trip(b, pools):
+        s = (jax.lax.dynamic_slice_in_dim(src, b * block, block)[None] + shift).reshape(-1)
+        d = (jax.lax.dynamic_slice_in_dim(dst, b * block, block)[None] + shift).reshape(-1)
+        return copy_pages(pools[0], s, d), copy_pages(pools[1], s, d)
+
+    return jax.lax.fori_loop(0, (real + block - 1) // block, trip, (pk, pv))
 
 
 def _is_end(tokens, end_ids):
@@ -127,10 +271,11 @@ def _is_end(tokens, end_ids):
 
 
 def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots: Slots, copy_src: jax.Array,
-            copy_dst: jax.Array, end_ids: jax.Array, *, steps: int, page_size: int, cap: int, head: str,
-            backend: str) -> tuple[Pool, SegmentOut]:
+            copy_dst: jax.Array, end_ids: jax.Array, groups: Groups | None = None, *, steps: int, page_size: int, cap: int, head: str,
+            backend: str, attention: str = "gather") -> tuple[Pool, SegmentOut]:
     """One decode segment (module docstring). copy_src/copy_dst i32[M]: pages to copy first
-    (copy-on-write of a shared prompt's last partial page; pad with NULL_PAGE -> NULL_PAGE)."""
+    (copy-on-write of a shared prompt's last partial page; pad with NULL_PAGE -> NULL_PAGE).
+    groups: the CPU live path's prompt sharing (Groups), or None (each slot reads its pages)."""
     model = nnx.merge(graphdef, params)
     cfg, dt = model.cfg, jnp.dtype(model.runtime.dtype)
     n_slots = slots.last.shape[0]
@@ -139,8 +284,8 @@ def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots
     rows = decode_lib.RowSettings(keys=jax.random.wrap_key_data(slots.key_data), temperature=slots.temperature,
                                   top_k=slots.top_k, top_p=slots.top_p, max_new=slots.max_new)
     step_keys = lambda s: jax.vmap(jax.random.fold_in)(rows.keys, s.step)
-    ks = tuple(pk.at[:, copy_dst].set(pk[:, copy_src]) for pk in pool.k)
-    vs = tuple(pv.at[:, copy_dst].set(pv[:, copy_src]) for pv in pool.v)
+    per_layer = layer_pages(pool.k, cfg)
+    pk, pv = _copy_on_write(pool.k, pool.v, copy_src, copy_dst, cfg.num_hidden_layers, per_layer)
     out_tok = jnp.zeros((n_slots, width), jnp.int32)
     out_lp = jnp.zeros((n_slots, width), jnp.float32)
     produced = jnp.zeros((n_slots,), jnp.int32)
@@ -156,11 +301,57 @@ def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots
         return s, out_tok, out_lp, produced + running.astype(jnp.int32)
 
     choose = decode_lib.token_chooser(model, head, cap=cap, backend=backend, checked=checked)
-    layers = _layer_modules(model)
-    fused = [cpu_backend.step_weights(layer) if backend == "cpu" else (None,) * 4 for layer in layers]
+    if backend == "cpu":
+        choose = _running_rows_only(choose, n_slots)
+        layers = _layer_modules(model)
+        fused = [cpu_backend.step_weights(layer) for layer in layers]
+    else:
+        layer_def, layer_state = nnx.split(model.layers)
+
+    def decoder(h, pk, pv, s, page, offset, cos, sin):
+        """The layers of one step: the CPU backend unrolls them over sliced, fused weights
+        (cpu_backend.py); accelerators scan the stacked weights, the pool in the carry."""
+        pos = s.lengths
+        if backend == "cpu":
+            for j, layer in enumerate(layers):
+                attn = layer.self_attn
+                qkv_w, o_w, gate_up_w, down_w = fused[j]
+                q, k, v = attn.project_qkv(layer.input_layernorm(h), cos, sin, qkv_w)   # [S, 1, heads, Dh]
+                at = page + j * per_layer
+                pk, pv = write_rows(pk, at, offset, k[:, 0]), write_rows(pv, at, offset, v[:, 0])
+                if groups is not None and attention == "live":
+                    out = _shared_attend(q, pk, pv, pos + 1, groups, j * per_layer)
+                else:
+                    out = _attend(q, pk, pv, pos + 1, s.table + j * per_layer, attention=attention)
+                h = h + attn.output(out, o_w)
+                h = h + layer.mlp(layer.post_attention_layernorm(h), gate_up_w, down_w)
+            return h, pk, pv
+
+        def layer_body(carry, xs):
+            h, pk, pv = carry
+            one_layer, j = xs
+            layer = nnx.merge(layer_def, one_layer)
+            attn = layer.self_attn
+            q, k, v = attn.project_qkv(layer.input_layernorm(h), cos, sin)
+            at = page + j * per_layer
+            pk, pv = write_rows(pk, at, offset, k[:, 0]), write_rows(pv, at, offset, v[:, 0])
+            out = _attend(q, pk, pv, pos + 1, s.table + j * per_layer, attention=attention)
+            h = h + attn.output(out)
+            h = h + layer.mlp(layer.post_attention_layernorm(h))
+            return (constrain(h, ("batch", "length", "act_embed")), pk, pv), None
+
+        (h, pk, pv), _ = jax.lax.scan(layer_body, (h, pk, pv),
+                                      (layer_state, jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32)))
+        return h, pk, pv
+
+    if backend == "cpu":
+        # RoPE of every position a slot can reach, once per segment (the static CPU backend's
+        # table): computed per step, XLA evaluates it inside each layer's q/k fusions
+        reach = slots.table.shape[1] * page_size + 1
+        cos_table, sin_table = (t[0] for t in rope_tables(jnp.arange(reach, dtype=jnp.int32)[None], cfg))
 
     def one_step(carry):
-        i, ks, vs, s, out_tok, out_lp, produced, fallbacks = carry
+        i, pk, pv, s, out_tok, out_lp, produced, fallbacks = carry
         # fresh slots take their first token from the prompt's hidden state in this step (one
         # chooser in the program, not two); their forward row is junk and writes nothing
         feeding = ~s.done & ~s.fresh
@@ -169,29 +360,25 @@ def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots
                                                       mode="clip")[:, 0], NULL_PAGE)
         offset = jnp.where(feeding, pos % page_size, 0)
         h = jnp.take(model.embed_tokens[...], s.last[:, None], axis=0).astype(dt)   # [S, 1, D]
-        cos, sin = rope_tables(pos[:, None], cfg)
-        ks, vs = list(ks), list(vs)
-        for j, layer in enumerate(layers):
-            attn = layer.self_attn
-            qkv_w, o_w, gate_up_w, down_w = fused[j]
-            q, k, v = attn.project_qkv(layer.input_layernorm(h), cos, sin, qkv_w)   # [S, 1, heads, Dh]
-            ks[j], vs[j] = _write(ks[j], page, offset, k[:, 0]), _write(vs[j], page, offset, v[:, 0])
-            out = paged_attention_gather(q, ks[j], vs[j], pos + 1, s.table)
-            h = h + attn.output(out, o_w)
-            h = h + layer.mlp(layer.post_attention_layernorm(h), gate_up_w, down_w)
+        if backend == "cpu":
+            cos = jnp.take(cos_table, pos[:, None], axis=0, mode="clip")                # [S, 1, Dh]
+            sin = jnp.take(sin_table, pos[:, None], axis=0, mode="clip")
+        else:
+            cos, sin = rope_tables(pos[:, None], cfg)
+        h, pk, pv = decoder(h, pk, pv, s, page, offset, cos, sin)
         hidden = jnp.where(s.fresh[:, None], s.fresh_hidden.astype(dt), model.norm(h)[:, 0])
         running = ~s.done
         tok, logp, fell_back = choose(hidden, step_keys(s), rows, running)
         s = s.replace(lengths=jnp.where(feeding, pos + 1, pos), fresh=jnp.zeros_like(s.fresh))
         s, out_tok, out_lp, produced = record(s, out_tok, out_lp, produced, tok, logp, running)
-        return i + 1, tuple(ks), tuple(vs), s, out_tok, out_lp, produced, fallbacks + fell_back.astype(jnp.int32)
+        return i + 1, pk, pv, s, out_tok, out_lp, produced, fallbacks + fell_back.astype(jnp.int32)
 
     s = slots.replace(done=slots.done & ~slots.fresh)
-    carry = (jnp.zeros((), jnp.int32), ks, vs, s, out_tok, out_lp, produced, jnp.zeros((), jnp.int32))
-    _, ks, vs, s, out_tok, out_lp, produced, fallbacks = jax.lax.while_loop(
+    carry = (jnp.zeros((), jnp.int32), pk, pv, s, out_tok, out_lp, produced, jnp.zeros((), jnp.int32))
+    _, pk, pv, s, out_tok, out_lp, produced, fallbacks = jax.lax.while_loop(
         lambda c: (c[0] < steps) & ~jnp.all(c[3].done), one_step, carry)
-    return Pool(k=ks, v=vs), SegmentOut(tokens=out_tok, logprobs=out_lp, produced=produced, slots=s,
+    return Pool(k=pk, v=pv), SegmentOut(tokens=out_tok, logprobs=out_lp, produced=produced, slots=s,
                                         head_fallbacks=fallbacks)
 
 
-__all__ = ["Pool", "SegmentOut", "Slots", "empty_pool", "prefill_chunk", "segment"]
+__all__ = ["Groups", "Pool", "SHARE_WIDTH", "SegmentOut", "Slots", "empty_pool", "prefill_chunk", "segment"]

@@ -25,6 +25,9 @@ class EngineConfig:
     prefill_lanes: int = 4
     segment: int = 16
     pages: int | str = "auto"
+    # paged attention backend (model/attention/dispatch.PAGED_IMPLEMENTATIONS; "auto": the
+    # platform's kernel, the gather path on CPU; "ragged_tpu" is refused by the engine)
+    attention: str = "auto"
     # chunk calls one scheduler step may run before the next segment (prefill is interleaved
     # with decode so running rows are not stalled by a long prompt)
     chunks_per_step: int = 4
@@ -35,30 +38,67 @@ class EngineConfig:
                 raise ValueError(f"engine {name} must be >= 1, got {getattr(self, name)}")
         if not (self.pages == "auto" or (isinstance(self.pages, int) and self.pages >= 2)):
             raise ValueError(f"engine pages must be 'auto' or an int >= 2 (page 0 is the null page), got {self.pages!r}")
+        from actionopd_jax.model.attention.dispatch import PAGED_IMPLEMENTATIONS
+
+        if self.attention not in PAGED_IMPLEMENTATIONS:
+            raise ValueError(f"engine attention={self.attention!r}; expected one of {PAGED_IMPLEMENTATIONS}")
 
     @property
     def pages_per_slot(self) -> int:
         return math.ceil(self.max_len / self.page_size)
 
 
-def pool_pages(cfg, engine: EngineConfig, *, mesh=None, dtype: str = "float32", reserve_bytes: int = 0) -> int:
-    """Pages in the pool (null page included). An int `engine.pages`: that. "auto": the
-    sampler's token budget (budget.default_token_budget: the devices' usable memory minus what
-    is in use now -- the parameters and a resident trainer's state -- times budget.SAFETY),
-    less `reserve_bytes` per chip for state not allocated yet, in pages. Where the platform
-    reports no memory limit (CPU): every slot full plus as much again for the prefix cache."""
+def engine_attention(setting: str, platform: str, backend: str) -> str:
+    """The engine's paged backend for `setting` on `platform` (dispatch.resolve_paged's
+    names and refusals); the CPU backend's gather path reads live pages only ("live")."""
+    from actionopd_jax.model.attention.dispatch import resolve_paged
+
+    impl = resolve_paged(setting, platform)
+    if impl == "ragged_tpu":
+        raise ValueError("engine attention='ragged_tpu' is not supported: the engine keeps split k/v pools and "
+                         "prefills chunks with explicit positions, which the ragged kernel does not take; use "
+                         "'paged_tpu' (the default on TPU) or 'gather'")
+    return "live" if impl == "gather" and backend == "cpu" else impl
+
+
+def pages_for(cfg, engine: EngineConfig, free_bytes_per_chip: float, *, shards: int = 1, dtype: str = "float32",
+              reserve_bytes: float = 0) -> int:
+    """Pages (null page included) in what each chip can still allocate, less `reserve_bytes`
+    per chip kept for state not allocated yet, times budget.SAFETY, the pool's KV heads split
+    over `shards` chips."""
+    per_page = budget_lib.cache_bytes_per_token(cfg, dtype) * engine.page_size / max(1, shards)
+    pages = int(max(0.0, free_bytes_per_chip - reserve_bytes) * budget_lib.SAFETY // per_page)
+    if pages < engine.pages_per_slot + 1:
+        raise ValueError(f"the devices' free memory ({free_bytes_per_chip / 2**30:.2f} GiB per chip, "
+                         f"{reserve_bytes / 2**30:.2f} GiB of it kept for the trainer) holds {pages} pages of "
+                         f"{engine.page_size} tokens, fewer than one slot's {engine.pages_per_slot}: lower the "
+                         "engine's max_len (collect.max_prompt_tokens + max_response_tokens) or free memory")
+    return pages + 1
+
+
+def pool_shards(mesh, kv_heads: int) -> int:
+    """Chips one copy of the pool is spread over: the "tensor" axis where it divides the KV
+    heads (programs.pool_sharding), else 1 (each device holds it whole)."""
+    from actionopd_jax.model.attention.paged_tpu import tensor_split
+
+    axis = tensor_split(mesh, kv_heads)
+    return dict(zip(mesh.axis_names, mesh.axis_sizes))[axis] if axis else 1
+
+
+def pool_pages(cfg, engine: EngineConfig, *, mesh=None, dtype: str = "float32", reserve_bytes: float = 0) -> int:
+    """Pages in the pool (null page included). An int `engine.pages`: that. "auto":
+    `pages_for` what the mesh's devices can still allocate now (budget.free_bytes_per_chip:
+    the parameters and a resident trainer's state are in use) less `reserve_bytes` per chip
+    (what the trainer allocates later while the pool stays resident: an update's gradients
+    and activations). Where the platform reports no memory limit (CPU): every slot full plus
+    as much again for the prefix cache."""
     if engine.pages != "auto":
         return int(engine.pages)
-    full = engine.slots * engine.pages_per_slot
-    tokens = budget_lib.default_token_budget(cfg, mesh, dtype=dtype)
-    if tokens is None:
-        return 2 * full + 1
-    tokens -= int(reserve_bytes * budget_lib.SAFETY // budget_lib.cache_bytes_per_token(cfg, dtype))
-    pages = tokens // engine.page_size
-    if pages < engine.pages_per_slot + 1:
-        raise ValueError(f"the devices' free memory holds {max(pages, 0)} pages of {engine.page_size} tokens, "
-                         f"fewer than one slot's {engine.pages_per_slot}: lower engine max_len or free memory")
-    return int(pages) + 1
+    free = budget_lib.free_bytes_per_chip(mesh)
+    if free is None:
+        return 2 * engine.slots * engine.pages_per_slot + 1
+    return pages_for(cfg, engine, free, shards=pool_shards(mesh, cfg.num_key_value_heads) if mesh is not None else 1,
+                     dtype=dtype, reserve_bytes=reserve_bytes)
 
 
-__all__ = ["EngineConfig", "pool_pages"]
+__all__ = ["EngineConfig", "engine_attention", "pages_for", "pool_pages", "pool_shards"]

@@ -85,9 +85,10 @@ def usable_limit(bytes_limit: float, platform: str) -> float:
     return bytes_limit if platform == "gpu" else bytes_limit * USABLE_MEMORY_FRACTION
 
 
-def default_token_budget(cfg, mesh=None, *, safety: float = SAFETY, dtype: str = "float32") -> int | None:
-    """The budget from what the mesh's devices (or the default device) can still allocate;
-    None where the platform reports no memory limit (CPU)."""
+def free_bytes_per_chip(mesh=None) -> float | None:
+    """What each of this process's devices of `mesh` (or the default device) can still
+    allocate, the least of them: the usable limit less `bytes_in_use`; None where the platform
+    reports no memory limit (CPU)."""
     devices = list(mesh.devices.flat) if mesh is not None else jax.local_devices()[:1]
     free = None
     for d in devices:
@@ -101,8 +102,16 @@ def default_token_budget(cfg, mesh=None, *, safety: float = SAFETY, dtype: str =
             return None
         left = usable_limit(stats["bytes_limit"], d.platform) - stats.get("bytes_in_use", 0)
         free = left if free is None else min(free, left)
+    return free
+
+
+def default_token_budget(cfg, mesh=None, *, safety: float = SAFETY, dtype: str = "float32") -> int | None:
+    """The budget from what the mesh's devices (or the default device) can still allocate;
+    None where the platform reports no memory limit (CPU)."""
+    free = free_bytes_per_chip(mesh)
     if free is None:
         return None
+    devices = list(mesh.devices.flat) if mesh is not None else jax.local_devices()[:1]
     return token_budget(cfg, free, len(devices), safety=safety, dtype=dtype)
 
 

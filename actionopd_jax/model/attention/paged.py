@@ -31,12 +31,24 @@ def storage_layout(impl: str, platform: str | None = None) -> str:
     return STORAGE_LAYOUT.get(resolve_paged(impl, platform), "split")
 
 
-def write_rows(pages, page, offset, values):
-    """pages [KVH, P, page_size, Dh] with values [*idx, KVH, Dh] stored at (page, offset) [*idx],
-    as one scatter of token rows into the pool viewed as [KVH * P * page_size, Dh] (a reshape that
-    keeps the tiled layout). The same result as `pages.at[:, page, offset].set(...)`; written that
-    way, the TPU compiler gave the scatter another layout than the kernels' and copied the whole
-    pool around it (docs/measurements.md, "Paged engine on TPU v5p-8")."""
+def _per_head_shard(local, pages, *rest, rest_specs, mesh=None):
+    """local(pages, *rest) run by each device on its own KV heads when the pool is split over
+    a "tensor" axis (paged_tpu.tensor_split): row indices computed on the global pool would
+    make the partitioner mask every row on every device and all-reduce what it gathers."""
+    from jax.sharding import PartitionSpec as P
+
+    from actionopd_jax.model.attention.paged_tpu import tensor_split
+    import jax
+
+    mesh = abstract_mesh(mesh)
+    axis = tensor_split(mesh, pages.shape[0])
+    if axis is None:
+        return local(pages, *rest)
+    return jax.shard_map(local, mesh=mesh, in_specs=(P(axis), *(spec(axis) for spec in rest_specs)),
+                         out_specs=P(axis), check_vma=False)(pages, *rest)
+
+
+def _write_rows_local(pages, page, offset, values):
     import jax.numpy as jnp
 
     kvh, n, size, dh = pages.shape
@@ -44,6 +56,42 @@ def write_rows(pages, page, offset, values):
     at = (jnp.arange(kvh, dtype=rows.dtype)[:, None] * (n * size) + rows[None, :]).reshape(-1)
     vals = jnp.moveaxis(values.reshape(-1, kvh, dh), 1, 0).reshape(-1, dh).astype(pages.dtype)
     return pages.reshape(kvh * n * size, dh).at[at].set(vals).reshape(kvh, n, size, dh)
+
+
+def write_rows(pages, page, offset, values, *, mesh=None):
+    """pages [KVH, P, page_size, Dh] with values [*idx, KVH, Dh] stored at (page, offset) [*idx],
+    as one scatter of token rows into the pool viewed as [KVH * P * page_size, Dh] (a reshape that
+    keeps the tiled layout), per device over its own KV heads under a tensor-split mesh. The same
+    result as `pages.at[:, page, offset].set(...)`; written that way, the TPU compiler gave the
+    scatter another layout than the kernels' and copied the whole pool around it
+    (docs/measurements.md, "Paged engine on TPU v5p-8")."""
+    from jax.sharding import PartitionSpec as P
+
+    lead = (None,) * (values.ndim - 2)
+    return _per_head_shard(_write_rows_local, pages, page, offset, values, mesh=mesh,
+                           rest_specs=(lambda a: P(), lambda a: P(), lambda a: P(*lead, a, None)))
+
+
+def _copy_pages_local(pages, src, dst):
+    import jax.numpy as jnp
+
+    kvh, n, size, dh = pages.shape
+    within = jnp.arange(size, dtype=src.dtype)
+    heads = jnp.arange(kvh, dtype=src.dtype)[:, None, None] * (n * size)
+    src_rows = (heads + (src * size)[None, :, None] + within).reshape(-1)
+    dst_rows = (heads + (dst * size)[None, :, None] + within).reshape(-1)
+    flat = pages.reshape(kvh * n * size, dh)
+    return flat.at[dst_rows].set(flat[src_rows]).reshape(kvh, n, size, dh)
+
+
+def copy_pages(pages, src, dst, *, mesh=None):
+    """pages [KVH, P, page_size, Dh] with page dst[m] made a copy of page src[m] (i32[M];
+    pairs NULL -> NULL pad), in the same row view as `write_rows` and per device over its own KV
+    heads, so the copy-on-write of a shared prompt's last page moves M pages, not the pool."""
+    from jax.sharding import PartitionSpec as P
+
+    return _per_head_shard(_copy_pages_local, pages, src, dst, mesh=mesh,
+                           rest_specs=(lambda a: P(), lambda a: P()))
 
 
 def paged_attention(q, k_pages, v_pages, lengths, page_table, *, q_positions=None, impl: str = "auto",
@@ -69,4 +117,4 @@ def paged_attention(q, k_pages, v_pages, lengths, page_table, *, q_positions=Non
     return paged_attention_gather(q, k_pages, v_pages, lengths, page_table, q_positions=q_positions)
 
 
-__all__ = ["paged_attention", "storage_layout", "write_rows"]
+__all__ = ["copy_pages", "paged_attention", "storage_layout", "write_rows"]
