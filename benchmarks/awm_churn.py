@@ -30,10 +30,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.mcp_env import row  # noqa: E402
+from benchmarks.mcp_env import play_reference, row  # noqa: E402
 
 from actionopd_jax.envs.awm.layout import FILES, SOLUTIONS_FILE  # noqa: E402
-from actionopd_jax.types import ToolCall  # noqa: E402
 
 
 def distinct_copy(src: Path, dst: Path, n: int) -> None:
@@ -60,21 +59,9 @@ async def play(make, tasks: list, out: dict[str, list[float]], reset_key: str) -
     from actionopd_jax.envs.reference import reference_policy
 
     async def one(task) -> None:
-        env, policy = make(task), reference_policy(task)
-        t0 = time.perf_counter()
-        obs = await env.reset(task)
-        out[reset_key].append(time.perf_counter() - t0)
-        done = False
-        while not done:
-            action = policy.next_action(obs)
-            t1 = time.perf_counter()
-            obs, done = await env.step(action)
-            if isinstance(action, ToolCall):
-                out["call"].append(time.perf_counter() - t1)
-        t2 = time.perf_counter()
-        score = await asyncio.to_thread(env.score)
-        out["score"].append(time.perf_counter() - t2)
-        out["success"].append(float(score["success"]))
+        times = await play_reference(make(task), reference_policy(task), task)
+        for kind, xs in times.items():
+            out[reset_key if kind == "reset" else kind].extend(xs)
 
     await asyncio.gather(*(one(t) for t in tasks))
 

@@ -64,6 +64,27 @@ async def run(pool: McpPool, episodes: int, rounds: int, calls: int) -> dict[str
     return out
 
 
+async def play_reference(env, policy, task) -> dict[str, list[float]]:
+    """One episode of `env` playing `policy` (a task's reference solution), timed: seconds of
+    the reset (the pool's lease), of each tool call and of the score (verifier), and success."""
+    times: dict[str, list[float]] = {"reset": [], "call": [], "score": []}
+    t0 = time.perf_counter()
+    obs = await env.reset(task)
+    times["reset"].append(time.perf_counter() - t0)
+    done = False
+    while not done:
+        action = policy.next_action(obs)
+        t1 = time.perf_counter()
+        obs, done = await env.step(action)
+        if isinstance(action, ToolCall):
+            times["call"].append(time.perf_counter() - t1)
+    t2 = time.perf_counter()
+    score = await asyncio.to_thread(env.score)
+    times["score"].append(time.perf_counter() - t2)
+    times["success"] = [float(score["success"])]
+    return times
+
+
 async def run_awm(make, tasks: list, episodes: int, rounds: int) -> dict[str, list[float]]:
     """`episodes` concurrent AwmEnv episodes a round (task i % len(tasks)), each playing its
     reference solution: lease (reset), tool calls, final answer, score (verifier)."""
@@ -73,21 +94,9 @@ async def run_awm(make, tasks: list, episodes: int, rounds: int) -> dict[str, li
 
     async def one(i: int, r: int) -> None:
         task = tasks[i % len(tasks)]
-        env, policy = make(task), reference_policy(task)
-        t0 = time.perf_counter()
-        obs = await env.reset(task)
-        out.setdefault(f"acquire{r}", []).append(time.perf_counter() - t0)
-        done = False
-        while not done:
-            action = policy.next_action(obs)
-            t1 = time.perf_counter()
-            obs, done = await env.step(action)
-            if isinstance(action, ToolCall):
-                out.setdefault(f"call{r}", []).append(time.perf_counter() - t1)
-        t2 = time.perf_counter()
-        score = await asyncio.to_thread(env.score)
-        out.setdefault(f"score{r}", []).append(time.perf_counter() - t2)
-        out.setdefault(f"success{r}", []).append(float(score["success"]))
+        times = await play_reference(make(task), reference_policy(task), task)
+        for kind, xs in times.items():
+            out.setdefault(f"{'acquire' if kind == 'reset' else kind}{r}", []).extend(xs)
 
     for r in range(rounds):
         t = time.perf_counter()
