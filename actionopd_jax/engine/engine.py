@@ -31,7 +31,7 @@ from flax import nnx
 import actionopd_jax.engine.programs as programs
 import actionopd_jax.sampling.cpu_backend as cpu_backend
 import actionopd_jax.sampling.decode as decode_lib
-from actionopd_jax.engine.groups import share_groups
+from actionopd_jax.engine.groups import arrange, compact_rows
 from actionopd_jax.engine.pages import NULL_PAGE, PagePool, page_keys
 from actionopd_jax.engine.requests import EngineStats, Request, pages_needed, validate
 from actionopd_jax.engine.sessions import Sessions
@@ -58,8 +58,8 @@ class Engine:
     under when given; reserve_bytes: per-chip memory to leave for state not yet allocated
     (a trainer's), when the pool is sized "auto"."""
 
-    # CPU: a prompt's pages read once for up to SHARE_WIDTH of its samples (programs.Groups);
-    # False reads them per slot (kept to measure the difference)
+    # CPU: a prompt's pages read once for up to SHARE_WIDTH of its samples (programs.Groups,
+    # groups.arrange); False reads them per slot (kept to measure the difference)
     share_prompts = True
 
     def __init__(self, model, cfg=None, *, eos_ids: Sequence[int], config: EngineConfig | None = None,
@@ -325,38 +325,50 @@ class Engine:
         self.starting = []
         return fresh, fresh_hidden, copy_src, copy_dst
 
+    def _segment_rows(self) -> tuple[np.ndarray, programs.Groups | None]:
+        """The slots this segment's program runs on, in order, and the CPU path's prompt
+        sharing. Accelerators: every slot (one program, the shape the AOT numbers are for).
+        The CPU backend: only as many rows as hold the running slots (a program per
+        `programs.row_buckets` size; a step's cost is per row there), laid out by
+        groups.arrange so that a prompt's samples read its pages together."""
+        if self.backend != "cpu":
+            return np.arange(self.config.slots), None
+        if self.share_prompts and self.attention() == "live":
+            return arrange(self.running, self.host["table"], self.config)
+        return compact_rows(self.running, self.config.slots), None
+
     def _segment(self) -> list[Request]:
         c, h = self.config, self.host
         fresh, fresh_hidden, copy_src, copy_dst = self._start_samples()
-        slots = programs.Slots(fresh=fresh, fresh_hidden=fresh_hidden, **h)
+        rows, groups = self._segment_rows()
+        row_of = {int(slot): i for i, slot in enumerate(rows)}
+        slots = programs.Slots(fresh=fresh[rows], fresh_hidden=fresh_hidden[rows], **{k: v[rows] for k, v in h.items()})
         t0 = time.perf_counter()
         args = (*self._split, self._checked_head(), self.pool, slots, copy_src, copy_dst, self.eos_ids)
-        if self.share_prompts and self.backend == "cpu" and self.attention() == "live":
-            args += (self._groups(),)
+        if groups is not None:
+            args += (groups,)
         static = {"steps": c.segment, "page_size": c.page_size, "cap": self.cap, "head": self.lm_head,
                   "backend": self.backend, "attention": self.attention()}
-        self.pool, out = self._run("segment", programs.segment, args, static, donate=(3,))
+        self.pool, out = self._run(f"segment{rows.size}", programs.segment, args, static, donate=(3,))
         out = jax.device_get(out)
         self.stats.decode_s += time.perf_counter() - t0
         self.stats.segments += 1
         self.stats.head_fallback_steps += int(out.head_fallbacks)
         self.stats.decode_row_steps += int(out.produced.max()) * len(self.running)
         for name in h:
-            h[name] = np.array(getattr(out.slots, name))
+            h[name][rows] = np.asarray(getattr(out.slots, name))
         finished = []
         for slot, (req, j) in list(self.running.items()):
-            k = int(out.produced[slot])
-            req.tokens[j] += out.tokens[slot, :k].tolist()
-            req.logprobs[j] += out.logprobs[slot, :k].tolist()
+            i = row_of[slot]
+            k = int(out.produced[i])
+            req.tokens[j] += out.tokens[i, :k].tolist()
+            req.logprobs[j] += out.logprobs[i, :k].tolist()
             self.stats.generated_tokens += k
             if h["done"][slot]:
                 req.stopped[j] = bool(h["stopped"][slot])
                 if self._retire(slot, req, j):
                     finished.append(req)
         return finished
-
-    def _groups(self) -> programs.Groups:
-        return share_groups(self.running, self.host["table"], self.config)
 
     def _retire(self, slot: int, req: Request, j: int) -> bool:
         """Free a finished sample's slot; True when it was its request's last one."""
@@ -410,7 +422,7 @@ class Engine:
         program = _PROGRAMS.get(key)
         if program is None:
             t0 = time.perf_counter()
-            options = cpu_backend.compiler_options("decode" if kind == "segment" else "prefill") \
+            options = cpu_backend.compiler_options("decode" if kind.startswith("segment") else "prefill") \
                 if self.backend == "cpu" else ()
             jitted = jax.jit(functools.partial(fn, **static), static_argnums=(0,), donate_argnums=donate)
             with self._mesh():

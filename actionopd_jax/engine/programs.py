@@ -25,7 +25,8 @@ copies are row scatters of it (paged.write_rows / copy_pages), attention goes th
 switch (`attention`: paged.paged_attention's names, or "live", the CPU gather path over live
 pages only, paged_live.py). On accelerators a decode step scans the stacked layer weights with
 the pool in the carry; on the CPU backend layers are unrolled over the fused output-major step
-weights as the static CPU backend does, and the LM head runs on the running slots only.
+weights as the static CPU backend does, and the engine runs the segment on only as many rows
+as hold its live slots (a program per `row_buckets` size; the host compacts the slots).
 """
 
 from __future__ import annotations
@@ -40,7 +41,8 @@ from flax import nnx
 import actionopd_jax.sampling.cpu_backend as cpu_backend
 import actionopd_jax.sampling.decode as decode_lib
 from actionopd_jax.model.attention.paged import copy_pages, paged_attention, write_rows
-from actionopd_jax.model.attention.paged_live import MASK_VALUE, live_part, merge_parts, paged_attention_live
+from actionopd_jax.model.attention.paged_live import (MASK_VALUE, block_pages_for, live_part, merge_parts,
+                                                     paged_attention_live)
 from actionopd_jax.model.layers import rope_tables
 from actionopd_jax.model.sharding import constrain
 from actionopd_jax.engine.pages import NULL_PAGE
@@ -104,50 +106,47 @@ class Slots:
 
 
 SHARE_WIDTH = 4   # samples of one prompt whose queries share one read of its pages (CPU "live" path)
+SHARED_BLOCK_TOKENS = 512   # keys per block of the shared pass (fewer, larger blocks: measured
+                            # 0.58 vs 0.74 ms per layer-step at 128, bench-tiny, 8 x 512-token prompts)
 
 
 @flax.struct.dataclass
 class Groups:
-    """The CPU live path's prompt sharing (the static CPU backend's shared prompt, on pages): a
-    group is up to SHARE_WIDTH running samples of one request; its queries attend over the
-    request's full prompt pages in one pass (the pages read once, not once per sample), each
-    slot attends over its own pages (`own_table`: its table past the shared pages) in a second
-    pass, and the two online-softmax states are merged. Rows [count:) of the group arrays are
-    unused; a slot in no group (own_start 0) has everything in its own pass."""
+    """The CPU live path's prompt sharing (the static CPU backend's shared prompt, on pages).
+    The segment's rows are blocks of SHARE_WIDTH (row r: member r % SHARE_WIDTH of block
+    r // SHARE_WIDTH; rows past the last whole block are in none). Block b's queries attend
+    over `table[b]`'s pages, `length[b]` tokens (0: none) in one pass, each row attends over
+    its own pages (`own_table`: its table past the first `own_start` tokens) in a second, and
+    the two online-softmax states are merged. A row with own_start 0 (a sample not sharing,
+    or an idle row) has everything in its own pass (groups.arrange builds these)."""
 
-    member: jax.Array       # i32[G, SHARE_WIDTH]: the group's slots (padded with its first)
-    table: jax.Array        # i32[G, pages_per_slot]: the shared prompt pages, null-padded
-    length: jax.Array       # i32[G]: shared tokens (whole pages)
-    count: jax.Array        # i32[]: live groups, first in the arrays
-    slot_group: jax.Array   # i32[S]
-    slot_member: jax.Array  # i32[S]
-    own_start: jax.Array    # i32[S]: tokens of the slot's cache in its group's pass
-    own_table: jax.Array    # i32[S, pages_per_slot]: table[s, own_start // page:], null-padded
+    table: jax.Array        # i32[B, pages_per_slot]: the block's shared prompt pages, null-padded
+    length: jax.Array       # i32[B]: shared tokens (whole pages)
+    own_start: jax.Array    # i32[S]: tokens of the row's cache in its block's pass
+    own_table: jax.Array    # i32[S, pages_per_slot]: the row's pages from own_start on, null-padded
 
 
 def _shared_attend(q, pk, pv, lengths, groups: Groups, shift):
-    """Live attention with each group's prompt pages read once (Groups)."""
-    n_groups, width = groups.member.shape
-    qm = q[:, 0][groups.member]                                               # [G, M, Hq, Dh]
-    positions = jnp.broadcast_to(groups.length[:, None] - 1, (n_groups, width))
-
-    def branch(size):
-        def f(_):
-            top, total, acc = live_part(qm[:size], pk, pv, groups.length[:size], groups.table[:size] + shift,
-                                        q_positions=positions[:size])
-            pad = lambda x, fill: jnp.pad(x, [(0, n_groups - size)] + [(0, 0)] * (x.ndim - 1), constant_values=fill)
-            return pad(top, MASK_VALUE), pad(total, 0.0), pad(acc, 0.0)
-        return f
-
-    sizes = _row_buckets(n_groups)
-    index = jnp.minimum(jnp.searchsorted(jnp.asarray(sizes, jnp.int32), groups.count), len(sizes) - 1)
-    top, total, acc = jax.lax.switch(index, [branch(b) for b in sizes], None)   # [G, KVH, Gq, M(, Dh)]
-    g, m = groups.slot_group, groups.slot_member
-    inside = (groups.own_start > 0)[:, None, None, None]
-    shared = (jnp.where(inside, top[g, :, :, m][..., None], MASK_VALUE),
-              jnp.where(inside, total[g, :, :, m][..., None], 0.0),
-              jnp.where(inside[..., None], acc[g, :, :, m][..., None, :], 0.0))
+    """Live attention with each block's prompt pages read once (Groups)."""
+    n_rows, n_blocks = q.shape[0], groups.length.shape[0]
     own = live_part(q, pk, pv, lengths - groups.own_start, groups.own_table + shift)
+    if n_blocks == 0:
+        return merge_parts([own], q.dtype)
+    inner = n_blocks * SHARE_WIDTH
+    qm = q[:inner, 0].reshape(n_blocks, SHARE_WIDTH, *q.shape[2:])          # the block's queries as its "tokens"
+    positions = jnp.broadcast_to(groups.length[:, None] - 1, qm.shape[:2])
+    block_pages = block_pages_for(pk.shape[2], groups.table.shape[1], SHARED_BLOCK_TOKENS)
+    parts = live_part(qm, pk, pv, groups.length, groups.table + shift, q_positions=positions,
+                      block_pages=block_pages)                                # [B, KVH, Gq, W(, Dh)]
+
+    def by_row(x, fill):                                                      # -> [S, KVH, Gq, 1(, Dh)]
+        x = jnp.moveaxis(x, 3, 1).reshape(inner, *x.shape[1:3], 1, *x.shape[4:])
+        return jnp.pad(x, [(0, n_rows - inner)] + [(0, 0)] * (x.ndim - 1), constant_values=fill)
+
+    inside = (groups.own_start > 0)[:, None, None, None]
+    top, total, acc = parts
+    shared = (jnp.where(inside, by_row(top, MASK_VALUE), MASK_VALUE), jnp.where(inside, by_row(total, 0.0), 0.0),
+              jnp.where(inside[..., None], by_row(acc, 0.0), 0.0))
     return merge_parts([shared, own], q.dtype)
 
 
@@ -205,41 +204,14 @@ def prefill_chunk(graphdef: nnx.GraphDef, params: Any, pool: Pool, tokens: jax.A
     return Pool(k=pk, v=pv), hidden
 
 
-def _row_buckets(n_slots: int) -> tuple[int, ...]:
+def row_buckets(n_slots: int) -> tuple[int, ...]:
+    """Row counts a CPU program is compiled for, up to `n_slots`: 4, 8, 16, ..., n_slots (the
+    smallest that holds the live rows runs; engine.Engine compacts them host-side)."""
     sizes, b = [], 4
     while b < n_slots:
         sizes.append(b)
         b *= 2
     return tuple(sizes) + (n_slots,)
-
-
-def _running_rows_only(choose, n_slots: int):
-    """The CPU backend's LM head over the running slots only: they are moved to the front and
-    the head runs on the smallest of a few fixed row counts that holds them (one branch per
-    count, `lax.switch`), so idle and finished slots do not pay for the head, the largest
-    cost of a small model's step. Each row's token depends on its own hidden state, key and
-    settings only, so which rows share the call does not change it."""
-    sizes = _row_buckets(n_slots)
-    if len(sizes) == 1:
-        return choose
-
-    def run(hidden, keys, rows, running):
-        order = jnp.argsort(~running, stable=True).astype(jnp.int32)       # running slots first
-        n = running.sum()
-
-        def branch(size):
-            def f(_):
-                if size == n_slots:        # every slot: no reordering (measured: 4-7 ms of a ~30 ms step)
-                    return choose(hidden, keys, rows, running)
-                o = order[:size]
-                tok, logp, fell = choose(hidden[o], keys[o], jax.tree.map(lambda x: x[o], rows), running[o])
-                return (jnp.zeros((n_slots,), tok.dtype).at[o].set(tok),
-                        jnp.zeros((n_slots,), logp.dtype).at[o].set(logp), fell)
-            return f
-
-        index = jnp.searchsorted(jnp.asarray(sizes, jnp.int32), n.astype(jnp.int32))
-        return jax.lax.switch(jnp.minimum(index, len(sizes) - 1), [branch(b) for b in sizes], None)
-    return run
 
 
 COPY_BLOCK = 8   # page copies per loop trip of the copy-on-write pass
@@ -302,7 +274,6 @@ def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots
 
     choose = decode_lib.token_chooser(model, head, cap=cap, backend=backend, checked=checked)
     if backend == "cpu":
-        choose = _running_rows_only(choose, n_slots)
         layers = _layer_modules(model)
         fused = [cpu_backend.step_weights(layer) for layer in layers]
     else:
@@ -381,4 +352,5 @@ def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots
                                         head_fallbacks=fallbacks)
 
 
-__all__ = ["Groups", "Pool", "SHARE_WIDTH", "SegmentOut", "Slots", "empty_pool", "prefill_chunk", "segment"]
+__all__ = ["Groups", "Pool", "SHARE_WIDTH", "SegmentOut", "Slots", "empty_pool", "prefill_chunk", "row_buckets",
+           "segment"]
