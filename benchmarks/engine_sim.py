@@ -1,6 +1,6 @@
 """Replay simulation of one paper-scale collection step: today's static sampler vs the paged engine.
 
-    python benchmarks/engine_sim.py [--seed 0] [--runs 5] [--engine-fixed-ms 4.35] [--static-ratio 1.53]
+    python benchmarks/engine_sim.py [--seed 0] [--runs 5] [--engine-fixed-ms 1.94] [--static-ratio 1.53]
 
 Compiler estimates, not a measurement: the device is modelled by per-step costs from the TPU
 compiler (benchmarks/sampler_aot.py for today's decode, benchmarks/engine_aot.py for the
@@ -238,7 +238,7 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--runs", type=int, default=5, help="workloads drawn (seeds seed .. seed + runs - 1)")
     ap.add_argument("--static-ratio", type=float, default=1.53, help="today's decode step / its bandwidth bound")
-    ap.add_argument("--engine-fixed-ms", type=float, default=4.35,
+    ap.add_argument("--engine-fixed-ms", type=float, default=1.94,
                     help="segment step without the kernel, 256 slots (engine_aot.py)")
     ap.add_argument("--kernel-efficiency", type=float, default=0.86, help="paged kernel's share of HBM bandwidth")
     ap.add_argument("--slots", type=int, default=256)
