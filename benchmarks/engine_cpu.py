@@ -1,6 +1,6 @@
 """The continuous-batching engine against the static sampler on CPU, same keys, same samples.
 
-    python benchmarks/engine_cpu.py [--config bench-tiny] [--reps 2] [--segment 16]
+    python benchmarks/engine_cpu.py [--config bench-tiny] [--reps 3] [--segment 16]
 
 Workloads (random bench-tiny weights; every run is warmed up first, so compile time is not in
 the numbers; static and engine runs alternate; both paths use the default "checked" LM head):
@@ -75,7 +75,7 @@ def _turns(run_one, prompts, reps_key):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--config", default="bench-tiny", choices=["bench-tiny", "bench-small"])
-    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--segment", type=int, default=16)
     args = ap.parse_args()
     model = _model(args.config)
