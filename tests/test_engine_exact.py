@@ -1,12 +1,14 @@
 """The engine gives the static sampler's samples (same tokens, same finish reasons, logprobs to
 float32 rounding) whatever the arrival order, the slot a sample lands in and the segment
-length; and a new mix of requests never compiles again."""
+length; and a new mix of requests never compiles again (the CPU engine's programs: the prefill
+chunk and one segment per row count, programs.row_buckets, each compiled once)."""
 
 import jax
 import numpy as np
 import pytest
 
 from _engine_fixtures import assert_same, engine, reference
+from actionopd_jax.engine.programs import row_buckets
 
 N_STATES = 7
 
@@ -48,7 +50,8 @@ def test_new_request_mixes_never_compile_again():
     eng = engine(3)
     prompts, settings, keys = _workload(seed=3)
     eng.sample(prompts, key=keys, **settings)
-    assert eng.compile_count <= 2            # chunk + segment (0 if another test compiled them)
+    # chunk + a segment per row count (6 slots: 4 and 6 rows); 0 if another test compiled them
+    assert eng.compile_count <= 1 + len(row_buckets(eng.config.slots)) == 3
     before = eng.compile_count
     for seed in (11, 12):                    # other lengths, n, max_new, sampling settings
         prompts, settings, keys = _workload(seed)

@@ -2,7 +2,8 @@
 
 Every shape is fixed when the engine is built (slots, pages per slot, pool size, chunk length,
 prefill lanes, segment length), and everything about the requests is traced data, so a change
-in the mix of requests never compiles again.
+in the mix of requests never compiles again (on the CPU backend a segment program per row
+count, `row_buckets`, each compiled the first time that many rows run).
 
 - `prefill_chunk`: `lanes` prompts, `chunk` tokens each (a lane's real tokens are a prefix of
   it, `n_valid`), at absolute positions `start + [0, chunk)`: their keys/values go straight into
