@@ -18,22 +18,26 @@ import actionopd_jax.engine.programs as programs
 from actionopd_jax.engine.pages import NULL_PAGE
 
 
+def row_count(n_running: int, n_slots: int) -> int:
+    """Rows a segment with `n_running` running slots runs: the smallest `row_buckets` size."""
+    return next(b for b in programs.row_buckets(n_slots) if b >= n_running)
+
+
 def compact_rows(running: dict, n_slots: int) -> np.ndarray:
-    """The running slots first, padded with idle ones to the smallest `row_buckets` size."""
+    """The running slots first, padded with idle ones to `row_count` rows."""
     busy = sorted(running)
-    size = next(b for b in programs.row_buckets(n_slots) if b >= len(busy))
-    idle = [s for s in range(n_slots) if s not in running][:size - len(busy)]
+    idle = [s for s in range(n_slots) if s not in running][:row_count(len(busy), n_slots) - len(busy)]
     return np.asarray(busy + idle, np.int64)
 
 
 def arrange(running: dict, table: np.ndarray, config) -> tuple[np.ndarray, programs.Groups]:
     """running: slot -> (request, sample); table: every slot's page table. Returns the rows
-    (slot ids, as `compact_rows`' count) and their Groups: each request with two or more
+    (slot ids, `row_count` of them) and their Groups: each request with two or more
     running samples and a whole prompt page gets a block per SHARE_WIDTH of them (the largest
     first, while blocks are left); the other samples (singles) fill the free rows and read
     all their pages in their own pass."""
     c, width = config, programs.SHARE_WIDTH
-    n_rows = compact_rows(running, c.slots).size
+    n_rows = row_count(len(running), c.slots)
     n_blocks = n_rows // width
     by_request: dict[int, list[int]] = {}
     for slot in sorted(running):
@@ -74,4 +78,4 @@ def arrange(running: dict, table: np.ndarray, config) -> tuple[np.ndarray, progr
     return rows, programs.Groups(table=g_table, length=length, own_start=own_start, own_table=own_table)
 
 
-__all__ = ["arrange", "compact_rows"]
+__all__ = ["arrange", "compact_rows", "row_count"]
