@@ -58,3 +58,38 @@ def test_new_request_mixes_never_compile_again():
         result = eng.sample(prompts[:4], key=keys[:4], **{k: v[:4] for k, v in settings.items()})
         assert result.compiled_programs == 0
     assert eng.compile_count == before
+
+
+def test_run_ahead_ends_segments_at_each_finish_and_keeps_the_samples():
+    """`sample` (Engine.step(run_ahead=True)): while nothing waits, a segment runs past
+    `segment` steps and ends after the first step in which a row finishes, so the segments
+    are one per distinct finishing step here (every row starts in the first segment), against
+    at least ceil(longest / segment) plain ones; the samples are the static sampler's."""
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(0, 256, size=6 + 3 * i).astype(np.int32) for i in range(3)]
+    settings = dict(n=[2, 2, 2], max_new_tokens=[4, 11, 20], temperature=[1.0, 0.7, 1.0], top_p=[1.0] * 3,
+                    top_k=[0] * 3)
+    keys = [jax.random.key(300 + i) for i in range(3)]
+    want = reference(prompts, keys, **settings)
+    eng = engine(3)                          # max_segment 24 >= every row's length
+    before = eng.stats.segments
+    assert_same(eng.sample(prompts, key=keys, **settings).generations, want)
+    ends = {g.token_ids.size for gens in want for g in gens}
+    assert eng.stats.segments - before == len(ends)
+
+    plain = engine(3)
+    reqs = [plain.submit(p, key=k, **{name: v[i] for name, v in settings.items()})
+            for i, (p, k) in enumerate(zip(prompts, keys))]
+    before = plain.stats.segments
+    while plain.busy:
+        plain.step()
+    assert_same([r.generations for r in reqs], want)
+    assert plain.stats.segments - before >= -(-max(ends) // 3) > len(ends)
+
+
+def test_run_ahead_with_requests_waiting_keeps_the_samples():
+    """More states than slots: `sample` runs plain segments while requests wait, run-ahead
+    ones after, with the static sampler's samples."""
+    prompts, settings, keys = _workload(seed=21)
+    assert sum(settings["n"]) > engine(3).config.slots
+    assert_same(engine(3).sample(prompts, key=keys, **settings).generations, reference(prompts, keys, **settings))

@@ -68,7 +68,7 @@ def lower_engine_programs(cfg, mesh, shapes: EngineConfig, *, attention: str = "
     rep = NamedSharding(mesh, P())
     i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32, sharding=rep)  # noqa: E731
     what = label or f"{shapes.slots} slots x {shapes.max_len:,} tokens, pages of {shapes.page_size}, {impl}"
-    segment = jax.jit(functools.partial(programs.segment, steps=shapes.segment, page_size=shapes.page_size, cap=cap,
+    segment = jax.jit(functools.partial(programs.segment, steps=shapes.max_segment, page_size=shapes.page_size, cap=cap,
                                         head=head, backend="accelerator", attention=impl),
                       static_argnums=(0,), donate_argnums=(3,))
     chunk = jax.jit(functools.partial(programs.prefill_chunk, page_size=shapes.page_size, attention=impl),
@@ -78,7 +78,8 @@ def lower_engine_programs(cfg, mesh, shapes: EngineConfig, *, attention: str = "
         lower_for(chunk, (graphdef, params, pool, i32(lanes, shapes.chunk), i32(lanes), i32(lanes), i32(lanes, pps)),
                   label=f"engine prefill chunk ({what})", platform=platform, mesh=mesh, traced_for=traced_for),
         lower_for(segment, (graphdef, params, None, pool, abstract_slots(cfg, mesh, shapes.slots, pps),
-                            i32(shapes.slots), i32(shapes.slots), i32(2)),
+                            i32(shapes.slots), i32(shapes.slots), i32(2), None, i32(),
+                            jax.ShapeDtypeStruct((), jnp.bool_, sharding=rep)),
                   label=f"engine decode segment ({what})", platform=platform, mesh=mesh, traced_for=traced_for)]
     if impl == "paged_gpu":
         for r in reports:

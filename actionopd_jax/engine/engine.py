@@ -161,8 +161,12 @@ class Engine:
         while self.busy:
             self.step()
 
-    def step(self) -> list[Request]:
-        """One scheduler round (module docstring); returns the requests finished in it."""
+    def step(self, run_ahead: bool = False) -> list[Request]:
+        """One scheduler round (module docstring); returns the requests finished in it.
+        run_ahead: the caller submits nothing while this runs (the static sampler's API), so
+        while no request waits to be admitted or prefilled the segment may run up to
+        `EngineConfig.max_segment` steps, ending at the first row that finishes (its slot is
+        retired and refilled no later than with plain segments; fewer program calls)."""
         if self.model is None:
             raise RuntimeError("the engine has no weights yet: call load_policy(graphdef, params) first")
         if self.pool is None:
@@ -175,7 +179,7 @@ class Engine:
         self._admit()
         self._prefill()
         if self.running or self.starting:
-            finished += self._segment()
+            finished += self._segment(run_ahead and not self.waiting and not self.prefilling)
         return finished
 
     # --- weights ----------------------------------------------------------------------------
@@ -337,7 +341,7 @@ class Engine:
             return arrange(self.running, self.host["table"], self.config)
         return compact_rows(self.running, self.config.slots), None
 
-    def _segment(self) -> list[Request]:
+    def _segment(self, run_ahead: bool = False) -> list[Request]:
         c, h = self.config, self.host
         fresh, fresh_hidden, copy_src, copy_dst = self._start_samples()
         rows, groups = self._segment_rows()
@@ -345,9 +349,9 @@ class Engine:
         slots = programs.Slots(fresh=fresh[rows], fresh_hidden=fresh_hidden[rows], **{k: v[rows] for k, v in h.items()})
         t0 = time.perf_counter()
         args = (*self._split, self._checked_head(), self.pool, slots, copy_src, copy_dst, self.eos_ids)
-        if groups is not None:
-            args += (groups,)
-        static = {"steps": c.segment, "page_size": c.page_size, "cap": self.cap, "head": self.lm_head,
+        limit = np.int32(c.max_segment if run_ahead else c.segment)
+        args += (groups, limit, np.bool_(run_ahead))
+        static = {"steps": c.max_segment, "page_size": c.page_size, "cap": self.cap, "head": self.lm_head,
                   "backend": self.backend, "attention": self.attention()}
         self.pool, out = self._run(f"segment{rows.size}", programs.segment, args, static, donate=(3,))
         out = jax.device_get(out)

@@ -16,7 +16,11 @@ class EngineConfig:
     one slot can hold (prompt + generated), so pages_per_slot = ceil(max_len / page_size);
     chunk: prompt tokens per prefill lane per chunk call; prefill_lanes: prompts one chunk call
     takes; segment: decode steps per segment (the scheduler's granularity: rows leave and join
-    between segments); pages: pool size including the null page, or "auto" (`pool_pages`)."""
+    between segments); run_ahead: a caller with every request already submitted
+    (`Engine.step(run_ahead=True)`, the static sampler's API) lets a segment run up to
+    segment * run_ahead steps while nothing waits to be admitted or prefilled, ending at the
+    first step where a row finishes, so its slot is retired as soon as a segment would; pages:
+    pool size including the null page, or "auto" (`pool_pages`)."""
 
     slots: int = 32
     page_size: int = 16
@@ -24,6 +28,9 @@ class EngineConfig:
     chunk: int = 256
     prefill_lanes: int = 4
     segment: int = 16
+    # each program call costs a fixed part (on CPU ~8 ms of set-up plus first touches of the
+    # head's ~110 MB of temporaries, bench-tiny): fewer, longer calls where no scheduling is lost
+    run_ahead: int = 8
     pages: int | str = "auto"
     # paged attention backend (model/attention/dispatch.PAGED_IMPLEMENTATIONS; "auto": the
     # platform's kernel, the gather path on CPU; "ragged_tpu" is refused by the engine)
@@ -33,7 +40,8 @@ class EngineConfig:
     chunks_per_step: int = 4
 
     def __post_init__(self):
-        for name in ("slots", "page_size", "max_len", "chunk", "prefill_lanes", "segment", "chunks_per_step"):
+        for name in ("slots", "page_size", "max_len", "chunk", "prefill_lanes", "segment", "run_ahead",
+                     "chunks_per_step"):
             if int(getattr(self, name)) < 1:
                 raise ValueError(f"engine {name} must be >= 1, got {getattr(self, name)}")
         if not (self.pages == "auto" or (isinstance(self.pages, int) and self.pages >= 2)):
@@ -42,6 +50,11 @@ class EngineConfig:
 
         if self.attention not in PAGED_IMPLEMENTATIONS:
             raise ValueError(f"engine attention={self.attention!r}; expected one of {PAGED_IMPLEMENTATIONS}")
+
+    @property
+    def max_segment(self) -> int:
+        """Decode steps one segment program can run (its token buffers' width)."""
+        return self.segment * self.run_ahead
 
     @property
     def pages_per_slot(self) -> int:

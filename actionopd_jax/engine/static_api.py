@@ -29,7 +29,7 @@ def sample_all(engine, prompts, *, n=1, max_new_tokens, temperature=1.0, top_p=1
               st.head_fallback_steps)
     reqs = [engine.submit(p, key=keys[i], **{name: per[name][i] for name in per}) for i, p in enumerate(prompts)]
     while any(not r.done for r in reqs):
-        engine.step()
+        engine.step(run_ahead=True)       # nothing is submitted while this loop runs
     return SampleResult(generations=[r.generations for r in reqs], compiled_programs=engine.compile_count - before[0],
                         prefill_s=st.prefill_s - before[1], decode_s=st.decode_s - before[2],
                         generated_tokens=st.generated_tokens - before[3], row_steps=st.decode_row_steps - before[4],
