@@ -60,11 +60,28 @@ def test_new_request_mixes_never_compile_again():
     assert eng.compile_count == before
 
 
-def test_run_ahead_ends_segments_at_each_finish_and_keeps_the_samples():
+def _run_ahead_segments(lengths, buckets, limit):
+    """Segments the run-ahead policy makes when every row starts in the first one and nothing
+    waits: each runs until `limit` steps, or until the rows still running fit a smaller row
+    count than the rows running at its start (a row of length L runs L steps)."""
+    t, segments = 0, 0
+    while any(n > t for n in lengths):
+        running = sum(n > t for n in lengths)
+        below = max([b for b in buckets if b < running], default=0)
+        for _ in range(limit):
+            t += 1
+            left = sum(n > t for n in lengths)
+            if left == 0 or left <= below:
+                break
+        segments += 1
+    return segments
+
+
+def test_run_ahead_segments_follow_the_row_counts_and_keep_the_samples():
     """`sample` (Engine.step(run_ahead=True)): while nothing waits, a segment runs past
-    `segment` steps and ends after the first step in which a row finishes, so the segments
-    are one per distinct finishing step here (every row starts in the first segment), against
-    at least ceil(longest / segment) plain ones; the samples are the static sampler's."""
+    `segment` steps and ends early only where the rows still running fit a smaller row count's
+    program (6 slots: 4 and 6 rows), against at least ceil(longest / segment) plain segments;
+    the samples are the static sampler's either way."""
     rng = np.random.default_rng(5)
     prompts = [rng.integers(0, 256, size=6 + 3 * i).astype(np.int32) for i in range(3)]
     settings = dict(n=[2, 2, 2], max_new_tokens=[4, 11, 20], temperature=[1.0, 0.7, 1.0], top_p=[1.0] * 3,
@@ -74,8 +91,11 @@ def test_run_ahead_ends_segments_at_each_finish_and_keeps_the_samples():
     eng = engine(3)                          # max_segment 24 >= every row's length
     before = eng.stats.segments
     assert_same(eng.sample(prompts, key=keys, **settings).generations, want)
-    ends = {g.token_ids.size for gens in want for g in gens}
-    assert eng.stats.segments - before == len(ends)
+    lengths = [g.token_ids.size for gens in want for g in gens]
+    made = eng.stats.segments - before
+    assert made == _run_ahead_segments(lengths, row_buckets(eng.config.slots), eng.config.max_segment)
+    # every row fits one run-ahead segment: one segment per row count the rows pass through
+    assert made == len(row_buckets(eng.config.slots)) == 2, (made, lengths)
 
     plain = engine(3)
     reqs = [plain.submit(p, key=k, **{name: v[i] for name, v in settings.items()})
@@ -84,7 +104,7 @@ def test_run_ahead_ends_segments_at_each_finish_and_keeps_the_samples():
     while plain.busy:
         plain.step()
     assert_same([r.generations for r in reqs], want)
-    assert plain.stats.segments - before >= -(-max(ends) // 3) > len(ends)
+    assert plain.stats.segments - before >= -(-max(lengths) // 3) > made
 
 
 def test_run_ahead_with_requests_waiting_keeps_the_samples():

@@ -78,8 +78,7 @@ def lower_engine_programs(cfg, mesh, shapes: EngineConfig, *, attention: str = "
         lower_for(chunk, (graphdef, params, pool, i32(lanes, shapes.chunk), i32(lanes), i32(lanes), i32(lanes, pps)),
                   label=f"engine prefill chunk ({what})", platform=platform, mesh=mesh, traced_for=traced_for),
         lower_for(segment, (graphdef, params, None, pool, abstract_slots(cfg, mesh, shapes.slots, pps),
-                            i32(shapes.slots), i32(shapes.slots), i32(2), None, i32(),
-                            jax.ShapeDtypeStruct((), jnp.bool_, sharding=rep)),
+                            i32(shapes.slots), i32(shapes.slots), i32(2), None, i32(), i32()),
                   label=f"engine decode segment ({what})", platform=platform, mesh=mesh, traced_for=traced_for)]
     if impl == "paged_gpu":
         for r in reports:

@@ -164,9 +164,10 @@ class Engine:
     def step(self, run_ahead: bool = False) -> list[Request]:
         """One scheduler round (module docstring); returns the requests finished in it.
         run_ahead: the caller submits nothing while this runs (the static sampler's API), so
-        while no request waits to be admitted or prefilled the segment may run up to
-        `EngineConfig.max_segment` steps, ending at the first row that finishes (its slot is
-        retired and refilled no later than with plain segments; fewer program calls)."""
+        while no request waits to be admitted or prefilled a freed slot has no taker and the
+        segment may run up to `EngineConfig.max_segment` steps (fewer program calls); on the
+        CPU backend it ends early where the rows still running fit a smaller row count's
+        program (`programs.row_buckets`), as a plain segment boundary would let them."""
         if self.model is None:
             raise RuntimeError("the engine has no weights yet: call load_policy(graphdef, params) first")
         if self.pool is None:
@@ -350,7 +351,10 @@ class Engine:
         t0 = time.perf_counter()
         args = (*self._split, self._checked_head(), self.pool, slots, copy_src, copy_dst, self.eos_ids)
         limit = np.int32(c.max_segment if run_ahead else c.segment)
-        args += (groups, limit, np.bool_(run_ahead))
+        # running ahead on CPU, stop where the rows left fit a smaller row count's program
+        # (below the running count itself, so a segment always makes progress)
+        smaller = [b for b in programs.row_buckets(c.slots) if b < len(self.running)] if self.backend == "cpu" else []
+        args += (groups, limit, np.int32(max(smaller) if run_ahead and smaller else 0))
         static = {"steps": c.max_segment, "page_size": c.page_size, "cap": self.cap, "head": self.lm_head,
                   "backend": self.backend, "attention": self.attention()}
         self.pool, out = self._run(f"segment{rows.size}", programs.segment, args, static, donate=(3,))

@@ -245,15 +245,15 @@ def _is_end(tokens, end_ids):
 
 def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots: Slots, copy_src: jax.Array,
             copy_dst: jax.Array, end_ids: jax.Array, groups: Groups | None = None, limit: jax.Array | None = None,
-            stop_at_finish: jax.Array | None = None, *, steps: int, page_size: int, cap: int, head: str,
+            stop_below: jax.Array | None = None, *, steps: int, page_size: int, cap: int, head: str,
             backend: str, attention: str = "gather") -> tuple[Pool, SegmentOut]:
     """One decode segment (module docstring). copy_src/copy_dst i32[M]: pages to copy first
     (copy-on-write of a shared prompt's last partial page; pad with NULL_PAGE -> NULL_PAGE).
     groups: the CPU live path's prompt sharing (Groups), or None (each slot reads its pages).
     limit i32[]: decode steps this call (<= steps, the token buffers' width; None: steps);
-    stop_at_finish bool[]: end after the first step in which a running row finished (the
-    engine's run-ahead, EngineConfig.run_ahead; None: False). Both are traced, so one program
-    serves every segment length."""
+    stop_below i32[]: end after the step that leaves at most this many rows running (the
+    engine's run-ahead on CPU: the next smaller row count's program is then cheaper; None or
+    0: never). Both are traced, so one program serves every segment length."""
     model = nnx.merge(graphdef, params)
     cfg, dt = model.cfg, jnp.dtype(model.runtime.dtype)
     n_slots = slots.last.shape[0]
@@ -351,13 +351,12 @@ def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots
         return i + 1, pk, pv, s, out_tok, out_lp, produced, fallbacks + fell_back.astype(jnp.int32)
 
     s = slots.replace(done=slots.done & ~slots.fresh)
-    limit = jnp.asarray(steps if limit is None else limit, jnp.int32)
-    stop_at_finish = jnp.asarray(False if stop_at_finish is None else stop_at_finish)
-    started = ~s.done                       # rows running when the segment starts
+    limit = jnp.minimum(jnp.asarray(steps if limit is None else limit, jnp.int32), steps)
+    stop_below = jnp.asarray(0 if stop_below is None else stop_below, jnp.int32)
 
     def go_on(c):
-        finished = jnp.any(c[3].done & started)
-        return (c[0] < jnp.minimum(limit, steps)) & ~jnp.all(c[3].done) & ~(stop_at_finish & finished)
+        running = jnp.sum(~c[3].done)
+        return (c[0] < limit) & (running > 0) & (running > stop_below)
 
     carry = (jnp.zeros((), jnp.int32), pk, pv, s, out_tok, out_lp, produced, jnp.zeros((), jnp.int32))
     _, pk, pv, s, out_tok, out_lp, produced, fallbacks = jax.lax.while_loop(go_on, one_step, carry)

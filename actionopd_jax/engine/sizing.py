@@ -18,9 +18,9 @@ class EngineConfig:
     takes; segment: decode steps per segment (the scheduler's granularity: rows leave and join
     between segments); run_ahead: a caller with every request already submitted
     (`Engine.step(run_ahead=True)`, the static sampler's API) lets a segment run up to
-    segment * run_ahead steps while nothing waits to be admitted or prefilled, ending at the
-    first step where a row finishes, so its slot is retired as soon as a segment would; pages:
-    pool size including the null page, or "auto" (`pool_pages`)."""
+    segment * run_ahead steps while nothing waits to be admitted or prefilled (a freed slot
+    has no taker then), ending early on CPU where the running rows fit a smaller row count;
+    pages: pool size including the null page, or "auto" (`pool_pages`)."""
 
     slots: int = 32
     page_size: int = 16
