@@ -111,5 +111,6 @@ def test_run_ahead_with_requests_waiting_keeps_the_samples():
     """More states than slots: `sample` runs plain segments while requests wait, run-ahead
     ones after, with the static sampler's samples."""
     prompts, settings, keys = _workload(seed=21)
-    assert sum(settings["n"]) > engine(3).config.slots
-    assert_same(engine(3).sample(prompts, key=keys, **settings).generations, reference(prompts, keys, **settings))
+    eng = engine(3)
+    assert sum(settings["n"]) > eng.config.slots
+    assert_same(eng.sample(prompts, key=keys, **settings).generations, reference(prompts, keys, **settings))

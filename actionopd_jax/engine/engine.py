@@ -351,10 +351,12 @@ class Engine:
         t0 = time.perf_counter()
         args = (*self._split, self._checked_head(), self.pool, slots, copy_src, copy_dst, self.eos_ids)
         limit = np.int32(c.max_segment if run_ahead else c.segment)
-        # running ahead on CPU, stop where the rows left fit a smaller row count's program
-        # (below the running count itself, so a segment always makes progress)
-        smaller = [b for b in programs.row_buckets(c.slots) if b < len(self.running)] if self.backend == "cpu" else []
-        args += (groups, limit, np.int32(max(smaller) if run_ahead and smaller else 0))
+        stop_below = 0
+        if run_ahead and self.backend == "cpu":
+            # stop where the rows left fit a smaller row count's program (below the running
+            # count itself, so a segment always makes progress)
+            stop_below = max((b for b in programs.row_buckets(c.slots) if b < len(self.running)), default=0)
+        args += (groups, limit, np.int32(stop_below))
         static = {"steps": c.max_segment, "page_size": c.page_size, "cap": self.cap, "head": self.lm_head,
                   "backend": self.backend, "attention": self.attention()}
         self.pool, out = self._run(f"segment{rows.size}", programs.segment, args, static, donate=(3,))

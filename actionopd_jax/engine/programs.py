@@ -10,8 +10,9 @@ count, `row_buckets`, each compiled the first time that many rows run).
   the lane's pages, attention reads the lane's pages (causal within the chunk), and the
   final-normed hidden state of each lane's last real token comes back (the first token's
   logits are taken from it in the segment that starts the lane's samples).
-- `segment`: first, pending copy-on-write page copies, then up to `steps` decode steps for
-  every running slot, stopping early when all are done. A *fresh* slot's first step samples
+- `segment`: first, pending copy-on-write page copies, then up to `limit` (<= `steps`) decode
+  steps for every running slot, stopping early when all are done or when no more than
+  `stop_below` are still running (the engine's run-ahead). A *fresh* slot's first step samples
   its first token from its prompt's hidden state (as the static sampler's prefill does). Each step
   feeds a slot's last token at position `lengths`, writes its key/value into page
   `table[s, pos // page]` at `pos % page` (idle and finished slots write into the null page),
@@ -352,11 +353,10 @@ def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots
 
     s = slots.replace(done=slots.done & ~slots.fresh)
     limit = jnp.minimum(jnp.asarray(steps if limit is None else limit, jnp.int32), steps)
-    stop_below = jnp.asarray(0 if stop_below is None else stop_below, jnp.int32)
+    stop_below = jnp.maximum(jnp.asarray(0 if stop_below is None else stop_below, jnp.int32), 0)
 
-    def go_on(c):
-        running = jnp.sum(~c[3].done)
-        return (c[0] < limit) & (running > 0) & (running > stop_below)
+    def go_on(c):                           # (also ends when every row is done: stop_below >= 0)
+        return (c[0] < limit) & (jnp.sum(~c[3].done) > stop_below)
 
     carry = (jnp.zeros((), jnp.int32), pk, pv, s, out_tok, out_lp, produced, jnp.zeros((), jnp.int32))
     _, pk, pv, s, out_tok, out_lp, produced, fallbacks = jax.lax.while_loop(go_on, one_step, carry)
