@@ -122,10 +122,11 @@ def compile_engine_segment(cfg, mesh, *, slots, pages, page, pps, steps, attenti
     """The engine's own segment program (actionopd_jax/engine/programs.py: one pool array per k
     and v for all layers, a layer scan, page writes and copy-on-write copies as row
     scatters), compiled as the engine compiles it, with its attention setting (the paged
-    switch, EngineConfig.attention). Its while_loop body is one decode step, so the cost
-    model's figures are one step's."""
+    switch, EngineConfig.attention), with its traced step limit and stop count and token
+    buffers `steps x EngineConfig.run_ahead` wide (EngineConfig.max_segment). Its while_loop
+    body is one decode step, so the cost model's figures are one step's."""
     import actionopd_jax.engine.programs as programs
-    from actionopd_jax.engine.sizing import engine_attention
+    from actionopd_jax.engine.sizing import EngineConfig, engine_attention
     from actionopd_jax.sampling.token_choice import DEFAULT_CAP
 
     graphdef, params = aot.abstract_model(cfg, mesh, RuntimeOptions(dtype="bfloat16"))
@@ -138,9 +139,11 @@ def compile_engine_segment(cfg, mesh, *, slots, pages, page, pps, steps, attenti
     state = programs.Slots(table=sds((slots, pps), jnp.int32), lengths=i32(), last=i32(), step=i32(), done=b(),
                            stopped=b(), key_data=sds((slots, 2), jnp.uint32), temperature=f32(), top_k=i32(),
                            top_p=f32(), max_new=i32(), fresh=b(), fresh_hidden=sds((slots, cfg.hidden_size), jnp.bfloat16))
-    args = (params, None, pool, state, i32(), i32(), sds((2,), jnp.int32))
+    args = (params, None, pool, state, i32(), i32(), sds((2,), jnp.int32), None, sds((), jnp.int32),
+            sds((), jnp.int32))
     impl = engine_attention(attention, "tpu", "accelerator")
-    fn = jax.jit(functools.partial(programs.segment, steps=steps, page_size=page, cap=DEFAULT_CAP, head="checked",
+    width = steps * EngineConfig().run_ahead
+    fn = jax.jit(functools.partial(programs.segment, steps=width, page_size=page, cap=DEFAULT_CAP, head="checked",
                                    backend="accelerator", attention=impl), static_argnums=(0,), donate_argnums=(3,))
     t0 = time.perf_counter()
     with jax.set_mesh(mesh), no_persistent_cache():
@@ -257,7 +260,10 @@ def _engine_rows(cfg, mesh, args, pages, pps, resident, usable, bw, kv_token) ->
     bound = (weights + args.slots * args.context * kv_token) / chips / bw
     est = cost["optimal_seconds"] + kernel_s
     total = mem["peak"] + resident / GIB
-    rows = [(f"engine segment compile, {args.steps} steps (s)", f"{seconds:.1f}"),
+    from actionopd_jax.engine.sizing import EngineConfig
+
+    rows = [(f"engine segment compile, {args.steps} steps ({args.steps * EngineConfig().run_ahead} running ahead) (s)",
+             f"{seconds:.1f}"),
             ("segment peak + trainer resident per chip (GiB)",
              f"{mem['peak']:.2f} + {resident / GIB:.2f} = {total:.2f} of {usable / GIB:.2f} usable "
              f"({'fits' if total <= usable / GIB else 'DOES NOT FIT'}; temp {mem['temp']:.2f})"),
