@@ -10,6 +10,7 @@ import json
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +19,7 @@ from actionopd_jax.checkpoint import Checkpointer
 from tests._subprocess_fixtures import cli_env, finish_all
 
 pytestmark = pytest.mark.slow
+REPO = Path(__file__).resolve().parents[1]
 
 ARGS = ["checkpoint.every_steps=1", "mesh.data=2", "mesh.fsdp=2", "train.microbatch_rows=4",
         "train.minibatch_rows=8", "collect.synthetic.groups_per_step=3", "run.progress=false",
@@ -74,3 +76,21 @@ def test_two_process_training_checkpoint_and_resume(tmp_path):
     assert single.returncode == 0, single.stdout[-5000:]
     assert "resumed from step 3" in single.stdout
     assert Checkpointer(tmp_path / "checkpoints", read_only=True).latest_step() == 4
+
+
+def test_a_lagging_process_makes_the_same_resume_choice(tmp_path):
+    """Process 1 reaches the resume choice only once process 0 could have created the fresh
+    run's checkpoint directory: both must still choose alike and meet in the same barriers
+    (CI once failed here with "sync_global_devices name mismatch")."""
+    port = _free_port()
+    procs = [subprocess.Popen([sys.executable, str(REPO / "tests" / "_resume_race_worker.py"),
+                               "--coordinator", f"127.0.0.1:{port}", "--process-id", str(pid),
+                               "--run-dir", str(tmp_path / "run"), "--out", str(tmp_path / f"p{pid}.json")],
+                              env=cli_env(devices=1), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for pid in range(2)]
+    finish_all(procs, timeout=300)
+    seen = [json.loads((tmp_path / f"p{pid}.json").read_text()) for pid in range(2)]
+    for s in seen:
+        assert s["resume"] is None and s["auto"] is False and s["steps"] == []
+    assert seen[1]["saw_dir"] is False  # process 0 waited for its peer's answer before creating it
+    assert (tmp_path / "run" / "checkpoints").is_dir()

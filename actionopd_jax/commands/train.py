@@ -238,20 +238,25 @@ def _resume_choice(cfg: Config, run_dir: Path, resume):
     a fresh start would collide with the saved steps); `--resume` before the first checkpoint
     was saved starts from step 0."""
     from actionopd_jax.checkpoint import Checkpointer
+    from actionopd_jax.train import distributed
 
     ckpt_dir = Path(cfg.checkpoint.dir or run_dir / "checkpoints")
     steps = []
-    if ckpt_dir.is_dir():
+    # Every process must take the same branch: opening a checkpoint manager is collective, and
+    # process 0 may already be creating the directory for a fresh run while a slower peer
+    # looks (each one's answer is in before any process gets past this gather).
+    if distributed.any_process(ckpt_dir.is_dir()):
         ckpt = Checkpointer(ckpt_dir, read_only=True)
         try:
             steps = ckpt.steps()
         finally:
             ckpt.close()
-    if resume is None and steps:
+    finished = bool(distributed.broadcast_int(int(bool(steps))))  # process 0's listing decides for all
+    if resume is None and finished:
         log.warning("%s holds checkpoints (steps %s): resuming from the latest (use another --run-dir for a "
                     "new run)", ckpt_dir, steps)
         return "latest", True
-    if resume == "latest" and not steps:
+    if resume == "latest" and not finished:
         log.warning("--resume: no finished checkpoint in %s yet (the run stopped before its first save): "
                     "starting from step 0", ckpt_dir)
         return None, False
