@@ -18,7 +18,6 @@ one behaviour snapshot -- and a change while requests are in flight is an error.
 
 from __future__ import annotations
 
-import functools
 import time
 import weakref
 from typing import Any, Sequence
@@ -29,27 +28,18 @@ import numpy as np
 from flax import nnx
 
 import actionopd_jax.engine.programs as programs
-import actionopd_jax.sampling.cpu_backend as cpu_backend
 import actionopd_jax.sampling.decode as decode_lib
+from actionopd_jax.engine.compiled import Programs
 from actionopd_jax.engine.groups import arrange, compact_rows
 from actionopd_jax.engine.pages import NULL_PAGE, PagePool, page_keys
 from actionopd_jax.engine.requests import EngineStats, Request, pages_needed, validate
 from actionopd_jax.engine.sessions import Sessions
+from actionopd_jax.engine.slots import host_slots, start_samples
 from actionopd_jax.engine.static_api import sample_all
 from actionopd_jax.engine.sizing import EngineConfig, engine_attention, pool_pages
 from actionopd_jax.sampling.checked_head import checked_head
-from actionopd_jax.sampling.sampler import CompileStats, SampleResult, _as_typed_key, _signature
+from actionopd_jax.sampling.sampler import SampleResult, _as_typed_key
 from actionopd_jax.sampling.token_choice import DEFAULT_CAP
-
-
-# compiled programs by (kind, graphdef, argument shapes, static settings, backend): engines of
-# the same shapes in one process (a new engine per collection run, tests) compile once
-_PROGRAMS: dict[tuple, Any] = {}
-
-
-@jax.jit
-def _sample_key_data(prompt_key, samples):
-    return jax.random.key_data(jax.vmap(lambda j: jax.random.fold_in(prompt_key, j))(samples))
 
 
 class Engine:
@@ -87,7 +77,7 @@ class Engine:
         self.pool = None   # allocated at the first step (after the weights, so "auto" sizing saw them)
         self._policy: dict[str, tuple] | None = None
         self.stats = EngineStats()
-        self.compile_stats = CompileStats()
+        self.programs = Programs(self.backend, lambda: self.mesh)
         self._next_id = 0
         self.waiting: list[Request] = []
         self.prefilling: list[Request] = []
@@ -95,15 +85,9 @@ class Engine:
         self.running: dict[int, tuple[Request, int]] = {}     # slot -> (request, sample)
         self._free_slots = list(range(c.slots))
         self.sessions = Sessions()
-        s, pps = c.slots, c.pages_per_slot
-        self.host = dict(table=np.zeros((s, pps), np.int32), lengths=np.zeros(s, np.int32),
-                         last=np.zeros(s, np.int32), step=np.zeros(s, np.int32), done=np.ones(s, bool),
-                         stopped=np.zeros(s, bool), key_data=np.zeros((s, 2), np.uint32),
-                         temperature=np.ones(s, np.float32), top_k=np.zeros(s, np.int32),
-                         top_p=np.ones(s, np.float32), max_new=np.zeros(s, np.int32))
+        self.host = host_slots(c.slots, c.pages_per_slot)
         self._weights: tuple | None = None
         self._split: tuple | None = None
-        self._local_programs: dict[str, tuple] = {}
         self._checked: tuple[weakref.ref, Any] | None = None
 
     def _size_pool(self) -> None:
@@ -153,8 +137,12 @@ class Engine:
         return bool(self.waiting or self.prefilling or self.starting or self.running)
 
     @property
+    def compile_stats(self):
+        return self.programs.stats
+
+    @property
     def compile_count(self) -> int:
-        return self.compile_stats.programs
+        return self.programs.stats.programs
 
     # --- the loop ---------------------------------------------------------------------------
     def run(self) -> None:
@@ -300,36 +288,6 @@ class Engine:
             self.pages.index.insert(key, page)
 
     # --- segments -------------------------------------------------------------------------------
-    def _start_samples(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        c, h = self.config, self.host
-        fresh = np.zeros(c.slots, bool)
-        fresh_hidden = np.zeros((c.slots, self.cfg.hidden_size), self.dtype)
-        copy_src = np.zeros(c.slots, np.int32)
-        copy_dst = np.zeros(c.slots, np.int32)
-        copies = 0
-        for req in self.starting:
-            full = req.prompt.size // c.page_size
-            shared, partial_page = req.prompt_pages[:full], req.prompt_pages[full:]
-            key_data = np.asarray(_sample_key_data(req.key, np.arange(req.n, dtype=np.int32)))
-            for j, slot in enumerate(req.slots):
-                mine = partial_page if j == 0 else []
-                if req.copy_page[j] is not None:
-                    copy_src[copies], copy_dst[copies] = partial_page[0], req.copy_page[j]
-                    copies += 1
-                pages = shared + mine + req.own_pages[j]
-                h["table"][slot] = NULL_PAGE
-                h["table"][slot, :len(pages)] = pages
-                h["lengths"][slot], h["last"][slot], h["step"][slot] = req.prompt.size, 0, 0
-                h["done"][slot], h["stopped"][slot] = False, False
-                h["key_data"][slot] = key_data[j]
-                h["temperature"][slot], h["top_k"][slot] = req.temperature, req.top_k
-                h["top_p"][slot], h["max_new"][slot] = req.top_p, req.max_new
-                fresh[slot] = True
-                fresh_hidden[slot] = req.hidden
-                self.running[slot] = (req, j)
-        self.starting = []
-        return fresh, fresh_hidden, copy_src, copy_dst
-
     def _segment_rows(self) -> tuple[np.ndarray, programs.Groups | None]:
         """The slots this segment's program runs on, in order, and the CPU path's prompt
         sharing. Accelerators: every slot (one program, the shape the AOT numbers are for).
@@ -344,7 +302,9 @@ class Engine:
 
     def _segment(self, run_ahead: bool = False) -> list[Request]:
         c, h = self.config, self.host
-        fresh, fresh_hidden, copy_src, copy_dst = self._start_samples()
+        fresh, fresh_hidden, copy_src, copy_dst = start_samples(
+            self.starting, h, self.running, page_size=c.page_size, hidden_size=self.cfg.hidden_size, dtype=self.dtype)
+        self.starting = []
         rows, groups = self._segment_rows()
         row_of = {int(slot): i for i, slot in enumerate(rows)}
         slots = programs.Slots(fresh=fresh[rows], fresh_hidden=fresh_hidden[rows], **{k: v[rows] for k, v in h.items()})
@@ -423,31 +383,7 @@ class Engine:
 
     # --- compiled programs --------------------------------------------------------------------
     def _run(self, kind, fn, args, static, donate=()):
-        # the other arguments' shapes are the engine's own: the program found for these weights
-        # is the one until they change (hashing the graphdef and pool costs host time per call)
-        mine = self._local_programs.get(kind)
-        if mine is not None and mine[0] == self._weights:
-            return mine[1](*args[1:])
-        key = (kind, args[0], _signature(args[1:]), tuple(sorted(static.items())), self.backend)
-        program = _PROGRAMS.get(key)
-        if program is None:
-            t0 = time.perf_counter()
-            options = cpu_backend.compiler_options("decode" if kind.startswith("segment") else "prefill") \
-                if self.backend == "cpu" else ()
-            jitted = jax.jit(functools.partial(fn, **static), static_argnums=(0,), donate_argnums=donate)
-            with self._mesh():
-                program = jitted.lower(*args).compile(compiler_options=dict(options))
-            self.compile_stats.programs += 1
-            self.compile_stats.seconds += time.perf_counter() - t0
-            self.compile_stats.shapes.append((kind, round(time.perf_counter() - t0, 2)))
-            _PROGRAMS[key] = program
-        self._local_programs[kind] = (self._weights, program)
-        return program(*args[1:])
-
-    def _mesh(self):
-        import contextlib
-
-        return jax.set_mesh(self.mesh) if self.mesh is not None else contextlib.nullcontext()
+        return self.programs.run(kind, fn, args, static, weights=self._weights, donate=donate)
 
     def attention(self) -> str:
         """The paged-attention backend the programs run (`EngineConfig.attention` resolved for
