@@ -9,7 +9,10 @@ the numbers; static and engine runs alternate; both paths use the default "check
 - mixed: the same prompts, but each prompt's max_new_tokens drawn from 16..128 (long-tailed
   replies: rows that end early free their slot for the static call's whole remaining decode);
 - turns: 4 trajectories x 3 states, each state = previous prompt + a 64-token reply + a 32-token
-  tool result, one state per trajectory at a time (the collector's pattern), 4 x 64 new tokens.
+  tool result, one state per trajectory at a time (the collector's pattern), 4 x 64 new tokens;
+- long: one 3,500-id prompt (an agent state's history), 4 samples x 32 new tokens: the static
+  sampler prefills it padded to its 4,096 bucket, the engine in 256-token chunks over the live
+  pages (an engine with max_len 3,584).
 The engine runs through `Engine.sample`, so its segments run ahead (EngineConfig.run_ahead) while
 nothing waits. Prints a table with seconds (best of the reps), tokens/s, the ratio of the bests and
 the median and range of each rep's back-to-back ratio, and checks that the two paths gave the same
@@ -95,9 +98,9 @@ def main() -> None:
                                                               prefill_lanes=4, segment=args.segment))
     rows = []
 
-    def both(name, static_fn, engine_fn, tokens):
+    def both(name, static_fn, engine_fn, tokens, eng=engine):
         # every timed engine run starts with an empty prefix cache (reuse across reps would flatter it)
-        s_t, s_out, e_t, e_out, ratios = _timed_pair(static_fn, lambda: (engine.invalidate(), engine_fn())[1],
+        s_t, s_out, e_t, e_out, ratios = _timed_pair(static_fn, lambda: (eng.invalidate(), engine_fn())[1],
                                                      args.reps)
         rows.append((name, s_t, e_t, tokens, _same(s_out, e_out), ratios))
 
@@ -118,6 +121,12 @@ def main() -> None:
                 for g in gens]
     hits_before = engine.stats.prefix_hit_tokens
     both("turns 4 traj x 3 states", static_turns, engine_turns, 3 * 4 * 4 * 64)
+    long_prompt = [rng.integers(0, vocab, size=3500).astype(np.int32)]
+    long_engine = Engine(model, eos_ids=never, config=EngineConfig(slots=4, page_size=16, max_len=3584, chunk=256,
+                                                                   prefill_lanes=1, segment=args.segment))
+    longs = dict(n=4, max_new_tokens=32, **SETTINGS)
+    both("long 1x3500, 4x32", lambda: sampler.sample(long_prompt, key=keys[:1], **longs).generations,
+         lambda: long_engine.sample(long_prompt, key=keys[:1], **longs).generations, 4 * 32, eng=long_engine)
     print(f"engine prefix-cache hits over the runs: {engine.stats.prefix_hit_tokens - hits_before} tokens; "
           f"prefilled {engine.stats.prefilled_tokens}, compiled programs {engine.compile_count}")
     print(f"\n{args.config}, segment {args.segment}, best of {args.reps} (warm)")
