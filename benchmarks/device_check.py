@@ -1,33 +1,37 @@
-"""The first command to run on new hardware: one NVIDIA GPU host or one TPU VM, nothing
-installed but Python and this repository.
+"""The first command to run on new hardware: one NVIDIA GPU host or one TPU VM, as that machine
+is (nothing installed: the repository on PYTHONPATH and the jax already there).
 
-    python benchmarks/device_check.py --out DIR [--no-install] [--budget-s 480] [--only NAME,...]
-    python benchmarks/device_check.py --out DIR --dry-run      # on any CPU host: the same steps, tiny shapes
+    PYTHONPATH=. python benchmarks/device_check.py [--out DIR] [--budget-s 420] [--only NAME,...]
+    python benchmarks/device_check.py --out DIR --dry-run      # any CPU host: the same steps, tiny shapes
 
-1. Finds the accelerator (`nvidia-smi` -> gpu, /dev/accel* or /dev/vfio -> tpu) and installs
-   the matching extra (`pip install -e '.[cuda]'` or `'.[tpu]'`) unless jax already sees it.
-2. Runs the measurements in a child interpreter (it imports what was installed; this process
-   never starts jax, so it never holds the device). Each measurement has a time limit
-   (STAGES; --stage-timeout-s overrides), and none may run past --budget-s from the start: a
-   measurement over its limit is killed with its process, recorded as timed out, and the rest
-   go on in a fresh child. On the device (jax.local_devices()):
-   - attention parity: the platform's fused kernel (cudnn on GPU, splash on TPU) against
-     "xla", forward and the gradients of q, k, v, bf16, right-padded rows;
-   - sampler parity: greedy tokens of the tiny model on the device equal the CPU backend's
-     (float32, xla attention, highest matmul precision); bf16 with the fused kernel reported
-     (device mode only);
-   - train step: one update of Qwen3-0.6B and Qwen3-4B shapes (random weights, remat full,
-     FSDP over the local devices), fused kernel vs xla: compile s, step s, tokens/s, MFU
-     (model FLOPs / (step s x peak x devices)), peak device memory (memory_stats
-     peak_bytes_in_use: the process's peak so far) vs `train --check`'s analytic plan;
-   - decode tokens/s of Qwen3-0.6B on one device, the static sampler and the paged engine on
-     the same workload, against the HBM bound (every weight read once per step plus the KV
-     cache attended over).
+1. Finds the accelerator (`nvidia-smi` -> gpu, /dev/accel* or /dev/vfio -> tpu). Installs
+   nothing when jax already sees it (or with --no-install); else `pip install -e '.[cuda]'`
+   / `'.[tpu]'`.
+2. Runs the measurements in a child interpreter (this process never starts jax, so it never
+   holds the device), in order of value, each with a time limit (STAGES; --stage-timeout-s
+   overrides); none starts past --budget-s from the start. A measurement over its limit is
+   killed with its process, recorded as timed out, and the rest go on in a fresh child.
+   Every finished row is written to the report at once, so a call cut short keeps its rows.
+   1. the ceilings: device memory bandwidth (a copy) and a bf16 matmul; every ratio below
+      (MFU, fraction of the HBM bound) is taken against these measured figures;
+   2. attention parity: the platform's fused kernel (cudnn / splash) against "xla", forward
+      and the gradients of q, k, v, bf16, right-padded rows;
+   3. the train step at Qwen3-4B shapes (random weights, remat as the H200 recipe sets it),
+      fused kernel then xla at 4,096 tokens, then the fused kernel at 16,384: compile s,
+      step s, tokens/s, MFU, peak memory against `train --check`'s plan;
+   4. decode at Qwen3-4B shapes, 256 slots, prompts of 1,024-4,096 tokens, 256 new tokens:
+      the engine, then the static sampler, against the HBM bound;
+   5. the same at 64 slots, and at Qwen3-0.6B shapes;
+   6. the outside reference: transformers' `generate` (PyTorch) on the 64-slot workload;
+   7. greedy tokens of the tiny model on the device, static sampler and engine, float32,
+      equal to the CPU's (bf16 with the fused kernel reported).
 3. Writes DIR/device_check.json and DIR/device_check.md (format: docs/formats.md, "Device
-   check report"); exit 0 when every check passed.
+   check report"), DIR defaulting to $OUT where that is set; prints the short table last; exit
+   0 when every check passed. What the budget left unstarted is listed with the `--only`
+   argument that runs it.
 
---dry-run runs every step on this host's CPU at tiny shapes (no install: it says what it
-would install), so CI proves the script end to end.
+--dry-run runs every step on this host's CPU at tiny shapes (no install), so CI proves the
+script end to end; tests/test_device_image.py runs it with only the device's packages.
 """
 
 from __future__ import annotations
@@ -44,13 +48,46 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 EXTRA = {"gpu": "cuda", "tpu": "tpu"}
-# (preset, rows per device, sequence, response tokens) of the timed train steps
-TRAIN = {"device": [("qwen3-0.6b", 1, 4096, 512), ("qwen3-4b", 1, 4096, 512)],
-         "dry-run": [("tiny", 1, 64, 16)]}
-DECODE = {"device": dict(preset="qwen3-0.6b", prompts=8, prompt_len=1024, samples=4, max_new=256),
-          "dry-run": dict(preset="tiny", prompts=2, prompt_len=32, samples=2, max_new=8)}
-PARITY = {"device": dict(batch=2, seq=2048, kv_heads=8, groups=4, head_dim=128),
-          "dry-run": dict(batch=2, seq=64, kv_heads=2, groups=2, head_dim=16)}
+FAST = {"gpu": "cudnn", "tpu": "splash"}  # the fused kernel timed against xla (as device_check_work.fast_kernel)
+STARTUP_LIMIT_S = 180.0  # the child's jax import and device start, before its first measurement
+EVENTS = "device_check_events.jsonl"
+SECTIONS = ("ceilings", "parity", "train_step", "decode")
+# published per-chip figures (dense bf16 FLOP/s, HBM bytes/s), matched on jax's device_kind:
+# reported beside the measured ceilings, and used for the ratios only where none was measured
+PEAKS = (("H200", 989e12, 4.8e12), ("H100", 989e12, 3.35e12), ("A100", 312e12, 2.039e12),
+         ("L4", 121e12, 0.3e12), ("TPU v5p", 459e12, 2.765e12), ("TPU v5 lite", 197e12, 0.819e12),
+         ("TPU v5e", 197e12, 0.819e12), ("TPU v6", 918e12, 1.64e12), ("TPU v4", 275e12, 1.2e12))
+# the workloads of each mode: (preset, slots, samples per prompt, prompt lengths lo-hi, new tokens)
+DECODE = {"device": {"big": ("qwen3-4b", 256, 4, 1024, 4096, 256), "small": ("qwen3-4b", 64, 4, 1024, 4096, 256),
+                     "0.6b": ("qwen3-0.6b", 256, 4, 1024, 4096, 256)},
+          "dry-run": {"big": ("tiny", 8, 2, 16, 48, 8), "small": ("tiny", 4, 2, 16, 48, 8),
+                      "0.6b": ("tiny", 6, 2, 16, 48, 8)}}
+TRAIN = {"device": ("qwen3-4b", 4096, 16384, 512), "dry-run": ("tiny", 64, 128, 16)}  # preset, seq, long seq, resp
+
+
+def stages(mode: str, platform: str) -> list[tuple[str, str, float, dict]]:
+    """(name, report section, time limit s, call) of every measurement, in the order they run:
+    the issue's order of value, so a budget that runs out trims the least valuable."""
+    fast = FAST.get(platform, "cpu") if mode == "device" else "cpu"
+    dev = mode == "device"
+    preset, seq, long_seq, resp = TRAIN[mode]
+    plan = [("ceilings", "ceilings", 60.0, {"fn": "ceilings"}),
+            ("attention parity", "parity", 60.0, {"fn": "attention"})]
+    for attention, s in dict.fromkeys(((fast, seq), ("xla", seq), (fast, long_seq))):
+        plan.append((f"train {preset} {attention} {s}", "train_step", 150.0 if dev else 60.0,
+                     {"fn": "train", "preset": preset, "attention": attention, "seq": s, "resp": resp}))
+    for work in ("big", "small", "0.6b"):
+        wp, slots, samples, lo, hi, new = DECODE[mode][work]
+        for sampler in ("engine", "static"):
+            plan.append((f"decode {wp} {sampler} {slots}", "decode", 100.0 if dev else 60.0,
+                         {"fn": "decode", "sampler": sampler, "work": work}))
+    wp, slots, *_ = DECODE[mode]["small"]
+    # alone: in its own process, after the jax one has exited (jax holds its share of the GPU
+    # until then, and torch needs the rest)
+    plan.append((f"generate {wp} transformers {slots}", "decode", 120.0 if dev else 60.0,
+                 {"fn": "transformers", "work": "small", "alone": True}))
+    plan.append(("sampler parity", "parity", 90.0, {"fn": "sampler parity"}))
+    return plan
 
 
 def detect_platform() -> str:
@@ -82,32 +119,23 @@ def install(platform: str, dry_run: bool, skip: bool) -> dict:
     return info
 
 
-FAST = {"gpu": "cudnn", "tpu": "splash"}  # the fused kernel timed against xla (as device_check_work.fast_kernel)
-# time limit of each measurement (s), first compile included; the longest is the 4B train step
-LIMIT_S = {"attention parity": 90.0, "sampler parity": 120.0, "train": 150.0, "decode": 120.0}
-STARTUP_LIMIT_S = 180.0  # the child's jax import and device start, before its first measurement
-EVENTS = "device_check_events.jsonl"
-
-
-def stages(mode: str, platform: str) -> list[tuple[str, str, float]]:
-    """(name, report section, time limit s) of every measurement, in the order they run."""
-    fast = FAST.get(platform, "cpu") if mode == "device" else "cpu"
-    plan = [("attention parity", "parity", LIMIT_S["attention parity"]),
-            ("sampler parity", "parity", LIMIT_S["sampler parity"])]
-    for preset, *_ in TRAIN[mode]:
-        plan += [(f"train {preset} {a}", "train_step", LIMIT_S["train"]) for a in dict.fromkeys((fast, "xla"))]
-    return plan + [("decode", "decode", LIMIT_S["decode"]), ("engine decode", "decode", LIMIT_S["decode"])]
-
-
 def child(mode: str, names: list[str], out_dir: Path) -> int:
     """`--stage work`: run the named measurements in this interpreter, one event line each
     (start, done) appended to DIR/device_check_events.jsonl for the parent to follow."""
     if mode == "dry-run":
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    # the share of device memory XLA may take, as `actionopd train` sets it: the train step's
+    # peak is then held to the same limit as `train --check`'s plan
+    from actionopd_jax.aot.targets import USABLE_MEMORY_FRACTION
+
+    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{USABLE_MEMORY_FRACTION:.2f}")
+    import traceback
+
     import jax
 
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "benchmarks"))
+    import device_check_decode as dec
     import device_check_work as w
 
     log = open(out_dir / EVENTS, "a")
@@ -121,39 +149,57 @@ def child(mode: str, names: list[str], out_dir: Path) -> int:
     platform = devices[0].platform if mode == "device" else "cpu"
     emit(event="devices", platform=platform, jax=jax.__version__,
          devices=[{"kind": d.device_kind, "platform": d.platform} for d in devices])
-    calls = {"attention parity": lambda: w.attention_parity(platform, **PARITY[mode]),
-             "sampler parity": lambda: w.sampler_parity(devices[0], bf16=mode == "device"),
-             "decode": lambda: w.decode_timing(**DECODE[mode]),
-             "engine decode": lambda: w.decode_timing(**DECODE[mode], sampler="engine")}
-    shapes = {preset: (rows, seq, resp) for preset, rows, seq, resp in TRAIN[mode]}
+    dev = mode == "device"
+    calls = {name: spec for name, _, _, spec in stages(mode, platform)}
 
-    def call(name):
-        if name.startswith("train "):  # "train PRESET ATTENTION" (stages())
-            _, preset, attention = name.split(" ")
-            rows, seq, resp = shapes[preset]
-            return w.train_step_timing(preset, attention, rows=rows * len(devices), seq=seq, resp=resp,
-                                       reps=2 if mode == "device" else 1, devices=devices)
-        return calls[name]()
+    def call(spec):
+        fn = spec["fn"]
+        if fn == "ceilings":
+            return w.ceilings(devices[0], copy_mib=2048 if dev else 64, matmul_n=8192 if dev else 512)
+        if fn == "attention":
+            shape = dict(batch=2, seq=2048, kv_heads=8, groups=4, head_dim=128) if dev else \
+                dict(batch=2, seq=64, kv_heads=2, groups=2, head_dim=16)
+            return w.attention_parity(platform, **shape)
+        if fn == "train":
+            return w.train_step_timing(spec["preset"], spec["attention"], rows=len(devices), seq=spec["seq"],
+                                       resp=spec["resp"], reps=2 if dev else 1, devices=devices)
+        if fn == "sampler parity":
+            return w.sampler_parity(devices[0], bf16=dev)
+        preset, slots, samples, lo, hi, new = DECODE[mode][spec["work"]]
+        if fn == "decode":
+            return dec.decode_timing(preset, slots=slots, samples=samples, lo=lo, hi=hi, max_new=new,
+                                     sampler=spec["sampler"])
+        return dec.transformers_timing(preset, slots=slots, samples=samples, lo=lo, hi=hi, max_new=new)
 
     for name in names:
         emit(event="start", name=name)
+        print(f"[device_check] {name}: start (jax {jax.__version__}, {devices[0].device_kind})", flush=True)
         t0 = time.time()
         try:
-            res = call(name)
+            res = call(calls[name])
         except Exception as e:  # noqa: BLE001 - a failed measurement is a result
-            res = {"check": name, "ok": False, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
-        emit(event="done", name=name, result=res if isinstance(res, list) else [res], seconds=round(time.time() - t0, 1))
+            tb = traceback.format_exc()
+            print(tb, file=sys.stderr, flush=True)  # the exact failure, in the call's output
+            res = {"check": name, "ok": False, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+                   if str(e) else type(e).__name__, "jax": jax.__version__, "traceback": tb.splitlines()[-25:]}
+        rows = res if isinstance(res, list) else [res]
+        for r in rows:
+            r.setdefault("stage", name)
+        emit(event="done", name=name, result=rows, seconds=round(time.time() - t0, 1))
     return 0
 
 
-def run_stages(mode: str, platform: str, out_dir: Path, plan, deadline: float, stage_timeout: float | None) -> dict:
+def run_stages(mode: str, platform: str, out_dir: Path, plan, deadline: float, stage_timeout: float | None,
+               on_record=lambda out: None) -> dict:
     """Every measurement of `plan` in child interpreters, each killed at its time limit or at
-    `deadline`; what the deadline leaves unstarted is listed under "skipped"."""
-    out = {"platform": platform, "jax": "", "devices": [], "parity": [], "train_step": [], "decode": [],
+    `deadline`; what the deadline leaves unstarted is listed under "skipped". `on_record(out)`
+    runs after each measurement (the caller writes the report there)."""
+    out = {"platform": platform, "jax": "", "devices": [], **{sec: [] for sec in SECTIONS},
            "skipped": [], "timed_out": [], "errors": [], "stage_s": {}}
-    section = {name: sec for name, sec, _ in plan}
-    limit = {name: stage_timeout or lim for name, _, lim in plan}
-    todo = [name for name, _, _ in plan]
+    section = {name: sec for name, sec, _, _ in plan}
+    limit = {name: stage_timeout or lim for name, _, lim, _ in plan}
+    alone = {name for name, _, _, spec in plan if spec.get("alone")}
+    todo = [name for name, _, _, _ in plan]
     events = out_dir / EVENTS
     events.write_text("")
     seen = 0
@@ -164,13 +210,17 @@ def run_stages(mode: str, platform: str, out_dir: Path, plan, deadline: float, s
         todo.remove(name)
         ok = all(r.get("ok") for r in result)
         print(f"[device_check] {name}: {'ok' if ok else 'FAILED'} ({seconds} s)", flush=True)
+        on_record(out)
 
     while todo:
         if time.time() >= deadline:
             out["skipped"] += todo
             break
+        # one process runs the measurements up to the next one that must run alone
+        batch = todo[:1] if todo[0] in alone else [n for n in todo[:next(
+            (i for i, n in enumerate(todo) if n in alone), len(todo))]]
         cmd = [sys.executable, str(Path(__file__).resolve()), "--stage", "work", "--out", str(out_dir),
-               "--names", json.dumps(todo)] + (["--dry-run"] if mode == "dry-run" else [])
+               "--names", json.dumps(batch)] + (["--dry-run"] if mode == "dry-run" else [])
         proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True)  # its own group: killed whole
         started, current, began = time.time(), None, 0.0
         while True:
@@ -185,7 +235,7 @@ def run_stages(mode: str, platform: str, out_dir: Path, plan, deadline: float, s
                     current, began = e["name"], time.time()
                 elif e["event"] == "done":
                     record(e["name"], e["result"], e["seconds"])
-                    current = None
+                    current, started = None, time.time()  # the next start is timed from here
             seen = len(lines)
             now = time.time()
             over = (current is not None and now > min(began + limit[current], deadline)) or \
@@ -203,8 +253,9 @@ def run_stages(mode: str, platform: str, out_dir: Path, plan, deadline: float, s
                     why = f"timed out after {spent} s (limit {round(min(limit[current], deadline - began), 1):g} s)"
                 else:
                     why = f"its process exited with code {rc} during the measurement"
-                record(current, [{"check": current, "ok": False, "timed_out": rc is None, "error": why}], spent)
-            elif todo:
+                record(current, [{"check": current, "stage": current, "ok": False, "timed_out": rc is None,
+                                  "error": why}], spent)
+            elif any(n in todo for n in batch):
                 out["errors"].append(f"the measuring process did not start ({'timed out' if rc is None else f'exit code {rc}'})"
                                      f"; not run: {', '.join(todo)}")
                 out["skipped"] += todo
@@ -213,43 +264,88 @@ def run_stages(mode: str, platform: str, out_dir: Path, plan, deadline: float, s
     return out
 
 
+def apply_ceilings(rep: dict) -> None:
+    """MFU and the fraction of the HBM bound, against the ceilings measured in this run (else
+    the device's published figures, else none), the source named in `rep["ceilings_used"]`."""
+    measured = [c for c in rep.get("ceilings", []) if c.get("ok")]
+    devices = rep.get("devices") or [{}]
+    flops = bw = None
+    source = "none"
+    if measured:
+        flops, bw, source = measured[0]["matmul_flops_per_s"], measured[0]["copy_bytes_per_s"], "measured"
+    else:
+        kind = devices[0].get("kind", "")
+        for name, f, b in PEAKS:
+            if name.lower() in kind.lower():
+                flops, bw, source = f, b, "published (no ceilings measured in this run)"
+    rep["ceilings_used"] = {"flops_per_s": flops, "bytes_per_s": bw, "source": source}
+    n = max(1, len(devices))
+    for t in rep.get("train_step", []):
+        if "step_s" in t:
+            t["mfu"] = None if flops is None else round(t["model_flops"] / (t["step_s"] * flops * n), 4)
+    for d in rep.get("decode", []):
+        if "tokens_per_s" in d:
+            bound = None if bw is None else d["rows"] * bw / (d["weight_bytes"] + d["kv_bytes_mean"])
+            d["hbm_bound_tokens_per_s"] = None if bound is None else round(bound, 1)
+            d["fraction_of_bound"] = None if bound is None else round(d["tokens_per_s"] / bound, 4)
+
+
 def _fmt(x, spec="{:.3g}"):
     return "-" if x is None else spec.format(x)
 
 
+def _ratio(a, b):
+    return "-" if not a or not b else f"{a / b:.2f}x"
+
+
 def markdown(rep: dict) -> str:
+    """The report as tables, shortest last-read parts at the end (a device call returns only
+    the end of its output)."""
     kinds = ", ".join(sorted({d["kind"] for d in rep["devices"]}))
-    lines = [f"# device check ({rep['mode']}): {len(rep['devices'])} x {kinds}, jax {rep['jax']}", "",
-             "| check | result | detail |", "| --- | --- | --- |"]
+    used = rep.get("ceilings_used", {})
+    lines = [f"# device check ({rep['mode']}): {len(rep['devices'])} x {kinds}, jax {rep['jax']}", ""]
+    for c in rep["ceilings"]:
+        if "copy_bytes_per_s" in c:
+            lines.append(f"ceilings (measured): copy {c['copy_bytes_per_s'] / 1e9:,.0f} GB/s, bf16 matmul "
+                         f"{c['matmul_flops_per_s'] / 1e12:.1f} TFLOP/s (n={c['matmul_n']})")
+        else:
+            lines.append(f"ceilings: FAILED: {c.get('error', '')}")
+    lines += [f"ratios against: {used.get('source', 'none')}", "", "| check | result | detail |", "| --- | --- | --- |"]
     for p in rep["parity"]:
         detail = (f"fwd rel err {_fmt(p.get('forward_rel_err'))}, grad {_fmt(p.get('grad_rel_err'))}"
                   if "forward_rel_err" in p else f"{p.get('rows_equal', '-')}/{p.get('rows', '-')} rows equal"
                   if "rows" in p else p.get("error", ""))
         lines.append(f"| {p['check']} | {'ok' if p['ok'] else 'FAILED'} | {detail} |")
-    lines += ["", "| train step | attention | devices | rows x tokens | compile s | step s | tokens/s | MFU | "
+    lines += ["", "| train step | attention | remat | rows x tokens | compile s | step s | tokens/s | MFU | "
               "peak GiB | plan GiB |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     gib = 1024 ** 3
     for t in rep["train_step"]:
         if "step_s" not in t:
             lines.append(f"| {t['check']} | FAILED: {t.get('error', '')} | | | | | | | | |")
             continue
-        lines.append(f"| {t['model']} | {t['attention']} | {t['devices']} | {t['rows']} x {t['seq_len']} | "
+        lines.append(f"| {t['model']} | {t['attention']} | {t['remat']} | {t['rows']} x {t['seq_len']} | "
                      f"{t['compile_s']} | {t['step_s']} | {t['tokens_per_s']:,.0f} | "
-                     f"{_fmt(t['mfu'], '{:.1%}')} | {_fmt(t['peak_bytes'] and t['peak_bytes'] / gib, '{:.1f}')} | "
+                     f"{_fmt(t.get('mfu'), '{:.1%}')} | {_fmt(t['peak_bytes'] and t['peak_bytes'] / gib, '{:.1f}')} | "
                      f"{t['plan_bytes'] / gib:.1f} |")
-    lines += ["", "| decode | sampler | rows | prompt + new | tokens/s | HBM bound tokens/s | of bound |",
-              "| --- | --- | --- | --- | --- | --- | --- |"]
+    lines += ["", "| decode | sampler | rows | prompts + new | decode tok/s | of HBM bound | end-to-end tok/s | "
+              "vs static | vs transformers |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    by = {(d.get("model"), d.get("sampler"), d.get("rows")): d for d in rep["decode"] if "tokens_per_s" in d}
     for d in rep["decode"]:
         if "tokens_per_s" not in d:
-            lines.append(f"| {d['check']} | FAILED: {d.get('error', '')} | | | | | |")
+            lines.append(f"| {d['check']} | FAILED: {d.get('error', '')} | | | | | | | |")
             continue
-        lines.append(f"| {d['model']} | {d['sampler']} | {d['rows']} | {d['prompt_len']} + {d['max_new']} | "
-                     f"{d['tokens_per_s']:,.0f} | {_fmt(d['hbm_bound_tokens_per_s'], '{:,.0f}')} | "
-                     f"{_fmt(d['fraction_of_bound'], '{:.1%}')} |")
+        static = by.get((d["model"], "static", d["rows"]), {})
+        hf = by.get((d["model"], "transformers", d["rows"]), {})
+        lines.append(f"| {d['model']} | {d['sampler']} | {d['rows']} | {d['prompt_lens'][0]}-{d['prompt_lens'][1]} + "
+                     f"{d['max_new']} | {d['tokens_per_s']:,.0f} | {_fmt(d.get('fraction_of_bound'), '{:.1%}')} | "
+                     f"{d['end_to_end_tokens_per_s']:,.0f} | "
+                     f"{_ratio(d['tokens_per_s'], static.get('tokens_per_s')) if d['sampler'] == 'engine' else '-'} | "
+                     f"{_ratio(d['end_to_end_tokens_per_s'], hf.get('end_to_end_tokens_per_s')) if d['sampler'] != 'transformers' else '-'} |")
     if rep["timed_out"]:
         lines += ["", "timed out (killed at their time limit): " + ", ".join(rep["timed_out"])]
     if rep["skipped"]:
-        lines += ["", "skipped (time budget): " + ", ".join(rep["skipped"])]
+        lines += ["", "skipped (time budget): " + ", ".join(rep["skipped"]),
+                  f"run them: --only '{','.join(rep['skipped'])}'"]
     lines += [f"error: {e}" for e in rep["errors"]]
     lines += ["", f"install: {rep['install']['command'] or '-'} ({rep['install']['skipped'] or str(rep['install']['seconds']) + ' s'}); "
               f"elapsed {rep['elapsed_s']} s; {'ALL OK' if rep['ok'] else 'SOME CHECK FAILED'}"]
@@ -258,17 +354,20 @@ def markdown(rep: dict) -> str:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True, type=Path, help="directory for device_check.json and device_check.md")
+    p.add_argument("--out", type=Path, default=Path(os.environ["OUT"]) if os.environ.get("OUT") else None,
+                   help="directory for device_check.json and device_check.md (default: $OUT)")
     p.add_argument("--dry-run", action="store_true", help="every step on this CPU at tiny shapes; installs nothing")
     p.add_argument("--no-install", action="store_true", help="use the jax already installed")
-    p.add_argument("--budget-s", type=float, default=480.0,
-                   help="nothing runs past this many seconds from the start (install included)")
+    p.add_argument("--budget-s", type=float, default=420.0,
+                   help="no measurement starts or runs past this many seconds from the start (install included)")
     p.add_argument("--stage-timeout-s", type=float, default=None,
-                   help="time limit of every measurement (default: each its own, LIMIT_S)")
+                   help="time limit of every measurement (default: each its own, STAGES)")
     p.add_argument("--only", default="", help="comma-separated measurement names to run (default: all)")
     p.add_argument("--stage", choices=("all", "work"), default="all", help=argparse.SUPPRESS)
     p.add_argument("--names", default="[]", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.out is None:
+        p.error("--out DIR is required where $OUT is not set")
     mode = "dry-run" if args.dry_run else "device"
     if args.stage == "work":
         return child(mode, json.loads(args.names), args.out)
@@ -281,20 +380,26 @@ def main(argv=None) -> int:
     plan = stages(mode, platform)
     if args.only:
         wanted = [n.strip() for n in args.only.split(",") if n.strip()]
-        unknown = sorted(set(wanted) - {name for name, _, _ in plan})
+        unknown = sorted(set(wanted) - {name for name, _, _, _ in plan})
         if unknown:
             print(f"device_check: --only {', '.join(unknown)}: no such measurement; the measurements are: "
-                  f"{', '.join(name for name, _, _ in plan)}", file=sys.stderr)
+                  f"{', '.join(name for name, _, _, _ in plan)}", file=sys.stderr)
             return 2
         plan = [row for row in plan if row[0] in wanted]
     args.out.mkdir(parents=True, exist_ok=True)
     info = install(platform, args.dry_run, args.no_install)
-    rep = {"schema": 2, "mode": mode, "install": info,
-           **run_stages(mode, platform, args.out, plan, started + args.budget_s, args.stage_timeout_s)}
-    rep["elapsed_s"] = round(time.time() - started, 1)
-    rep["ok"] = not rep["errors"] and all(r.get("ok") for key in ("parity", "train_step", "decode") for r in rep[key])
-    (args.out / "device_check.json").write_text(json.dumps(rep, indent=1))
-    (args.out / "device_check.md").write_text(markdown(rep))
+    rep = {"schema": 3, "mode": mode, "install": info}
+
+    def write(out: dict, final: bool = False) -> None:
+        rep.update(out)
+        rep["elapsed_s"] = round(time.time() - started, 1)
+        rep["ok"] = final and not rep["errors"] and not rep["skipped"] and all(r.get("ok") for key in SECTIONS for r in rep[key])
+        apply_ceilings(rep)
+        (args.out / "device_check.json").write_text(json.dumps(rep, indent=1))
+        (args.out / "device_check.md").write_text(markdown(rep))
+
+    out = run_stages(mode, platform, args.out, plan, started + args.budget_s, args.stage_timeout_s, on_record=write)
+    write(out, final=True)
     print(markdown(rep))
     return 0 if rep["ok"] else 1
 

@@ -1,6 +1,9 @@
 """The measurements of benchmarks/device_check.py, run on the accelerator (or, --dry-run, on
-this CPU at tiny shapes). Each returns plain dicts for the JSON; `ok` says whether a check
-passed. Imported by device_check.py after the matching jax is installed."""
+this CPU at tiny shapes): the ceilings, attention and sampler parity, the train step. Decode
+and the transformers reference are in device_check_decode.py. Each returns plain dicts for the
+JSON; `ok` says whether a check passed. Each imports only what it uses: the device host has
+jax, flax, optax, orbax, transformers and torch, and not our client-side packages (openai,
+grain, mcp, ...; tests/test_device_image.py holds us to that)."""
 
 from __future__ import annotations
 
@@ -9,11 +12,8 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
+from device_check import PEAKS   # stdlib-only module beside this one
 
-# published per-chip figures (dense bf16 FLOP/s, HBM bytes/s), matched on jax's device_kind
-PEAKS = (("H200", 989e12, 4.8e12), ("H100", 989e12, 3.35e12), ("A100", 312e12, 2.039e12),
-         ("L4", 121e12, 0.3e12), ("TPU v5p", 459e12, 2.765e12), ("TPU v5 lite", 197e12, 0.819e12),
-         ("TPU v5e", 197e12, 0.819e12), ("TPU v6", 918e12, 1.64e12), ("TPU v4", 275e12, 1.2e12))
 # forward / gradient tolerance of the fast kernel against xla, relative to the largest |value|
 # (both in bfloat16; measured errors are in the JSON)
 FWD_TOL, GRAD_TOL = 2e-2, 5e-2
@@ -29,6 +29,36 @@ def peaks(device) -> tuple[float | None, float | None]:
 
 def fast_kernel(platform: str) -> str:
     return {"gpu": "cudnn", "tpu": "splash"}.get(platform, "cpu")
+
+
+def _median_time(fn, arg, reps: int) -> float:
+    jax.block_until_ready(fn(arg))  # compile and warm up
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        jax.block_until_ready(fn(arg))
+        times.append(time.perf_counter() - t0)
+    return float(np.median(times))
+
+
+def ceilings(device, *, copy_mib: int, matmul_n: int, reps: int = 10) -> dict:
+    """The two measured ceilings every later ratio is taken against: device memory bandwidth
+    (an elementwise pass over a bf16 array of `copy_mib` MiB: every byte read once and written
+    once, counted both ways) and a bf16 matmul (n x n x n on random data, 2 n^3 FLOPs)."""
+    k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+    with jax.default_device(device):
+        x = jax.random.normal(k1, (copy_mib * 2 ** 19,), jnp.bfloat16)   # 2 bytes an element
+        a = jax.random.normal(k2, (matmul_n, matmul_n), jnp.bfloat16)
+        b = jax.random.normal(k3, (matmul_n, matmul_n), jnp.bfloat16)
+    copy_s = _median_time(jax.jit(lambda x: x + jnp.bfloat16(1)), x, reps)
+    matmul_s = _median_time(jax.jit(lambda a: a @ b), a, reps)
+    flops, bw = peaks(device)
+    copy_bw = 2 * x.nbytes / copy_s
+    rate = 2 * matmul_n ** 3 / matmul_s
+    return {"check": "ceilings", "copy_bytes": 2 * x.nbytes, "copy_s": round(copy_s, 6),
+            "copy_bytes_per_s": round(copy_bw), "matmul_n": matmul_n, "matmul_s": round(matmul_s, 6),
+            "matmul_flops_per_s": round(rate), "published_flops_per_s": flops, "published_bytes_per_s": bw,
+            "ok": bool(np.isfinite(copy_bw) and np.isfinite(rate) and copy_bw > 0 and rate > 0)}
 
 
 def _rel(a, b) -> float:
@@ -69,7 +99,7 @@ def attention_parity(platform: str, *, batch: int, seq: int, kv_heads: int, grou
             "seconds": round(time.perf_counter() - t0, 2)}
 
 
-def _tiny_sampler(device, dtype: str, attention: str, backend: str):
+def _tiny_sampler(device, dtype: str, attention: str, backend: str, kind: str = "static"):
     from flax import nnx
 
     from actionopd_jax.model import PRESETS, Qwen3, make_mesh
@@ -80,50 +110,69 @@ def _tiny_sampler(device, dtype: str, attention: str, backend: str):
     with jax.default_device(device):
         model = Qwen3(cfg, runtime=RuntimeOptions(dtype=dtype, attention=attention), rngs=nnx.Rngs(0))
     mesh = make_mesh({"tensor": 1}, devices=[device])
+    if kind == "engine":
+        from actionopd_jax.engine import Engine, EngineConfig
+
+        return Engine(model, eos_ids=[], config=EngineConfig(slots=8, page_size=16, max_len=128, chunk=64), mesh=mesh)
     return Sampler(model, eos_ids=[], mesh=mesh, backend=backend, token_budget=None)
 
 
 def sampler_parity(device, *, prompts: int = 4, max_new: int = 24, bf16: bool = True) -> list[dict]:
-    """Greedy tokens of the tiny model (seed-0 weights) on the device against the CPU
-    backend on this host's CPU: float32 with xla attention at the highest matmul precision
-    must give the same tokens; bfloat16 with the platform's fused kernel is reported (rounding
-    differs between devices, so near-ties may flip; bf16=False skips it: the dry run's CPU is both sides)."""
+    """Greedy tokens of the tiny model (seed-0 weights) on the device against the static
+    sampler's on this host's CPU (the oracle): float32 with xla attention at the highest
+    matmul precision must give the same tokens, from the static sampler and from the engine
+    (its paged attention the platform's own); bfloat16 with the platform's fused kernel is
+    reported (rounding differs between devices, so near-ties may flip; bf16=False skips it)."""
     cpu = jax.devices("cpu")[0]
     rng = np.random.default_rng(0)
     lens = [5, 17, 33, 64][:prompts]
     batch = [rng.integers(10, 2000, size=n).astype(np.int32) for n in lens]
+
+    def tokens(dev, dtype, attention, backend, kind="static"):
+        with jax.default_matmul_precision("highest"):
+            s = _tiny_sampler(dev, dtype, attention, backend, kind)
+            res = s.sample(batch, n=2, max_new_tokens=max_new, temperature=0.0, key=jax.random.key(1))
+        return [g.token_ids.tolist() for gens in res.generations for g in gens]
+
     out = []
-    for dtype, attention, exact in (("float32", "xla", True), ("bfloat16", "auto", False))[:2 if bf16 else 1]:
-        tokens = {}
+    runs = [("float32", "xla", "static", True), ("float32", "xla", "engine", True),
+            ("bfloat16", "auto", "static", False)][:3 if bf16 else 2]
+    oracle = {}
+    for dtype, attention, kind, exact in runs:
+        if dtype not in oracle:
+            oracle[dtype] = tokens(cpu, dtype, "auto", "cpu")
         # the device runs the accelerator path (the only one on GPU/TPU; forced in a dry run on CPU)
-        for name, dev, backend in (("device", device, "accelerator"), ("cpu", cpu, "cpu")):
-            with jax.default_matmul_precision("highest"):
-                s = _tiny_sampler(dev, dtype, attention if name == "device" else "auto", backend)
-                res = s.sample(batch, n=2, max_new_tokens=max_new, temperature=0.0, key=jax.random.key(1))
-            tokens[name] = [g.token_ids.tolist() for gens in res.generations for g in gens]
-        same = sum(a == b for a, b in zip(tokens["device"], tokens["cpu"]))
-        out.append({"check": f"sampler tokens {dtype} ({attention}) device vs CPU", "rows_equal": same,
-                    "rows": len(tokens["cpu"]), "ok": (same == len(tokens["cpu"])) if exact else True,
+        got = tokens(device, dtype, attention, "accelerator", kind)
+        same = sum(a == b for a, b in zip(got, oracle[dtype]))
+        label = "sampler" if kind == "static" else "engine"
+        out.append({"check": f"{label} tokens {dtype} ({attention}) device vs CPU", "rows_equal": same,
+                    "rows": len(oracle[dtype]), "ok": (same == len(oracle[dtype])) if exact else True,
                     "exact_required": exact})
     return out
 
 
-def _train_config(preset: str, attention: str, rows: int, seq: int, resp: int, remat: str):
+RECIPE = "configs/paper/qwen3_4b_h200.yaml"   # the train step is timed as this recipe sets it (remat, dtypes)
+
+
+def _train_config(preset: str, attention: str, rows: int, seq: int, resp: int, remat: str | None):
     from pathlib import Path
 
     from actionopd_jax.config.load import load_config
 
-    recipe = Path(__file__).resolve().parents[1] / "configs/paper/qwen3_4b_tpu.yaml"
+    recipe = Path(__file__).resolve().parents[1] / RECIPE
     return load_config(recipe, [
-        f"model.preset={preset}", "model.hf_path=", f"model.attention={attention}", f"model.remat={remat}",
+        f"model.preset={preset}", "model.hf_path=", f"model.attention={attention}",
+        *([f"model.remat={remat}"] if remat else []),
         "mesh.target=", "mesh.fsdp=-1", "train.shared_prompt=false", f"train.microbatch_rows={rows}",
         f"train.max_seq_len={seq}", f"collect.max_response_tokens={resp}", "train.logits_chunk=512"])
 
 
 def train_step_timing(preset: str, attention: str, *, rows: int, seq: int, resp: int, reps: int,
-                      remat: str = "full", devices: list | None = None) -> dict:
-    """One optimizer update of `preset` (random weights) over all local devices (FSDP):
-    compile time, step time, tokens/s, MFU; peak device memory against the analytic plan."""
+                      remat: str | None = None, devices: list | None = None) -> dict:
+    """One optimizer update of `preset` (random weights) over all local devices (FSDP), remat
+    as RECIPE sets it unless `remat` is given: compile time, step time, tokens/s, the model
+    FLOPs of the step (MFU is taken in device_check.py against the measured matmul ceiling);
+    peak device memory against the analytic plan of `train --check`."""
     from actionopd_jax.model import make_mesh
     from actionopd_jax.train.aot_check import model_flops
     from actionopd_jax.train.batching import Row, pack_minibatch
@@ -153,63 +202,12 @@ def train_step_timing(preset: str, attention: str, *, rows: int, seq: int, resp:
         float(m["loss"])
         times.append(time.perf_counter() - t0)
     step_s = float(np.median(times))
-    flops, _ = peaks(devices[0])
     used = model_flops(qcfg, rows, seq, resp)
     stats = devices[0].memory_stats() or {}
     plan = estimate_memory(cfg, qcfg, {"data": 1, "fsdp": len(devices), "tensor": 1}, attention).total
     del state, batch
     return {"model": preset, "attention": attention, "devices": len(devices), "rows": rows, "seq_len": seq,
-            "resp_len": resp, "remat": remat, "compile_s": round(compile_s, 2), "step_s": round(step_s, 4),
-            "tokens_per_s": round(rows * seq / step_s, 1), "loss": loss,
-            "mfu": None if flops is None else round(used / (step_s * flops * len(devices)), 4),
+            "resp_len": resp, "remat": cfg.model.remat, "compile_s": round(compile_s, 2), "step_s": round(step_s, 4),
+            "tokens_per_s": round(rows * seq / step_s, 1), "loss": loss, "model_flops": used,
             "peak_bytes": stats.get("peak_bytes_in_use"), "plan_bytes": plan,
             "ok": bool(np.isfinite(loss))}
-
-
-def decode_timing(preset: str, *, prompts: int, prompt_len: int, samples: int, max_new: int,
-                  sampler: str = "static") -> dict:
-    """Decode tokens/s on one device (bf16 weights, no end token so every row runs max_new
-    steps) against the HBM bound: each step reads every weight once plus the KV cache it
-    attends over (the prompt's, once per prompt, and the generated slots). sampler: "static"
-    (sampling.Sampler, one batched call) or "engine" (the paged continuous-batching engine,
-    every state in its own slots, the same workload); the second call of each is timed."""
-    from flax import nnx
-
-    from actionopd_jax.model import PRESETS, Qwen3, count_params, make_mesh
-    from actionopd_jax.model.runtime import RuntimeOptions
-    from actionopd_jax.sampling.budget import cache_bytes_per_token
-
-    device = jax.local_devices()[0]
-    cfg = PRESETS[preset].replace(param_dtype="bfloat16")
-    with jax.default_device(device):
-        model = Qwen3(cfg, runtime=RuntimeOptions(dtype="bfloat16"), rngs=nnx.Rngs(0))
-    mesh = make_mesh({"tensor": 1}, devices=[device])
-    rows = prompts * samples
-    if sampler == "engine":
-        from actionopd_jax.engine import Engine, EngineConfig
-
-        shapes = EngineConfig(slots=rows, page_size=16, max_len=prompt_len + max_new, chunk=min(512, prompt_len),
-                              segment=16)
-        s = Engine(model, eos_ids=[], config=shapes, mesh=mesh)
-    else:
-        from actionopd_jax.sampling import Sampler
-
-        s = Sampler(model, eos_ids=[], mesh=mesh, token_budget=None)
-    rng = np.random.default_rng(0)
-    batch = [rng.integers(10, cfg.vocab_size, size=prompt_len).astype(np.int32) for _ in range(prompts)]
-    kw = dict(n=samples, max_new_tokens=max_new, temperature=1.0, top_p=1.0, top_k=0)
-    first = s.sample(batch, key=jax.random.key(0), **kw)  # compiles
-    res = s.sample(batch, key=jax.random.key(1), **kw)
-    tokens = res.generated_tokens   # rows x max_new: no end token
-    tok_s = tokens / res.decode_s
-    _, bw = peaks(device)
-    per_token = cache_bytes_per_token(cfg, "bfloat16")
-    weights = 2 * count_params(cfg)["total"]
-    kv_step = per_token * (prompts * prompt_len + rows * max_new / 2)  # mean generated length
-    bound = None if bw is None else rows * bw / (weights + kv_step)
-    return {"model": preset, "sampler": sampler, "rows": rows, "prompt_len": prompt_len, "max_new": max_new,
-            "decode_steps": res.decode_steps, "decode_s": round(res.decode_s, 4), "generated_tokens": int(tokens),
-            "first_call_s": round(first.prefill_s + first.decode_s, 2), "tokens_per_s": round(tok_s, 1),
-            "hbm_bound_tokens_per_s": None if bound is None else round(bound, 1),
-            "fraction_of_bound": None if bound is None else round(tok_s / bound, 4),
-            "ok": tok_s > 0 and res.decode_steps == max_new}

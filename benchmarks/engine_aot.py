@@ -53,6 +53,7 @@ from actionopd_jax.model.runtime import RuntimeOptions  # noqa: E402
 from actionopd_jax.model.sharding import constrain  # noqa: E402
 from actionopd_jax.sampling import aot  # noqa: E402
 from actionopd_jax.sampling.token_choice import choose_tokens  # noqa: E402
+from actionopd_jax.jax_compat import set_mesh
 
 GIB = 2 ** 30
 
@@ -113,7 +114,7 @@ def compile_segment(cfg, mesh, *, slots, pages, page, pps, steps, layer_unroll=1
     fn = jax.jit(functools.partial(segment, steps=steps, pages=pages, layer_unroll=layer_unroll),
                  static_argnums=(0,), donate_argnums=(2, 3))
     t0 = time.perf_counter()
-    with jax.set_mesh(mesh), no_persistent_cache():
+    with set_mesh(mesh), no_persistent_cache():
         compiled = fn.lower(graphdef, *args).compile()
     return compiled, time.perf_counter() - t0
 
@@ -146,7 +147,7 @@ def compile_engine_segment(cfg, mesh, *, slots, pages, page, pps, steps, attenti
     fn = jax.jit(functools.partial(programs.segment, steps=width, page_size=page, cap=DEFAULT_CAP, head="checked",
                                    backend="accelerator", attention=impl), static_argnums=(0,), donate_argnums=(3,))
     t0 = time.perf_counter()
-    with jax.set_mesh(mesh), no_persistent_cache():
+    with set_mesh(mesh), no_persistent_cache():
         compiled = fn.lower(graphdef, *args).compile()
     return compiled, time.perf_counter() - t0
 

@@ -8,6 +8,7 @@ import re
 import time
 
 import jax
+from actionopd_jax.jax_compat import set_mesh
 
 GiB = 1024 ** 3
 # the TPU compiler's two wordings of an out-of-memory verdict
@@ -91,7 +92,7 @@ def compile_for(jitted, args: tuple, *, label: str, mesh=None, kwargs: dict | No
     report = CompileReport(label=label)
     t0 = time.perf_counter()
     try:
-        with no_persistent_cache(), jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+        with no_persistent_cache(), set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
             compiled = jitted.lower(*args, **(kwargs or {})).compile()
     except Exception as e:  # noqa: BLE001 - the compiler's verdict is the result
         report.compile_s = time.perf_counter() - t0

@@ -26,6 +26,7 @@ import re
 import time
 
 import jax
+from actionopd_jax.jax_compat import set_mesh
 
 _TRACED_FOR: contextvars.ContextVar[str | None] = contextvars.ContextVar("traced_for", default=None)
 _CUSTOM_CALL = re.compile(r'custom_call @([\w$.\-]+)|call_target_name = "([^"]+)"')
@@ -92,7 +93,7 @@ def lower_for(jitted, args: tuple, *, label: str, platform: str = "cuda", mesh=N
     report = LoweringReport(label=label, platform=platform)
     t0 = time.perf_counter()
     try:
-        with lowering_for(traced_for), jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+        with lowering_for(traced_for), set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
             lowered = jitted.trace(*args, **(kwargs or {})).lower(lowering_platforms=(platform,))
             text = lowered.as_text()
     except Exception as e:  # noqa: BLE001 - the lowering's verdict is the result

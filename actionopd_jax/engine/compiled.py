@@ -13,6 +13,7 @@ import jax
 
 import actionopd_jax.sampling.cpu_backend as cpu_backend
 from actionopd_jax.sampling.sampler import CompileStats, _signature
+from actionopd_jax.jax_compat import set_mesh
 
 _PROGRAMS: dict[tuple, Any] = {}
 
@@ -42,7 +43,7 @@ class Programs:
                 if self.backend == "cpu" else ()
             jitted = jax.jit(functools.partial(fn, **static), static_argnums=(0,), donate_argnums=donate)
             mesh = self.mesh()
-            with jax.set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+            with set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
                 program = jitted.lower(*args).compile(compiler_options=dict(options))
             took = time.perf_counter() - t0
             self.stats.programs += 1

@@ -32,6 +32,7 @@ from actionopd_jax.model.sharding import logical_to_spec, make_mesh, param_shard
 import actionopd_jax.sampling.decode as decode_lib
 from actionopd_jax.sampling.buckets import Buckets
 from actionopd_jax.sampling.token_choice import DEFAULT_CAP
+from actionopd_jax.jax_compat import set_mesh
 
 GIB = 2 ** 30
 
@@ -102,7 +103,7 @@ def compile_sampler_programs(cfg: Qwen3Config, mesh, *, prompts: int, prompt_len
     graphdef, params = abstract_model(cfg, mesh, runtime)
     tokens, mask, row_settings, end_ids = abstract_inputs(mesh, prompts=prompts, prompt_len=prompt_len,
                                                           samples=samples)
-    with jax.set_mesh(mesh), no_persistent_cache():
+    with set_mesh(mesh), no_persistent_cache():
         t0 = time.perf_counter()
         prefill = _prefill_fn(samples, max_new, cap, head, span_ladder)
         prefill_c = prefill.lower(graphdef, params, tokens, mask, row_settings, end_ids).compile()
@@ -124,7 +125,7 @@ def compile_decode(cfg: Qwen3Config, mesh, *, prompts: int, prompt_len: int, sam
     graphdef, params = abstract_model(cfg, mesh, runtime)
     tokens, mask, row_settings, end_ids = abstract_inputs(mesh, prompts=prompts, prompt_len=prompt_len,
                                                           samples=samples)
-    with jax.set_mesh(mesh), no_persistent_cache():
+    with set_mesh(mesh), no_persistent_cache():
         prefill = _prefill_fn(samples, max_new, cap, head, ())
         shapes = jax.eval_shape(prefill, graphdef, params, tokens, mask, row_settings, end_ids)
         shardings = decode_lib.state_shardings(shapes, mesh)
@@ -152,7 +153,7 @@ def lower_sampler_programs(cfg: Qwen3Config, mesh, *, prompts: int, prompt_len: 
     reports = [lower_for(prefill, args, label=f"sampler prefill ({shape})", platform=platform, mesh=mesh,
                          traced_for=traced_for)]
     try:
-        with lowering_for(traced_for), jax.set_mesh(mesh):
+        with lowering_for(traced_for), set_mesh(mesh):
             shapes = jax.eval_shape(prefill, *args)
             shardings = decode_lib.state_shardings(shapes, mesh)
     except Exception as e:  # noqa: BLE001 - prefill's report already holds the error

@@ -31,6 +31,7 @@ import actionopd_jax.sampling.cpu_backend as cpu_backend
 import actionopd_jax.sampling.decode as decode_lib
 from actionopd_jax.sampling.buckets import Buckets
 from actionopd_jax.sampling.token_choice import DEFAULT_CAP
+from actionopd_jax.jax_compat import set_mesh
 
 
 @dataclasses.dataclass
@@ -395,4 +396,4 @@ class Sampler:
     def _mesh_context(self):
         if self.mesh is None:
             return contextlib.nullcontext()
-        return jax.set_mesh(self.mesh)
+        return set_mesh(self.mesh)

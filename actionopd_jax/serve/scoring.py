@@ -28,6 +28,7 @@ from flax import nnx
 
 from actionopd_jax.sampling.buckets import bucket_length
 from actionopd_jax.serve.requests import RequestError, requested_model
+from actionopd_jax.jax_compat import set_mesh
 
 POSITION_CHUNK = 128  # positions per LM-head chunk: [rows, chunk, vocab] logits at a time
 
@@ -88,7 +89,7 @@ class TokenScorer:
             tokens[i, : s.size], mask[i, : s.size] = s, True
         temperature = np.float32(temperature)
         if self.mesh is not None:
-            with jax.set_mesh(self.mesh):
+            with set_mesh(self.mesh):
                 out = self._fn(self.state, tokens, mask, temperature, k=k)
         else:
             out = self._fn(self.state, tokens, mask, temperature, k=k)

@@ -14,13 +14,14 @@ import asyncio
 import json
 import os
 import random
-from typing import Any, Protocol
-
-import openai
+from typing import TYPE_CHECKING, Any, Protocol
 
 from actionopd_jax.providers import PROVIDERS, check_sendable, sampling_body
 from actionopd_jax.teacher.base import UsageReport
 from actionopd_jax.teacher.transport import MalformedResponse, RetryPolicy, RetryStats, call_with_retries
+
+if TYPE_CHECKING:
+    import openai
 
 
 class EndpointSettings(Protocol):
@@ -116,6 +117,8 @@ class ChatEndpoint:
     def _resources(self) -> tuple[openai.AsyncOpenAI, asyncio.Semaphore]:
         loop = asyncio.get_running_loop()
         if self._loop_resources is None or self._loop_resources[0] is not loop:
+            import openai  # here, not at import: the trainer alone runs where the client is not installed
+
             client = openai.AsyncOpenAI(base_url=self.cfg.base_url, api_key=self._api_key, max_retries=0,
                                         timeout=self.cfg.request_timeout_s)
             self._loop_resources = (loop, client, asyncio.Semaphore(self.cfg.max_concurrency))

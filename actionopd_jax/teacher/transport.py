@@ -14,13 +14,20 @@ import asyncio
 import email.utils
 import json
 import random
+import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, TypeVar
 
-import openai
-
 T = TypeVar("T")
+
+
+def _openai_error(err: BaseException, *names: str) -> bool:
+    """Whether `err` is one of the openai SDK's errors `names`. The SDK is not imported here: an
+    error of it exists only where a client has loaded it, and importing the transport must
+    not need it (the device check runs the trainer where the client is not installed)."""
+    sdk = sys.modules.get("openai")
+    return sdk is not None and isinstance(err, tuple(getattr(sdk, n) for n in names))
 
 
 class TransportGaveUp(Exception):
@@ -86,22 +93,22 @@ def retry_after_seconds(headers: Any) -> float | None:
 
 def classify(err: BaseException) -> tuple[bool, float | None]:
     """(retryable, retry_after_seconds) for an exception raised by one attempt."""
-    if isinstance(err, (asyncio.TimeoutError, TimeoutError, openai.APITimeoutError, openai.APIConnectionError)):
+    if isinstance(err, (asyncio.TimeoutError, TimeoutError)) or _openai_error(err, "APITimeoutError", "APIConnectionError"):
         return True, None
-    if isinstance(err, openai.APIStatusError):
+    if _openai_error(err, "APIStatusError"):
         status = err.status_code
         headers = getattr(err.response, "headers", None)
         if status in (408, 409, 429) or status >= 500:
             return True, retry_after_seconds(headers)
         return False, None
-    if isinstance(err, (openai.APIResponseValidationError, MalformedResponse, json.JSONDecodeError)):
+    if isinstance(err, (MalformedResponse, json.JSONDecodeError)) or _openai_error(err, "APIResponseValidationError"):
         return True, None
     return False, None
 
 
 def describe(err: BaseException) -> str:
     """A short, secret-free description of a failed attempt."""
-    if isinstance(err, openai.APIStatusError):
+    if _openai_error(err, "APIStatusError"):
         return f"HTTP {err.status_code}: {str(err.message)[:300]}"
     return f"{type(err).__name__}: {str(err)[:300]}"
 
@@ -141,7 +148,7 @@ async def call_with_retries(
         except BaseException as err:  # noqa: BLE001 - classified below, re-raised if not transport
             retryable, retry_after = classify_error(err)
             if not retryable:
-                if isinstance(err, openai.APIStatusError):
+                if _openai_error(err, "APIStatusError"):
                     raise PermanentRequestError(err.status_code, str(err.message)[:500]) from None
                 status = getattr(err, "code", None)  # google-genai APIError
                 if isinstance(status, int) and 400 <= status < 500:

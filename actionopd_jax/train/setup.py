@@ -16,6 +16,7 @@ from actionopd_jax.model import PRESETS, Qwen3, Qwen3Config, make_mesh, param_sh
 from actionopd_jax.model.runtime import RuntimeOptions
 from actionopd_jax.train.preflight import check_attention, check_mesh_covers_processes, mesh_sizes
 from actionopd_jax.train.step import StepSettings, TrainStep, make_optimizer, split_params
+from actionopd_jax.jax_compat import set_mesh
 
 log = logging.getLogger(__name__)
 
@@ -82,7 +83,7 @@ def initial_params(cfg: Config, qcfg: Qwen3Config, mesh) -> dict:
     def init():
         return split_params(Qwen3(qcfg, rngs=nnx.Rngs(seed)))[1]
 
-    with jax.set_mesh(mesh):
+    with set_mesh(mesh):
         return jax.jit(init, out_shardings=shardings)()
 
 

@@ -25,6 +25,7 @@ from actionopd_jax.model.attention import SharedPrefix
 from actionopd_jax.model.sharding import constrain
 from actionopd_jax.train import losses as L
 from actionopd_jax.train.head_logprobs import head_logprobs
+from actionopd_jax.jax_compat import set_mesh
 
 ROW_AXES = ("data", "fsdp")
 LOSS_KINDS = ("actionopd", "kd", "opd")
@@ -136,7 +137,7 @@ class TrainStep:
     # ---- public API (each runs under the mesh so activation constraints apply) -------------
     def init_state(self, params: dict) -> dict:
         params = jax.device_put(params, self.param_shardings)
-        with jax.set_mesh(self.mesh):
+        with set_mesh(self.mesh):
             return self._init(params)
 
     def abstract_state(self) -> dict:
@@ -148,13 +149,13 @@ class TrainStep:
     def update(self, state: dict, batch: dict) -> tuple[dict, dict]:
         """One optimizer update over the minibatch `batch` ([M, b, ...] arrays). `state` is
         donated: do not use it afterwards."""
-        with jax.set_mesh(self.mesh):
+        with set_mesh(self.mesh):
             return self._update(state, batch)
 
     def old_logprobs(self, params: dict, batch: dict) -> tuple[jax.Array, dict]:
         """Behaviour-policy logprobs [M, b, R] recomputed by this forward, and their mismatch
         with the sampler's logprobs (sums over active tokens)."""
-        with jax.set_mesh(self.mesh):
+        with set_mesh(self.mesh):
             return self._old_logp(params, batch)
 
     def put_batch(self, local_arrays: dict) -> dict:

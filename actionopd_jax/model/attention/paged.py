@@ -23,6 +23,7 @@ from actionopd_jax.model.attention.paged_gather import paged_attention_gather
 from actionopd_jax.model.attention.paged_gpu import paged_attention_gpu
 from actionopd_jax.model.attention.paged_tpu import (STORAGE_LAYOUT, combine_pages, paged_attention_tpu,
                                                      ragged_paged_attention_tpu)
+from actionopd_jax.jax_compat import shard_map
 
 
 def storage_layout(impl: str, platform: str | None = None) -> str:
@@ -44,8 +45,8 @@ def _per_head_shard(local, pages, *rest, rest_specs, mesh=None):
     axis = tensor_split(mesh, pages.shape[0])
     if axis is None:
         return local(pages, *rest)
-    return jax.shard_map(local, mesh=mesh, in_specs=(P(axis), *(spec(axis) for spec in rest_specs)),
-                         out_specs=P(axis), check_vma=False)(pages, *rest)
+    return shard_map(local, mesh=mesh, in_specs=(P(axis), *(spec(axis) for spec in rest_specs)),
+                     out_specs=P(axis))(pages, *rest)
 
 
 def _write_rows_local(pages, page, offset, values):

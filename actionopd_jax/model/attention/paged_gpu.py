@@ -23,6 +23,7 @@ import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
 from actionopd_jax.model.attention.paged_tpu import query_rows, tensor_split
+from actionopd_jax.jax_compat import pallas_kernel, shard_map
 
 BLOCK_H = 16           # query heads per program (the kernel's minimum and default)
 _MAX_SPLITS = 16       # the kernel's default k_splits
@@ -62,7 +63,7 @@ def check_gpu_shapes(q_shape, pages_shape, page_table_shape) -> tuple[int, int]:
 
 
 def _local(q, k_pages, v_pages, lengths, page_table, q_positions, *, splits, block, interpret):
-    from jax.experimental.pallas.ops.gpu.paged_attention import paged_attention
+    paged_attention = pallas_kernel("gpu_paged_attention")  # where this jax keeps it (jax_compat)
 
     slots, q_len, hq, dh = q.shape
     rows, seen, table = query_rows(q * dh ** -0.5, lengths, page_table, q_positions)
@@ -83,8 +84,8 @@ def paged_attention_gpu(q, k_pages, v_pages, lengths, page_table, *, q_positions
     if axis is None:
         return local(q, k_pages, v_pages, lengths, page_table, q_positions)
     heads = P(None, None, axis)
-    return jax.shard_map(local, mesh=mesh, in_specs=(heads, P(axis), P(axis), P(), P(), P()), out_specs=heads,
-                         check_vma=False)(q, k_pages, v_pages, lengths, page_table, q_positions)
+    return shard_map(local, mesh=mesh, in_specs=(heads, P(axis), P(axis), P(), P(), P()),
+                     out_specs=heads)(q, k_pages, v_pages, lengths, page_table, q_positions)
 
 
 __all__ = ["BLOCK_H", "check_gpu_shapes", "gpu_blocks", "paged_attention_gpu"]

@@ -34,6 +34,8 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec as P
 
+from actionopd_jax.jax_compat import shard_map
+
 # how each backend wants the pool stored (the engine asks before allocating pages)
 STORAGE_LAYOUT = {"paged_tpu": "split", "ragged_tpu": "combined"}
 LANES = 128            # Mosaic's lane width: head_dim must be a multiple of it on TPU
@@ -116,9 +118,9 @@ def paged_attention_tpu(q, k_pages, v_pages, lengths, page_table, *, q_positions
     if axis is None:
         return local(q, k_pages, v_pages, lengths, page_table, q_positions=q_positions)
     heads = P(None, None, axis)
-    return jax.shard_map(lambda *a: local(*a[:5], q_positions=a[5]), mesh=mesh,
-                         in_specs=(heads, P(axis), P(axis), P(), P(), P()), out_specs=heads,
-                         check_vma=False)(q, k_pages, v_pages, lengths, page_table, q_positions)
+    return shard_map(lambda *a: local(*a[:5], q_positions=a[5]), mesh=mesh,
+                     in_specs=(heads, P(axis), P(axis), P(), P(), P()),
+                     out_specs=heads)(q, k_pages, v_pages, lengths, page_table, q_positions)
 
 
 def combine_pages(k_pages, v_pages):
@@ -165,8 +167,8 @@ def ragged_paged_attention_tpu(q, kv_pages, lengths, page_table, *, q_positions=
     axis = tensor_split(mesh, kvh)
     if axis is None:
         return local(q, kv_pages, lengths, page_table)
-    return jax.shard_map(local, mesh=mesh, in_specs=(P(None, None, axis), P(None, None, axis), P(), P()),
-                         out_specs=P(None, None, axis), check_vma=False)(q, kv_pages, lengths, page_table)
+    return shard_map(local, mesh=mesh, in_specs=(P(None, None, axis), P(None, None, axis), P(), P()),
+                     out_specs=P(None, None, axis))(q, kv_pages, lengths, page_table)
 
 
 __all__ = ["LANES", "STORAGE_LAYOUT", "check_shapes", "combine_pages", "paged_attention_tpu", "pages_per_block",

@@ -15,6 +15,7 @@ from jax.sharding import PartitionSpec as P
 
 from actionopd_jax.model.attention.names import ATTENTION_OUT
 from actionopd_jax.model.attention.shared_prefix import SharedPrefix
+from actionopd_jax.jax_compat import shard_map
 
 _SPLASH_BLOCK = 512  # q / kv tile; MaxText's default for long sequences
 
@@ -97,10 +98,9 @@ def splash_attention(q, k, v, key_mask, dtype, *, mesh, interpret: bool, layout:
         out = local(q, k, v, segments)
     else:
         rows, heads = _split_axes(mesh, b, kvh)
-        out = jax.shard_map(local, mesh=mesh,
-                            in_specs=(P(rows, None, heads), P(rows, None, heads), P(rows, None, heads),
-                                      P(rows)),
-                            out_specs=P(rows, None, heads), check_vma=False)(q, k, v, segments)
+        out = shard_map(local, mesh=mesh,
+                        in_specs=(P(rows, None, heads), P(rows, None, heads), P(rows, None, heads), P(rows)),
+                        out_specs=P(rows, None, heads))(q, k, v, segments)
     return out[:, :t]
 
 

@@ -1,0 +1,56 @@
+"""The few jax APIs whose names moved between the releases we run on: the CPU hosts' jax (0.10)
+and the H200 host's preinstalled jax 0.11, which cannot be installed here to try first.
+
+Every use of them in the package goes through this module, so a rename in a new release is
+fixed in one place, and a failure names the jax version and what was looked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+
+import jax
+
+
+def set_mesh(mesh):
+    """The ambient-mesh context manager: `jax.set_mesh` (older releases: `jax.sharding.use_mesh`)."""
+    fn = getattr(jax, "set_mesh", None) or getattr(jax.sharding, "use_mesh", None)
+    if fn is None:
+        raise RuntimeError(f"jax {jax.__version__} has neither jax.set_mesh nor jax.sharding.use_mesh")
+    return fn(mesh)
+
+
+def shard_map(f, *, mesh, in_specs, out_specs):
+    """`jax.shard_map` without the replication check (our kernels' outputs are per-shard by
+    construction): `check_vma=False`, or `check_rep=False` where the release still spells it so."""
+    fn = getattr(jax, "shard_map", None)
+    if fn is None:  # releases before shard_map left jax.experimental
+        from jax.experimental.shard_map import shard_map as fn
+    try:
+        return fn(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_vma=False)
+    except TypeError as e:
+        if "check_vma" not in str(e):
+            raise
+        return fn(f, mesh=mesh, in_specs=in_specs, out_specs=out_specs, check_rep=False)
+
+
+# where each release keeps the Pallas kernels we call (first match wins)
+_KERNELS = {
+    "gpu_paged_attention": ("jax.experimental.pallas.ops.gpu.paged_attention:paged_attention",),
+}
+
+
+def pallas_kernel(name: str):
+    """A Pallas kernel function by our name (`_KERNELS`); ImportError naming jax's version and
+    every place looked in when none has it."""
+    tried = []
+    for where in _KERNELS[name]:
+        module, attr = where.split(":")
+        try:
+            return getattr(importlib.import_module(module), attr)
+        except (ImportError, AttributeError) as e:
+            tried.append(f"{where} ({type(e).__name__}: {e})")
+    raise ImportError(f"jax {jax.__version__}: no Pallas kernel {name!r}; looked in " + "; ".join(tried))
+
+
+__all__ = ["pallas_kernel", "set_mesh", "shard_map"]

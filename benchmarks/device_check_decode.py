@@ -1,0 +1,136 @@
+"""Decode measurements of benchmarks/device_check.py: our two rollout paths (the paged engine and
+the static sampler) and the outside reference, transformers' `generate` in PyTorch, on one
+workload: `slots` rows = prompts x samples, prompt lengths drawn in [lo, hi], `max_new`
+tokens each, no end token (every row runs every step), random bf16 weights.
+
+Each returns the raw counts (seconds, tokens, the bytes one decode step must read); the
+ratios against the measured copy bandwidth are taken in device_check.py, so a row rerun
+without the ceilings stage says which bandwidth it was held to.
+"""
+
+from __future__ import annotations
+
+import time
+
+import jax
+import numpy as np
+
+
+def workload(cfg_vocab: int, *, slots: int, samples: int, lo: int, hi: int, seed: int = 0):
+    """(prompts, samples): slots // samples prompts of lengths spread evenly over [lo, hi]
+    (shuffled), random ids."""
+    prompts = max(1, slots // samples)
+    rng = np.random.default_rng(seed)
+    lens = np.linspace(lo, hi, prompts).round().astype(int)
+    rng.shuffle(lens)
+    return [rng.integers(10, cfg_vocab, size=int(n)).astype(np.int32) for n in lens], samples
+
+
+def step_bytes(cfg, prompts, samples: int, max_new: int) -> dict:
+    """Bytes one decode step must read at least: every weight once (bf16) and the KV cache the
+    rows attend over (each prompt's once, shared by its samples, plus every row's generated
+    tokens at their mean length max_new / 2)."""
+    from actionopd_jax.model import count_params
+    from actionopd_jax.sampling.budget import cache_bytes_per_token
+
+    per_token = cache_bytes_per_token(cfg, "bfloat16")
+    rows = len(prompts) * samples
+    kv = per_token * (sum(len(p) for p in prompts) + rows * max_new / 2)
+    return {"weight_bytes": 2 * count_params(cfg)["total"], "kv_bytes_mean": int(kv)}
+
+
+def decode_timing(preset: str, *, slots: int, samples: int, lo: int, hi: int, max_new: int,
+                  sampler: str) -> dict:
+    """Our decode on one device: sampler "engine" (paged, continuous batching, each prompt's
+    pages shared by its samples) or "static" (one batched call, prompts padded to a bucket).
+    The second call is timed (the first compiles). decode tokens/s = generated / decode s;
+    end-to-end tokens/s counts prefill too."""
+    from flax import nnx
+
+    from actionopd_jax.model import PRESETS, Qwen3, make_mesh
+    from actionopd_jax.model.runtime import RuntimeOptions
+
+    device = jax.local_devices()[0]
+    cfg = PRESETS[preset].replace(param_dtype="bfloat16")
+    with jax.default_device(device):
+        model = Qwen3(cfg, runtime=RuntimeOptions(dtype="bfloat16"), rngs=nnx.Rngs(0))
+    mesh = make_mesh({"tensor": 1}, devices=[device])
+    prompts, samples = workload(cfg.vocab_size, slots=slots, samples=samples, lo=lo, hi=hi)
+    rows = len(prompts) * samples
+    if sampler == "engine":
+        from actionopd_jax.engine import Engine, EngineConfig
+
+        shapes = EngineConfig(slots=rows, page_size=16, max_len=hi + max_new, chunk=min(512, hi), segment=16)
+        s = Engine(model, eos_ids=[], config=shapes, mesh=mesh)
+    else:
+        from actionopd_jax.sampling import Sampler
+
+        s = Sampler(model, eos_ids=[], mesh=mesh, token_budget=None)
+    kw = dict(n=samples, max_new_tokens=max_new, temperature=1.0, top_p=1.0, top_k=0)
+    t0 = time.perf_counter()
+    s.sample(prompts, key=jax.random.key(0), **kw)  # compiles
+    first = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    res = s.sample(prompts, key=jax.random.key(1), **kw)
+    wall = time.perf_counter() - t0
+    tokens = int(res.generated_tokens)   # rows x max_new: no end token
+    return {"model": preset, "sampler": sampler, "rows": rows, "prompts": len(prompts),
+            "prompt_lens": [lo, hi], "prompt_tokens": int(sum(len(p) for p in prompts)), "max_new": max_new,
+            "decode_steps": res.decode_steps, "prefill_s": round(res.prefill_s, 4), "decode_s": round(res.decode_s, 4),
+            "wall_s": round(wall, 4), "first_call_s": round(first, 2), "generated_tokens": tokens,
+            "tokens_per_s": round(tokens / res.decode_s, 1), "end_to_end_tokens_per_s": round(tokens / wall, 1),
+            **step_bytes(cfg, prompts, samples, max_new),
+            "ok": tokens == rows * max_new and res.decode_steps == max_new}
+
+
+def transformers_timing(preset: str, *, slots: int, samples: int, lo: int, hi: int, max_new: int) -> dict:
+    """transformers' `generate` (PyTorch, bf16, sdpa attention, its default dynamic KV cache)
+    on the same workload: prompts left-padded to the longest, `num_return_sequences=samples`.
+    Decode time = generate(max_new) - generate(1) (the prefill), each the second of two calls."""
+    import torch
+    import transformers
+
+    from actionopd_jax.model import PRESETS
+
+    cfg = PRESETS[preset]
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    hf_cfg = transformers.Qwen3Config(**{k: v for k, v in cfg.to_hf_dict().items()
+                                         if k not in ("architectures", "model_type", "torch_dtype", "dtype")})
+    torch.manual_seed(0)
+    with torch.device(dev):
+        model = transformers.Qwen3ForCausalLM(hf_cfg).to(torch.bfloat16).eval()
+    prompts, samples = workload(cfg.vocab_size, slots=slots, samples=samples, lo=lo, hi=hi)
+    width = max(len(p) for p in prompts)
+    ids = torch.zeros((len(prompts), width), dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, p in enumerate(prompts):   # left padding, as generate expects for a decoder-only model
+        ids[i, width - len(p):] = torch.as_tensor(p, dtype=torch.long)
+        mask[i, width - len(p):] = 1
+    ids, mask = ids.to(dev), mask.to(dev)
+
+    def generate(new: int) -> tuple[float, int]:
+        kw = dict(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+                  max_new_tokens=new, min_new_tokens=new, num_return_sequences=samples, pad_token_id=0,
+                  eos_token_id=None)
+        with torch.inference_mode():
+            model.generate(**kw)      # warm-up (kernels, allocator)
+            if dev == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            out = model.generate(**kw)
+            if dev == "cuda":
+                torch.cuda.synchronize()
+        return time.perf_counter() - t0, int(out.shape[1] - width)
+
+    prefill_s, _ = generate(1)
+    wall, steps = generate(max_new)
+    rows = len(prompts) * samples
+    decode_s = max(wall - prefill_s, 1e-9)
+    tokens = rows * max_new
+    return {"model": preset, "sampler": "transformers", "rows": rows, "prompts": len(prompts),
+            "prompt_lens": [lo, hi], "prompt_tokens": int(sum(len(p) for p in prompts)), "max_new": max_new,
+            "decode_steps": steps, "prefill_s": round(prefill_s, 4), "decode_s": round(decode_s, 4),
+            "wall_s": round(wall, 4), "generated_tokens": tokens,
+            "tokens_per_s": round(tokens / decode_s, 1), "end_to_end_tokens_per_s": round(tokens / wall, 1),
+            "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+            **step_bytes(cfg, prompts, samples, max_new), "ok": steps == max_new}
