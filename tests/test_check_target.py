@@ -72,10 +72,25 @@ def test_check_plans_for_the_target_not_this_host(capsys):
     assert re.search(r"device memory\s+131\.32 GiB x 0\.90 usable = 118\.18 GiB", out), out
 
 
+def test_check_names_the_engine_and_plans_its_pool_beside_an_update(capsys):
+    """The engine is collection's default: `--check` names it and plans its page pool from what
+    is left of the usable memory after the trainer's state, the rollout copy and an update's
+    reserve (x budget.SAFETY), so an update beside the resident pool still fits."""
+    assert train_cli.main(["--config", str(CONFIGS / "qwen3_4b_h200.yaml"), "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "(engine sampler)" in out and "  sampler            engine: " in out, out
+    got = {name: float(re.search(rf"  {name}\s+([\d.]+) GiB", out).group(1))
+           for name in ("params \\+ AdamW", "rollout copy", "update reserve", "KV page pool")}
+    free = 118.18 - got["params \\+ AdamW"] - got["rollout copy"] - got["update reserve"]
+    assert abs(got["KV page pool"] - 0.85 * free) < 0.05, (got, out)
+    total = float(re.search(r"total \(an update\)\s+([\d.]+) GiB", out).group(1))
+    assert total <= 118.18 and "-> fits" in out
+
+
 def test_collection_can_be_the_peak_that_does_not_fit(capsys):
-    """A fixed sampler budget bigger than what is left after the trainer's state: the plan
-    names collection as the peak and the check exits 1."""
-    code = train_cli.main(["--config", str(CONFIGS / "qwen3_4b_h200.yaml"), "--check",
+    """A fixed static-sampler budget bigger than what is left after the trainer's state: the
+    plan names collection as the peak and the check exits 1."""
+    code = train_cli.main(["--config", str(CONFIGS / "qwen3_4b_h200.yaml"), "--check", "collect.sampler=static",
                            "collect.sampler_token_budget=2000000"])
     out = capsys.readouterr().out
     assert code == 1, out

@@ -117,11 +117,12 @@ class CollectConfig:
     # sampling/budget.py): "auto" = from the accelerator's free memory (no budget on CPU),
     # "none", or a number. States beyond it go to the next call.
     sampler_token_budget: str = "auto"
-    # how the student is sampled: "static" (states batched into device calls, sampling/) or
-    # "engine" (continuous batching over a paged cache, engine/: each state back as soon as its
-    # own samples are done). The engine's shapes: decode slots (0: concurrency x
-    # num_candidates), decode steps per segment, tokens per page
-    sampler: str = "static"
+    # how the student is sampled: "engine" (continuous batching over a paged cache, engine/:
+    # each state back as soon as its own samples are done; the one rollout path) or "static"
+    # (states batched into device calls, sampling/: the oracle the engine's tests are held to).
+    # The engine's shapes: decode slots (0: concurrency x num_candidates), decode steps per
+    # segment, tokens per page
+    sampler: str = "engine"
     engine_slots: int = 0
     engine_segment: int = 16
     engine_page_size: int = 16

@@ -39,9 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trials", type=int, default=1, help="trials per task (tau2 pass^k needs k trials)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default for students)")
     p.add_argument("--max-new-tokens", type=int, default=1024)
-    p.add_argument("--sampler", choices=("static", "engine"), default="static",
-                   help="in-process student: 'static' batched calls, or the continuous-batching engine "
-                        "(paged cache; an episode's earlier turns stay cached for its next turn)")
+    p.add_argument("--sampler", choices=("engine", "static"), default="engine",
+                   help="in-process student: the continuous-batching engine (paged cache; an episode's earlier "
+                        "turns stay cached for its next turn), or 'static' batched calls (the engine's oracle)")
     p.add_argument("--engine-max-len", type=int, default=8192,
                    help="with --sampler engine: prompt + reply tokens one request may hold (sizes the page pool)")
     p.add_argument("--concurrency", type=int, default=8)
@@ -84,7 +84,7 @@ def model_backend(args: argparse.Namespace, loaded: dict | None = None):
     cfg, model, tokenizer = model_with_tokenizer(hf=args.hf, checkpoint=args.checkpoint, tokenizer=args.tokenizer,
                                                  mesh=mesh, dtype=args.dtype, step=args.step, record=loaded)
     max_context = None
-    if getattr(args, "sampler", "static") == "engine":
+    if getattr(args, "sampler", "engine") == "engine":
         from actionopd_jax.engine import Engine, EngineConfig
 
         max_context = min(args.engine_max_len, cfg.max_position_embeddings)

@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 
 from actionopd_jax.config import Config
+from actionopd_jax.engine.aot import engine_shapes
 from actionopd_jax.model import Qwen3Config, count_params
 from actionopd_jax.model.attention import FUSED as FUSED_ATTENTION
 
@@ -137,6 +138,39 @@ def estimate_collection(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *,
     return CollectionEstimate(resident, rollout, budget, state, call, states, prompt)
 
 
+def _engine_lines(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], coll: CollectionEstimate, est: MemoryEstimate,
+                  usable: float | None, chips_per_host: int) -> tuple[int | None, float, list[str]]:
+    """(pages the engine's pool gets per chip or None where the memory is unknown, the peak
+    bytes per chip: an update beside the resident pool, the plan's lines): the pool is sized at the first weight load from what is left beside the trainer's
+    parameters, AdamW moments and rollout copy, less what an update allocates while the pool
+    stays resident (collect/source.update_reserve_bytes), times budget.SAFETY."""
+    from actionopd_jax.sampling import budget as sb
+
+    e = engine_shapes(cfg.collect)
+    reserve = est.total - est.params - est.optimizer
+    per_page = sb.cache_bytes_per_token(qcfg, cfg.model.dtype) * e.page_size / chips_per_host
+    lines = ["collection per device (analytic estimate; the paged engine's pool stays resident beside the "
+             "trainer state):",
+             f"  sampler            engine: {e.slots} slots x {e.max_len:,} tokens ({e.page_size}-token pages, "
+             f"{e.pages_per_slot} a slot), segments of {e.segment} steps, prefill chunks of {e.chunk}",
+             f"  params + AdamW     {coll.resident / GIB:8.2f} GiB",
+             f"  rollout copy       {coll.rollout_copy / GIB:8.2f} GiB",
+             f"  update reserve     {reserve / GIB:8.2f} GiB  (gradients, activations, logits of an update)"]
+    if usable is None:
+        return None, 0.0, lines + ["  KV page pool       sized at start from free memory (device memory unknown here)"]
+    pool = max(0.0, usable - coll.resident - coll.rollout_copy - reserve) * sb.SAFETY
+    pages = int(pool // per_page)
+    full = pages // e.pages_per_slot
+    lines.append(f"  KV page pool       {pages * per_page / GIB:8.2f} GiB  ({pages:,} pages: {min(full, e.slots)} of "
+                 f"{e.slots} slots full at once{', the rest prefix cache' if full > e.slots else ''})")
+    peak = coll.resident + coll.rollout_copy + reserve + pages * per_page
+    lines.append(f"  total (an update) {peak / GIB:9.2f} GiB  (params + AdamW + rollout copy + reserve + pool)")
+    if pages < e.pages_per_slot + 1:
+        lines.append("  the pool does not hold one slot: shorten collect.max_prompt_tokens or "
+                     "collect.max_response_tokens, or free memory")
+    return pages, peak, lines
+
+
 def describe(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *, device_memory_gb: float | None,
              device_kind: str = "", platform: str = "cpu", usable_fraction: float = 1.0,
              chips_per_host: int = 0) -> tuple[str, bool]:
@@ -168,7 +202,7 @@ def describe(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *, device_mem
         f"batch      minibatch {t.minibatch_rows} rows = {t.minibatch_rows // t.microbatch_rows} x "
         f"{t.microbatch_rows}-row microbatches; rows up to {t.max_seq_len} tokens; "
         f"{t.ppo_epochs} PPO epoch(s)",
-        f"collect    {c.kind}: {c.task_starts_per_step} task starts/step, N={c.num_candidates}, "
+        f"collect    {c.kind} ({c.sampler} sampler): {c.task_starts_per_step} task starts/step, N={c.num_candidates}, "
         f"K={c.teacher_samples}, lambda={c.freq_bonus}, reward {c.reward}, commit {c.commit}, "
         f"<= {c.max_decisions} decisions -> <= {rows_per_step} rows/step "
         f"(<= {math.ceil(rows_per_step / t.minibatch_rows)} updates)",
@@ -187,13 +221,19 @@ def describe(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *, device_mem
         f"  response logits    {est.logits / GIB:8.2f} GiB",
         f"  total (+10%)       {est.total / GIB:8.2f} GiB",
     ]
-    if coll is not None:
+    engine_pages, engine_peak = None, 0.0
+    if coll is not None and c.sampler == "engine":
+        engine_pages, engine_peak, engine_lines = _engine_lines(cfg, qcfg, mesh, coll, est, usable,
+                                                   chips_per_host or math.prod(mesh.values()))
+        lines += engine_lines
+    elif coll is not None:
         budget = ("no token budget: one call holds collect.concurrency states" if coll.budget_tokens is None
                   else f"token budget {coll.budget_tokens:,} cache tokens, {coll.states_per_call} largest state(s) "
                        f"per call")
         copy_note = "bf16, over a host's chips" if platform != "cpu" else "none on CPU: the training weights"
         lines += [
-            "collection per device (analytic estimate; the sampler runs while the trainer state stays resident):",
+            "collection per device (analytic estimate; the static sampler runs while the trainer state stays "
+            "resident):",
             f"  params + AdamW     {coll.resident / GIB:8.2f} GiB",
             f"  rollout copy       {coll.rollout_copy / GIB:8.2f} GiB  ({copy_note})",
             f"  KV cache + prefill {coll.call / GIB:8.2f} GiB  ({budget}; a state: "
@@ -203,13 +243,17 @@ def describe(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *, device_mem
         ]
     fits = True
     if device_memory_gb:
-        peak = max(est.total, coll.total if coll is not None else 0.0)
-        fits = peak <= usable and (coll is None or coll.budget_tokens is None or coll.states_per_call >= 1)
+        collection = engine_peak if c.sampler == "engine" else (coll.total if coll is not None else 0.0)
+        peak = max(est.total, collection)
+        fits = peak <= usable and (coll is None or coll.budget_tokens is None or coll.states_per_call >= 1
+                                   or engine_pages is not None)
+        if engine_pages is not None:   # the engine's pool takes what is left: it fits when it holds one slot
+            fits = fits and engine_pages >= engine_shapes(cfg.collect).pages_per_slot + 1
         share = f" x {usable_fraction:.2f} usable = {usable / GIB:.2f} GiB" if usable_fraction < 1 else ""
         lines.append(f"  device memory      {device_memory_gb:8.2f} GiB{share}; peak "
-                     f"{'collection' if coll is not None and coll.total > est.total else 'train step'} "
+                     f"{('update beside the engine pool' if c.sampler == 'engine' else 'collection') if collection > est.total else 'train step'} "
                      f"{peak / GIB:.2f} GiB -> {'fits' if fits else 'DOES NOT FIT'}")
-        if coll is not None and coll.budget_tokens is not None and coll.states_per_call < 1:
+        if engine_pages is None and coll is not None and coll.budget_tokens is not None and coll.states_per_call < 1:
             lines.append("  the largest state does not fit in one sampler call: shorten collect.max_prompt_tokens "
                          "or collect.max_response_tokens, or put more chips on a host")
         if not fits:
