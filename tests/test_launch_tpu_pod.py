@@ -121,8 +121,10 @@ def test_remote_command_runs_trainer_with_env_file_env_and_secret(checkout, tmp_
         "import json, os, sys\n"
         f"json.dump({{'argv': sys.argv[1:], 'cwd': os.getcwd(), 'env': {{k: os.environ.get(k) for k in "
         "('OPENAI_API_KEY', 'FOO', 'FROM_ENV_FILE')}}, open(" + repr(str(record)) + ", 'w'))\n"))
-    # the venv's activate script puts the (stand-in) trainer on PATH, as a real venv would
-    (home / "actionopd_jax" / ".venv" / "bin" / "activate").write_text(f'export PATH="{trainer_bin}:$PATH"\n')
+    # the venv's activate script puts the (stand-in) trainer and the venv's python on PATH, as a
+    # real venv would: `python` there is this interpreter (with the package), whatever PATH had
+    (home / "actionopd_jax" / ".venv" / "bin" / "activate").write_text(
+        f'export PATH="{trainer_bin}:{Path(sys.executable).parent}:$PATH"\n')
     (home / "worker.env").write_text("FROM_ENV_FILE='from file'\n")
     resource = "projects/my-proj/secrets/teacher-api-key/versions/latest"
     with SecretManagerStub({resource: FAKE_SECRET_VALUE}) as stub:
