@@ -89,7 +89,6 @@ def test_check_validates_the_awm_settings_and_prints_the_pool_sizes(manifest, tm
         check_collection(load_config(None, base + [f"env.manifest={manifest}", f"env.awm_dir={tmp_path}"]))
 
 
-@pytest.mark.timeout(300)
 def test_a_tiny_model_collection_step_over_awm_with_the_reference_teacher(tiny_tokenizer, manifest, tmp_path):
     from tests._sampler_fixtures import random_model
 

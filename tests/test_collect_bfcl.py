@@ -10,7 +10,6 @@ commits the message, and the message ends the BFCL turn: each episode runs turn 
 its end and is scored by the official checker."""
 
 import numpy as np
-import pytest
 
 from actionopd_jax.envs.bfcl_data import bfcl_tasks, load_entry
 from actionopd_jax.sampling import Generation
@@ -37,7 +36,6 @@ def constant_sample_fn(tokenizer, actions, eos):
     return run
 
 
-@pytest.mark.timeout(300)
 def test_bfcl_collection_with_the_reference_teacher(tiny_tokenizer):
     from actionopd_jax.collect import Collector, default_env_factory
 

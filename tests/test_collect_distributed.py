@@ -35,7 +35,6 @@ def _strip_logprobs(groups):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(600)
 def test_two_processes_collect_disjoint_shares_equal_to_one_process(tiny_tokenizer, tiny_tokenizer_dir, tmp_path):
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS",)}

@@ -4,7 +4,6 @@ fault injection (30% of teacher and judge requests fail) over our loopback serve
 import time
 
 import numpy as np
-import pytest
 
 from actionopd_jax.serve.faults import FaultInjector, FaultRates
 from actionopd_jax.teacher.transport import RetryPolicy
@@ -13,9 +12,6 @@ from tests._chat_fixtures import tiny_tokenizer, tiny_tokenizer_dir  # noqa: F40
 from tests._collect_fixtures import (A, B, BAD, C, Script, collect_once, collector_config, fixed_text_sample_fn,
                                      group_signature, judge_backend, logprobs_of, make_collector, make_matcher,
                                      make_teacher, real_sample_fn, serve, teacher_backend, tiny_sampler, toy_task)
-
-pytestmark = pytest.mark.timeout(300)
-
 
 def _real_tasks():
     return [toy_task(f"t{i}", f"real{i % 3}") for i in range(5)]

@@ -78,7 +78,6 @@ def test_collected_groups_feed_the_trainer_batching(tiny_tokenizer):
     assert rows[0].prompt.dtype == np.int32 and rows[0].response[-1] == eos
 
 
-@pytest.mark.timeout(600)
 def test_one_trainer_step_over_the_collector(tiny_tokenizer, tmp_path):
     from actionopd_jax.train.loop import Trainer
     from actionopd_jax.train.setup import build_mesh, model_config

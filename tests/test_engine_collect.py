@@ -3,7 +3,6 @@ HTTP, on a tiny random student, it records the same state groups as with the sta
 (tokens, actions, rewards, verdicts; logprobs to the "checked" head's rounding)."""
 
 import numpy as np
-import pytest
 
 from actionopd_jax.collect.engine_worker import EngineSampling
 from actionopd_jax.collect.sampler_worker import SamplingSettings
@@ -12,9 +11,6 @@ from tests._chat_fixtures import tiny_tokenizer, tiny_tokenizer_dir  # noqa: F40
 from tests._collect_fixtures import (Script, collect_once, collector_config, group_signature, judge_backend,
                                      logprobs_of, make_collector, make_matcher, make_teacher, real_sample_fn, serve,
                                      teacher_backend, tiny_sampler, toy_task)
-
-pytestmark = pytest.mark.timeout(300)
-
 
 def test_the_collector_on_the_engine_records_the_static_samplers_groups(tiny_tokenizer, tmp_path):
     eos = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")

@@ -29,6 +29,7 @@ def _tensors(path: Path) -> dict[str, np.ndarray]:
     return load_file(str(path / "model.safetensors"))
 
 
+@pytest.mark.timeout(300)   # the whole job: ~75 s on 2 idle cores, ~1.5x that on CI's (test_suite_budget.py)
 def test_short_main_job_through_the_cli(tmp_path):
     cmd = [sys.executable, "-m", "actionopd_jax.commands", "train", *SHORT, f"experiment.cache_dir={tmp_path / 'cache'}"]
     r = subprocess.run(cmd, cwd=tmp_path, env=cli_env(devices=1), stdout=subprocess.PIPE, stderr=subprocess.PIPE,

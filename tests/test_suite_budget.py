@@ -1,0 +1,56 @@
+"""The suite's time budget: every test within 120 s (pytest-timeout, pyproject.toml), except
+the few listed here with the reason and their own limit, so a new slow test fails at once
+instead of pushing the suite toward CI's 90-minute wall."""
+
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LIMIT_S = 120
+# test id -> (its limit, why it may take longer)
+EXCEPTIONS = {
+    "tests/test_experiment_main_job.py::test_short_main_job_through_the_cli":
+        (300, "the whole main job in a subprocess: KD warm start, an ActionOPD step, eval before and after"),
+}
+
+
+def _pyproject() -> dict:
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # pragma: no cover
+        import tomli as tomllib
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())
+
+
+def _timeout_markers() -> dict[str, int]:
+    """test id -> N of every `pytest.mark.timeout(N)` on a test function (or `pytestmark` of a
+    module: id `path::*`)."""
+    found = {}
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        rel = path.relative_to(ROOT).as_posix()
+        for node in ast.walk(tree):
+            targets = []
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                targets = [(f"{rel}::{node.name}", d) for d in node.decorator_list]
+            elif isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "pytestmark" for t in node.targets):
+                values = node.value.elts if isinstance(node.value, (ast.List, ast.Tuple)) else [node.value]
+                targets = [(f"{rel}::*", v) for v in values]
+            for name, expr in targets:
+                if (isinstance(expr, ast.Call) and isinstance(expr.func, ast.Attribute) and expr.func.attr == "timeout"
+                        and expr.args and isinstance(expr.args[0], ast.Constant)):
+                    found[name] = expr.args[0].value
+    return found
+
+
+def test_every_test_has_the_suite_limit():
+    assert _pyproject()["tool"]["pytest"]["ini_options"]["timeout"] == LIMIT_S
+    import pytest_timeout  # noqa: F401 - the test extra installs it; without it the limit is not enforced
+
+
+def test_only_the_listed_tests_may_take_longer():
+    longer = {name: n for name, n in _timeout_markers().items() if n > LIMIT_S}
+    assert longer == {name: limit for name, (limit, _) in EXCEPTIONS.items()}, (
+        "a test with a limit over 120 s must be listed in tests/test_suite_budget.py with its reason: "
+        f"{longer}")
