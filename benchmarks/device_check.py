@@ -124,17 +124,22 @@ def child(mode: str, names: list[str], out_dir: Path) -> int:
     (start, done) appended to DIR/device_check_events.jsonl for the parent to follow."""
     if mode == "dry-run":
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
-    # the share of device memory XLA may take, as `actionopd train` sets it: the train step's
-    # peak is then held to the same limit as `train --check`'s plan
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "benchmarks"))
     from actionopd_jax.aot.targets import USABLE_MEMORY_FRACTION
 
-    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{USABLE_MEMORY_FRACTION:.2f}")
+    specs = {name: spec for name, _, _, spec in stages(mode, detect_platform())}
+    if all(specs.get(n, {}).get("alone") for n in names):
+        # torch's own measurement: jax only names the device, and must not take its memory
+        os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    else:
+        # the share of device memory XLA may take, as `actionopd train` sets it: the train
+        # step's peak is then held to the same limit as `train --check`'s plan
+        os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{USABLE_MEMORY_FRACTION:.2f}")
     import traceback
 
     import jax
 
-    sys.path.insert(0, str(ROOT))
-    sys.path.insert(0, str(ROOT / "benchmarks"))
     import device_check_decode as dec
     import device_check_work as w
 
