@@ -138,17 +138,21 @@ def estimate_collection(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *,
     return CollectionEstimate(resident, rollout, budget, state, call, states, prompt)
 
 
-def _engine_lines(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], coll: CollectionEstimate, est: MemoryEstimate,
-                  usable: float | None, chips_per_host: int) -> tuple[int | None, float, list[str]]:
-    """(pages the engine's pool gets per chip or None where the memory is unknown, the peak
-    bytes per chip: an update beside the resident pool, the plan's lines): the pool is sized at the first weight load from what is left beside the trainer's
-    parameters, AdamW moments and rollout copy, less what an update allocates while the pool
-    stays resident (collect/source.update_reserve_bytes), times budget.SAFETY."""
+def _engine_lines(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], coll: CollectionEstimate,
+                  est: MemoryEstimate, usable: float | None) -> tuple[int | None, float, list[str]]:
+    """(pages of the engine's pool per chip, None where the memory is unknown; the peak bytes
+    per chip, an update beside the resident pool; the plan's lines). The pool is sized at the
+    first weight load from what is left beside the trainer's parameters, AdamW moments and
+    rollout copy, less what an update allocates while the pool stays resident
+    (collect/source.update_reserve_bytes), times budget.SAFETY; its KV heads are split over
+    "tensor" where that divides them (engine/sizing.pool_shards)."""
     from actionopd_jax.sampling import budget as sb
 
     e = engine_shapes(cfg.collect)
     reserve = est.total - est.params - est.optimizer
-    per_page = sb.cache_bytes_per_token(qcfg, cfg.model.dtype) * e.page_size / chips_per_host
+    tensor = mesh.get("tensor", 1)
+    shards = tensor if tensor > 1 and qcfg.num_key_value_heads % tensor == 0 else 1
+    per_page = sb.cache_bytes_per_token(qcfg, cfg.model.dtype) * e.page_size / shards
     lines = ["collection per device (analytic estimate; the paged engine's pool stays resident beside the "
              "trainer state):",
              f"  sampler            engine: {e.slots} slots x {e.max_len:,} tokens ({e.page_size}-token pages, "
@@ -202,7 +206,8 @@ def describe(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *, device_mem
         f"batch      minibatch {t.minibatch_rows} rows = {t.minibatch_rows // t.microbatch_rows} x "
         f"{t.microbatch_rows}-row microbatches; rows up to {t.max_seq_len} tokens; "
         f"{t.ppo_epochs} PPO epoch(s)",
-        f"collect    {c.kind} ({c.sampler} sampler): {c.task_starts_per_step} task starts/step, N={c.num_candidates}, "
+        f"collect    {c.kind} ({c.sampler} sampler): {c.task_starts_per_step} task starts/step, "
+        f"N={c.num_candidates}, "
         f"K={c.teacher_samples}, lambda={c.freq_bonus}, reward {c.reward}, commit {c.commit}, "
         f"<= {c.max_decisions} decisions -> <= {rows_per_step} rows/step "
         f"(<= {math.ceil(rows_per_step / t.minibatch_rows)} updates)",
@@ -223,8 +228,7 @@ def describe(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *, device_mem
     ]
     engine_pages, engine_peak = None, 0.0
     if coll is not None and c.sampler == "engine":
-        engine_pages, engine_peak, engine_lines = _engine_lines(cfg, qcfg, mesh, coll, est, usable,
-                                                   chips_per_host or math.prod(mesh.values()))
+        engine_pages, engine_peak, engine_lines = _engine_lines(cfg, qcfg, mesh, coll, est, usable)
         lines += engine_lines
     elif coll is not None:
         budget = ("no token budget: one call holds collect.concurrency states" if coll.budget_tokens is None
@@ -250,8 +254,9 @@ def describe(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *, device_mem
         if engine_pages is not None:   # the engine's pool takes what is left: it fits when it holds one slot
             fits = fits and engine_pages >= engine_shapes(cfg.collect).pages_per_slot + 1
         share = f" x {usable_fraction:.2f} usable = {usable / GIB:.2f} GiB" if usable_fraction < 1 else ""
+        what = "update beside the engine pool" if c.sampler == "engine" else "collection"
         lines.append(f"  device memory      {device_memory_gb:8.2f} GiB{share}; peak "
-                     f"{('update beside the engine pool' if c.sampler == 'engine' else 'collection') if collection > est.total else 'train step'} "
+                     f"{what if collection > est.total else 'train step'} "
                      f"{peak / GIB:.2f} GiB -> {'fits' if fits else 'DOES NOT FIT'}")
         if engine_pages is None and coll is not None and coll.budget_tokens is not None and coll.states_per_call < 1:
             lines.append("  the largest state does not fit in one sampler call: shorten collect.max_prompt_tokens "
