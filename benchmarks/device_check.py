@@ -31,7 +31,7 @@ is (nothing installed: the repository on PYTHONPATH and the jax already there).
    argument that runs it.
 
 --dry-run runs every step on this host's CPU at tiny shapes (no install), so CI proves the
-script end to end; tests/test_device_image.py runs it with only the device's packages.
+script end to end; tests/test_device_check.py runs it with only the device's packages.
 """
 
 from __future__ import annotations

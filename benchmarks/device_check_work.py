@@ -3,7 +3,7 @@ this CPU at tiny shapes): the ceilings, attention and sampler parity, the train 
 and the transformers reference are in device_check_decode.py. Each returns plain dicts for the
 JSON; `ok` says whether a check passed. Each imports only what it uses: the device host has
 jax, flax, optax, orbax, transformers and torch, and not our client-side packages (openai,
-grain, mcp, ...; tests/test_device_image.py holds us to that)."""
+grain, mcp, ...; tests/test_device_check.py holds us to that)."""
 
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ install of actionopd_jax is dropped, so the package comes from PYTHONPATH as it 
 
 Active only when ACTIONOPD_DEVICE_IMAGE names a package list (h200_packages.txt), with this
 folder on PYTHONPATH; child interpreters inherit both, so the device check's measuring
-processes are held to the same image. Used by tests/test_device_image.py: the device check
+processes are held to the same image. Used by tests/test_device_check.py: the device check
 must run there with nothing installed, and this is how CI proves it on a CPU host. jax itself
 stays this host's version (the image's 0.11 cannot be installed here).
 """
