@@ -76,17 +76,20 @@ def decode_timing(preset: str, *, slots: int, samples: int, lo: int, hi: int, ma
     tokens = int(res.generated_tokens)   # rows x max_new: no end token
     return {"model": preset, "sampler": sampler, "rows": rows, "prompts": len(prompts),
             "prompt_lens": [lo, hi], "prompt_tokens": int(sum(len(p) for p in prompts)), "max_new": max_new,
-            "decode_steps": res.decode_steps, "prefill_s": round(res.prefill_s, 4), "decode_s": round(res.decode_s, 4),
+            "decode_steps": res.decode_steps, "prefill_s": round(res.prefill_s, 6), "decode_s": round(res.decode_s, 6),
             "wall_s": round(wall, 4), "first_call_s": round(first, 2), "generated_tokens": tokens,
+            "decode_tokens": tokens,
             "tokens_per_s": round(tokens / res.decode_s, 1), "end_to_end_tokens_per_s": round(tokens / wall, 1),
             **step_bytes(cfg, prompts, samples, max_new),
             "ok": tokens == rows * max_new and res.decode_steps == max_new}
 
 
 def transformers_timing(preset: str, *, slots: int, samples: int, lo: int, hi: int, max_new: int) -> dict:
-    """transformers' `generate` (PyTorch, bf16, sdpa attention, its default dynamic KV cache)
-    on the same workload: prompts left-padded to the longest, `num_return_sequences=samples`.
-    Decode time = generate(max_new) - generate(1) (the prefill), each the second of two calls."""
+    """transformers' `generate` (PyTorch, bf16, its default attention and dynamic KV cache) on the
+    same workload: prompts left-padded to the longest, `num_return_sequences=samples`. A logits
+    processor clocks every step (synchronising the GPU, as generate's own stopping check does
+    each step): prefill = start -> first logits; decode = first -> last logits, max_new - 1
+    steps of every row. The second of two calls is timed."""
     import torch
     import transformers
 
@@ -108,29 +111,38 @@ def transformers_timing(preset: str, *, slots: int, samples: int, lo: int, hi: i
         mask[i, width - len(p):] = 1
     ids, mask = ids.to(dev), mask.to(dev)
 
-    def generate(new: int) -> tuple[float, int]:
-        kw = dict(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-                  max_new_tokens=new, min_new_tokens=new, num_return_sequences=samples, pad_token_id=0,
-                  eos_token_id=None)
-        with torch.inference_mode():
-            model.generate(**kw)      # warm-up (kernels, allocator)
+    class Clock(transformers.LogitsProcessor):
+        def __init__(self):
+            self.times = []
+
+        def __call__(self, input_ids, scores):
             if dev == "cuda":
                 torch.cuda.synchronize()
+            self.times.append(time.perf_counter())
+            return scores
+
+    def generate() -> tuple[float, list[float], int]:
+        clock = Clock()
+        kw = dict(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
+                  max_new_tokens=max_new, min_new_tokens=max_new, num_return_sequences=samples, pad_token_id=0,
+                  eos_token_id=None, logits_processor=transformers.LogitsProcessorList([clock]))
+        with torch.inference_mode():
             t0 = time.perf_counter()
             out = model.generate(**kw)
             if dev == "cuda":
                 torch.cuda.synchronize()
-        return time.perf_counter() - t0, int(out.shape[1] - width)
+        return t0, clock.times, int(out.shape[1] - width)
 
-    prefill_s, _ = generate(1)
-    wall, steps = generate(max_new)
+    generate()                       # warm-up (kernels, allocator)
+    t0, times, steps = generate()
+    wall = time.perf_counter() - t0
     rows = len(prompts) * samples
-    decode_s = max(wall - prefill_s, 1e-9)
-    tokens = rows * max_new
+    decode_s = times[-1] - times[0]
+    decode_tokens = rows * (len(times) - 1)
     return {"model": preset, "sampler": "transformers", "rows": rows, "prompts": len(prompts),
             "prompt_lens": [lo, hi], "prompt_tokens": int(sum(len(p) for p in prompts)), "max_new": max_new,
-            "decode_steps": steps, "prefill_s": round(prefill_s, 4), "decode_s": round(decode_s, 4),
-            "wall_s": round(wall, 4), "generated_tokens": tokens,
-            "tokens_per_s": round(tokens / decode_s, 1), "end_to_end_tokens_per_s": round(tokens / wall, 1),
+            "decode_steps": steps, "prefill_s": round(times[0] - t0, 6), "decode_s": round(decode_s, 6),
+            "wall_s": round(wall, 4), "generated_tokens": rows * steps, "decode_tokens": decode_tokens,
+            "tokens_per_s": round(decode_tokens / decode_s, 1), "end_to_end_tokens_per_s": round(rows * steps / wall, 1),
             "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-            **step_bytes(cfg, prompts, samples, max_new), "ok": steps == max_new}
+            **step_bytes(cfg, prompts, samples, max_new), "ok": steps == max_new and len(times) == max_new}
