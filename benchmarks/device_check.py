@@ -279,10 +279,9 @@ def apply_ceilings(rep: dict) -> None:
     if measured:
         flops, bw, source = measured[0]["matmul_flops_per_s"], measured[0]["copy_bytes_per_s"], "measured"
     else:
-        kind = devices[0].get("kind", "")
-        for name, f, b in PEAKS:
-            if name.lower() in kind.lower():
-                flops, bw, source = f, b, "published (no ceilings measured in this run)"
+        flops, bw = published_peaks(devices[0].get("kind", ""))
+        if flops is not None:
+            source = "published (no ceilings measured in this run)"
     rep["ceilings_used"] = {"flops_per_s": flops, "bytes_per_s": bw, "source": source}
     n = max(1, len(devices))
     for t in rep.get("train_step", []):
@@ -293,6 +292,14 @@ def apply_ceilings(rep: dict) -> None:
             bound = None if bw is None else d["rows"] * bw / (d["weight_bytes"] + d["kv_bytes_mean"])
             d["hbm_bound_tokens_per_s"] = None if bound is None else round(bound, 1)
             d["fraction_of_bound"] = None if bound is None else round(d["tokens_per_s"] / bound, 4)
+
+
+def published_peaks(kind: str) -> tuple[float | None, float | None]:
+    """(bf16 FLOP/s, HBM bytes/s) published for a jax device_kind: the first PEAKS row it names."""
+    for name, flops, bw in PEAKS:
+        if name.lower() in kind.lower():
+            return flops, bw
+    return None, None
 
 
 def _fmt(x, spec="{:.3g}"):
