@@ -37,6 +37,7 @@ script end to end; tests/test_device_check.py runs it with only the device's pac
 from __future__ import annotations
 
 import argparse
+import gc
 import glob
 import json
 import os
@@ -75,17 +76,17 @@ def stages(mode: str, platform: str) -> list[tuple[str, str, float, dict]]:
             ("attention parity", "parity", 60.0, {"fn": "attention"})]
     for attention, s in dict.fromkeys(((fast, seq), ("xla", seq), (fast, long_seq))):
         plan.append((f"train {preset} {attention} {s}", "train_step", 150.0 if dev else 60.0,
-                     {"fn": "train", "preset": preset, "attention": attention, "seq": s, "resp": resp}))
+                     {"fn": "train", "preset": preset, "attention": attention, "seq": s, "resp": resp, "own": dev}))
     for work in ("big", "small", "0.6b"):
         wp, slots, samples, lo, hi, new = DECODE[mode][work]
         for sampler in ("engine", "static"):
             plan.append((f"decode {wp} {sampler} {slots}", "decode", 100.0 if dev else 60.0,
-                         {"fn": "decode", "sampler": sampler, "work": work}))
+                         {"fn": "decode", "sampler": sampler, "work": work, "own": dev}))
     wp, slots, *_ = DECODE[mode]["small"]
-    # alone: in its own process, after the jax one has exited (jax holds its share of the GPU
+    # torch: in its own process, after the jax one has exited (jax holds its share of the GPU
     # until then, and torch needs the rest)
     plan.append((f"generate {wp} transformers {slots}", "decode", 120.0 if dev else 60.0,
-                 {"fn": "transformers", "work": "small", "alone": True}))
+                 {"fn": "transformers", "work": "small", "own": True, "torch": True}))
     plan.append(("sampler parity", "parity", 90.0, {"fn": "sampler parity"}))
     return plan
 
@@ -129,7 +130,7 @@ def child(mode: str, names: list[str], out_dir: Path) -> int:
     from actionopd_jax.aot.targets import USABLE_MEMORY_FRACTION
 
     specs = {name: spec for name, _, _, spec in stages(mode, detect_platform())}
-    if all(specs.get(n, {}).get("alone") for n in names):
+    if all(specs.get(n, {}).get("torch") for n in names):
         # torch's own measurement: jax only names the device, and must not take its memory
         os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
     else:
@@ -191,6 +192,7 @@ def child(mode: str, names: list[str], out_dir: Path) -> int:
         for r in rows:
             r.setdefault("stage", name)
         emit(event="done", name=name, result=rows, seconds=round(time.time() - t0, 1))
+        gc.collect()    # a failed stage's frames (and what they hold on the device) are cycles
     return 0
 
 
@@ -203,7 +205,9 @@ def run_stages(mode: str, platform: str, out_dir: Path, plan, deadline: float, s
            "skipped": [], "timed_out": [], "errors": [], "stage_s": {}}
     section = {name: sec for name, sec, _, _ in plan}
     limit = {name: stage_timeout or lim for name, _, lim, _ in plan}
-    alone = {name for name, _, _, spec in plan if spec.get("alone")}
+    # "own": a process of its own (on a device: each train step and decode, so its peak memory
+    # is its own and a pool it leaves behind cannot starve the next; run 1 shared one process)
+    alone = {name for name, _, _, spec in plan if spec.get("own")}
     todo = [name for name, _, _, _ in plan]
     events = out_dir / EVENTS
     events.write_text("")
@@ -374,7 +378,7 @@ def main(argv=None) -> int:
                    help="no measurement starts or runs past this many seconds from the start (install included)")
     p.add_argument("--stage-timeout-s", type=float, default=None,
                    help="time limit of every measurement (default: each its own, STAGES)")
-    p.add_argument("--only", default="", help="comma-separated measurement names to run (default: all)")
+    p.add_argument("--only", default="", help="comma-separated measurement names to run, in that order (default: all)")
     p.add_argument("--stage", choices=("all", "work"), default="all", help=argparse.SUPPRESS)
     p.add_argument("--names", default="[]", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -397,7 +401,8 @@ def main(argv=None) -> int:
             print(f"device_check: --only {', '.join(unknown)}: no such measurement; the measurements are: "
                   f"{', '.join(name for name, _, _, _ in plan)}", file=sys.stderr)
             return 2
-        plan = [row for row in plan if row[0] in wanted]
+        by_name = {row[0]: row for row in plan}
+        plan = [by_name[n] for n in dict.fromkeys(wanted)]      # in the order given
     args.out.mkdir(parents=True, exist_ok=True)
     info = install(platform, args.dry_run, args.no_install)
     rep = {"schema": 3, "mode": mode, "install": info}

@@ -10,6 +10,8 @@ without the ceilings stage says which bandwidth it was held to.
 
 from __future__ import annotations
 
+import dataclasses
+import sys
 import time
 
 import jax
@@ -57,10 +59,21 @@ def decode_timing(preset: str, *, slots: int, samples: int, lo: int, hi: int, ma
     mesh = make_mesh({"tensor": 1}, devices=[device])
     prompts, samples = workload(cfg.vocab_size, slots=slots, samples=samples, lo=lo, hi=hi)
     rows = len(prompts) * samples
+    extra = {}
     if sampler == "engine":
         from actionopd_jax.engine import Engine, EngineConfig
+        from actionopd_jax.engine.requests import pages_needed
+        from actionopd_jax.engine.sizing import pool_pages
 
         shapes = EngineConfig(slots=rows, page_size=16, max_len=hi + max_new, chunk=min(512, hi), segment=16)
+        # the pool this workload fills (every row at once, each prompt's pages shared by its
+        # samples) plus a quarter: "auto" takes 90% of what is free, which on the H200 left the
+        # decode segment's temporaries no room at 256 slots (run 1: out of memory)
+        need = sum(a + b + (samples - 1) * c for a, b, c in
+                   (pages_needed(len(p), max_new, samples, 0, shapes.page_size) for p in prompts))
+        extra["pool_pages"] = int(need * 1.25) + 1
+        extra["auto_pool_pages"] = pool_pages(cfg, shapes, mesh=mesh, dtype="bfloat16")
+        shapes = dataclasses.replace(shapes, pages=extra["pool_pages"])
         s = Engine(model, eos_ids=[], config=shapes, mesh=mesh)
     else:
         from actionopd_jax.sampling import Sampler
@@ -74,14 +87,38 @@ def decode_timing(preset: str, *, slots: int, samples: int, lo: int, hi: int, ma
     res = s.sample(prompts, key=jax.random.key(1), **kw)
     wall = time.perf_counter() - t0
     tokens = int(res.generated_tokens)   # rows x max_new: no end token
+    extra["programs"] = program_memory(s)
+    stats = device.memory_stats() or {}
+    extra["peak_bytes"] = stats.get("peak_bytes_in_use")     # this process's (each decode runs in its own)
     return {"model": preset, "sampler": sampler, "rows": rows, "prompts": len(prompts),
             "prompt_lens": [lo, hi], "prompt_tokens": int(sum(len(p) for p in prompts)), "max_new": max_new,
             "decode_steps": res.decode_steps, "prefill_s": round(res.prefill_s, 6), "decode_s": round(res.decode_s, 6),
             "wall_s": round(wall, 4), "first_call_s": round(first, 2), "generated_tokens": tokens,
             "decode_tokens": tokens,
             "tokens_per_s": round(tokens / res.decode_s, 1), "end_to_end_tokens_per_s": round(tokens / wall, 1),
-            **step_bytes(cfg, prompts, samples, max_new),
+            **step_bytes(cfg, prompts, samples, max_new), **extra,
             "ok": tokens == rows * max_new and res.decode_steps == max_new}
+
+
+def program_memory(sampler) -> dict:
+    """XLA's memory analysis of each compiled program the sampler holds (GiB: arguments,
+    outputs, aliased, temporaries): whether the pool is updated in place, and what a program
+    needs beside its arguments (what a pool sized from free memory must leave)."""
+    found = {}
+    local = getattr(getattr(sampler, "programs", None), "_local", None)     # the engine: kind -> (weights, program)
+    held = {k: p for k, (_, p) in local.items()} if local is not None else \
+        {f"{k[0]} {i}": p for i, (k, p) in enumerate(getattr(sampler, "_programs", {}).items())}   # the static sampler: (kind, ...) -> program
+    for kind, program in held.items():
+        try:
+            m = program.memory_analysis()
+        except Exception as e:  # noqa: BLE001 - not every backend reports it
+            found[kind] = f"{type(e).__name__}: {e}"[:200]
+            continue
+        if m is None:
+            continue
+        found[kind] = {name: round(getattr(m, f"{name}_size_in_bytes", 0) / 2 ** 30, 3)
+                       for name in ("argument", "output", "alias", "temp", "generated_code")}
+    return found
 
 
 def transformers_timing(preset: str, *, slots: int, samples: int, lo: int, hi: int, max_new: int) -> dict:
@@ -89,7 +126,7 @@ def transformers_timing(preset: str, *, slots: int, samples: int, lo: int, hi: i
     same workload: prompts left-padded to the longest, `num_return_sequences=samples`. A logits
     processor clocks every step (synchronising the GPU, as generate's own stopping check does
     each step): prefill = start -> first logits; decode = first -> last logits, max_new - 1
-    steps of every row. The second of two calls is timed."""
+    steps of every row. A short warm-up call (8 tokens), then the timed call."""
     import torch
     import transformers
 
@@ -100,8 +137,10 @@ def transformers_timing(preset: str, *, slots: int, samples: int, lo: int, hi: i
     hf_cfg = transformers.Qwen3Config(**{k: v for k, v in cfg.to_hf_dict().items()
                                          if k not in ("architectures", "model_type", "torch_dtype", "dtype")})
     torch.manual_seed(0)
+    t_built = time.perf_counter()
     with torch.device(dev):
         model = transformers.Qwen3ForCausalLM(hf_cfg).to(torch.bfloat16).eval()
+    t_built = time.perf_counter() - t_built
     prompts, samples = workload(cfg.vocab_size, slots=slots, samples=samples, lo=lo, hi=hi)
     width = max(len(p) for p in prompts)
     ids = torch.zeros((len(prompts), width), dtype=torch.long)
@@ -121,10 +160,10 @@ def transformers_timing(preset: str, *, slots: int, samples: int, lo: int, hi: i
             self.times.append(time.perf_counter())
             return scores
 
-    def generate() -> tuple[float, list[float], int]:
+    def generate(new: int = max_new) -> tuple[float, list[float], int]:
         clock = Clock()
         kw = dict(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0, top_k=0,
-                  max_new_tokens=max_new, min_new_tokens=max_new, num_return_sequences=samples, pad_token_id=0,
+                  max_new_tokens=new, min_new_tokens=new, num_return_sequences=samples, pad_token_id=0,
                   eos_token_id=None, logits_processor=transformers.LogitsProcessorList([clock]))
         with torch.inference_mode():
             t0 = time.perf_counter()
@@ -133,7 +172,10 @@ def transformers_timing(preset: str, *, slots: int, samples: int, lo: int, hi: i
                 torch.cuda.synchronize()
         return t0, clock.times, int(out.shape[1] - width)
 
-    generate()                       # warm-up (kernels, allocator)
+    t_ready = time.perf_counter()
+    generate(8)                      # warm-up (kernels, allocator): prefill and a few steps
+    print(f"[transformers] model built {t_built:.1f} s, warm-up {time.perf_counter() - t_ready:.1f} s",
+          file=sys.stderr, flush=True)
     t0, times, steps = generate()
     wall = time.perf_counter() - t0
     rows = len(prompts) * samples

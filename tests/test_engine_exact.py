@@ -114,3 +114,20 @@ def test_run_ahead_with_requests_waiting_keeps_the_samples():
     eng = engine(3)
     assert sum(settings["n"]) > eng.config.slots
     assert_same(eng.sample(prompts, key=keys, **settings).generations, reference(prompts, keys, **settings))
+
+
+def test_gpu_kernel_engine_gives_the_static_samples():
+    """The engine with the GPU paged kernel ("paged_gpu", Pallas interpret mode here) decodes
+    through it and prefills by gathering (sizing.prefill_attention): the static samples, as
+    on the H200 (device check: "engine tokens float32 ... device vs CPU")."""
+    prompts, settings, keys = _workload(seed=5)
+    want = reference(prompts, keys, **settings)
+    eng = engine(3, attention="paged_gpu")
+    assert eng.attention() == "paged_gpu"
+    got = [None] * N_STATES
+    for i in range(N_STATES):
+        eng.submit(prompts[i], key=keys[i], on_done=lambda r, i=i: got.__setitem__(i, r.generations),
+                   **{k: v[i] for k, v in settings.items()})
+    while eng.busy:
+        eng.step()
+    assert_same(got, want)
