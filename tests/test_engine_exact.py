@@ -117,12 +117,12 @@ def test_run_ahead_with_requests_waiting_keeps_the_samples():
 
 
 def test_gpu_kernel_engine_gives_the_static_samples():
-    """The engine with the GPU paged kernel ("paged_gpu", Pallas interpret mode here) decodes
-    through it and prefills by gathering (sizing.prefill_attention): the static samples, as
-    on the H200 (device check: "engine tokens float32 ... device vs CPU")."""
+    """The engine with the GPU paged kernel ("paged_gpu", Pallas interpret mode here; pages of
+    16 tokens, its smallest block) in its prefill chunks and decode segments: the static
+    samples, as the device check asks of it on a GPU ("engine tokens float32 ... vs CPU")."""
     prompts, settings, keys = _workload(seed=5)
     want = reference(prompts, keys, **settings)
-    eng = engine(3, attention="paged_gpu")
+    eng = engine(3, attention="paged_gpu", page_size=16)
     assert eng.attention() == "paged_gpu"
     got = [None] * N_STATES
     for i in range(N_STATES):

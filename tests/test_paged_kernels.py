@@ -32,18 +32,18 @@ def _bf16_exact(x):
     return np.asarray(jnp.asarray(x).astype(jnp.bfloat16).astype(jnp.float32))
 
 
-def _pool(lengths, seed=0, pps=PPS):
+def _pool(lengths, seed=0):
     """A shuffled pool holding each slot's tokens, junk in every unused page (page 0: null)."""
     rng = np.random.default_rng(seed)
     slots = len(lengths)
-    total = 1 + slots * pps
+    total = 1 + slots * PPS
     k_pages = _bf16_exact(rng.normal(size=(KVH, total, PAGE, DH)) * 3)
     v_pages = _bf16_exact(rng.normal(size=(KVH, total, PAGE, DH)) * 3)
     order = rng.permutation(np.arange(1, total))
-    table = np.zeros((slots, pps), np.int32)
+    table = np.zeros((slots, PPS), np.int32)
     for s, n in enumerate(lengths):
         used = -(-n // PAGE)
-        table[s, :used] = order[s * pps: s * pps + used]
+        table[s, :used] = order[s * PPS: s * PPS + used]
     return jnp.asarray(k_pages), jnp.asarray(v_pages), jnp.asarray(table)
 
 
@@ -70,18 +70,6 @@ def test_kernel_equals_gather_on_a_prefill_chunk(impl):
     positions = jnp.asarray([[3, 4, 5, 6], [9, 10, 11, 12]], jnp.int32)
     want = paged_attention_gather(q, k_pages, v_pages, lengths, table, q_positions=positions)
     got = paged_attention(q, k_pages, v_pages, lengths, table, q_positions=positions, impl=impl)
-    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5, atol=2e-5)
-
-
-def test_gpu_kernel_pads_a_table_of_prime_width():
-    """17 pages per slot: the kernel gets 2 partitions of one 16-page block, the table padded
-    with 15 null columns (gpu_blocks), which no row reads."""
-    assert gpu_blocks(17, PAGE) == (2, 16, 32)
-    lengths = jnp.asarray([1, 70, 17 * PAGE], jnp.int32)
-    k_pages, v_pages, table = _pool([1, 70, 17 * PAGE], seed=5, pps=17)
-    q = _q(3, 1, seed=6)
-    want = paged_attention_gather(q, k_pages, v_pages, lengths, table)
-    got = paged_attention(q, k_pages, v_pages, lengths, table, impl="paged_gpu")
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5, atol=2e-5)
 
 
@@ -132,10 +120,7 @@ class _FakeMesh:
 
 def test_block_choices():
     assert pages_per_block(32, 16) == 16 and pages_per_block(6, 128) == 3 and pages_per_block(7, 16) == 7
-    # (splits, pages per block, padded columns): blocks of 128 keys, the table padded with null
-    # columns rather than blocks shrunk to a divisor (272 = 16 x 17 gave one-page blocks)
-    assert gpu_blocks(64, 16) == (8, 8, 64) and gpu_blocks(4, 8) == (1, 4, 4) and gpu_blocks(3, 16) == (1, 3, 3)
-    assert gpu_blocks(272, 16) == (12, 8, 288) and gpu_blocks(129, 16) == (9, 8, 144)
+    assert gpu_blocks(64, 16) == (16, 4) and gpu_blocks(4, 8) == (2, 2) and gpu_blocks(3, 16) == (3, 1)
 
 
 def test_combined_pool_interleaves_k_and_v():

@@ -16,7 +16,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from actionopd_jax.aot.lowering import LoweringReport, lower_for
 from actionopd_jax.engine import programs
-from actionopd_jax.engine.sizing import EngineConfig, engine_attention, prefill_attention
+from actionopd_jax.engine.sizing import EngineConfig, engine_attention
 from actionopd_jax.model.attention.paged_tpu import tensor_split
 from actionopd_jax.sampling.aot import abstract_model
 from actionopd_jax.sampling.token_choice import DEFAULT_CAP
@@ -71,8 +71,7 @@ def lower_engine_programs(cfg, mesh, shapes: EngineConfig, *, attention: str = "
     segment = jax.jit(functools.partial(programs.segment, steps=shapes.max_segment, page_size=shapes.page_size, cap=cap,
                                         head=head, backend="accelerator", attention=impl),
                       static_argnums=(0,), donate_argnums=(3,))
-    chunk = jax.jit(functools.partial(programs.prefill_chunk, page_size=shapes.page_size,
-                                      attention=prefill_attention(impl)),
+    chunk = jax.jit(functools.partial(programs.prefill_chunk, page_size=shapes.page_size, attention=impl),
                     static_argnums=(0,), donate_argnums=(2,))
     lanes = shapes.prefill_lanes
     reports = [
@@ -81,8 +80,8 @@ def lower_engine_programs(cfg, mesh, shapes: EngineConfig, *, attention: str = "
         lower_for(segment, (graphdef, params, None, pool, abstract_slots(cfg, mesh, shapes.slots, pps),
                             i32(shapes.slots), i32(shapes.slots), i32(2), None, i32(), i32()),
                   label=f"engine decode segment ({what})", platform=platform, mesh=mesh, traced_for=traced_for)]
-    if impl == "paged_gpu":   # the decode segment's kernel (a prefill chunk gathers: prefill_attention)
-        for r in reports[1:]:
+    if impl == "paged_gpu":
+        for r in reports:
             if r.ok and not any(TRITON in c for c in r.custom_calls):
                 r.ok, r.error = False, "engine attention is paged_gpu but the lowered program has no Triton call"
     return reports

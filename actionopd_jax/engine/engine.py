@@ -36,7 +36,7 @@ from actionopd_jax.engine.requests import EngineStats, Request, pages_needed, va
 from actionopd_jax.engine.sessions import Sessions
 from actionopd_jax.engine.slots import host_slots, start_samples
 from actionopd_jax.engine.static_api import sample_all
-from actionopd_jax.engine.sizing import EngineConfig, engine_attention, pool_pages, prefill_attention
+from actionopd_jax.engine.sizing import EngineConfig, engine_attention, pool_pages
 from actionopd_jax.sampling.checked_head import checked_head
 from actionopd_jax.sampling.sampler import SampleResult, _as_typed_key
 from actionopd_jax.sampling.token_choice import DEFAULT_CAP
@@ -270,7 +270,7 @@ class Engine:
             t0 = time.perf_counter()
             args = (*self._split, self.pool, tokens, start, n_valid, table)
             self.pool, hidden = self._run("chunk", programs.prefill_chunk, args,
-                                          {"page_size": c.page_size, "attention": prefill_attention(self.attention())}, donate=(2,))
+                                          {"page_size": c.page_size, "attention": self.attention()}, donate=(2,))
             hidden = np.asarray(hidden)
             self.stats.prefill_s += time.perf_counter() - t0
             self.stats.chunk_calls += 1

@@ -74,15 +74,6 @@ def engine_attention(setting: str, platform: str, backend: str) -> str:
     return "live" if impl == "gather" and backend == "cpu" else impl
 
 
-def prefill_attention(impl: str) -> str:
-    """The backend a prefill chunk runs, given the decode one `impl` (engine_attention): the
-    same, except the GPU kernel, which takes one query per row, so a chunk's lanes x chunk rows
-    would each reread their slot's pages (on the H200, 4B, 16 prompts of 1,024-4,096 tokens:
-    15.8 s of prefill against the static sampler's 0.86 s); the gather path reads a lane's
-    pages once per layer."""
-    return "gather" if impl == "paged_gpu" else impl
-
-
 def pages_for(cfg, engine: EngineConfig, free_bytes_per_chip: float, *, shards: int = 1, dtype: str = "float32",
               reserve_bytes: float = 0) -> int:
     """Pages (null page included) in what each chip can still allocate, less `reserve_bytes`
@@ -123,4 +114,4 @@ def pool_pages(cfg, engine: EngineConfig, *, mesh=None, dtype: str = "float32", 
                      dtype=dtype, reserve_bytes=reserve_bytes)
 
 
-__all__ = ["EngineConfig", "engine_attention", "pages_for", "pool_pages", "pool_shards", "prefill_attention"]
+__all__ = ["EngineConfig", "engine_attention", "pages_for", "pool_pages", "pool_shards"]

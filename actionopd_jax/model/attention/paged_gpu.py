@@ -27,23 +27,25 @@ from actionopd_jax.jax_compat import pallas_kernel, shard_map
 
 BLOCK_H = 16           # query heads per program (the kernel's minimum and default)
 _MAX_SPLITS = 16       # the kernel's default k_splits
-_BLOCK_KEYS = 128      # keys per compute block: the kernel's default (8 pages of 16)
+_MAX_PAGES_PER_BLOCK = 8
 
 
-def gpu_blocks(pages_per_slot: int, page_size: int) -> tuple[int, int, int]:
-    """(k_splits, pages_per_compute_block, padded pages per slot) for a page table of
-    pages_per_slot columns. Blocks of ~128 keys (fewer only where a slot holds fewer), up to 16
-    partitions, and the table padded with null columns to splits x blocks: the kernel skips
-    every block past a row's length, so padding costs nothing, while requiring exact divisors
-    did (on the H200, 272 pages of 16 = 16 x 17 gave blocks of one page: 16 keys per dot)."""
-    block = max(1, min(pages_per_slot, _BLOCK_KEYS // page_size))
-    blocks = -(-pages_per_slot // block)
-    per_split = -(-blocks // min(_MAX_SPLITS, blocks))
-    splits = -(-blocks // per_split)          # the fewest partitions of that length (least padding)
-    return splits, block, splits * per_split * block
+def _largest_divisor(n: int, limit: int) -> int:
+    return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
 
 
-def check_gpu_shapes(q_shape, pages_shape, page_table_shape) -> tuple[int, int, int]:
+def gpu_blocks(pages_per_slot: int, page_size: int) -> tuple[int, int]:
+    """(k_splits, pages_per_compute_block) for a page table of pages_per_slot columns: the most
+    partitions (<= 16) that divide it, then the most pages per block (<= 8) that divide a
+    partition."""
+    splits = _largest_divisor(pages_per_slot, _MAX_SPLITS)
+    # keep at least 16 keys per block (Triton's dot) when the partition allows it
+    while splits > 1 and (pages_per_slot // splits) * page_size < 16:
+        splits = _largest_divisor(pages_per_slot, splits - 1)
+    return splits, _largest_divisor(pages_per_slot // splits, _MAX_PAGES_PER_BLOCK)
+
+
+def check_gpu_shapes(q_shape, pages_shape, page_table_shape) -> tuple[int, int]:
     """Refuse what the GPU kernel cannot take, naming the limit; returns gpu_blocks(...)."""
     _, _, hq, dh = q_shape
     kvh, _, page_size, dh_k = pages_shape
@@ -53,19 +55,17 @@ def check_gpu_shapes(q_shape, pages_shape, page_table_shape) -> tuple[int, int, 
     if dh < 16 or dh & (dh - 1):
         raise ValueError(f"attention='paged_gpu': head_dim {dh} is not a power of two >= 16 (Triton's dot); "
                          "use the 'gather' path")
-    splits, block, padded = gpu_blocks(page_table_shape[1], page_size)
+    splits, block = gpu_blocks(page_table_shape[1], page_size)
     if block * page_size < 16:
         raise ValueError(f"attention='paged_gpu': {page_table_shape[1]} pages per slot of {page_size} tokens give "
                          f"blocks of {block * page_size} keys, under Triton's 16; use larger pages")
-    return splits, block, padded
+    return splits, block
 
 
-def _local(q, k_pages, v_pages, lengths, page_table, q_positions, *, splits, block, padded, interpret):
+def _local(q, k_pages, v_pages, lengths, page_table, q_positions, *, splits, block, interpret):
     paged_attention = pallas_kernel("gpu_paged_attention")  # where this jax keeps it (jax_compat)
 
     slots, q_len, hq, dh = q.shape
-    if padded > page_table.shape[1]:   # null columns past every length: never read (gpu_blocks)
-        page_table = jnp.pad(page_table, ((0, 0), (0, padded - page_table.shape[1])))
     rows, seen, table = query_rows(q * dh ** -0.5, lengths, page_table, q_positions)
     out = paged_attention(rows.astype(k_pages.dtype), k_pages, v_pages, table, seen, block_h=BLOCK_H,
                           pages_per_compute_block=block, k_splits=splits, interpret=interpret)
@@ -76,10 +76,10 @@ def paged_attention_gpu(q, k_pages, v_pages, lengths, page_table, *, q_positions
                         interpret: bool = False):
     """The "paged_gpu" backend (module docstring); same arguments as `paged_attention_gather`.
     Under a mesh with a "tensor" axis dividing KVH each GPU runs its own KV heads."""
-    splits, block, padded = check_gpu_shapes(q.shape, k_pages.shape, page_table.shape)
+    splits, block = check_gpu_shapes(q.shape, k_pages.shape, page_table.shape)
     if q_positions is None:
         q_positions = lengths[:, None] - q.shape[1] + jnp.arange(q.shape[1], dtype=lengths.dtype)[None, :]
-    local = functools.partial(_local, splits=splits, block=block, padded=padded, interpret=interpret)
+    local = functools.partial(_local, splits=splits, block=block, interpret=interpret)
     axis = tensor_split(mesh, k_pages.shape[0])
     if axis is None:
         return local(q, k_pages, v_pages, lengths, page_table, q_positions)
