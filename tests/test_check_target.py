@@ -12,6 +12,7 @@ import pytest
 from actionopd_jax.aot.targets import USABLE_MEMORY_FRACTION
 from actionopd_jax.config import ConfigError
 from actionopd_jax.config.load import load_config
+from actionopd_jax.config.rollout import rollout_sampler
 from actionopd_jax.launch.common import GPU_ENV_DEFAULTS
 from actionopd_jax.commands import train as train_cli
 from tests._subprocess_fixtures import cli_env
@@ -72,11 +73,26 @@ def test_check_plans_for_the_target_not_this_host(capsys):
     assert re.search(r"device memory\s+131\.32 GiB x 0\.90 usable = 118\.18 GiB", out), out
 
 
-def test_check_names_the_engine_and_plans_its_pool_beside_an_update(capsys):
-    """The engine is collection's default: `--check` names it and plans its page pool from what
-    is left of the usable memory after the trainer's state, the rollout copy and an update's
-    reserve (x budget.SAFETY), so an update beside the resident pool still fits."""
+def test_auto_is_the_static_sampler_on_gpus_and_the_engine_elsewhere(capsys):
+    """collect.sampler=auto (the default): the static sampler on NVIDIA GPUs, where the H200
+    measured the engine slower (config/rollout.py), the engine on CPU and TPU; `--check` says
+    which and why."""
+    assert [rollout_sampler("auto", p) for p in ("cpu", "tpu", "gpu", "cuda")] == \
+        ["engine", "engine", "static", "static"]
+    assert rollout_sampler("engine", "gpu") == "engine" and rollout_sampler("static", "cpu") == "static"
+    with pytest.raises(ValueError, match="expected one of"):
+        rollout_sampler("paged", "cpu")
     assert train_cli.main(["--config", str(CONFIGS / "qwen3_4b_h200.yaml"), "--check"]) == 0
+    out = capsys.readouterr().out
+    assert "(static sampler: auto on gpu)" in out and "KV page pool" not in out, out
+    assert "collection per device (analytic estimate; the static sampler" in out
+
+
+def test_check_names_the_engine_and_plans_its_pool_beside_an_update(capsys):
+    """The engine (on a GPU, chosen explicitly): `--check` names it and plans its page pool from
+    what is left of the usable memory after the trainer's state, the rollout copy and an
+    update's reserve (x budget.SAFETY), so an update beside the resident pool still fits."""
+    assert train_cli.main(["--config", str(CONFIGS / "qwen3_4b_h200.yaml"), "--check", "collect.sampler=engine"]) == 0
     out = capsys.readouterr().out
     assert "(engine sampler)" in out and "  sampler            engine: " in out, out
     got = {name: float(re.search(rf"  {name}\s+([\d.]+) GiB", out).group(1))

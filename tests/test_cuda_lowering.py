@@ -100,8 +100,8 @@ def test_grouped_query_layout_and_shared_prefix_rows_are_refused_for_cudnn():
 
 
 def test_h200x8_check_lowers_every_program_of_the_run():
-    """The 8-GPU recipe at test size with the static sampler (the engine, the default, is the
-    test below): FSDP over 8 stand-in devices (8 partitions, cuDNN behind the partitioner), the
+    """The 8-GPU recipe at test size with the static sampler (auto's choice on GPUs; the
+    engine is the test below): FSDP over 8 stand-in devices (8 partitions, cuDNN behind the partitioner), the
     one-GPU update with both cuDNN calls, the old-logprob recompute, the sampler's prefill and
     decode tensor-parallel over the host, and prefill on one GPU."""
     code, text = _check(["--config", H200X8, "--check", *SMALL, "collect.sampler=static"])
@@ -200,9 +200,10 @@ def test_engine_programs_lower_for_cuda():
 
 
 def test_check_with_the_engine_lowers_its_programs():
-    """`train --check` for a GPU target lowers the engine's programs (the default rollout
-    path) in place of the static sampler's, with the paged GPU kernel (Triton)."""
-    code, text = _check(["--config", H200X1, "--check", *SMALL])
+    """`train --check` for a GPU target with `collect.sampler=engine` (auto is the static
+    sampler on GPUs) lowers the engine's programs in place of the static sampler's, with the
+    paged GPU kernel (Triton)."""
+    code, text = _check(["--config", H200X1, "--check", *SMALL, "collect.sampler=engine"])
     assert code == 0, text
     assert "sampler prefill" not in text and "sampler decode" not in text
     for program in ("engine prefill chunk", "engine decode segment"):

@@ -43,6 +43,7 @@ LAYERS: dict[str, int] = {
     "config.errors": 0,
     "config.experiment": 0,  # the experiment *section* dataclass
     "config.method": 0,  # the objective / group-source pairing rule
+    "config.rollout": 0,  # which rollout path (engine or static) "auto" means on each platform
     "aot": 1,
     "chat": 2,
     "model": 3,  # includes model.attention and the runtime options

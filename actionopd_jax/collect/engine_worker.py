@@ -25,7 +25,6 @@ from actionopd_jax.collect.sampler_worker import SamplerError, SamplingSettings,
 from actionopd_jax.sampling import Generation
 
 
-SAMPLER_KINDS = ("static", "engine")   # collect.sampler
 
 
 @dataclass(frozen=True)
@@ -137,4 +136,4 @@ class EngineWorker:
             self.stats.calls += 1
 
 
-__all__ = ["SAMPLER_KINDS", "EngineSampling", "EngineWorker"]
+__all__ = ["EngineSampling", "EngineWorker"]

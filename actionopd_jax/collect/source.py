@@ -21,11 +21,14 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import jax
+
 from actionopd_jax.collect.collector import Collector, CollectResult, local_task_starts
 from actionopd_jax.collect.config import CollectorConfig
 from actionopd_jax.collect.engine_worker import EngineSampling
 from actionopd_jax.collect.sampler_worker import SamplingSettings, sampler_fn
 from actionopd_jax.config import Config, ConfigError
+from actionopd_jax.config.rollout import rollout_sampler
 from actionopd_jax.envs.registry import env_factory_from
 from actionopd_jax.envs.task_sets import stream_tasks, task_stream_from, training_tasks_summary
 from actionopd_jax.rewards import RewardConfig
@@ -174,7 +177,10 @@ class ActionOPDGroupSource:
         eos = int(tokenizer.convert_tokens_to_ids("<|im_end|>"))
         settings = SamplingSettings(n=self.cfg.n, max_new_tokens=self.cfg.max_new_tokens,
                                     temperature=self.cfg.temperature, top_p=self.cfg.top_p, top_k=self.cfg.top_k)
-        if cfg.collect.sampler == "engine":
+        platform = ctx.mesh.devices.flat[0].platform if ctx.mesh is not None else jax.default_backend()
+        self.sampler_kind = rollout_sampler(cfg.collect.sampler, platform)
+        log.info("rollout sampler: %s (collect.sampler=%s on %s)", self.sampler_kind, cfg.collect.sampler, platform)
+        if self.sampler_kind == "engine":
             self.sampler = build_engine(cfg, ctx.model_config, eos, mesh=ctx.mesh)
             sample_fn = EngineSampling(self.sampler, settings)
         else:

@@ -12,7 +12,7 @@ import typing
 
 from actionopd_jax.aot.targets import TARGETS
 from actionopd_jax.baselines.wiring import SOURCE_KINDS
-from actionopd_jax.collect.engine_worker import SAMPLER_KINDS
+from actionopd_jax.config.rollout import SAMPLER_KINDS
 from actionopd_jax.collect.group import CommitMode
 from actionopd_jax.config.errors import ConfigError
 from actionopd_jax.config.experiment import TEACHER_MODES, ExperimentConfig

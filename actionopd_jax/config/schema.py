@@ -118,11 +118,12 @@ class CollectConfig:
     # "none", or a number. States beyond it go to the next call.
     sampler_token_budget: str = "auto"
     # how the student is sampled: "engine" (continuous batching over a paged cache, engine/:
-    # each state back as soon as its own samples are done; the one rollout path) or "static"
-    # (states batched into device calls, sampling/: the oracle the engine's tests are held to).
+    # each state back as soon as its own samples are done) or "static" (states batched into
+    # device calls, sampling/: the oracle the engine's tests are held to); "auto": the engine,
+    # except on NVIDIA GPUs, where the H200 measured it slower (config/rollout.py).
     # The engine's shapes: decode slots (0: concurrency x num_candidates), decode steps per
     # segment, tokens per page
-    sampler: str = "engine"
+    sampler: str = "auto"
     engine_slots: int = 0
     engine_segment: int = 16
     engine_page_size: int = 16

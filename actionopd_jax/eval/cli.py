@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from actionopd_jax.config.rollout import SAMPLER_KINDS
 from actionopd_jax.eval.agents import Agent, BackendAgent, EndpointAgent, ReferenceAgent
 from actionopd_jax.eval.metrics import summarize
 from actionopd_jax.eval.report import markdown_table, write_report
@@ -39,9 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trials", type=int, default=1, help="trials per task (tau2 pass^k needs k trials)")
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default for students)")
     p.add_argument("--max-new-tokens", type=int, default=1024)
-    p.add_argument("--sampler", choices=("engine", "static"), default="engine",
+    p.add_argument("--sampler", choices=SAMPLER_KINDS, default="auto",
                    help="in-process student: the continuous-batching engine (paged cache; an episode's earlier "
-                        "turns stay cached for its next turn), or 'static' batched calls (the engine's oracle)")
+                        "turns stay cached for its next turn), or 'static' batched calls (the engine's oracle); "
+                        "auto: the engine, static on NVIDIA GPUs (measured slower there: config/rollout.py)")
     p.add_argument("--engine-max-len", type=int, default=8192,
                    help="with --sampler engine: prompt + reply tokens one request may hold (sizes the page pool)")
     p.add_argument("--concurrency", type=int, default=8)
@@ -73,6 +75,9 @@ def make_agent(args: argparse.Namespace, loaded: dict | None = None) -> Agent:
 
 def model_backend(args: argparse.Namespace, loaded: dict | None = None):
     """The in-process model backend for --hf / --checkpoint (same code path as `actionopd serve`)."""
+    import jax
+
+    from actionopd_jax.config.rollout import rollout_sampler
     from actionopd_jax.model import make_mesh
     from actionopd_jax.sampling import Sampler
     from actionopd_jax.sampling.cli import model_with_tokenizer
@@ -84,7 +89,8 @@ def model_backend(args: argparse.Namespace, loaded: dict | None = None):
     cfg, model, tokenizer = model_with_tokenizer(hf=args.hf, checkpoint=args.checkpoint, tokenizer=args.tokenizer,
                                                  mesh=mesh, dtype=args.dtype, step=args.step, record=loaded)
     max_context = None
-    if getattr(args, "sampler", "engine") == "engine":
+    platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
+    if rollout_sampler(getattr(args, "sampler", "auto"), platform) == "engine":
         from actionopd_jax.engine import Engine, EngineConfig
 
         max_context = min(args.engine_max_len, cfg.max_position_embeddings)

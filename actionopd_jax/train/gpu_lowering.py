@@ -13,7 +13,7 @@ CPU stand-ins of the target's devices (same count, same mesh) and lowered to CUD
   attention calls themselves, forward and backward, must be in its StableHLO;
 - the sampler's prefill and decode at the collection's largest call (tensor-parallel over a
   host's GPUs, the rollout copy's layout), and prefill as one GPU's program; with
-  `collect.sampler: engine`, the engine's prefill chunk and decode segment instead
+  `collect.sampler: engine` (not auto's choice on GPUs: config/rollout.py), the engine's prefill chunk and decode segment instead
   (engine/aot.py, the same layout), whose paged attention must be the Triton kernel.
 
 A program that uses cuDNN attention but whose one-device lowering holds no cuDNN call is a
@@ -29,6 +29,7 @@ import jax
 from actionopd_jax.aot.lowering import LoweringReport, cuda_lowering_missing, lower_for, lowering_for
 from actionopd_jax.aot.targets import Target, TargetUnavailable, target_devices
 from actionopd_jax.config import Config
+from actionopd_jax.config.rollout import rollout_sampler
 from actionopd_jax.model import Qwen3Config, make_mesh
 from actionopd_jax.model.attention import resolve
 from actionopd_jax.train.aot_check import _abstract_batch, aot_lengths
@@ -116,7 +117,7 @@ def lower_run_programs(cfg: Config, qcfg: Qwen3Config, target: Target) -> tuple[
         reports += lower_train_step(cfg, qcfg, one, local_rows, seq_len, resp_len,
                                     f"one GPU's program: {local_rows} x {seq_len:,}")
     host = make_mesh({"tensor": target.chips_per_host}, devices=devices[:target.chips_per_host])
-    if cfg.collect.sampler == "engine":
+    if rollout_sampler(cfg.collect.sampler, "gpu") == "engine":
         from actionopd_jax.engine.aot import engine_shapes, lower_engine_programs
 
         reports += lower_engine_programs(qcfg, host, engine_shapes(cfg.collect), runtime=runtime)

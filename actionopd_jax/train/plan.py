@@ -19,6 +19,7 @@ import math
 from dataclasses import dataclass
 
 from actionopd_jax.config import Config
+from actionopd_jax.config.rollout import rollout_sampler
 from actionopd_jax.engine.aot import engine_shapes
 from actionopd_jax.model import Qwen3Config, count_params
 from actionopd_jax.model.attention import FUSED as FUSED_ATTENTION
@@ -191,6 +192,7 @@ def describe(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *, device_mem
         coll = estimate_collection(cfg, qcfg, mesh, chips_per_host=chips_per_host or math.prod(mesh.values()),
                                    usable_bytes=usable, platform=platform)
     t, c = cfg.train, cfg.collect
+    sampler = rollout_sampler(c.sampler, platform)
     n_dev = math.prod(mesh.values())
     rows_per_step = c.task_starts_per_step * c.max_decisions * c.num_candidates
     lines = [
@@ -206,7 +208,8 @@ def describe(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *, device_mem
         f"batch      minibatch {t.minibatch_rows} rows = {t.minibatch_rows // t.microbatch_rows} x "
         f"{t.microbatch_rows}-row microbatches; rows up to {t.max_seq_len} tokens; "
         f"{t.ppo_epochs} PPO epoch(s)",
-        f"collect    {c.kind} ({c.sampler} sampler): {c.task_starts_per_step} task starts/step, "
+        f"collect    {c.kind} ({sampler} sampler{': auto on ' + platform if c.sampler == 'auto' else ''}): "
+        f"{c.task_starts_per_step} task starts/step, "
         f"N={c.num_candidates}, "
         f"K={c.teacher_samples}, lambda={c.freq_bonus}, reward {c.reward}, commit {c.commit}, "
         f"<= {c.max_decisions} decisions -> <= {rows_per_step} rows/step "
@@ -227,7 +230,7 @@ def describe(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *, device_mem
         f"  total (+10%)       {est.total / GIB:8.2f} GiB",
     ]
     engine_pages, engine_peak = None, 0.0
-    if coll is not None and c.sampler == "engine":
+    if coll is not None and sampler == "engine":
         engine_pages, engine_peak, engine_lines = _engine_lines(cfg, qcfg, mesh, coll, est, usable)
         lines += engine_lines
     elif coll is not None:
@@ -247,14 +250,14 @@ def describe(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *, device_mem
         ]
     fits = True
     if device_memory_gb:
-        collection = engine_peak if c.sampler == "engine" else (coll.total if coll is not None else 0.0)
+        collection = engine_peak if sampler == "engine" else (coll.total if coll is not None else 0.0)
         peak = max(est.total, collection)
         fits = peak <= usable and (coll is None or coll.budget_tokens is None or coll.states_per_call >= 1
                                    or engine_pages is not None)
         if engine_pages is not None:   # the engine's pool takes what is left: it fits when it holds one slot
             fits = fits and engine_pages >= engine_shapes(cfg.collect).pages_per_slot + 1
         share = f" x {usable_fraction:.2f} usable = {usable / GIB:.2f} GiB" if usable_fraction < 1 else ""
-        what = "update beside the engine pool" if c.sampler == "engine" else "collection"
+        what = "update beside the engine pool" if sampler == "engine" else "collection"
         lines.append(f"  device memory      {device_memory_gb:8.2f} GiB{share}; peak "
                      f"{what if collection > est.total else 'train step'} "
                      f"{peak / GIB:.2f} GiB -> {'fits' if fits else 'DOES NOT FIT'}")
