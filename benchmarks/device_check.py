@@ -177,7 +177,14 @@ def child(mode: str, names: list[str], out_dir: Path) -> int:
                                      sampler=spec["sampler"])
         return dec.transformers_timing(preset, slots=slots, samples=samples, lo=lo, hi=hi, max_new=new)
 
+    def note(what: str) -> None:
+        print(f"[device_check]   {what}", file=sys.stderr, flush=True)
+        emit(event="progress", name=current[0], what=what)
+
+    current = [""]
+    dec.progress = note
     for name in names:
+        current[0] = name
         emit(event="start", name=name)
         print(f"[device_check] {name}: start (jax {jax.__version__}, {devices[0].device_kind})", flush=True)
         t0 = time.time()
@@ -212,6 +219,7 @@ def run_stages(mode: str, platform: str, out_dir: Path, plan, deadline: float, s
     events = out_dir / EVENTS
     events.write_text("")
     seen = 0
+    last_step: dict[str, tuple[str, float]] = {}
 
     def record(name, result, seconds):
         out[section[name]] += result
@@ -242,6 +250,8 @@ def run_stages(mode: str, platform: str, out_dir: Path, plan, deadline: float, s
                     out.update(platform=e["platform"], jax=e["jax"], devices=e["devices"])
                 elif e["event"] == "start":
                     current, began = e["name"], time.time()
+                elif e["event"] == "progress":
+                    last_step[e["name"]] = (e["what"], round(time.time() - began, 1))
                 elif e["event"] == "done":
                     record(e["name"], e["result"], e["seconds"])
                     current, started = None, time.time()  # the next start is timed from here
@@ -260,6 +270,8 @@ def run_stages(mode: str, platform: str, out_dir: Path, plan, deadline: float, s
                 if rc is None:
                     out["timed_out"].append(current)
                     why = f"timed out after {spent} s (limit {round(min(limit[current], deadline - began), 1):g} s)"
+                    if current in last_step:
+                        why += f"; last step: {last_step[current][0]} (at {last_step[current][1]:g} s)"
                 else:
                     why = f"its process exited with code {rc} during the measurement"
                 record(current, [{"check": current, "stage": current, "ok": False, "timed_out": rc is None,

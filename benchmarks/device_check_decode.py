@@ -18,6 +18,13 @@ import jax
 import numpy as np
 
 
+def progress(what: str) -> None:
+    """A step of a measurement, as it happens (device_check.py's child replaces this to record
+    it too): a stage killed at its limit then says how far it got (run 2 on the H200 killed
+    two engine stages that had printed nothing)."""
+    print(f"[device_check]   {what}", file=sys.stderr, flush=True)
+
+
 def workload(cfg_vocab: int, *, slots: int, samples: int, lo: int, hi: int, seed: int = 0):
     """(prompts, samples): slots // samples prompts of lengths spread evenly over [lo, hi]
     (shuffled), random ids."""
@@ -57,6 +64,7 @@ def decode_timing(preset: str, *, slots: int, samples: int, lo: int, hi: int, ma
     with jax.default_device(device):
         model = Qwen3(cfg, runtime=RuntimeOptions(dtype="bfloat16"), rngs=nnx.Rngs(0))
     mesh = make_mesh({"tensor": 1}, devices=[device])
+    progress(f"{preset} built on {device.device_kind}")
     prompts, samples = workload(cfg.vocab_size, slots=slots, samples=samples, lo=lo, hi=hi)
     rows = len(prompts) * samples
     extra = {}
@@ -80,9 +88,12 @@ def decode_timing(preset: str, *, slots: int, samples: int, lo: int, hi: int, ma
 
         s = Sampler(model, eos_ids=[], mesh=mesh, token_budget=None)
     kw = dict(n=samples, max_new_tokens=max_new, temperature=1.0, top_p=1.0, top_k=0)
+    progress(f"{sampler} built{' with ' + str(extra['pool_pages']) + ' pages' if 'pool_pages' in extra else ''}; "
+             "first call (compiles)")
     t0 = time.perf_counter()
-    s.sample(prompts, key=jax.random.key(0), **kw)  # compiles
+    warm = s.sample(prompts, key=jax.random.key(0), **kw)  # compiles
     first = time.perf_counter() - t0
+    progress(f"first call {first:.1f} s (prefill {warm.prefill_s:.1f} s, decode {warm.decode_s:.1f} s); timed call")
     t0 = time.perf_counter()
     res = s.sample(prompts, key=jax.random.key(1), **kw)
     wall = time.perf_counter() - t0
@@ -172,10 +183,10 @@ def transformers_timing(preset: str, *, slots: int, samples: int, lo: int, hi: i
                 torch.cuda.synchronize()
         return t0, clock.times, int(out.shape[1] - width)
 
+    progress(f"transformers model built in {t_built:.1f} s; warm-up")
     t_ready = time.perf_counter()
     generate(8)                      # warm-up (kernels, allocator): prefill and a few steps
-    print(f"[transformers] model built {t_built:.1f} s, warm-up {time.perf_counter() - t_ready:.1f} s",
-          file=sys.stderr, flush=True)
+    progress(f"warm-up {time.perf_counter() - t_ready:.1f} s; timed call")
     t0, times, steps = generate()
     wall = time.perf_counter() - t0
     rows = len(prompts) * samples
