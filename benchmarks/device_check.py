@@ -191,7 +191,7 @@ def child(mode: str, names: list[str], out_dir: Path) -> int:
         try:
             res = call(calls[name])
         except Exception as e:  # noqa: BLE001 - a failed measurement is a result
-            tb = traceback.format_exc()
+            tb = traceback.format_exc().replace(str(ROOT) + "/", "")   # paths relative to the checkout
             print(tb, file=sys.stderr, flush=True)  # the exact failure, in the call's output
             res = {"check": name, "ok": False, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
                    if str(e) else type(e).__name__, "jax": jax.__version__, "traceback": tb.splitlines()[-25:]}
