@@ -34,6 +34,8 @@ def test_every_shipped_config_passes_check_for_its_target(name, capsys, monkeypa
     out = capsys.readouterr()
     assert code == 0, out.out + out.err
     assert "config OK" in out.out
+    # where the tasks are on this host, their first prompts were measured and fit (issue 33)
+    assert all(" fit collect.max_prompt_tokens=" in x for x in out.out.splitlines() if x.startswith("prompts ")), out.out
     target = load_config(CONFIGS / name).mesh.target
     if name in EXPECTED_TARGET:
         assert target == EXPECTED_TARGET[name]
@@ -164,3 +166,26 @@ def test_collection_estimate_by_hand():
     assert est.state_tokens == 1.25 * 4096 + 4 * 4096
     assert est.states_per_call == int(est.budget_tokens // est.state_tokens)
     assert est.total <= usable
+
+
+def test_check_names_missing_keys_and_a_kd_run_without_one_is_a_config_error(capsys, monkeypatch):
+    """Issue 33: `--check` on a KD override printed a traceback when TEACHER_API_KEY was unset.
+    Now every path of `--check` names each key the run will read that is not set here (a
+    planning host need not hold secrets) and passes; the run itself refuses with a message."""
+    from actionopd_jax.baselines.wiring import endpoint_agent
+
+    for var in ("DASHSCOPE_API_KEY", "DEEPSEEK_API_KEY", "TEACHER_API_KEY", "MATCHER_API_KEY"):
+        monkeypatch.delenv(var, raising=False)
+    recipe = str(CONFIGS / "tau2_qwen3_4b_h200.yaml")
+    for extra in ([], ["collect.kind=kd", "train.loss=kd"]):
+        assert train_cli.main(["--config", recipe, "--check", *extra]) == 0
+        out = capsys.readouterr()
+        assert "Traceback" not in out.err and "config OK" in out.out
+        assert "secrets    TEACHER_API_KEY (the teacher API key) is not set in this environment" in out.out
+        assert "secrets    MATCHER_API_KEY (the matcher and user simulator API key) is not set" in out.out
+    with pytest.raises(ConfigError, match="TEACHER_API_KEY .* is not set: export it before `actionopd train`"):
+        endpoint_agent(load_config(recipe, ["collect.kind=kd", "train.loss=kd"]))
+    monkeypatch.setenv("TEACHER_API_KEY", "sk-test-not-a-real-key")
+    monkeypatch.setenv("MATCHER_API_KEY", "sk-test-not-a-real-key")
+    assert train_cli.main(["--config", recipe, "--check"]) == 0
+    assert "secrets " not in capsys.readouterr().out

@@ -17,7 +17,9 @@ picks one: `build_source` is handed to `Trainer`), and that source's start-up ch
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +57,12 @@ def endpoint_agent(cfg: Config):
     extra: dict[str, Any] = {"top_p": t.top_p, "chat_template_kwargs": {"enable_thinking": t.enable_thinking}}
     if t.top_k:
         extra["top_k"] = t.top_k
-    return EndpointAgent(t.base_url, t.model, api_key_env=t.api_key_env or None, temperature=t.temperature,
-                         max_tokens=t.max_tokens, extra_body=extra, timeout_s=t.timeout_s)
+    try:
+        return EndpointAgent(t.base_url, t.model, api_key_env=t.api_key_env or None, temperature=t.temperature,
+                             max_tokens=t.max_tokens, extra_body=extra, timeout_s=t.timeout_s)
+    except ValueError as e:   # the key's variable is not set: say what to do, not where it failed
+        raise ConfigError(f"{e}: export it before `actionopd train` (teacher.api_key_env names it; secrets come "
+                          "from the environment only)") from None
 
 
 def build_kd_source(cfg: Config, ctx: SourceContext, *, tokenizer: Any = None, make_agent: Any = None):
@@ -208,7 +214,10 @@ def check_collection(cfg: Config) -> None:
         if cfg.kd.trajectories:
             kd.load_trajectories(cfg.kd.trajectories, min_reward=cfg.kd.min_reward)
         else:  # the teacher runs every step, on the run's task stream
-            endpoint_agent(cfg)
+            if not cfg.teacher.api_key_env or os.environ.get(cfg.teacher.api_key_env):
+                endpoint_agent(cfg)
+            else:   # a planning host need not hold the secret (`--check` names it, commands/train.py)
+                endpoint_agent(dataclasses.replace(cfg, teacher=dataclasses.replace(cfg.teacher, api_key_env="")))
             source.train_task_stream(cfg)
             env_factory_from(cfg.env)
         return

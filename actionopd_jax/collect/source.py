@@ -105,6 +105,77 @@ def check_training_tasks(cfg: Config) -> str | None:
     return training_tasks_summary(cfg.env, needed_by=f"collect.kind={cfg.collect.kind}")
 
 
+def check_prompt_room(cfg: Config, tokenizer: Any = None) -> str | None:
+    """For `train --check`: the first prompts of the run's training tasks, measured
+    (envs/prompt_room.py) against collect.max_prompt_tokens. Raises ConfigError naming how many
+    do not fit and the longest (a task whose first prompt does not fit is skipped at every
+    start: a budget below them all trains nothing); else one line for the plan. None where the
+    run draws no tasks, or the pools are not on this host (the tasks line says so)."""
+    from actionopd_jax.envs.admission import read_manifest
+    from actionopd_jax.envs.mixture import POOLS, missing_pool_files
+    from actionopd_jax.envs.prompt_room import measure
+    from actionopd_jax.envs.task_sets import training_task_sets
+
+    if cfg.collect.kind == "synthetic" or (cfg.collect.kind == "kd" and cfg.kd.trajectories):
+        return None
+    if cfg.env.name in POOLS and missing_pool_files(cfg.env):
+        return None
+    counts = {}
+    if cfg.env.name in POOLS:
+        counts = {pool: dict(m.get("prompt_tokens") or {}) for pool, m in read_manifest(cfg.env.manifest)["pools"].items()}
+    how = ""
+    if tokenizer is None:
+        tokenizer, how = _check_tokenizer(cfg)
+    sets = training_task_sets(cfg.env, needed_by=f"collect.kind={cfg.collect.kind}")
+    lengths, unmeasured = measure(sets, tokenizer, counts)
+    budget = cfg.collect.max_prompt_tokens
+    skipped = f"; not measured: {', '.join(unmeasured)}" if unmeasured else ""
+    if not lengths:
+        return f"prompts    not measured ({', '.join(unmeasured) or 'no tasks'}){how}"
+    longest = max(lengths, key=lambda x: x.tokens)
+    total = sum(x.tasks for x in lengths)
+    over = [x for x in lengths if x.tokens > budget]
+    if over:
+        n = sum(x.tasks for x in over)
+        shown = "; ".join(f"{x.label}: {'at least ' if x.floor else ''}{x.tokens:,}" for x in
+                          sorted(over, key=lambda x: -x.tokens)[:3])
+        raise ConfigError(
+            f"collect.max_prompt_tokens={budget:,} cannot hold the first prompt of {n} of {total} training tasks "
+            f"(longest first: {shown} tokens{how}): each of them ends with context_overflow before its first "
+            f"decision, so {'the run trains nothing' if n == total else 'they are never trained on'}. Raise "
+            f"collect.max_prompt_tokens (paper B.5: 24,576) and train.max_seq_len with it (B.5: 32,768), or "
+            f"train on tasks whose prompts fit{skipped}")
+    return (f"prompts    the first prompts of {total} training tasks fit collect.max_prompt_tokens={budget:,}: "
+            f"longest {'at least ' if longest.floor else ''}{longest.tokens:,} tokens ({longest.label}){how}{skipped}")
+
+
+def _check_tokenizer(cfg: Config) -> tuple[Any, str]:
+    """The run's tokenizer where it is on this host, else the offline Qwen3 one (every preset
+    is a Qwen3 model: one vocabulary and template), with a note saying so."""
+    from actionopd_jax.chat.tokenizer import build_qwen3_tokenizer, load_tokenizer
+
+    path = cfg.model.tokenizer or cfg.model.hf_path
+    if path and Path(path).exists():
+        return load_tokenizer(path), ""
+    built = build_qwen3_tokenizer(Path.home() / ".cache" / "actionopd_jax" / "qwen3_tokenizer")
+    where = f" ({path} is not on this host)" if path else ""
+    return load_tokenizer(built), f"; counted with the offline Qwen3 tokenizer{where}"
+
+
+def overflow_stop(result: CollectResult, budget: int) -> str | None:
+    """The message that stops a run when more than half of a step's task starts ended with
+    context_overflow before their first decision (their first prompt over the budget): such a
+    run would go on collecting nothing from them, silently."""
+    starts = len(result.trajectories)
+    at_start = sum(1 for r in result.trajectories if r.end_reason == "context_overflow" and r.decisions == 0)
+    if not starts or at_start * 2 <= starts:
+        return None
+    return (f"step {result.step}: {at_start} of {starts} task starts ended before their first decision because "
+            f"their first prompt is over collect.max_prompt_tokens={budget:,}; the run stops rather than train "
+            "on what is left. Raise collect.max_prompt_tokens (and train.max_seq_len), or train on tasks whose "
+            "prompts fit: `actionopd train --config ... --check` measures them")
+
+
 def tokenizer_from(ctx: Any, *, needed_by: str) -> Any:
     """The run's tokenizer (ctx.tokenizer_path), with one clear error when none is configured;
     shared by the collector's and the baselines' sources. `needed_by` names the caller."""
@@ -200,6 +271,9 @@ class ActionOPDGroupSource:
         load_behaviour(self.sampler, policy, self.ctx.mesh)
         self.last = self.collector.collect(tasks, step=step, process_index=self.ctx.process_index,
                                            process_count=self.ctx.process_count)
+        stop = overflow_stop(self.last, self.cfg.max_prompt_tokens)
+        if stop:
+            raise ConfigError(stop)
         self._prefetch_next()  # while the device runs this step's update
         return self.last.groups
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -89,10 +90,12 @@ def check(cfg: Config, devices: int = 0) -> int:
                           platform=where.platform, usable_fraction=where.usable_fraction,
                           chips_per_host=where.devices_per_process)
     print(text)
-    from actionopd_jax.collect.source import check_training_tasks
+    from actionopd_jax.collect.source import check_prompt_room, check_training_tasks
 
     tasks_line = check_training_tasks(cfg)  # the run's training tasks vs what eval scores
-    for line in (*([tasks_line] if tasks_line else []), *notes, *where.notes):
+    room_line = check_prompt_room(cfg)      # their first prompts vs collect.max_prompt_tokens
+    for line in (*([tasks_line] if tasks_line else []), *([room_line] if room_line else []), *notes, *where.notes,
+                 *missing_secrets(cfg)):
         print(line)
     if not lower_if_gpu(cfg, qcfg, gpu_target):
         print("config valid, but some program of the run does not lower for CUDA (see above)")
@@ -102,6 +105,22 @@ def check(cfg: Config, devices: int = 0) -> int:
         return 1
     print("config OK")
     return 0
+
+
+def missing_secrets(cfg: Config) -> list[str]:
+    """A `--check` line per API key the run will read from an environment variable that is not
+    set here (a planning host need not hold them; the run refuses to start without them)."""
+    wanted = []
+    if cfg.collect.kind != "synthetic" and not (cfg.collect.kind == "kd" and cfg.kd.trajectories):
+        wanted += [("teacher", cfg.teacher.api_key_env if cfg.teacher.kind == "openai" else ""),
+                   ("matcher", cfg.matcher.api_key_env if cfg.matcher.kind != "rules" else ""),
+                   ("user simulator", cfg.env.user_api_key_env)]
+    users: dict[str, list[str]] = {}
+    for who, var in wanted:
+        if var and not os.environ.get(var):
+            users.setdefault(var, []).append(who)
+    return [f"secrets    {var} (the {' and '.join(who)} API key) is not set in this environment: export it "
+            "before the run" for var, who in users.items()]
 
 
 def check_aot(cfg: Config, target: str, lengths: str = "", cost: bool = True) -> int:
