@@ -110,6 +110,24 @@ def test_local_and_endpoint_scorers_give_the_teachers_logprobs_at_the_students_t
                                          process_index=0, process_count=1, mesh=ctx.mesh))
     with pytest.raises(ConfigError, match="teacher.kind must be local or openai"):
         scorer_from_config(replace_keys(cfg, **{"teacher.kind": "none"}), ctx)
+    # issue 33: the teacher's log-probs at the student's rollout temperature (one temperature in
+    # the token reward); an endpoint, whose echo scoring is at T=1, only at T=1
+    cold = replace_keys(cfg, **{"collect.temperature": 0.6})
+    at_06 = scorer_from_config(cold, ctx).score(prompts[:1], responses[:1])[0]
+    seq = np.concatenate([prompts[0], responses[0]]).astype(np.int32)
+    import jax
+    import jax.numpy as jnp
+
+    hidden, _ = teacher(jnp.asarray(seq[None]), jnp.arange(seq.size)[None])
+    lp06 = np.asarray(jax.nn.log_softmax(teacher.logits(hidden)[0].astype(jnp.float32) / 0.6, axis=-1))
+    p0 = len(prompts[0])
+    want06 = lp06[np.arange(p0 - 1, p0 - 1 + len(responses[0])), responses[0]]
+    np.testing.assert_allclose(at_06, want06, atol=2e-5, rtol=1e-5)
+    assert np.abs(at_06 - expected[0]).max() > 1e-2            # not the T=1 log-probs
+    endpoint = replace_keys(cold, **{"teacher.kind": "openai", "teacher.base_url": teacher_server.base_url,
+                                     "teacher.model": "teacher"})
+    with pytest.raises(ConfigError, match=r"compares log-probs at T=1 .* collect.temperature=0.6"):
+        scorer_from_config(endpoint, ctx)
     # `actionopd train collect.kind=opd ...` builds this source through the trainer's factory
     from actionopd_jax.baselines.wiring import build_source
 

@@ -269,3 +269,16 @@ def test_remat_and_bf16_compute_keep_f32_master_weights(override, tol):
     assert out[1][0] == pytest.approx(out[0][0], rel=tol, abs=tol)
     if tol < 1e-3:
         assert max_abs_diff(out[0][1], out[1][1]) < tol
+
+
+@pytest.mark.parametrize("loss, want", [("actionopd", 0.6), ("opd", 0.6), ("kd", 1.0)])
+def test_the_update_takes_log_probs_at_the_rollout_temperature_except_kd(loss, want):
+    """Issue 33: the ActionOPD and OPD updates take the student's log-probs at
+    collect.temperature (the policy it sampled from: their ratios need it); KD imitates the
+    teacher's tokens plainly, cross-entropy at T=1 (paper B.4), whatever the rollout's T.
+    test_update_equals_independent_loss_gradient_and_adamw holds the step to its temperature."""
+    from actionopd_jax.config.load import load_config
+    from actionopd_jax.train.setup import step_settings
+
+    cfg = load_config(None, ["collect.temperature=0.6", f"train.loss={loss}"])
+    assert step_settings(cfg).temperature == want

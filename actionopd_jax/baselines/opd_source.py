@@ -25,11 +25,26 @@ from actionopd_jax.types import StateGroup
 log = logging.getLogger(__name__)
 
 
+def check_opd_temperature(cfg: Config) -> None:
+    """OPD's token reward log pi_teacher(y) - log pi_student(y) takes both at one temperature:
+    the rollout's (collect.temperature; the student's log-probs are its sampler's). A local
+    teacher is scored at it; an endpoint's echo scoring returns its log-probs at T=1, which one
+    token's log-prob cannot be rescaled from, so there the rollout must be at T=1 too."""
+    if cfg.teacher.kind == "openai" and cfg.collect.temperature != 1.0:
+        raise ConfigError(
+            f"OPD with teacher.kind=openai compares log-probs at T=1 (echo scoring returns the server's T=1 "
+            f"log-probs), but the student samples at collect.temperature={cfg.collect.temperature:g}: set "
+            "collect.temperature=1.0, or score a local teacher (teacher.kind=local), which is scored at the "
+            "rollout temperature")
+
+
 def scorer_from_config(cfg: Config, ctx: SourceContext) -> Scorer:
     """teacher.kind=local: teacher.model is an HF directory of a Qwen3 sharing the student's
-    token space (loaded onto the run's mesh); teacher.kind=openai: teacher.base_url serves
-    echo scoring (vLLM, or `actionopd serve`)."""
+    token space (loaded onto the run's mesh), scored at the rollout temperature;
+    teacher.kind=openai: teacher.base_url serves echo scoring (vLLM, or `actionopd serve`), at
+    T=1 (check_opd_temperature)."""
     t = cfg.teacher
+    check_opd_temperature(cfg)
     if t.kind == "local":
         if ctx.process_count > 1:
             # each process scores its own rows (different counts): a teacher sharded over the
@@ -45,7 +60,7 @@ def scorer_from_config(cfg: Config, ctx: SourceContext) -> Scorer:
         if tcfg.vocab_size != ctx.model_config.vocab_size:
             raise ConfigError(f"OPD needs a shared token space: teacher vocab {tcfg.vocab_size} != student vocab "
                                 f"{ctx.model_config.vocab_size}")
-        return LocalTeacherScorer(model, mesh=ctx.mesh)
+        return LocalTeacherScorer(model, mesh=ctx.mesh, temperature=cfg.collect.temperature)
     if t.kind == "openai":
         if not t.base_url or not t.model:
             raise ConfigError("OPD with teacher.kind=openai needs teacher.base_url and teacher.model "

@@ -225,6 +225,10 @@ def check_collection(cfg: Config) -> None:
         source.collector_config_from(cfg)
     except ValueError as e:
         raise e if isinstance(e, ConfigError) else ConfigError(f"collect: {e}") from None
+    if kind == "opd":
+        from actionopd_jax.baselines.opd_source import check_opd_temperature
+
+        check_opd_temperature(cfg)
     if kind == "actionopd" and teacher not in ("self", "reference"):
         teacher_spec(cfg.teacher)
     if kind == "actionopd" and teacher != "self":

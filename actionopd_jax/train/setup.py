@@ -88,8 +88,12 @@ def initial_params(cfg: Config, qcfg: Qwen3Config, mesh) -> dict:
 
 
 def step_settings(cfg: Config) -> StepSettings:
+    """The update's settings. Log-probs are taken at the rollout temperature (the policy the
+    student sampled from: the ActionOPD and OPD ratios need it), except KD's, which is plain
+    imitation of the teacher's tokens (paper B.4): cross-entropy at T=1."""
     t = cfg.train
-    return StepSettings(loss=t.loss, temperature=cfg.collect.temperature, clip_eps=t.clip_eps,
+    temperature = 1.0 if t.loss == "kd" else cfg.collect.temperature
+    return StepSettings(loss=t.loss, temperature=temperature, clip_eps=t.clip_eps,
                         dual_clip=t.dual_clip, logits_chunk=t.logits_chunk,
                         vocab_chunk=t.vocab_chunk,
                         shared_prompt=cfg.collect.num_candidates if t.shared_prompt else 0)
