@@ -189,3 +189,20 @@ def test_check_names_missing_keys_and_a_kd_run_without_one_is_a_config_error(cap
     monkeypatch.setenv("MATCHER_API_KEY", "sk-test-not-a-real-key")
     assert train_cli.main(["--config", recipe, "--check"]) == 0
     assert "secrets " not in capsys.readouterr().out
+
+
+def test_cli_output_on_a_cpu_host_is_free_of_plugin_tracebacks_and_broken_pipes():
+    """Issue 34: on a CPU host with the CUDA plugin installed (the test extra) every command
+    printed jax's plugin-error traceback; `actionopd --help | head` ended in a BrokenPipe
+    traceback."""
+    env = cli_env(1)
+    env.pop("JAX_PLATFORMS")   # let jax probe its plugins, as a user's shell does
+    run = subprocess.run([sys.executable, "-m", "actionopd_jax.commands.main", "train", "--config",
+                          str(CONFIGS / "tiny_cpu.yaml"), "--check"], capture_output=True, text=True, env=env)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "Traceback" not in run.stderr and "plugin configuration error" not in run.stderr, run.stderr[-3000:]
+    code = ("import subprocess, sys; p = subprocess.Popen([sys.executable, '-m', 'actionopd_jax.commands.main', "
+            "'--help'], stdout=subprocess.PIPE, stderr=subprocess.PIPE); p.stdout.close(); "
+            "err = p.stderr.read().decode(); p.wait(); print(p.returncode); print(err)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env).stdout
+    assert out.splitlines()[0] == "0" and "BrokenPipeError" not in out, out

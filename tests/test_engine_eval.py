@@ -39,3 +39,23 @@ def test_eval_with_the_engine_plays_the_static_samplers_episode(tmp_path):
     drop = ("seconds",)     # wall time: the only field that may differ
     assert {k: v for k, v in records["engine"].items() if k not in drop} == \
         {k: v for k, v in records["static"].items() if k not in drop}
+
+
+def test_an_eval_whose_prompts_never_fit_warns_and_exits_1(tmp_path, capsys):
+    """Issue 34 ("silent zeros"): every episode ended with context_budget before its first
+    action, so the 0.0 it scores measures the configuration: the command says so and exits 1
+    (the report is still written). Below half of the episodes it stays quiet."""
+    from actionopd_jax.sampling.loading import build_tiny_demo
+
+    model_dir, tok_dir = build_tiny_demo(tmp_path / "tiny", seed=3)
+    code = eval_cli.main(["--hf", str(model_dir), "--tokenizer", str(tok_dir), "--bench", "bfcl:base", "--limit", "2",
+                          "--max-new-tokens", "8", "--engine-max-len", "64", "--no-progress", "--sampler", "engine",
+                          "--out", str(tmp_path / "out")])
+    out = capsys.readouterr()
+    assert code == 1, out.out + out.err
+    assert "WARNING: 2 of 2 episodes ended before the agent's first action" in out.err
+    assert (tmp_path / "out" / "episodes.jsonl").is_file()
+    played = {"actions": 3, "end_reason": "env_done"}
+    early = {"actions": 0, "end_reason": "context_budget"}
+    assert eval_cli.unplayed([played, early]) == "" and eval_cli.unplayed([]) == ""
+    assert eval_cli.unplayed([played, early, early]).startswith("WARNING: 2 of 3")

@@ -121,3 +121,26 @@ def quiet_libtpu_without_chips(accelerator_type: str = "v5p-8") -> None:
         return
     os.environ.setdefault("TPU_ACCELERATOR_TYPE", accelerator_type)
     os.environ.setdefault("TPU_WORKER_HOSTNAMES", "localhost")
+
+
+class _NoCudaPluginNoise:
+    """Drops jax's "Jax plugin configuration error" record (a CUDA plugin installed for
+    lowering, no driver to load): on a host with no NVIDIA device it is expected, not a fault."""
+
+    def filter(self, record) -> bool:
+        return not str(record.getMessage()).startswith("Jax plugin configuration error")
+
+
+def quiet_cuda_plugin_without_gpus() -> None:
+    """On a host with no NVIDIA device (no /dev/nvidia0, no nvidia-smi), drop the 20-line
+    traceback jax logs at every start when the CUDA plugin (installed by the cuda-lower/test
+    extras, for lowering) finds no driver. A host with a GPU is untouched, so a real driver or
+    library failure there still shows in full. The plugin's C++ "cudart_stub ... Could not find
+    cuda drivers" INFO lines remain: absl prints them before any log level is read (neither
+    TF_CPP_MIN_LOG_LEVEL nor ABSL_MIN_LOG_LEVEL stops them, tried on jax 0.10.2)."""
+    import logging
+    import shutil
+
+    if os.path.exists("/dev/nvidia0") or shutil.which("nvidia-smi"):
+        return
+    logging.getLogger("jax._src.xla_bridge").addFilter(_NoCudaPluginNoise())

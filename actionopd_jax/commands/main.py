@@ -7,6 +7,7 @@ optional dependency of one job does not break the others.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 # subcommand -> (module with `main(argv) -> int`, one-line help)
@@ -30,6 +31,16 @@ def _usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # the reader went away (`actionopd --help | head`): nothing left to say, and no
+        # traceback; stdout goes to /dev/null so the interpreter's final flush is quiet too
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _main(argv: list[str] | None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] in ("-h", "--help"):
         print(_usage())
@@ -38,9 +49,10 @@ def main(argv: list[str] | None = None) -> int:
     if name not in SUBCOMMANDS:
         print(f"actionopd: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    from actionopd_jax.aot.targets import quiet_libtpu_without_chips
+    from actionopd_jax.aot.targets import quiet_cuda_plugin_without_gpus, quiet_libtpu_without_chips
 
     quiet_libtpu_without_chips()  # before any subcommand imports jax
+    quiet_cuda_plugin_without_gpus()
     module = importlib.import_module(SUBCOMMANDS[name][0])
     return int(module.main(rest) or 0)
 

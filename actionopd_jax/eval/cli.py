@@ -173,7 +173,19 @@ def evaluate(args: argparse.Namespace) -> dict[str, Any]:
     rows = summarize(records, ks=range(1, args.trials + 1))
     paths = write_report(out, rows, agent=agent.name, errors=errors, evaluated=loaded or None)
     paths["trajectories"] = out / "trajectories.jsonl"
-    return {"rows": rows, "errors": errors, "paths": paths}
+    return {"rows": rows, "errors": errors, "paths": paths, "unplayed": unplayed(records)}
+
+
+def unplayed(records: list[dict[str, Any]]) -> str:
+    """A warning when more than half of the episodes ended before the agent's first action for
+    want of context (the prompt over the model's budget): their zero scores measure the
+    configuration, not the model. Empty when that is not so."""
+    early = [r for r in records if r.get("actions", 0) == 0 and r.get("end_reason") == "context_budget"]
+    if not records or len(early) * 2 <= len(records):
+        return ""
+    return (f"WARNING: {len(early)} of {len(records)} episodes ended before the agent's first action because the "
+            "prompt is over the model's context budget: these scores say nothing about the model. Raise "
+            "--engine-max-len (and use a model whose context holds the benchmark's prompts)")
 
 
 def main(argv: list[str]) -> int:
@@ -187,6 +199,9 @@ def main(argv: list[str]) -> int:
         return 2
     print(markdown_table(result["rows"]))
     print(f"wrote {', '.join(str(p) for p in result['paths'].values())}")
+    if result["unplayed"]:
+        print(result["unplayed"], file=sys.stderr)
+        return 1
     if result["errors"]:
         print(f"{len(result['errors'])} episode(s) did not finish; rerun the same command to resume them")
         return 1
