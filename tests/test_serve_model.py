@@ -111,6 +111,26 @@ def _post(server, body: bytes) -> tuple[int, dict]:
         return e.code, json.loads(e.read())
 
 
+def test_a_body_far_over_the_context_is_refused_before_it_is_tokenized(served, monkeypatch):
+    """Issue 34: bodies under the size limit were tokenized first (8 MB: ~30 s, +4.6 GB). Text
+    whose UTF-8 bytes exceed the context times the vocabulary's longest token cannot fit: 400
+    without rendering; text under that bound is rendered and measured exactly."""
+    server, backend, _ = served
+    client = _client(server)
+    longest = max(len(k.encode()) for k in backend.tokenizer.get_vocab())
+    rendered = []
+    real = backend._render
+    monkeypatch.setattr(backend, "_render", lambda req: rendered.append(1) or real(req))
+    huge = "w" * (longest * (backend.max_context + 1))
+    with pytest.raises(openai.BadRequestError, match="the prompt has at least") as err:
+        client.chat.completions.create(model="tiny-student", messages=[{"role": "user", "content": huge}])
+    assert err.value.body["code"] == "context_length_exceeded" and rendered == []
+    with pytest.raises(openai.BadRequestError, match="context too long: the prompt has [0-9]+ tokens"):
+        client.chat.completions.create(model="tiny-student", messages=[{"role": "user", "content": "weather " *
+                                                                         backend.max_context}])
+    assert rendered == [1]
+
+
 def test_bad_requests_get_clean_4xx(served):
     server, backend, _ = served
     client = _client(server)

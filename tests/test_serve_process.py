@@ -74,7 +74,8 @@ def test_a_25mb_body_gets_a_json_413_and_others_are_answered_meanwhile(served):
     assert err.body["code"] == "request_too_large" and "the limit is 8388608 bytes" in err.body["message"]
 
 
-def test_a_5mb_body_is_tokenized_off_the_event_loop_and_gets_a_json_400(served):
+def test_a_5mb_body_gets_a_json_400_without_blocking_others(served):
+    """Far over the context: refused from its byte count (ModelBackend._token_floor), untokenized."""
     _, client, _ = served
     text = "weather " * (5 * 1024 * 1024 // 8)  # under the body limit, far over the tiny model's context
     health, err = _during(client, lambda: client.chat.completions.create(

@@ -82,6 +82,7 @@ class ModelBackend:
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.max_context = int(max_context or sampler.cfg.max_position_embeddings)
+        self._max_token_bytes: int | None = None     # _token_floor, measured at first use
         if not 1 <= self.max_context <= sampler.cfg.max_position_embeddings:
             raise ValueError(f"max_context {self.max_context} must be between 1 and the model's context "
                              f"(max_position_embeddings {sampler.cfg.max_position_embeddings}); "
@@ -133,8 +134,31 @@ class ModelBackend:
                                code="context_length_exceeded")
         return min(room, req.max_tokens if req.max_tokens is not None else self.default_max_tokens)
 
+    def _token_floor(self, req: ChatRequest) -> int:
+        """Tokens the prompt has at least, from its text's UTF-8 bytes and the vocabulary's
+        longest token (no token covers more bytes): a body far over the context is refused
+        before it is tokenized, which for megabytes took ~30 s and gigabytes of memory."""
+        if self._max_token_bytes is None:
+            vocab = self.tokenizer.get_vocab() if hasattr(self.tokenizer, "get_vocab") else {}
+            # byte-level BPE keys: one character per byte; added tokens are ASCII
+            self._max_token_bytes = max((len(k.encode()) for k in vocab), default=0) or None
+            if self._max_token_bytes is None:
+                return 0
+        size = 0
+        for m in req.messages:
+            content = m.get("content")
+            parts = [content] if isinstance(content, str) else \
+                [p.get("text", "") for p in content if isinstance(p, dict)] if isinstance(content, list) else []
+            size += sum(len(p.encode()) for p in parts if isinstance(p, str))
+        return size // self._max_token_bytes
+
     async def _prepare(self, req: ChatRequest) -> tuple[np.ndarray, str | None, int, float, float]:
         """(prompt ids, forced tool name or None, token budget, temperature, top_p) of a request."""
+        floor = self._token_floor(req)
+        if floor > self.max_context:
+            raise RequestError(400, f"context too long: the prompt has at least {floor:,} tokens (its text's bytes over "
+                                    f"the longest token's), the model's context is {self.max_context} tokens; shorten "
+                                    "the conversation", code="context_length_exceeded")
         prompt_ids = await asyncio.to_thread(self._render, req)
         forced = None
         if req.tool_choice == "required":
