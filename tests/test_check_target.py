@@ -163,7 +163,7 @@ def test_collection_estimate_by_hand():
     assert est.resident == pytest.approx(12 * n) and est.rollout_copy == pytest.approx(2 * n)
     per_token = 2 * 36 * 8 * 128 * 2                     # k and v, 36 layers, 8 KV heads x 128, bf16
     assert est.budget_tokens == int((usable - 14 * n) * sb.SAFETY // per_token)
-    assert est.state_tokens == 1.25 * 4096 + 4 * 4096
+    assert est.state_tokens == 1.25 * 24576 + 4 * 4096     # B.5: 24,576-token prompts, 4,096 new (table 8)
     assert est.states_per_call == int(est.budget_tokens // est.state_tokens)
     assert est.total <= usable
 

@@ -252,3 +252,17 @@ def test_config_package_leaves_import_only_leaves():
             a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         assert {m for m in imported if m.startswith("actionopd_jax")} <= leaves, name
     assert "load_config" not in vars(package) and "from_dict" not in vars(package)
+
+
+def test_every_problem_of_a_config_is_reported_at_once():
+    """Issue 34: a config with three mistakes (a matcher kind, a top_k the provider cannot send,
+    a learning rate) took three failed starts; one error now names them all, numbered."""
+    with pytest.raises(ConfigError) as err:
+        load_config(None, ["matcher.kind=judge", "train.lr=0", "collect.kind=actionopd", "teacher.kind=openai",
+                           "teacher.provider=deepseek", "teacher.top_k=20"])
+    text = str(err.value)
+    assert text.startswith("3 problems in the config:"), text
+    assert "  1. matcher.kind='judge'; expected one of" in text and "  2. train.lr must be > 0" in text
+    assert "  3. teacher.top_k=20 cannot be sent to provider 'deepseek'" in text
+    with pytest.raises(ConfigError, match=r"^train.lr must be > 0, got 0.0$"):   # one problem: as it was
+        load_config(None, ["train.lr=0"])

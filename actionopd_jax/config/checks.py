@@ -57,15 +57,20 @@ def _value(cfg: Config, dotted: str):
 
 
 def validate(cfg: Config) -> None:
-    """Cross-field checks; raises ConfigError naming the key."""
+    """Cross-field checks; raises one ConfigError naming every key that is wrong (issue 34: a
+    config with three mistakes took three failed starts to find them)."""
+    errors: list[str] = []
+
+    def need(ok: bool, message: str) -> None:
+        if not ok:
+            errors.append(message)
+
     for key, allowed in CHOICES.items():
         value = _value(cfg, key)
-        if value not in allowed:
-            raise ConfigError(f"{key}={value!r}; expected one of {allowed}")
-    if cfg.model.scan_unroll < 0:
-        raise ConfigError(f"model.scan_unroll must be >= 0 (0: unroll every layer), got {cfg.model.scan_unroll}")
-    if cfg.mesh.target and cfg.mesh.target not in TARGETS:
-        raise ConfigError(f"mesh.target={cfg.mesh.target!r}; known targets: {', '.join(TARGETS)}")
+        need(value in allowed, f"{key}={value!r}; expected one of {allowed}")
+    need(cfg.model.scan_unroll >= 0, f"model.scan_unroll must be >= 0 (0: unroll every layer), got {cfg.model.scan_unroll}")
+    need(not cfg.mesh.target or cfg.mesh.target in TARGETS,
+         f"mesh.target={cfg.mesh.target!r}; known targets: {', '.join(TARGETS)}")
     t = cfg.train
     positive = {"train.minibatch_rows": t.minibatch_rows, "train.microbatch_rows": t.microbatch_rows,
                 "train.max_seq_len": t.max_seq_len, "train.bucket_multiple": t.bucket_multiple,
@@ -74,47 +79,57 @@ def validate(cfg: Config) -> None:
                 "collect.engine_segment": cfg.collect.engine_segment,
                 "collect.engine_page_size": cfg.collect.engine_page_size}
     for key, v in positive.items():
-        if v <= 0:
-            raise ConfigError(f"{key} must be positive, got {v}")
-    if t.minibatch_rows % t.microbatch_rows:
-        raise ConfigError(f"train.minibatch_rows={t.minibatch_rows} must be a multiple of "
-                          f"train.microbatch_rows={t.microbatch_rows}")
+        need(v > 0, f"{key} must be positive, got {v}")
+    if t.minibatch_rows > 0 and t.microbatch_rows > 0:
+        need(t.minibatch_rows % t.microbatch_rows == 0, f"train.minibatch_rows={t.minibatch_rows} must be a multiple "
+                                                       f"of train.microbatch_rows={t.microbatch_rows}")
     try:
         parse_token_budget(cfg.collect.sampler_token_budget)
     except ValueError as e:
-        raise ConfigError(str(e)) from None
+        errors.append(str(e))
     per_micro = cfg.collect.num_candidates * t.microbatch_rows
-    if t.shared_prompt and t.minibatch_rows % per_micro:
-        raise ConfigError(f"train.shared_prompt: a microbatch holds microbatch_rows x N = {per_micro} candidates; "
-                          f"train.minibatch_rows={t.minibatch_rows} must be a multiple of it")
-    if t.lr <= 0:
-        raise ConfigError(f"train.lr must be > 0, got {t.lr}")
-    if not 0 < t.clip_eps < 1:
-        raise ConfigError(f"train.clip_eps must be in (0, 1), got {t.clip_eps}")
-    if t.dual_clip <= 1:
-        raise ConfigError(f"train.dual_clip must be > 1 (paper: 3), got {t.dual_clip}")
-    if t.logits_chunk < 0:
-        raise ConfigError(f"train.logits_chunk must be >= 0, got {t.logits_chunk}")
-    if t.vocab_chunk < 0:
-        raise ConfigError(f"train.vocab_chunk must be >= 0 (0: plain LM head), got {t.vocab_chunk}")
-    if cfg.collect.temperature <= 0:
-        raise ConfigError("collect.temperature must be > 0: the loss scores tokens under "
-                          "softmax(logits / T); greedy rollouts cannot be trained on")
+    if t.shared_prompt and per_micro > 0:
+        need(t.minibatch_rows % per_micro == 0, f"train.shared_prompt: a microbatch holds microbatch_rows x N = "
+                                               f"{per_micro} candidates; train.minibatch_rows={t.minibatch_rows} "
+                                               "must be a multiple of it")
+    need(t.lr > 0, f"train.lr must be > 0, got {t.lr}")
+    need(0 < t.clip_eps < 1, f"train.clip_eps must be in (0, 1), got {t.clip_eps}")
+    need(t.dual_clip > 1, f"train.dual_clip must be > 1 (paper: 3), got {t.dual_clip}")
+    need(t.logits_chunk >= 0, f"train.logits_chunk must be >= 0, got {t.logits_chunk}")
+    need(t.vocab_chunk >= 0, f"train.vocab_chunk must be >= 0 (0: plain LM head), got {t.vocab_chunk}")
+    need(cfg.collect.temperature > 0, "collect.temperature must be > 0: the loss scores tokens under "
+                                      "softmax(logits / T); greedy rollouts cannot be trained on")
     for axis in ("data", "fsdp", "tensor"):
         v = getattr(cfg.mesh, axis)
-        if v == 0 or v < -1:
-            raise ConfigError(f"mesh.{axis} must be a positive size or -1, got {v}")
-    if [cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor].count(-1) > 1:
-        raise ConfigError("at most one of mesh.data / mesh.fsdp / mesh.tensor may be -1")
+        need(not (v == 0 or v < -1), f"mesh.{axis} must be a positive size or -1, got {v}")
+    need([cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor].count(-1) <= 1,
+         "at most one of mesh.data / mesh.fsdp / mesh.tensor may be -1")
     s = cfg.collect.synthetic
-    if not (0 < s.prompt_tokens_min <= s.prompt_tokens_max and 0 < s.response_tokens_min <= s.response_tokens_max):
-        raise ConfigError("collect.synthetic: need 0 < *_tokens_min <= *_tokens_max")
-    check_method(cfg)
-    _validate_endpoints(cfg)
-    _validate_pools(cfg.env)
-    _validate_experiment(cfg.experiment)
-    if cfg.checkpoint.every_steps < 0:
-        raise ConfigError(f"checkpoint.every_steps must be >= 0, got {cfg.checkpoint.every_steps}")
+    need(0 < s.prompt_tokens_min <= s.prompt_tokens_max and 0 < s.response_tokens_min <= s.response_tokens_max,
+         "collect.synthetic: need 0 < *_tokens_min <= *_tokens_max")
+    need(cfg.checkpoint.every_steps >= 0, f"checkpoint.every_steps must be >= 0, got {cfg.checkpoint.every_steps}")
+    for check in (check_method, _validate_endpoints, lambda c: _validate_pools(c.env),
+                  lambda c: _validate_experiment(c.experiment)):
+        try:
+            check(cfg)
+        except ConfigError as e:
+            errors.extend(e.problems if isinstance(e, ConfigProblems) else [str(e)])
+        except (KeyError, TypeError, ValueError, AttributeError):
+            if not errors:   # a check tripping over a value already reported wrong says nothing new
+                raise
+    if len(errors) == 1:
+        raise ConfigError(errors[0])
+    if errors:
+        raise ConfigProblems(errors)
+
+
+class ConfigProblems(ConfigError):
+    """Several problems of one config, each on its own line."""
+
+    def __init__(self, problems: list[str]):
+        self.problems = list(problems)
+        super().__init__(f"{len(problems)} problems in the config:\n" +
+                         "\n".join(f"  {i}. {p}" for i, p in enumerate(problems, 1)))
 
 
 def _endpoint_roles(cfg: Config) -> list[tuple[str, str, str, int, bool | None]]:
@@ -138,13 +153,19 @@ def _validate_endpoints(cfg: Config) -> None:
     """Every sampling setting of an endpoint reaches it, or the run is refused (paper table 8):
     a provider without a field for top_k or the thinking switch does not get them silently
     dropped; the refusal names the providers that can send them."""
+    refused = []
     for prefix, provider_key, provider, top_k, thinking in _endpoint_roles(cfg):
         if provider not in PROVIDERS:
-            raise ConfigError(f"{provider_key}={provider!r}; expected one of {sorted(PROVIDERS)}")
+            refused.append(f"{provider_key}={provider!r}; expected one of {sorted(PROVIDERS)}")
+            continue
         for setting in unsendable(provider, top_k=top_k, thinking=thinking):
             key, value, off = ((f"{prefix}top_k", top_k, f"{prefix}top_k: 0") if setting == "top_k" else
                                (f"{prefix}enable_thinking", thinking, f"{prefix}enable_thinking: null"))
-            raise ConfigError(refusal(provider, setting, value, key=key, off=off, provider_key=provider_key))
+            refused.append(refusal(provider, setting, value, key=key, off=off, provider_key=provider_key))
+    if len(refused) == 1:
+        raise ConfigError(refused[0])
+    if refused:
+        raise ConfigProblems(refused)
     m = cfg.matcher
     if m.context_chars < 0 or m.format_retries < 0:
         raise ConfigError(f"matcher.context_chars and matcher.format_retries must be >= 0, got "
