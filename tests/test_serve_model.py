@@ -151,6 +151,16 @@ def test_bad_requests_get_clean_4xx(served):
     status, body = _post(server, json.dumps({"model": "tiny-student", "messages": [
         {"role": "assistant", "tool_calls": "nope"}]}).encode())
     assert status == 400 and "tool_calls" in body["error"]["message"]
+    # aiohttp's own 404 / 405 in OpenAI's error JSON too (issue 34: they were plain text)
+    for method, path, status, code in (("GET", "/v1/nothing", 404, "not_found"),
+                                       ("GET", "/v1/chat/completions", 405, "method_not_allowed")):
+        req = urllib.request.Request(server.base_url.removesuffix("/v1") + path, method=method)
+        with pytest.raises(urllib.error.HTTPError) as http_err:
+            urllib.request.urlopen(req, timeout=60)
+        assert http_err.value.code == status
+        body = json.loads(http_err.value.read())
+        assert body["error"]["code"] == code and path in body["error"]["message"], body
+    assert "POST" in http_err.value.headers.get("Allow", "")
 
 
 def test_concurrent_requests_share_the_engines_segments(served):

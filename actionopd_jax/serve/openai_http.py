@@ -44,6 +44,24 @@ def _error_response(err: Exception) -> web.Response:
     return web.json_response(err.body(), status=err.status)
 
 
+@web.middleware
+async def _json_http_errors(request: web.Request, handler):
+    """aiohttp's own refusals (an unknown path: 404, a wrong method: 405) in OpenAI's error JSON,
+    like every other error of this server, not as plain text (issue 34)."""
+    try:
+        return await handler(request)
+    except web.HTTPException as e:
+        if e.status not in (404, 405):
+            raise
+        allowed = ", ".join(sorted(getattr(e, "allowed_methods", ()) or ()))
+        message = (f"no route {request.method} {request.path}; this server answers POST /v1/chat/completions, "
+                   "POST /v1/completions and GET /v1/models" if e.status == 404 else
+                   f"{request.method} is not allowed on {request.path}" + (f" (allowed: {allowed})" if allowed else ""))
+        code = "not_found" if e.status == 404 else "method_not_allowed"
+        return web.json_response(RequestError(e.status, message, code=code).body(), status=e.status,
+                                 headers={"Allow": allowed} if allowed else None)
+
+
 class OpenAIServer:
     """`POST /v1/chat/completions` and `GET /v1/models` over one or more backends.
 
@@ -83,7 +101,7 @@ class OpenAIServer:
     # --- app -------------------------------------------------------------------------------
     def _app(self) -> web.Application:
         # one byte more than the limit, so that _json_body (not aiohttp's plain-text 413) refuses
-        app = web.Application(client_max_size=self.max_body_bytes + 1)
+        app = web.Application(client_max_size=self.max_body_bytes + 1, middlewares=[_json_http_errors])
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)  # token scoring (serve/scoring.py)
         app.router.add_get("/v1/models", self._models)
