@@ -73,7 +73,14 @@ def test_each_step_has_a_manifest_and_flipped_bits_are_refused_or_skipped(saved,
             r = ckpt.restore(None, params_only=True)
         assert r.step == 1 and r.verified
         assert f"{bad.relative_to(run / 'checkpoints' / '2')} does not match its checksum" in caplog.text
-        assert "falling back to the previous step" in caplog.text
+        assert "falling back to step 1" in caplog.text
+        # step 1 as well: no "falling back" for a step with none before it (issue 34)
+        _flip_three_bits(_largest_params_file(run, 1))
+        caplog.clear()
+        with caplog.at_level(logging.ERROR), pytest.raises(CheckpointError, match="no readable checkpoint"):
+            ckpt.restore(None, params_only=True)
+        assert "step 1 " in caplog.text and "no earlier step is left" in caplog.text
+        assert caplog.text.count("falling back") == 1
         with pytest.raises(CheckpointError, match=r"step 2 .* does not match its checksum\); the other finished "
                                                   r"steps are \[1\] \(pass one of them"):
             ckpt.restore(None, 2, params_only=True)

@@ -146,7 +146,8 @@ class Checkpointer:
                     hint = (f"; the other finished steps are {others} (pass one of them, or the run directory "
                             f"to load the latest readable one)" if others else "; it is the only finished step")
                     raise CheckpointError(msg + hint) from None
-                log.error("%s; falling back to the previous step", msg)
+                earlier = [x for x in candidates if x < s]
+                log.error("%s; %s", msg, f"falling back to step {earlier[0]}" if earlier else "no earlier step is left")
         raise CheckpointError("no readable checkpoint:\n  " + "\n  ".join(errors))
 
     def set_aside_after(self, step: int) -> list[str]:
