@@ -156,6 +156,10 @@ def test_serve_checkpoint_on_one_device_answers_an_sdk_request_with_tools(run):
         assert any("loaded step 2 of" in x for x in seen)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
         assert [m.id for m in client.models.list()] == [run["run"].name]
+        # which step answers (issue 34: after a fallback nothing said so)
+        (model,) = client.models.list().data
+        source = model.model_extra["actionopd_source"]
+        assert source["step"] == 2 and source["fallback_from"] is None and source["verified"] is True, source
         r = client.chat.completions.create(model=run["run"].name, messages=TOOL_CONVERSATION, tools=[WEATHER_TOOL],
                                            temperature=0)
         (call,) = r.choices[0].message.tool_calls

@@ -31,13 +31,13 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
                         help="parameter and compute dtype (default: as trained / as in config.json)")
 
 
-def resolve_model(args, workdir: Path, *, seed: int, mesh=None):
-    """(cfg, model, tokenizer) for the options of add_model_args."""
+def resolve_model(args, workdir: Path, *, seed: int, mesh=None, record: dict | None = None):
+    """(cfg, model, tokenizer) for the options of add_model_args; `record`: loading.load_model's."""
     if args.tiny:
         model_dir, tok_dir = build_tiny_demo(workdir, seed=seed)
         return model_with_tokenizer(hf=model_dir, tokenizer=tok_dir, mesh=mesh, dtype=args.dtype)
     return model_with_tokenizer(hf=args.hf, checkpoint=args.checkpoint, tokenizer=args.tokenizer, mesh=mesh,
-                                dtype=args.dtype, step=getattr(args, "step", None))
+                                dtype=args.dtype, step=getattr(args, "step", None), record=record)
 
 
 def model_with_tokenizer(*, hf=None, checkpoint=None, tokenizer=None, mesh=None, dtype=None, step=None, record=None):

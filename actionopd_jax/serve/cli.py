@@ -97,10 +97,11 @@ def main(argv: list[str]) -> int:
     from actionopd_jax.serve.openai_http import OpenAIServer
 
     mesh = make_mesh(args.mesh) if args.mesh else None
+    loaded: dict = {}   # what was loaded (a checkpoint's step, a fallback): /v1/models says it
     with tempfile.TemporaryDirectory(prefix="actionopd-serve-") as tmp:
         try:
             cfg, model, tokenizer = resolve_model(args, Path(tmp), seed=args.seed if args.seed is not None
-                                                  else secrets.randbits(31), mesh=mesh)
+                                                  else secrets.randbits(31), mesh=mesh, record=loaded)
         except (FileNotFoundError, ValueError) as e:
             print(f"actionopd serve: {e}", file=sys.stderr)
             return 2
@@ -111,6 +112,7 @@ def main(argv: list[str]) -> int:
                                    default_max_tokens=args.default_max_tokens,
                                    batch_window_s=args.batch_window_ms / 1000.0, enable_thinking=args.enable_thinking,
                                    segment_tokens=args.segment_tokens or 256)
+            backend.source = dict(loaded)
             server = OpenAIServer(backend, host=args.host, port=args.port, api_key_env=args.api_key_env,
                                   max_body_bytes=int(args.max_body_mb * 1024 * 1024))
         except ValueError as e:

@@ -83,6 +83,7 @@ class ModelBackend:
         self.model_name = model_name
         self.max_context = int(max_context or sampler.cfg.max_position_embeddings)
         self._max_token_bytes: int | None = None     # _token_floor, measured at first use
+        self.source: dict = {}      # what was loaded (serve/cli.py): /v1/models shows it
         if not 1 <= self.max_context <= sampler.cfg.max_position_embeddings:
             raise ValueError(f"max_context {self.max_context} must be between 1 and the model's context "
                              f"(max_position_embeddings {sampler.cfg.max_position_embeddings}); "

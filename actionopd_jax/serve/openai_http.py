@@ -146,7 +146,11 @@ class OpenAIServer:
     async def _models(self, request: web.Request) -> web.Response:
         if (denied := self._auth_error(request)) is not None:
             return denied
-        data = [{"id": name, "object": "model", "created": 0, "owned_by": "actionopd_jax"} for name in self.backends]
+        # a checkpoint's backend also says what it serves: the step, and the unreadable step a
+        # fallback skipped (issue 34: after a fallback nothing said which step answered)
+        data = [{"id": name, "object": "model", "created": 0, "owned_by": "actionopd_jax",
+                 **({"actionopd_source": b.source} if getattr(b, "source", None) else {})}
+                for name, b in self.backends.items()]
         return web.json_response({"object": "list", "data": data})
 
     async def _chat(self, request: web.Request) -> web.Response:
