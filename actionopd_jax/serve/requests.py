@@ -5,10 +5,13 @@ the server (openai_http.py) and the scoring route (scoring.py) do not import eac
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+log = logging.getLogger(__name__)
 
 
 class RequestError(Exception):
@@ -59,6 +62,16 @@ class ChatRequest:
             content = m.get("content")
             if content is not None and not isinstance(content, (str, list)):
                 raise RequestError(400, f"messages[{i}].content must be a string, a list of parts, or null")
+            for j, part in enumerate(content if isinstance(content, list) else []):
+                kind = part.get("type") if isinstance(part, dict) else None
+                if kind != "text" or not isinstance(part.get("text"), str):
+                    raise RequestError(400, f"messages[{i}].content[{j}]: only text parts ({{'type': 'text', 'text': "
+                                            f"...}}) are served, got type {kind!r}: the model reads text alone")
+        for legacy in ("functions", "function_call"):
+            if legacy in body:
+                raise RequestError(400, f"'{legacy}' (OpenAI's deprecated function calling) is not served; send "
+                                        "'tools' and 'tool_choice'")
+        _note_ignored(body)
         tools = body.get("tools")
         if tools is not None:
             if not isinstance(tools, list) or not all(
@@ -127,6 +140,24 @@ def _tool_choice(value: Any, tools: list[dict] | None) -> tuple[str | None, str 
         raise RequestError(400, f"'tool_choice' forces function {name!r}, which is not among the offered "
                                 f"'tools' {offered}; offer it or name one of them")
     return "required", name
+
+
+# what a chat request may carry; other top-level fields are ignored, each logged once
+KNOWN_FIELDS = frozenset((
+    "model", "messages", "tools", "tool_choice", "n", "temperature", "top_p", "top_k", "max_tokens",
+    "max_completion_tokens", "seed", "stop", "logprobs", "top_logprobs", "stream", "stream_options",
+    "frequency_penalty", "presence_penalty", "response_format", "chat_template_kwargs",
+    # sent by SDKs and harnesses; nothing to apply
+    "user", "metadata", "store", "parallel_tool_calls"))
+_IGNORED_SEEN: set[str] = set()
+
+
+def _note_ignored(body: dict) -> None:
+    """Fields this server does not know are ignored (harnesses send vendor extras), each named
+    once in the log so an operator can see what their client sends and we do not apply."""
+    for key in sorted(set(body) - KNOWN_FIELDS - _IGNORED_SEEN):
+        _IGNORED_SEEN.add(key)
+        log.warning("chat request field %r is not applied by this server (ignored; logged once)", key)
 
 
 def _refuse_unapplied(body: dict) -> None:
