@@ -119,3 +119,40 @@ def test_sampling_settings_have_one_source():
     # the tiny job's defaults and table 8's recipe values, pinned so a changed default shows here
     assert (from_dict({}).collect.temperature, from_dict({}).collect.top_k) == (1.0, 0)
     assert tuple(getattr(collector_config_from(cfg), f) for f in fields) == (0.6, 0.95, 20, True)
+
+
+def test_a_teacher_that_answers_nothing_stops_the_run_after_max_outage_steps(tiny_tokenizer, tmp_path, caplog):
+    """Issue 34: a teacher answering 500 to every request read as a healthy run (exit 0, an
+    unavailable rate of 0.0). Each step with no teacher answer for any task start is logged as
+    an error; at collect.max_outage_steps (default 2) in a row the run stops (RunStop:
+    `actionopd train` prints it and exits 1)."""
+    import logging
+
+    from actionopd_jax.serve.faults import FaultInjector, FaultRates
+    from actionopd_jax.teacher.transport import RetryPolicy
+    from actionopd_jax.train.loop import Trainer
+    from actionopd_jax.train.setup import build_mesh, model_config
+    from actionopd_jax.train.sources import RunStop, SourceContext
+
+    cfg = replace_keys(_cfg(), **{"run.dir": str(tmp_path / "run"), "train.steps": 3})
+    assert cfg.collect.max_outage_steps == 2
+    ctx = SourceContext(model_config=model_config(cfg), run_dir=str(tmp_path / "run"), tokenizer_path="",
+                        process_index=0, process_count=1, mesh=build_mesh(cfg))
+    tasks = [toy_task(f"t{i}", f"outage{i}") for i in range(12)]
+    with serve(teacher_backend(Script({}, {})), judge_backend(),
+               middleware=FaultInjector(FaultRates(server_error=1.0), seed=0)) as server:
+        teacher = make_teacher(server, retry=RetryPolicy(max_attempts=1, base_delay_s=0.01, max_delay_s=0.01,
+                                                         max_total_s=2.0))
+        source = ActionOPDGroupSource(cfg, ctx, teacher=teacher, matcher=make_matcher(server),
+                                      stream=ListTaskStream(tasks, per_step=4), env_factory=lambda task: ToyEnv(),
+                                      tokenizer=tiny_tokenizer,
+                                      buckets=Buckets(prompt_len=(1024,), prompts=(4,), samples=(4,), max_new=(16,),
+                                                      max_rows=16))
+        trainer = Trainer(cfg, run_dir=tmp_path / "run", source=source)
+        with caplog.at_level(logging.ERROR, logger="actionopd_jax.collect.source"):
+            trainer.train_step()                              # step 0: no answer, logged, goes on
+            assert "step 0: none of 4 task starts got a teacher answer" in caplog.text
+            assert "1 such step(s) in a row; the run stops at 2" in caplog.text
+            with pytest.raises(RunStop, match="answered none of the task starts of 2 steps in a row"):
+                trainer.train_step()
+    assert {r.end_reason for r in source.last.trajectories} == {"teacher_error"}

@@ -13,7 +13,7 @@ import pytest
 
 from actionopd_jax.collect.collector import CollectResult
 from actionopd_jax.collect.metrics import StepMetrics, TrajectoryRecord
-from actionopd_jax.collect.source import check_prompt_room, overflow_stop
+from actionopd_jax.collect.source import check_prompt_room, overflow_stop, step_ends
 from actionopd_jax.commands import train as train_cli
 from actionopd_jax.config import ConfigError
 from actionopd_jax.config.load import from_dict
@@ -76,12 +76,16 @@ def _result(ends: list[tuple[str, int]]) -> CollectResult:
     return CollectResult(step=3, groups=[], group_starts=[], trajectories=records, metrics=StepMetrics())
 
 
+def _stop(ends):
+    return overflow_stop(3, step_ends(_result(ends)), 4096)
+
+
 def test_a_step_that_skips_most_task_starts_for_overflow_stops_the_run():
     """More than half of the task starts ended before their first decision for context
     overflow: the message that stops the run. Half, or overflow later in a trajectory (its
     earlier decisions trained), does not stop it."""
-    stop = overflow_stop(_result([("context_overflow", 0)] * 3 + [("env_done", 2)]), 4096)
+    stop = _stop([("context_overflow", 0)] * 3 + [("env_done", 2)])
     assert stop.startswith("step 3: 3 of 4 task starts ended before their first decision") and "4,096" in stop
-    assert overflow_stop(_result([("context_overflow", 0)] * 2 + [("env_done", 2)] * 2), 4096) is None
-    assert overflow_stop(_result([("context_overflow", 5)] * 4), 4096) is None
-    assert overflow_stop(_result([]), 4096) is None
+    assert _stop([("context_overflow", 0)] * 2 + [("env_done", 2)] * 2) is None
+    assert _stop([("context_overflow", 5)] * 4) is None
+    assert _stop([]) is None

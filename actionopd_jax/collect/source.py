@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 
 from actionopd_jax.collect.collector import Collector, CollectResult, local_task_starts
 from actionopd_jax.collect.config import CollectorConfig
@@ -34,6 +35,7 @@ from actionopd_jax.envs.task_sets import stream_tasks, task_stream_from, trainin
 from actionopd_jax.rewards import RewardConfig
 from actionopd_jax.sampling.budget import parse_token_budget
 from actionopd_jax.sampling.rollout import load_behaviour
+from actionopd_jax.train.sources import RunStop
 from actionopd_jax.types import StateGroup
 
 log = logging.getLogger(__name__)
@@ -162,15 +164,27 @@ def _check_tokenizer(cfg: Config) -> tuple[Any, str]:
     return load_tokenizer(built), f"; counted with the offline Qwen3 tokenizer{where}"
 
 
-def overflow_stop(result: CollectResult, budget: int) -> str | None:
+TEACHER_FAILURES = ("teacher_error", "teacher_timeout")
+
+
+def step_ends(result: CollectResult) -> np.ndarray:
+    """[task starts, starts that overflowed before their first decision, starts that got no
+    teacher answer at all] of this process's share of a step (summed over processes by the
+    caller, so every process takes the same decision)."""
+    recs = result.trajectories
+    return np.asarray([len(recs),
+                       sum(1 for r in recs if r.end_reason == "context_overflow" and r.decisions == 0),
+                       sum(1 for r in recs if r.end_reason in TEACHER_FAILURES and r.groups == 0)], np.int64)
+
+
+def overflow_stop(step: int, ends: np.ndarray, budget: int) -> str | None:
     """The message that stops a run when more than half of a step's task starts ended with
     context_overflow before their first decision (their first prompt over the budget): such a
-    run would go on collecting nothing from them, silently."""
-    starts = len(result.trajectories)
-    at_start = sum(1 for r in result.trajectories if r.end_reason == "context_overflow" and r.decisions == 0)
+    run would go on collecting nothing from them, silently. `ends`: step_ends, global."""
+    starts, at_start = int(ends[0]), int(ends[1])
     if not starts or at_start * 2 <= starts:
         return None
-    return (f"step {result.step}: {at_start} of {starts} task starts ended before their first decision because "
+    return (f"step {step}: {at_start} of {starts} task starts ended before their first decision because "
             f"their first prompt is over collect.max_prompt_tokens={budget:,}; the run stops rather than train "
             "on what is left. Raise collect.max_prompt_tokens (and train.max_seq_len), or train on tasks whose "
             "prompts fit: `actionopd train --config ... --check` measures them")
@@ -264,6 +278,8 @@ class ActionOPDGroupSource:
         if prefetches:
             self._prefetch_next()  # the first step's servers start in the background, while the programs compile
         self.last: CollectResult | None = None
+        self.max_outage_steps = cfg.collect.max_outage_steps
+        self._outage_steps = 0      # consecutive steps without one teacher answer (_watch_teacher)
 
     def collect(self, step: int, policy: Any) -> list[StateGroup]:
         tasks = self.stream.next_step()
@@ -271,11 +287,36 @@ class ActionOPDGroupSource:
         load_behaviour(self.sampler, policy, self.ctx.mesh)
         self.last = self.collector.collect(tasks, step=step, process_index=self.ctx.process_index,
                                            process_count=self.ctx.process_count)
-        stop = overflow_stop(self.last, self.cfg.max_prompt_tokens)
+        ends = step_ends(self.last)
+        if self.ctx.process_count > 1:    # one decision on every process (they stop together)
+            from actionopd_jax.train import distributed
+
+            ends = distributed.allgather(ends).sum(axis=0)
+        stop = overflow_stop(step, ends, self.cfg.max_prompt_tokens)
         if stop:
             raise ConfigError(stop)
+        self._watch_teacher(step, ends)
         self._prefetch_next()  # while the device runs this step's update
         return self.last.groups
+
+    def _watch_teacher(self, step: int, ends: np.ndarray) -> None:
+        """A step in which no task start got one teacher answer trains nothing: said loudly
+        each time, and after collect.max_outage_steps such steps in a row the run stops (issue
+        34: a teacher answering 503 to everything read as a healthy run that exited 0)."""
+        starts, failed = int(ends[0]), int(ends[2])
+        if not starts or failed < starts:
+            self._outage_steps = 0
+            return
+        self._outage_steps += 1
+        limit = self.max_outage_steps
+        log.error("step %d: none of %d task starts got a teacher answer (teacher errors or timeouts, after the "
+                  "client's retries): the step trains nothing (%d such step(s) in a row%s)", step, starts,
+                  self._outage_steps, f"; the run stops at {limit}" if limit else "")
+        if limit and self._outage_steps >= limit:
+            raise RunStop(f"the teacher answered none of the task starts of {self._outage_steps} steps in a row "
+                          f"(last: step {step}, {starts} starts): it is down, or teacher.base_url / teacher.model "
+                          f"/ its API key are wrong (the log names each failure). Fix it and rerun the command: "
+                          "the run resumes from its last checkpoint (collect.max_outage_steps sets the patience)")
 
     def _prefetch_next(self) -> None:
         """The next step's draws are known before it (envs/mixture.py): have the environment

@@ -25,6 +25,7 @@ from pathlib import Path
 from actionopd_jax.aot.targets import USABLE_MEMORY_FRACTION
 from actionopd_jax.config import Config, ConfigError
 from actionopd_jax.config.load import load_config, replace_keys
+from actionopd_jax.train.sources import RunStop
 
 log = logging.getLogger("actionopd_jax.train")
 
@@ -328,6 +329,9 @@ def main(argv: list[str]) -> int:
     except ConfigError as e:
         print(f"actionopd train: config error: {e}", file=sys.stderr)
         return 2
+    except RunStop as e:
+        print(f"actionopd train: stopped: {e}", file=sys.stderr)
+        return 1
     except FileNotFoundError as e:
         print(f"actionopd train: {e}", file=sys.stderr)
         return 2

@@ -106,6 +106,9 @@ class CollectConfig:
     commit: str = "argmax"  # "argmax" (uniform tie-break) | "random"
     task_starts_per_step: int = 4
     max_decisions: int = 20  # decisions per trajectory
+    # consecutive steps in which no task start got a single teacher answer (an outage, a wrong
+    # URL or key) before the run stops with that message (0: never stop)
+    max_outage_steps: int = 2
     temperature: float = 1.0  # rollout temperature (also used to score old/new logprobs)
     top_p: float = 1.0
     top_k: int = 0

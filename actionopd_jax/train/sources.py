@@ -36,6 +36,11 @@ class Policy:
     key: Any = None  # PRNG key of this collection step: fold_in(key(run.seed), step)
 
 
+class RunStop(Exception):
+    """A group source's reason to end the run now (a teacher outage, say): `actionopd train`
+    prints it and exits 1. The steps finished before it are checkpointed as usual."""
+
+
 @dataclass
 class SourceContext:
     """What a source may need to build itself."""
