@@ -120,8 +120,9 @@ def test_eval_cli_on_a_tiny_hf_student(tmp_path):
     model_dir, tok_dir = build_tiny_demo(tmp_path / "tiny", seed=3)
     common = ["--hf", str(model_dir), "--tokenizer", str(tok_dir), "--bench", "bfcl:base", "--limit", "1",
               "--max-new-tokens", "8", "--no-progress"]
-    # the demo model's own context is shorter than a BFCL prompt: the episode ends, nothing is fabricated
-    assert eval_cli.main(common + ["--out", str(tmp_path / "short")]) == 0
+    # the demo model's own context is shorter than a BFCL prompt: the episode ends, nothing is
+    # fabricated, and the command says its 0.0 measures that (exit 1, issue 34)
+    assert eval_cli.main(common + ["--out", str(tmp_path / "short")]) == 1
     (rec,) = load_finished(tmp_path / "short" / "episodes.jsonl")
     assert rec["actions"] == 0 and rec["end_reason"] == "context_budget" and rec["score"]["official"] == 0.0
 

@@ -58,8 +58,11 @@ def endpoint_agent(cfg: Config):
     if t.top_k:
         extra["top_k"] = t.top_k
     try:
+        # a teacher: its empty or unparsable replies are asked again, teacher.retries times, as
+        # the collector's teacher client does (issue 34: they ended warm-start episodes)
         return EndpointAgent(t.base_url, t.model, api_key_env=t.api_key_env or None, temperature=t.temperature,
-                             max_tokens=t.max_tokens, extra_body=extra, timeout_s=t.timeout_s)
+                             max_tokens=t.max_tokens, extra_body=extra, timeout_s=t.timeout_s, retries=t.retries,
+                             retry_invalid=True)
     except ValueError as e:   # the key's variable is not set: say what to do, not where it failed
         raise ConfigError(f"{e}: export it before `actionopd train` (teacher.api_key_env names it; secrets come "
                           "from the environment only)") from None

@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from actionopd_jax.chat import action_from_openai_message
 from actionopd_jax.serve.requests import ChatRequest, RequestError
-from actionopd_jax.types import Action, Observation, Task
+from actionopd_jax.types import Action, Invalid, Observation, Task
 
 
 class ContextTooLong(Exception):
@@ -34,8 +34,15 @@ class Agent(Protocol):
 
 
 class EndpointAgent:
+    """A model behind an OpenAI-compatible endpoint. `retries`: extra requests for a reply with
+    no choice, or (`retry_invalid`) whose action does not parse: a teacher gets them, as the
+    collector's teacher client does (teacher.retries); a student under evaluation does not (its
+    invalid reply is its answer). A reply still without a choice is AgentUnavailable (the
+    episode is not recorded, a resumed run plays it again)."""
+
     def __init__(self, base_url: str, model: str, *, api_key_env: str | None = None, temperature: float = 0.0,
-                 max_tokens: int = 1024, extra_body: dict[str, Any] | None = None, timeout_s: float = 300.0):
+                 max_tokens: int = 1024, extra_body: dict[str, Any] | None = None, timeout_s: float = 300.0,
+                 retries: int = 0, retry_invalid: bool = False):
         import openai
 
         key = os.environ.get(api_key_env, "") if api_key_env else "unused"
@@ -45,25 +52,43 @@ class EndpointAgent:
         self.name = model
         self._model, self._temperature, self._max_tokens = model, temperature, max_tokens
         self._extra = dict(extra_body or {})
+        self._retries, self._retry_invalid = max(0, int(retries)), retry_invalid
 
     async def act(self, obs: Observation, *, task: Task, trial: int) -> Action:
         return (await self.act_detailed(obs, task=task, trial=trial))[0]
 
     async def act_detailed(self, obs: Observation, *, task: Task, trial: int) -> tuple[Action, str]:
         """(action, the reply's reasoning_content or ""): KD imitates the reasoning too."""
+        for attempt in range(self._retries + 1):
+            # a retry asks with another seed: a seeded server would repeat the same reply
+            got = await self._ask(obs, trial if attempt == 0 else trial + 1_000_003 * attempt)
+            last = attempt == self._retries
+            if got is None:
+                if last:
+                    raise AgentUnavailable(f"endpoint returned no choices ({self._retries + 1} request(s))")
+                continue
+            action, reasoning = got
+            if isinstance(action, Invalid) and self._retry_invalid and not last:
+                continue
+            return action, reasoning
+        raise AssertionError("unreachable")
+
+    async def _ask(self, obs: Observation, seed: int) -> tuple[Action, str] | None:
         import openai
 
         try:
             r = await self._client.chat.completions.create(
                 model=self._model, messages=obs.messages, tools=obs.tools or openai.omit,
                 temperature=self._temperature, max_tokens=self._max_tokens,
-                seed=trial, extra_body=self._extra or None)
+                seed=seed, extra_body=self._extra or None)
         except openai.BadRequestError as e:
             if "context" in str(e).lower():
                 raise ContextTooLong(str(e)) from e
             raise AgentUnavailable(f"endpoint rejected the request: {e}") from e
         except openai.APIError as e:
             raise AgentUnavailable(f"endpoint failed: {type(e).__name__}: {e}") from e
+        if not r.choices or r.choices[0].message is None:
+            return None
         message = r.choices[0].message
         reasoning = getattr(message, "reasoning_content", None) or (message.model_extra or {}).get("reasoning_content")
         action = action_from_openai_message(message, obs.tools, role="student")

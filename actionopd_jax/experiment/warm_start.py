@@ -84,9 +84,15 @@ def warm_start(cfg: Config, *, agent: Any, tasks: list[Task], tokenizer: Any, to
         keep_successful=False, out_jsonl=run_dir / "teacher_trajectories.jsonl", progress=progress))
     kept = [r for r in records if float(r["score"].get("reward", 0.0)) >= 1.0]
     if not kept:
-        raise RuntimeError(f"warm start: none of the {len(records)} teacher trajectories succeeded, so there is "
-                           "nothing to imitate; check the teacher, or set experiment.kd_epochs=0 and "
-                           "experiment.pretrain_epochs=0")
+        from collections import Counter
+
+        from actionopd_jax.train.sources import RunStop
+
+        ends = Counter(str(r.get("end_reason") or "?") for r in records)
+        raise RunStop(f"warm start: none of the {len(records)} teacher trajectories succeeded (their ends: "
+                      f"{', '.join(f'{k} x{v}' for k, v in ends.most_common())}), so there is nothing to imitate; "
+                      f"{run_dir / 'teacher_trajectories.jsonl'} holds them. Check the teacher, or set "
+                      "experiment.kd_epochs=0 and experiment.pretrain_epochs=0")
     out: dict[str, Any] = {"trajectories": len(records), "kept": len(kept),
                            "teacher_success": float(np.mean([float(r["score"].get("reward", 0.0)) for r in records]))}
     current = student_dir
