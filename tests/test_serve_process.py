@@ -2,12 +2,14 @@
 must not stall the other clients, and SIGTERM shuts it down cleanly. Driven by the `openai`
 SDK over loopback; the --tiny model (random weights, so replies are noise)."""
 
+import os
 import signal
 import socket
 import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import openai
 import pytest
@@ -122,3 +124,51 @@ def test_sigterm_finishes_the_request_in_flight_and_exits_0(served):
     assert "Traceback" not in log and "Exception ignored" not in log, log[-3000:]
     assert "shutting down" in out
     assert reply["r"].choices[0].finish_reason in ("stop", "length")  # it finished, not dropped
+
+
+_BLOCKED_SERVER = """
+import asyncio, sys
+from actionopd_jax.serve.openai_http import OpenAIServer
+from actionopd_jax.serve.scripted import ScriptedBackend
+
+async def never(req):           # a request that stays in flight through any grace period
+    print("in flight", flush=True)
+    await asyncio.Event().wait()
+
+OpenAIServer(ScriptedBackend("blocked", never), port=0).serve_forever()
+"""
+
+
+def test_a_second_sigterm_during_shutdown_exits_1_at_once_without_an_abort():
+    """Issue 34: a second SIGTERM 2 s into a shutdown under load aborted the process (exit 134,
+    "terminate called ..."). Now the first starts the graceful stop (requests in flight get
+    their grace period) and a second ends the process at once: exit 1 with one line that says
+    so. The request here never finishes, so the second signal lands inside the grace period."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, "-c", _BLOCKED_SERVER], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=env, cwd=str(Path(__file__).resolve().parents[1]))
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("serving ['blocked'] at http://127.0.0.1:"), line + proc.stderr.read()
+        url = line.split(" at ", 1)[1].strip()
+        client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=120)
+        threading.Thread(target=lambda: _swallow(lambda: client.chat.completions.create(
+            model="blocked", messages=[{"role": "user", "content": "hi"}])), daemon=True).start()
+        assert proc.stdout.readline().strip() == "in flight"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.stdout.readline().startswith("shutting down: requests in flight get")
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 1, (proc.returncode, err[-3000:])
+    assert "actionopd serve: second SIGTERM: exiting now" in err and "terminate called" not in err, err[-3000:]
+
+
+def _swallow(fn):
+    try:
+        fn()
+    except Exception:  # noqa: BLE001 - the connection is dropped on purpose
+        pass

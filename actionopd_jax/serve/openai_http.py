@@ -44,6 +44,17 @@ def _error_response(err: Exception) -> web.Response:
     return web.json_response(err.body(), status=err.status)
 
 
+def _exit_now(why: str) -> None:
+    """End the process now (exit 1) without the interpreter's shutdown, which with the device
+    runtime's threads still busy ends in std::terminate (SIGABRT)."""
+    import os
+    import sys
+
+    print(f"actionopd serve: {why}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(1)
+
+
 @web.middleware
 async def _json_http_errors(request: web.Request, handler):
     """aiohttp's own refusals (an unknown path: 404, a wrong method: 405) in OpenAI's error JSON,
@@ -258,23 +269,37 @@ class OpenAIServer:
 
     def serve_forever(self) -> None:
         """Blocking run for the CLI. Ctrl-C or SIGTERM stops it cleanly: no new connections,
-        requests in flight get SHUTDOWN_GRACE_S to finish, then are cancelled."""
+        requests in flight get SHUTDOWN_GRACE_S to finish, then are cancelled. A second signal
+        during that ends the process at once (exit 1), as does a shutdown that outlasts its
+        limit: never the interpreter's own exit with device threads still running, which
+        aborted the process (exit 134, issue 34)."""
         import signal
 
         stop = threading.Event()
-        previous = signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+        def on_signal(signum, _frame):
+            if stop.is_set():   # the second one: the operator wants out now
+                _exit_now(f"second {signal.Signals(signum).name}: exiting now, requests in flight are dropped")
+            stop.set()
+
+        previous = signal.signal(signal.SIGTERM, on_signal)
+        previous_int = signal.signal(signal.SIGINT, on_signal)
         self.start()
         print(f"serving {sorted(self.backends)} at {self.base_url}", flush=True)
         try:
             assert self._thread is not None
             while self._thread.is_alive() and not stop.wait(0.5):
                 pass
-        except KeyboardInterrupt:
-            pass
         finally:
-            print("shutting down: finishing requests in flight", flush=True)
+            stop.set()
+            print(f"shutting down: requests in flight get {SHUTDOWN_GRACE_S:g} s to finish (a second signal exits "
+                  "now)", flush=True)
+            thread = self._thread
             self.stop()
+            if thread is not None and thread.is_alive():
+                _exit_now("shutdown outlasted its limit: exiting with requests still running")
             signal.signal(signal.SIGTERM, previous)
+            signal.signal(signal.SIGINT, previous_int)
 
     def __enter__(self) -> "OpenAIServer":
         self.start()
