@@ -113,15 +113,29 @@ def check_prompt_room(cfg: Config, tokenizer: Any = None) -> str | None:
     do not fit and the longest (a task whose first prompt does not fit is skipped at every
     start: a budget below them all trains nothing); else one line for the plan. None where the
     run draws no tasks, or the pools are not on this host (the tasks line says so)."""
+    return prompt_room(cfg, tokenizer)[0]
+
+
+def prompt_room(cfg: Config, tokenizer: Any = None) -> tuple[str | None, tuple[int, int, int] | None, str]:
+    """check_prompt_room's line, and the first prompts' (shortest, task-weighted mean, longest)
+    with where they come from (train/cost_estimate.py), or None where not measured."""
+    line, stats = _prompt_room(cfg, tokenizer)
+    if stats is None:
+        return line, None, "not measured: collect.max_prompt_tokens"
+    lo, mean, hi, n = stats
+    return line, (lo, mean, hi), f"measured ({n} tasks: {lo:,} / mean {mean:,} / {hi:,} tokens)"
+
+
+def _prompt_room(cfg: Config, tokenizer: Any = None):
     from actionopd_jax.envs.admission import read_manifest
     from actionopd_jax.envs.mixture import POOLS, missing_pool_files
     from actionopd_jax.envs.prompt_room import measure
     from actionopd_jax.envs.task_sets import training_task_sets
 
     if cfg.collect.kind == "synthetic" or (cfg.collect.kind == "kd" and cfg.kd.trajectories):
-        return None
+        return None, None
     if cfg.env.name in POOLS and missing_pool_files(cfg.env):
-        return None
+        return None, None
     counts = {}
     if cfg.env.name in POOLS:
         counts = {pool: dict(m.get("prompt_tokens") or {}) for pool, m in read_manifest(cfg.env.manifest)["pools"].items()}
@@ -133,7 +147,7 @@ def check_prompt_room(cfg: Config, tokenizer: Any = None) -> str | None:
     budget = cfg.collect.max_prompt_tokens
     skipped = f"; not measured: {', '.join(unmeasured)}" if unmeasured else ""
     if not lengths:
-        return f"prompts    not measured ({', '.join(unmeasured) or 'no tasks'}){how}"
+        return f"prompts    not measured ({', '.join(unmeasured) or 'no tasks'}){how}", None
     longest = max(lengths, key=lambda x: x.tokens)
     total = sum(x.tasks for x in lengths)
     over = [x for x in lengths if x.tokens > budget]
@@ -147,8 +161,11 @@ def check_prompt_room(cfg: Config, tokenizer: Any = None) -> str | None:
             f"decision, so {'the run trains nothing' if n == total else 'they are never trained on'}. Raise "
             f"collect.max_prompt_tokens (paper B.5: 24,576) and train.max_seq_len with it (B.5: 32,768), or "
             f"train on tasks whose prompts fit{skipped}")
+    stats = (min(x.tokens for x in lengths), round(sum(x.tokens * x.tasks for x in lengths) / total), longest.tokens,
+             total)
     return (f"prompts    the first prompts of {total} training tasks fit collect.max_prompt_tokens={budget:,}: "
-            f"longest {'at least ' if longest.floor else ''}{longest.tokens:,} tokens ({longest.label}){how}{skipped}")
+            f"longest {'at least ' if longest.floor else ''}{longest.tokens:,} tokens ({longest.label}){how}{skipped}",
+            stats)
 
 
 def _check_tokenizer(cfg: Config) -> tuple[Any, str]:

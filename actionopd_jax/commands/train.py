@@ -91,12 +91,14 @@ def check(cfg: Config, devices: int = 0) -> int:
                           platform=where.platform, usable_fraction=where.usable_fraction,
                           chips_per_host=where.devices_per_process)
     print(text)
-    from actionopd_jax.collect.source import check_prompt_room, check_training_tasks
+    from actionopd_jax.collect.source import check_training_tasks, prompt_room
+    from actionopd_jax.train import cost_estimate
 
     tasks_line = check_training_tasks(cfg)  # the run's training tasks vs what eval scores
-    room_line = check_prompt_room(cfg)      # their first prompts vs collect.max_prompt_tokens
+    room_line, first_prompts, source = prompt_room(cfg)      # their first prompts vs collect.max_prompt_tokens
+    cost = cost_estimate.describe(cfg, cost_estimate.estimate(cfg, first_prompts), source)
     for line in (*([tasks_line] if tasks_line else []), *([room_line] if room_line else []), *notes, *where.notes,
-                 *missing_secrets(cfg)):
+                 *missing_secrets(cfg), *cost):
         print(line)
     if not lower_if_gpu(cfg, qcfg, gpu_target):
         print("config valid, but some program of the run does not lower for CUDA (see above)")

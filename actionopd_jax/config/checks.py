@@ -108,6 +108,11 @@ def validate(cfg: Config) -> None:
     need(0 < s.prompt_tokens_min <= s.prompt_tokens_max and 0 < s.response_tokens_min <= s.response_tokens_max,
          "collect.synthetic: need 0 < *_tokens_min <= *_tokens_max")
     need(cfg.checkpoint.every_steps >= 0, f"checkpoint.every_steps must be >= 0, got {cfg.checkpoint.every_steps}")
+    for key, price in (("teacher.price", cfg.teacher.price), ("matcher.price", cfg.matcher.price),
+                       ("env.user_price", cfg.env.user_price)):
+        need(len(price) in (0, 3) and all(float(x) >= 0 for x in price),
+             f"{key}={list(price)}: expected [] or three USD prices per million tokens >= 0: [input, cached input, "
+             "output]")
     for check in (check_method, _validate_endpoints, lambda c: _validate_pools(c.env),
                   lambda c: _validate_experiment(c.experiment)):
         try:

@@ -173,6 +173,9 @@ class TeacherConfig:
     cache_dir: str = ""  # default: <run dir>/cache/teacher
     timeout_s: float = 600.0
     concurrency: int = 32
+    # USD per million tokens [input, cached input, output]; empty: none (tokens are still
+    # counted). No price is built in: providers change them. `train --check` estimates spend.
+    price: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -194,6 +197,7 @@ class MatcherConfig:
     context_window: int = 32768  # the judge's window in tokens (prompt + max_tokens): sizes the conversation it sees
     context_chars: int = 0  # a fixed character budget for that conversation instead (0: sized to context_window)
     format_retries: int = 2  # re-asks after a reply outside the verdict format; then unavailable (paper A.3)
+    price: tuple[float, ...] = ()  # as teacher.price
 
 
 @dataclass(frozen=True)
@@ -216,6 +220,7 @@ class EnvConfig:
     user_max_tokens: int = 8192
     user_provider: str = ""  # as teacher.provider ("": openai): how top_k and the thinking switch are sent
     user_enable_thinking: bool | None = False  # paper table 8: user simulator thinking off; null: no switch
+    user_price: tuple[float, ...] = ()  # as teacher.price
     # env.name=mcp: any MCP tool server (actionopd_jax/envs/mcp). The server is a sandboxed
     # stdio command (mcp_command, an argv; an argument "{port}" makes it an HTTP server on a
     # free loopback port) or an existing streamable-HTTP endpoint (mcp_url). Tasks come from a
