@@ -293,13 +293,14 @@ HOSTILE = [
 ]
 
 
+# the timeout is the guard against a parser that backtracks without end on hostile input; no
+# test asserts a duration (issue 32: wall-clock thresholds flaked on a loaded 2-core host)
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name, text, student_check, teacher_check", [pytest.param(*h, id=h[0]) for h in HOSTILE])
 def test_hostile_replies(name, text, student_check, teacher_check):
     for parse, check in ((parse_student, student_check), (parse_teacher, teacher_check or student_check)):
-        action, seconds = timed(parse, text, TOOLS)
+        action, _ = timed(parse, text, TOOLS)
         assert check(action), (name, parse.__name__, action)
-        assert seconds < 5.0, (name, parse.__name__, seconds)
 
 
 @pytest.mark.timeout(60)
@@ -310,8 +311,8 @@ def test_hostile_structured_arguments():
         node["a"] = {}
         node = node["a"]
     msg = {"tool_calls": [{"id": "c", "type": "function", "function": {"name": "store", "arguments": deep}}]}
-    action, seconds = timed(lambda: action_from_openai_message(msg, TOOLS, role="student"))
-    assert "nested deeper" in reason_of(action) and seconds < 5.0
+    action, _ = timed(lambda: action_from_openai_message(msg, TOOLS, role="student"))
+    assert "nested deeper" in reason_of(action)
     huge = {"tool_calls": [oa_call("store", json.dumps({"k": "v" * BIG}))]}
-    action, seconds = timed(lambda: action_from_openai_message(huge, TOOLS, role="teacher"))
-    assert isinstance(action, ToolCall) and seconds < 5.0
+    action, _ = timed(lambda: action_from_openai_message(huge, TOOLS, role="teacher"))
+    assert isinstance(action, ToolCall)

@@ -333,7 +333,6 @@ def test_sequential_baseline_produces_the_same_groups(tiny_tokenizer, actionopd_
 def test_a_failed_device_call_stops_the_collection_with_its_error(tiny_tokenizer):
     """A sampler failure is systemic (not one trajectory's problem): collect raises it
     promptly instead of recording empty trajectories or hanging."""
-    import time
 
     from actionopd_jax.collect import SamplerError
 
@@ -341,10 +340,8 @@ def test_a_failed_device_call_stops_the_collection_with_its_error(tiny_tokenizer
         raise RuntimeError("RESOURCE_EXHAUSTED: out of device memory (injected)")
 
     cfg = collector_config()
-    t0 = time.perf_counter()
-    with serve(teacher_backend(SCRIPT), judge_backend()) as server:
+    with serve(teacher_backend(SCRIPT), judge_backend()) as server:   # a hang: the suite's timeout
         collector = make_collector(cfg, tiny_tokenizer, make_teacher(server), make_matcher(server), broken)
         with pytest.raises(SamplerError, match="out of device memory"):
             collect_once(collector, [toy_task(c, c) for c in ("paper", "ties", "judge")], step=0,
                          process_index=0, process_count=1)
-    assert time.perf_counter() - t0 < 30

@@ -1,7 +1,6 @@
 """Whole collections: determinism with the real tiny model and a cache-warm teacher, and
 fault injection (30% of teacher and judge requests fail) over our loopback server."""
 
-import time
 
 import numpy as np
 
@@ -65,7 +64,6 @@ def test_thirty_percent_teacher_and_judge_failures_are_masked_and_nothing_hangs(
     tasks = [toy_task(f"f{i}", f"faulty{i % 3}") for i in range(12)]
     cfg = collector_config(max_trajectories_in_flight=12, decision_limits=(("toy", 5),))
     eos = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
-    t0 = time.perf_counter()
     with serve(teacher_backend(FAULT_SCRIPT), judge_backend(), middleware=injector) as server:
         teacher = make_teacher(server, request_timeout_s=0.5,
                                retry=RetryPolicy(max_attempts=3, base_delay_s=0.01, max_delay_s=0.02, max_total_s=5.0))
@@ -73,8 +71,7 @@ def test_thirty_percent_teacher_and_judge_failures_are_masked_and_nothing_hangs(
         collector = make_collector(cfg, tiny_tokenizer, teacher, matcher,
                                    fixed_text_sample_fn(tiny_tokenizer, FAULT_SCRIPT, eos))
         result = collect_once(collector, tasks, step=0, process_index=0, process_count=1)
-    elapsed = time.perf_counter() - t0
-    assert elapsed < 120
+    # "nothing hangs": the suite's per-test timeout guards it (no duration is asserted)
     kinds = ("server_error", "rate_limit", "malformed", "hang", "invalid_tool_call")
     assert sum(injector.injected[k] for k in kinds) > 10
     injected_share = 1 - injector.injected["ok"] / injector.requests_seen

@@ -217,17 +217,16 @@ def test_a_fault_ends_its_episode_with_a_reason_and_others_go_on(tool, args, rea
 @pytest.mark.parametrize("mode,words", [("garbage", "non-MCP line"), ("badresult", "CallToolResult"),
                                         ("flood", "size limit")])
 def test_a_malformed_reply_is_a_protocol_error(mode, words):
-    # the call timeout (60 s) is far beyond the detection bound (30 s): only detection passes, on any load
+    # the call timeout (60 s) would end it as mcp_timeout: only detection gives mcp_protocol_error
     with McpPool(ServerSpec(command=(sys.executable, RAW, mode), call_timeout_s=60), size=1) as pool:
         env = McpEnv(pool)
 
         async def main():
             await env.reset(TASK)
-            t0 = time.perf_counter()
             with pytest.raises(McpFault) as err:
                 await env.step(ToolCall("echo", {}))
+            # detected as what it is, not the call timeout's mcp_timeout (no duration asserted)
             assert err.value.end_reason == "mcp_protocol_error" and words in err.value.detail
-            assert time.perf_counter() - t0 < 30  # detected, not timed out
             assert (await env.reset(TASK)).tools  # a fresh server for the next episode
 
         asyncio.run(main())

@@ -39,9 +39,10 @@ def idle_keys(pool: KeyedPool) -> list:
 
 def test_prefetch_returns_at_once_and_an_episode_takes_the_prefetched_server():
     with slow_pool(4, delay_s=3.0) as pool:   # each start 3 s: returning within one start is "at once" on any load
-        t0 = time.perf_counter()
         future = pool.prefetch(["a", "b", "a"])  # "a" drawn twice: two servers
-        assert time.perf_counter() - t0 < 3.0  # the caller (the step) goes on while they start
+        # the caller (the step) goes on while they start: each start takes 3 s, so a prefetch
+        # that waited for them would return a finished future (no duration asserted)
+        assert not future.done()
 
         async def lease(key):  # arrives while its server is still starting: waits for that one
             server = await pool.acquire(key)

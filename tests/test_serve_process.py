@@ -47,7 +47,9 @@ def served():
 
 
 def _during(client, big_call) -> tuple[float, object]:
-    """(seconds a health request took while `big_call` ran in another thread, its outcome)."""
+    """(seconds a health request took while `big_call` ran in another thread, its outcome). The
+    seconds are reported, not asserted (issue 32: no test waits on a wall-clock threshold); a
+    blocked event loop shows as the suite's timeout."""
     outcome = {}
 
     def big():
@@ -69,9 +71,8 @@ def _during(client, big_call) -> tuple[float, object]:
 def test_a_25mb_body_gets_a_json_413_and_others_are_answered_meanwhile(served):
     _, client, _ = served
     text = "weather " * (25 * 1024 * 1024 // 8)
-    health, err = _during(client, lambda: client.chat.completions.create(
+    _, err = _during(client, lambda: client.chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": text}]))
-    assert health < 1.0, f"a health request took {health:.2f} s during a 25 MB request"
     assert isinstance(err, openai.APIStatusError) and err.status_code == 413, err
     assert err.body["code"] == "request_too_large" and "the limit is 8388608 bytes" in err.body["message"]
 
@@ -80,9 +81,8 @@ def test_a_5mb_body_gets_a_json_400_without_blocking_others(served):
     """Far over the context: refused from its byte count (ModelBackend._token_floor), untokenized."""
     _, client, _ = served
     text = "weather " * (5 * 1024 * 1024 // 8)  # under the body limit, far over the tiny model's context
-    health, err = _during(client, lambda: client.chat.completions.create(
+    _, err = _during(client, lambda: client.chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": text}]))
-    assert health < 1.0, f"a health request took {health:.2f} s during a 5 MB request"
     assert isinstance(err, openai.BadRequestError) and err.body["code"] == "context_length_exceeded", err
 
 
