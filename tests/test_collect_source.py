@@ -102,7 +102,17 @@ def test_one_trainer_step_over_the_collector(tiny_tokenizer, tmp_path):
     assert metrics["collect/trajectories"] == 4.0
     assert metrics["collect/groups_kept"] + metrics["collect/groups_dropped"] == len(source.last.groups) >= 4
     assert all(len(g.candidates) == 4 and g.candidates[0].logprobs.size > 0 for g in source.last.groups)
-    assert source.state_dict() == {"next_index": 4}
+    # the teacher's spend meter (issue 35): the step's usage counted, its totals in the source's
+    # state (the checkpoint), and a restored source counts on from them
+    used = source.last.metrics.teacher
+    assert used.http_calls > 0 and used.prompt_tokens > 0
+    state = source.state_dict()
+    assert state["next_index"] == 4 and state["meter"]["requests"] == used.http_calls
+    assert state["meter"]["prompt_tokens"] == used.prompt_tokens and state["meter"]["spend_usd"] == 0.0
+    assert metrics["collect/teacher/requests_total"] == used.http_calls and "collect/teacher/spend_usd" not in metrics
+    source.meter.load({"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "cache_hits": 0, "spend_usd": 0})
+    source.load_state_dict(state)
+    assert source.meter.state() == state["meter"] and source.stream.get_state()["next_index"] == 4
 
 
 def test_sampling_settings_have_one_source():
@@ -156,3 +166,19 @@ def test_a_teacher_that_answers_nothing_stops_the_run_after_max_outage_steps(tin
             with pytest.raises(RunStop, match="answered none of the task starts of 2 steps in a row"):
                 trainer.train_step()
     assert {r.end_reason for r in source.last.trajectories} == {"teacher_error"}
+
+
+def test_the_spend_meter_prices_tokens_and_adds_up():
+    """teacher.price = [2, 0.5, 10] USD per million: a step of 1,000 prompt and 200 completion
+    tokens costs (1000 x 2 + 200 x 10) / 1e6 = $0.004; totals add over steps."""
+    from actionopd_jax.collect.spend import SpendMeter
+    from actionopd_jax.teacher.base import UsageReport
+
+    meter = SpendMeter(price=(2.0, 0.5, 10.0))
+    step = UsageReport(http_calls=3, cache_hits=1, prompt_tokens=1000, completion_tokens=200)
+    first = meter.add(step)
+    assert first["teacher/spend_usd"] == pytest.approx(0.004) and first["teacher/spend_usd_total"] == pytest.approx(0.004)
+    second = meter.add(step)
+    assert second["teacher/spend_usd_total"] == pytest.approx(0.008) and second["teacher/requests_total"] == 6
+    assert meter.state() == {"requests": 6, "cache_hits": 2, "prompt_tokens": 2000, "completion_tokens": 400,
+                             "spend_usd": pytest.approx(0.008)}

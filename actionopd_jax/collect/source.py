@@ -28,6 +28,7 @@ from actionopd_jax.collect.collector import Collector, CollectResult, local_task
 from actionopd_jax.collect.config import CollectorConfig
 from actionopd_jax.collect.engine_worker import EngineSampling
 from actionopd_jax.collect.sampler_worker import SamplingSettings, sampler_fn
+from actionopd_jax.collect.spend import SpendMeter
 from actionopd_jax.config import Config, ConfigError
 from actionopd_jax.config.rollout import rollout_sampler
 from actionopd_jax.envs.registry import env_factory_from
@@ -296,6 +297,8 @@ class ActionOPDGroupSource:
             self._prefetch_next()  # the first step's servers start in the background, while the programs compile
         self.last: CollectResult | None = None
         self.max_outage_steps = cfg.collect.max_outage_steps
+        self.meter = SpendMeter(price=tuple(cfg.teacher.price))   # the teacher's tokens and money (spend.py)
+        self._meter_step: dict[str, float] = {}
         self._outage_steps = 0      # consecutive steps without one teacher answer (_watch_teacher)
 
     def collect(self, step: int, policy: Any) -> list[StateGroup]:
@@ -304,6 +307,7 @@ class ActionOPDGroupSource:
         load_behaviour(self.sampler, policy, self.ctx.mesh)
         self.last = self.collector.collect(tasks, step=step, process_index=self.ctx.process_index,
                                            process_count=self.ctx.process_count)
+        self._meter_step = self.meter.add(self.last.metrics.teacher)
         ends = step_ends(self.last)
         if self.ctx.process_count > 1:    # one decision on every process (they stop together)
             from actionopd_jax.train import distributed
@@ -346,15 +350,19 @@ class ActionOPDGroupSource:
                                                                             self.ctx.process_count)])
 
     def state_dict(self) -> dict[str, Any]:
-        return self.stream.get_state()
+        # the spend meter's totals ride along, so a resumed run counts on (spend.py)
+        return {**self.stream.get_state(), "meter": self.meter.state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        state = dict(state)
+        self.meter.load(state.pop("meter", {}))
         self.stream.set_state(state)
 
     def metrics(self) -> dict[str, float]:
         if self.last is None:
             return {}
-        return {k.removeprefix("collect/"): float(v) for k, v in self.last.metrics.as_dict().items()}
+        out = {k.removeprefix("collect/"): float(v) for k, v in self.last.metrics.as_dict().items()}
+        return {**out, **self._meter_step}
 
 
 def build_group_source(cfg: Config, ctx: Any) -> ActionOPDGroupSource:
