@@ -181,4 +181,48 @@ def test_the_spend_meter_prices_tokens_and_adds_up():
     second = meter.add(step)
     assert second["teacher/spend_usd_total"] == pytest.approx(0.008) and second["teacher/requests_total"] == 6
     assert meter.state() == {"requests": 6, "cache_hits": 2, "prompt_tokens": 2000, "completion_tokens": 400,
-                             "spend_usd": pytest.approx(0.008)}
+                             "spend_usd": pytest.approx(0.008), "last_step_usd": pytest.approx(0.004),
+                             "last_step_tokens": 1200}
+    assert meter.budget_figures() == [pytest.approx(0.008), pytest.approx(0.004), 2400.0, 1200.0]
+
+
+def test_a_budget_stops_the_run_before_a_step_that_could_pass_it_with_the_state_saved(tiny_tokenizer, tmp_path):
+    """Issue 35 item 3: run.budget_usd against the teacher's priced usage (a loopback server
+    that reports usage). Step 0 runs (nothing spent yet); before step 1, spent + what step 0
+    took passes the cap: the run stops at that boundary, saved, exit 3, with a message saying
+    what was spent and how to go on; resumed with a raised cap, it goes on from step 1 with the
+    meter's totals carried."""
+    from actionopd_jax.checkpoint import Checkpointer
+    from actionopd_jax.train.loop import BUDGET_EXIT_CODE, Trainer
+    from actionopd_jax.train.setup import build_mesh, model_config
+    from actionopd_jax.train.sources import SourceContext
+
+    def run(budget: float):
+        cfg = replace_keys(_cfg(), **{"run.dir": str(tmp_path / "run"), "train.steps": 3, "checkpoint.every_steps": 0,
+                                      "checkpoint.async_save": False, "teacher.price": [1000.0, 0.0, 1000.0],
+                                      "run.budget_usd": budget})
+        ctx = SourceContext(model_config=model_config(cfg), run_dir=str(tmp_path / "run"), tokenizer_path="",
+                            process_index=0, process_count=1, mesh=build_mesh(cfg))
+        tasks = [toy_task(f"t{i}", f"budget{i}") for i in range(12)]
+        with serve(teacher_backend(Script({}, {})), judge_backend()) as server:
+            source = ActionOPDGroupSource(cfg, ctx, teacher=make_teacher(server), matcher=make_matcher(server),
+                                          stream=ListTaskStream(tasks, per_step=4), env_factory=lambda task: ToyEnv(),
+                                          tokenizer=tiny_tokenizer,
+                                          buckets=Buckets(prompt_len=(1024,), prompts=(4,), samples=(4,),
+                                                          max_new=(16,), max_rows=16))
+            trainer = Trainer(cfg, run_dir=tmp_path / "run", source=source, resume="latest" if budget > 1 else None)
+            try:
+                return trainer, trainer.run(), source
+            finally:
+                trainer.close()
+
+    trainer, code, source = run(budget=0.3)     # $1,000 per million tokens: a step here costs ~$0.2
+    assert code == BUDGET_EXIT_CODE and trainer.step == 1
+    assert trainer.stop_message.startswith("budget: the teacher has cost $") and "before it" in trainer.stop_message
+    spent = source.meter.spend_usd
+    assert spent <= 0.3 < 2 * spent and source.meter.last_step_usd == pytest.approx(spent)   # one step spent
+    ckpt = Checkpointer(tmp_path / "run" / "checkpoints", read_only=True)
+    assert ckpt.steps() == [1]
+    ckpt.close()
+    trainer, code, source = run(budget=1e9)     # raised: goes on from step 1 to the end
+    assert code == 0 and trainer.step == 3 and source.meter.spend_usd > spent

@@ -349,6 +349,9 @@ class ActionOPDGroupSource:
             self.collector.prefetch([upcoming[i] for i in local_task_starts(len(upcoming), self.ctx.process_index,
                                                                             self.ctx.process_count)])
 
+    def budget_figures(self) -> list[float]:
+        return self.meter.budget_figures()
+
     def state_dict(self) -> dict[str, Any]:
         # the spend meter's totals ride along, so a resumed run counts on (spend.py)
         return {**self.stream.get_state(), "meter": self.meter.state()}

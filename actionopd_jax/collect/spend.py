@@ -23,6 +23,8 @@ class SpendMeter:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     spend_usd: float = 0.0
+    last_step_usd: float = 0.0       # what the last step took: the budget check's forecast
+    last_step_tokens: int = 0
 
     def add(self, step: UsageReport) -> dict[str, float]:
         """Count one step's usage; returns its figures and the totals, as metrics."""
@@ -33,6 +35,7 @@ class SpendMeter:
         self.prompt_tokens += step.prompt_tokens
         self.completion_tokens += step.completion_tokens
         self.spend_usd += spend
+        self.last_step_usd, self.last_step_tokens = spend, step.prompt_tokens + step.completion_tokens
         out = {"teacher/requests_total": float(self.requests), "teacher/prompt_tokens_total": float(self.prompt_tokens),
                "teacher/completion_tokens_total": float(self.completion_tokens),
                "teacher/cache_hits_total": float(self.cache_hits)}
@@ -45,10 +48,16 @@ class SpendMeter:
 
     def load(self, state: dict[str, Any]) -> None:
         for k, v in state.items():
-            if k in ("requests", "cache_hits", "prompt_tokens", "completion_tokens"):
+            if k in ("requests", "cache_hits", "prompt_tokens", "completion_tokens", "last_step_tokens"):
                 setattr(self, k, int(v))
-            elif k == "spend_usd":
-                self.spend_usd = float(v)
+            elif k in ("spend_usd", "last_step_usd"):
+                setattr(self, k, float(v))
+
+    def budget_figures(self) -> list[float]:
+        """[spent USD, the last step's USD, tokens, the last step's tokens] (train/loop.py's
+        budget check sums them over processes)."""
+        return [self.spend_usd, self.last_step_usd, float(self.prompt_tokens + self.completion_tokens),
+                float(self.last_step_tokens)]
 
 
 __all__ = ["SpendMeter"]

@@ -213,6 +213,8 @@ def train(cfg: Config, args) -> int:
     first = trainer.step
     try:
         code = trainer.run()
+        if getattr(trainer, "stop_message", ""):
+            print(f"actionopd train: stopped: {trainer.stop_message}", file=sys.stderr)
         if args.smoke:
             code = code or _verify_smoke(trainer, trained=trainer.step - first)
     finally:

@@ -285,6 +285,11 @@ class RunConfig:
     # ~/.cache/actionopd_jax/jax_compile; "none": off); see actionopd_jax/compile_cache.py
     compile_cache_dir: str = ""
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    # caps on the teacher's spend (USD, needs teacher.price) and tokens (prompt + completion),
+    # over the whole run (resumes included); 0: none. Checked before each step against what the
+    # last step took: the run stops at a step boundary, saved, exit 3; raise the cap and rerun
+    budget_usd: float = 0.0
+    budget_teacher_tokens: int = 0
 
 
 @dataclass(frozen=True)
@@ -415,6 +420,8 @@ RESUME_SAFE_PREFIXES: tuple[str, ...] = (
     # pool paths: a moved directory is the same experiment (the mixture stream's fingerprint
     # covers the admitted tasks themselves, so changed content still refuses to resume)
     "env.awm_dir", "env.envscaler_dir", "env.manifest",
+    # what the teacher costs and how much of it a run may spend: the experiment is the same
+    "run.budget_", "teacher.price", "matcher.price", "env.user_price", "collect.max_outage_steps",
 )
 
 

@@ -39,6 +39,7 @@ from actionopd_jax.train.sources import GroupSource, Policy, SourceContext
 log = logging.getLogger(__name__)
 
 SIGTERM_EXIT_CODE = 143  # 128 + SIGTERM: "stopped early, state saved"
+BUDGET_EXIT_CODE = 3     # run.budget_*: stopped before a step that could pass the cap, state saved
 
 
 def host_scalar(x) -> float:
@@ -160,8 +161,16 @@ class Trainer:
         bar = tqdm(total=cfg.train.steps, initial=self.step, desc="train", unit="step",
                    disable=not (self.primary and cfg.run.progress), dynamic_ncols=True)
         code = 0
+        self.stop_message = ""   # why the run stopped early (run.budget_*), for the CLI
         try:
             while self.step < cfg.train.steps:
+                reason = self._budget_stop()
+                if reason:
+                    self.save()
+                    self.stop_message = reason
+                    log.error("%s", reason)
+                    code = BUDGET_EXIT_CODE
+                    break
                 metrics = self.train_step()
                 if on_step is not None:
                     on_step(self.step, metrics)
@@ -183,6 +192,25 @@ class Trainer:
             self.ckpt.wait()
             restore_handler()
         return code
+
+    def _budget_stop(self) -> str | None:
+        """Why the next step must not start: the teacher's spend or tokens so far (every
+        process's, resumes included) plus what the last step took would pass run.budget_*."""
+        r = self.cfg.run
+        figures = getattr(self.source, "budget_figures", None)
+        if not (r.budget_usd or r.budget_teacher_tokens) or figures is None:
+            return None
+        spent, last, tokens, last_tokens = distributed.allgather(np.asarray(figures(), np.float64)).sum(axis=0)
+        how = (f"Saved at step {self.step}; raise the cap and rerun the command to go on from here (cached teacher "
+               "samples are reused)")
+        if r.budget_usd and spent + last > r.budget_usd:
+            return (f"budget: the teacher has cost ${spent:,.4f} of run.budget_usd=${r.budget_usd:,.4f}, and the last "
+                    f"step took ${last:,.4f}: step {self.step} could pass the cap, so the run stops before it. {how}")
+        if r.budget_teacher_tokens and tokens + last_tokens > r.budget_teacher_tokens:
+            return (f"budget: the teacher has used {tokens:,.0f} of run.budget_teacher_tokens={r.budget_teacher_tokens:,} "
+                    f"tokens, and the last step took {last_tokens:,.0f}: step {self.step} could pass the cap, so the "
+                    f"run stops before it. {how}")
+        return None
 
     def train_step(self) -> dict[str, float]:
         """One collection step and its updates; returns the step's metrics."""
