@@ -228,6 +228,20 @@ class OpenAIServer:
         self.port = port
         self.base_url = f"http://{host}:{port}/v1"
 
+    async def _shutdown(self) -> None:
+        """aiohttp's cleanup (no new connections; requests in flight get SHUTDOWN_GRACE_S), then
+        whatever is still running is cancelled: aiohttp alone let a request that never ends
+        hold the shutdown past twice its grace (issue 34)."""
+        try:
+            await asyncio.wait_for(self._runner.cleanup(), SHUTDOWN_GRACE_S + 1)
+        except (asyncio.TimeoutError, asyncio.CancelledError):
+            pass
+        me = asyncio.current_task()
+        left = [t for t in asyncio.all_tasks() if t is not me and not t.done()]
+        for task in left:
+            task.cancel()
+        await asyncio.gather(*left, return_exceptions=True)
+
     def start(self) -> str:
         """Start in a background thread; returns the base URL (`http://127.0.0.1:PORT/v1`)."""
         if self._thread is not None:
@@ -248,7 +262,7 @@ class OpenAIServer:
                 return
             ready.set()
             loop.run_forever()
-            loop.run_until_complete(self._runner.cleanup())
+            loop.run_until_complete(self._shutdown())
             loop.close()
 
         self._thread = threading.Thread(target=run, name="openai-http", daemon=True)
@@ -269,17 +283,20 @@ class OpenAIServer:
 
     def serve_forever(self) -> None:
         """Blocking run for the CLI. Ctrl-C or SIGTERM stops it cleanly: no new connections,
-        requests in flight get SHUTDOWN_GRACE_S to finish, then are cancelled. A second signal
-        during that ends the process at once (exit 1), as does a shutdown that outlasts its
-        limit: never the interpreter's own exit with device threads still running, which
-        aborted the process (exit 134, issue 34)."""
+        requests in flight get SHUTDOWN_GRACE_S to finish, then are cancelled, and the process
+        exits 0. A second signal during that changes nothing (it is acknowledged: issue 34 saw
+        one abort the process, exit 134). A shutdown that still outlasts its limit ends the
+        process at once (exit 1), never through the interpreter's own exit with device threads
+        running, which is what aborted."""
         import signal
 
         stop = threading.Event()
 
         def on_signal(signum, _frame):
-            if stop.is_set():   # the second one: the operator wants out now
-                _exit_now(f"second {signal.Signals(signum).name}: exiting now, requests in flight are dropped")
+            if stop.is_set():
+                print(f"{signal.Signals(signum).name} again: already shutting down; requests in flight end within "
+                      f"{SHUTDOWN_GRACE_S:g} s", flush=True)
+                return
             stop.set()
 
         previous = signal.signal(signal.SIGTERM, on_signal)
