@@ -38,12 +38,15 @@ def test_serve_subprocess_with_bearer_token():
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
     try:
         deadline = time.time() + 120
-        line = ""
+        line, seen = "", []
         while time.time() < deadline:
             line = proc.stdout.readline()
+            seen.append(line)
             if "serving" in line or not line:
                 break
         assert f"http://127.0.0.1:{port}/v1" in line, line
+        # the programs are compiled before the port reports ready (issue 34 item 9)
+        assert any(x.startswith("warm-up: the first request's programs compiled in") for x in seen), seen
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="s3cret-for-test", max_retries=0)
         assert [m.id for m in client.models.list()] == ["tiny"]
         r = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], n=2)

@@ -398,3 +398,23 @@ def test_a_stop_string_ends_the_engine_request_early(served):
         else:
             assert r.choices[0].message.content == "Hello!" and r.choices[0].finish_reason == "stop"
     assert backend.sampler.stats.generated_tokens - before < LONG // 4
+
+
+def test_warm_up_compiles_what_the_first_request_needs(served):
+    """Issue 34 item 9: serve compiled on its first request. `warm_up` (run by `actionopd serve`
+    before it reports ready, unless --no-warmup) compiles the programs; the first real request
+    then compiles nothing (an engine of shapes no other test uses, so nothing is cached)."""
+    import asyncio
+
+    from actionopd_jax.serve.requests import ChatRequest
+
+    _, backend, tokenizer = served
+    engine = Engine(backend.sampler.model, eos_ids=end_token_ids(tokenizer),
+                    config=EngineConfig(slots=3, page_size=16, max_len=MAX_CONTEXT, chunk=64, prefill_lanes=1, segment=5))
+    fresh = ModelBackend(engine, tokenizer, model_name="fresh", default_max_tokens=8)
+    assert engine.compile_count == 0
+    assert fresh.warm_up() > 0
+    compiled = engine.compile_count
+    assert compiled >= 2, compiled                      # a prefill chunk and a decode segment at least
+    asyncio.run(fresh.complete(ChatRequest(model="fresh", messages=CHAT_CONVERSATION, max_tokens=8)))
+    assert engine.compile_count == compiled

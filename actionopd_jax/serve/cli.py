@@ -51,6 +51,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="larger request bodies get a 413 before they are parsed (default 8)")
     p.add_argument("--batch-window-ms", type=float, default=5.0,
                    help="how long a request waits for others to share its device call")
+    p.add_argument("--no-warmup", action="store_true",
+                   help="skip the warm-up request that compiles the programs before the port reports ready")
     p.add_argument("--sampler", choices=("engine", "static"), default="engine",
                    help="engine (default): continuous batching, requests join and leave between segments and "
                         "stream token by token; static: batched calls of the static sampler, streamed at the end")
@@ -113,6 +115,8 @@ def main(argv: list[str]) -> int:
                                    batch_window_s=args.batch_window_ms / 1000.0, enable_thinking=args.enable_thinking,
                                    segment_tokens=args.segment_tokens or 256)
             backend.source = dict(loaded)
+            if not args.no_warmup:
+                print(f"warm-up: the first request's programs compiled in {backend.warm_up():.1f} s", flush=True)
             server = OpenAIServer(backend, host=args.host, port=args.port, api_key_env=args.api_key_env,
                                   max_body_bytes=int(args.max_body_mb * 1024 * 1024))
         except ValueError as e:

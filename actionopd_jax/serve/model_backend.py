@@ -184,6 +184,18 @@ class ModelBackend:
         events = await open_stream(self, req, prompt_ids, forced, max_new, temperature, top_p, request_key(req.seed))
         return int(prompt_ids.size), events
 
+    def warm_up(self) -> float:
+        """One short request before the server reports ready, so its programs (prefill, decode)
+        are compiled then and not on a client's first request (issue 34: a 3.6 s stall on the
+        tiny model, tens of seconds for 4B on a GPU). Returns its seconds."""
+        import time
+
+        t0 = time.perf_counter()
+        req = ChatRequest(model=self.model_name, messages=[{"role": "user", "content": "warm-up"}], max_tokens=2,
+                          temperature=0.0)
+        asyncio.run(self.complete(req))
+        return time.perf_counter() - t0
+
     async def complete(self, req: ChatRequest) -> tuple[list[ChatChoice], int]:
         if self.runner is not None:
             prompt_tokens, events = await self.stream(req)
