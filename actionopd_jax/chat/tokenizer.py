@@ -248,8 +248,19 @@ def _file_digest(path: Path) -> str:
 
 
 def build_qwen3_tokenizer(out_dir: str | Path) -> Path:
-    """Build the real Qwen3 tokenizer offline into `out_dir` (reused if already built)."""
+    """Build the real Qwen3 tokenizer offline into `out_dir` (reused if already built). Several
+    processes may ask at once (test workers, a run's hosts sharing a home): one builds under a
+    file lock while the others wait, so none reads a half-written tokenizer.json."""
+    import fcntl
+
     out_dir = Path(out_dir)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    with open(out_dir.parent / f".{out_dir.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _build_qwen3_tokenizer(out_dir)
+
+
+def _build_qwen3_tokenizer(out_dir: Path) -> Path:
     rank_path = qwen_tiktoken_path()
     stamp = {
         "kind": "qwen3",
