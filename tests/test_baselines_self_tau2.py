@@ -30,7 +30,8 @@ def test_recipe_is_b5_eight_starts_per_domain_current_weights_4k_self_teacher():
     assert cfg.teacher.kind == "self" and cfg.collect.kind == "actionopd" and cfg.train.loss == "actionopd"
     s = self_teacher_settings(cfg)  # table 8 "Self Teacher": thinking, T 0.6, p 0.95, k 20, 4k
     assert (s.temperature, s.top_p, s.top_k, s.max_new_tokens, s.enable_thinking) == (0.6, 0.95, 20, 4096, True)
-    assert s.max_prompt_tokens == cfg.collect.max_prompt_tokens + TEACHER_EXTRA_TOKENS == 4096 + 4096
+    # B.5: student prompts up to 24,576 tokens, the teacher's (with its privileged summary) 28,672
+    assert s.max_prompt_tokens == cfg.collect.max_prompt_tokens + TEACHER_EXTRA_TOKENS == 24576 + 4096 == 28672
     assert (cfg.collect.num_candidates, cfg.collect.teacher_samples) == (4, 3)
     starts = train_task_stream(cfg).next_step()
     assert Counter(t.env for t in starts) == {"tau2_airline": 8, "tau2_retail": 8, "tau2_telecom": 8}

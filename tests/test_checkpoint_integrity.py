@@ -114,7 +114,7 @@ def test_a_damaged_step_without_manifest_falls_back_in_one_line_and_a_named_one_
     assert "[1, 2]" not in named.stdout
 
 
-def test_scores_say_which_step_they_scored_after_a_fallback(saved, tmp_path):
+def test_scores_say_which_step_they_scored_after_a_fallback(saved, tmp_path, capsys):
     from actionopd_jax.eval import cli as eval_cli
 
     run = _copy(saved, tmp_path)
@@ -122,7 +122,9 @@ def test_scores_say_which_step_they_scored_after_a_fallback(saved, tmp_path):
     out = tmp_path / "eval"
     args = ["--checkpoint", str(run), "--bench", "bfcl:base", "--limit", "1", "--max-new-tokens", "4",
             "--no-progress", "--out", str(out)]
-    assert eval_cli.main(args) == 0
+    # the tiny model's context cannot hold a BFCL prompt: scored, written, and said (exit 1)
+    assert eval_cli.main(args) == 1
+    assert "episodes ended before the agent's first action" in capsys.readouterr().err
     want = {"checkpoint": str(run), "step": 1, "step_dir": str(run / "checkpoints" / "1"), "fallback_from": 2,
             "verified": True}
     assert json.loads((out / "results.json").read_text())["evaluated"] == want

@@ -9,10 +9,11 @@ import json
 import time
 from collections import Counter
 from pathlib import Path
-from types import SimpleNamespace
 
 import pytest
 
+from actionopd_jax.collect.collector import CollectResult
+from actionopd_jax.collect.metrics import StepMetrics
 from actionopd_jax.config import EnvConfig, MatcherConfig
 from actionopd_jax.config.load import load_config
 from actionopd_jax.envs.awm.factory import awm_env_factory
@@ -210,7 +211,8 @@ def test_the_runs_source_builds_awm_episodes_with_judge_evidence_and_a_warm_pool
             warm_for_next_step()
             # the device collection is replaced here: it is not what this checks
             monkeypatch.setattr("actionopd_jax.collect.source.load_behaviour", lambda *a: None)
-            monkeypatch.setattr(source.collector, "collect", lambda tasks, **kw: SimpleNamespace(groups=[]))
+            monkeypatch.setattr(source.collector, "collect", lambda tasks, **kw: CollectResult(
+                step=0, groups=[], group_starts=[], trajectories=[], metrics=StepMetrics()))
             source.collect(0, None)
             warm_for_next_step()
         finally:

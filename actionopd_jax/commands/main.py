@@ -32,7 +32,9 @@ def _usage() -> str:
 
 def main(argv: list[str] | None = None) -> int:
     try:
-        return _main(argv)
+        code = _main(argv)
+        sys.stdout.flush()   # inside the try: a reader gone by now is a BrokenPipeError here, not at exit
+        return code
     except BrokenPipeError:
         # the reader went away (`actionopd --help | head`): nothing left to say, and no
         # traceback; stdout goes to /dev/null so the interpreter's final flush is quiet too
