@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 from pathlib import Path
 from typing import Any
 
@@ -217,10 +216,9 @@ def check_collection(cfg: Config) -> None:
         if cfg.kd.trajectories:
             kd.load_trajectories(cfg.kd.trajectories, min_reward=cfg.kd.min_reward)
         else:  # the teacher runs every step, on the run's task stream
-            if not cfg.teacher.api_key_env or os.environ.get(cfg.teacher.api_key_env):
-                endpoint_agent(cfg)
-            else:   # a planning host need not hold the secret (`--check` names it, commands/train.py)
-                endpoint_agent(dataclasses.replace(cfg, teacher=dataclasses.replace(cfg.teacher, api_key_env="")))
+            # its settings, not its secret: a planning host need not hold the key (`--check` names
+            # a missing one, commands/train.py; the run refuses without it)
+            endpoint_agent(dataclasses.replace(cfg, teacher=dataclasses.replace(cfg.teacher, api_key_env="")))
             source.train_task_stream(cfg)
             env_factory_from(cfg.env)
         return

@@ -308,10 +308,9 @@ class Collector:
             if failure or not batch.samples:
                 student_call.cancel()  # withdraw the state if the worker has not taken it yet
                 await asyncio.gather(student_call, return_exceptions=True)
-                # every slot lost to transport errors: the teacher did not answer (an outage, not
-                # invalid replies), which source._watch_teacher counts
-                lost = batch.requested > 0 and batch.transport_failures >= batch.requested
-                return _Decision(outcome=None, end_reason=failure or ("teacher_error" if lost else "no_supervision"))
+                # an unanswered state is an outage (source._watch_teacher counts them), not invalid replies
+                reason = failure or ("teacher_error" if batch.unanswered else "no_supervision")
+                return _Decision(outcome=None, end_reason=reason)
             generations = await student_call
         except BaseException:
             teacher_call.cancel()

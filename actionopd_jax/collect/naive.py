@@ -39,8 +39,7 @@ async def collect_sequential(collector: Collector, starts: Sequence[tuple[int, T
             rec.decisions += 1
             batch, failure = await collector._teacher_samples(task, prompt, rec)
             if failure or not batch.samples:
-                lost = batch.requested > 0 and batch.transport_failures >= batch.requested
-                rec.end_reason = failure or ("teacher_error" if lost else "no_supervision")   # as the collector
+                rec.end_reason = failure or ("teacher_error" if batch.unanswered else "no_supervision")   # as the collector
                 env.end(rec.end_reason)
                 break
             t_s = time.perf_counter()

@@ -213,7 +213,7 @@ def train(cfg: Config, args) -> int:
     first = trainer.step
     try:
         code = trainer.run()
-        if getattr(trainer, "stop_message", ""):
+        if trainer.stop_message:
             print(f"actionopd train: stopped: {trainer.stop_message}", file=sys.stderr)
         if args.smoke:
             code = code or _verify_smoke(trainer, trained=trainer.step - first)

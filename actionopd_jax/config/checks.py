@@ -127,10 +127,16 @@ def validate(cfg: Config) -> None:
         except (KeyError, TypeError, ValueError, AttributeError):
             if not errors:   # a check tripping over a value already reported wrong says nothing new
                 raise
-    if len(errors) == 1:
-        raise ConfigError(errors[0])
-    if errors:
-        raise ConfigProblems(errors)
+    _raise_all(errors)
+
+
+def _raise_all(problems: list[str]) -> None:
+    """Nothing when `problems` is empty; one ConfigError as before for one; ConfigProblems
+    naming each for several."""
+    if len(problems) == 1:
+        raise ConfigError(problems[0])
+    if problems:
+        raise ConfigProblems(problems)
 
 
 class ConfigProblems(ConfigError):
@@ -172,10 +178,7 @@ def _validate_endpoints(cfg: Config) -> None:
             key, value, off = ((f"{prefix}top_k", top_k, f"{prefix}top_k: 0") if setting == "top_k" else
                                (f"{prefix}enable_thinking", thinking, f"{prefix}enable_thinking: null"))
             refused.append(refusal(provider, setting, value, key=key, off=off, provider_key=provider_key))
-    if len(refused) == 1:
-        raise ConfigError(refused[0])
-    if refused:
-        raise ConfigProblems(refused)
+    _raise_all(refused)
     m = cfg.matcher
     if m.context_chars < 0 or m.format_retries < 0:
         raise ConfigError(f"matcher.context_chars and matcher.format_retries must be >= 0, got "

@@ -309,8 +309,8 @@ class OpenAIServer:
                 pass
         finally:
             stop.set()
-            print(f"shutting down: requests in flight get {SHUTDOWN_GRACE_S:g} s to finish (a second signal exits "
-                  "now)", flush=True)
+            print(f"shutting down: requests in flight get {SHUTDOWN_GRACE_S:g} s to finish, then are cancelled",
+                  flush=True)
             thread = self._thread
             self.stop()
             if thread is not None and thread.is_alive():

@@ -54,6 +54,12 @@ class TeacherBatch:
     invalid_reasons: list[str] = field(default_factory=list)
 
     @property
+    def unanswered(self) -> bool:
+        """Every slot lost to transport errors: the teacher did not answer (an outage), as
+        opposed to answering with invalid replies."""
+        return self.requested > 0 and self.transport_failures >= self.requested
+
+    @property
     def cacheable(self) -> bool:
         """Only an answer where every slot reached a verdict (valid, or invalid after all
         regenerations) is a property of the state; transport losses are not."""
