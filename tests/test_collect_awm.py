@@ -145,7 +145,8 @@ def test_eval_on_the_heldout_tasks_prints_verifier_success(manifest, tmp_path, c
 
     with serve(judge_backend()) as server:
         code = main(["--reference", "--bench", "awm:heldout", "--manifest", str(manifest), "--judge-url",
-                     server.base_url, "--judge-model", "judge", "--out", str(tmp_path / "out"), "--no-progress"])
+                     server.base_url, "--judge-model", "judge", "--trials", "1", "--out", str(tmp_path / "out"),
+                     "--no-progress"])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "| benchmark | group | episodes | success |" in out.splitlines()[0].replace(" pass^1 | reward |", "")

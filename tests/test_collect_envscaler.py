@@ -163,7 +163,7 @@ def test_eval_on_held_out_envscaler_tasks_prints_success(tmp_path, capsys):
     with serve(ScriptedBackend("user", user)) as server:
         code = main(["eval", "--reference", "--bench", f"envscaler:{ES}:{','.join(HELD_OUT)}", "--out", str(tmp_path),
                      "--user-sim-url", server.base_url, "--user-sim-model", "user", "--user-sim-temperature", "1.0",
-                     "--no-progress"])
+                     "--user-sim-provider", "actionopd", "--trials", "1", "--no-progress"])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "| benchmark | group | episodes | success | pass^1 | reward |" in out
@@ -191,6 +191,6 @@ def test_tiny_train_on_the_mixture_then_eval_on_held_out_tasks(tmp_path, tiny_to
     assert {t["env"] for t in trained} == {"awm", "envscaler"} and not {t["task_id"] for t in trained} & set(HELD_OUT)
     capsys.readouterr()
     assert main(["eval", "--checkpoint", str(run_dir), "--bench", f"envscaler:{ES}:mini_locker_2,mini_clinic_2",
-                 "--max-new-tokens", "16", "--out", str(tmp_path / "eval"), "--no-progress"]) == 0
+                 "--max-new-tokens", "16", "--trials", "1", "--out", str(tmp_path / "eval"), "--no-progress"]) == 0
     out = capsys.readouterr().out
     assert "| benchmark | group | episodes | success |" in out and "| envscaler | eval | 2 |" in out

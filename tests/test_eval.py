@@ -135,7 +135,11 @@ def test_eval_cli_on_a_tiny_hf_student(tmp_path):
     short = next(t for t in select_tasks("bfcl:base")
                  if len(render_ids(tok, *_opening(t))) < 3500)
     args = eval_cli.build_parser().parse_args(common + ["--out", str(tmp_path / "unused")])
-    agent = BackendAgent(eval_cli.model_backend(args), max_tokens=8)
+    settings = eval_cli.resolve_settings(args)
+    backend = eval_cli.model_backend(args, settings)
+    # table 8: the student is evaluated with thinking on (its chat template's switch), as trained
+    assert backend.enable_thinking is True and settings.model.max_tokens == 8
+    agent = BackendAgent(backend, max_tokens=8)
     records, errors = asyncio.run(run_eval(agent, [short], _make_env, tmp_path / "fit.jsonl", progress=False))
     assert errors == [] and records[0]["actions"] >= 1 and records[0]["end_reason"] != "context_budget"
     assert records[0]["score"]["official"] == 0.0  # random weights

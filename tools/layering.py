@@ -44,6 +44,7 @@ LAYERS: dict[str, int] = {
     "config.experiment": 0,  # the experiment *section* dataclass
     "config.method": 0,  # the objective / group-source pairing rule
     "config.rollout": 0,  # which rollout path (engine or static) "auto" means on each platform
+    "config.eval_section": 0,  # the `eval:` section: table 8's evaluation rows and B.3's limits
     "aot": 1,
     "chat": 2,
     "model": 3,  # includes model.attention and the runtime options

@@ -14,7 +14,7 @@ import sys
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "train": ("actionopd_jax.commands.train", "train a student with ActionOPD (or a baseline)"),
     "compare": ("actionopd_jax.experiment.compare_cli", "equal-budget comparison: ActionOPD vs KD vs ablations"),
-    "eval": ("actionopd_jax.eval.cli", "evaluate a checkpoint or endpoint on BFCL / tau2"),
+    "eval": ("actionopd_jax.commands.eval", "evaluate a checkpoint or endpoint on BFCL / tau2"),
     "serve": ("actionopd_jax.serve.cli", "OpenAI-compatible server over a checkpoint"),
     "export": ("actionopd_jax.train.export_cli", "write a checkpoint as HF safetensors"),
     "generate": ("actionopd_jax.sampling.cli", "sample from a checkpoint (smoke test)"),

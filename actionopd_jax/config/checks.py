@@ -118,7 +118,7 @@ def validate(cfg: Config) -> None:
         need(len(price) in (0, 3) and all(float(x) >= 0 for x in price),
              f"{key}={list(price)}: expected [] or three USD prices per million tokens >= 0: [input, cached input, "
              "output]")
-    for check in (check_method, _validate_endpoints, lambda c: _validate_pools(c.env),
+    for check in (check_method, _validate_endpoints, _validate_eval, lambda c: _validate_pools(c.env),
                   lambda c: _validate_experiment(c.experiment)):
         try:
             check(cfg)
@@ -162,7 +162,38 @@ def _endpoint_roles(cfg: Config) -> list[tuple[str, str, str, int, bool | None]]
     if e.user_model or e.user_base_url:
         roles.append(("env.user_", "env.user_provider", e.user_provider or "openai", e.user_top_k,
                       e.user_enable_thinking))
+    # `actionopd eval --config`: the tau2 evaluation user once named, a directly evaluated
+    # teacher once its provider is (an unnamed provider is checked when `eval --endpoint` runs)
+    u, et = cfg.eval.user, cfg.eval.teacher
+    if u.model or u.base_url:
+        roles.append(("eval.user.", "eval.user.provider", u.provider or "openai", u.top_k, u.enable_thinking))
+    if et.provider:
+        roles.append(("eval.teacher.", "eval.teacher.provider", et.provider, et.top_k, et.enable_thinking))
     return roles
+
+
+def _validate_eval(cfg: Config) -> None:
+    """The `eval:` section (config/eval_section.py): benchmark specs parse, counts and limits
+    are positive, sampling values are in range; every problem is reported at once."""
+    from actionopd_jax.eval.tasks import spec_problem
+
+    ev = cfg.eval
+    problems = [f"eval.benchmarks: {p}" for p in map(spec_problem, ev.benchmarks) if p]
+    for key, v in (("eval.trials", ev.trials), ("eval.bfcl_trials", ev.bfcl_trials),
+                   ("eval.bfcl_max_steps_per_turn", ev.bfcl_max_steps_per_turn),
+                   ("eval.student.max_tokens", ev.student.max_tokens), ("eval.teacher.max_tokens", ev.teacher.max_tokens),
+                   ("eval.user.max_tokens", ev.user.max_tokens)):
+        if v < 1:
+            problems.append(f"{key} must be >= 1, got {v}")
+    for role in ("student", "teacher", "user"):
+        r = getattr(ev, role)
+        if r.temperature is not None and r.temperature < 0:
+            problems.append(f"eval.{role}.temperature must be >= 0 (0: greedy), got {r.temperature}")
+        if r.top_p is not None and not 0 < r.top_p <= 1:
+            problems.append(f"eval.{role}.top_p must be in (0, 1] or null, got {r.top_p}")
+        if r.top_k is not None and r.top_k < 0:
+            problems.append(f"eval.{role}.top_k must be >= 0 or null, got {r.top_k}")
+    _raise_all(problems)
 
 
 def _validate_endpoints(cfg: Config) -> None:

@@ -19,7 +19,7 @@ from actionopd_jax.config.checks import validate
 from actionopd_jax.config.errors import ConfigError
 from actionopd_jax.config.files import read_config_file
 from actionopd_jax.config.schema import (RESUME_SAFE_PREFIXES, Config, build_section, experiment_changes, flatten,
-                                         suggest)
+                                         retired_key, suggest)
 
 # the resume comparison is defined with the schema (the trainer reads it there); named here too
 __all__ = ["RESUME_SAFE_PREFIXES", "experiment_changes", "flatten", "from_dict", "load_config", "parse_override",
@@ -43,6 +43,8 @@ def set_dotted(tree: dict[str, Any], dotted: dict[str, Any]) -> dict[str, Any]:
     closest valid one."""
     valid = sorted(flatten(Config().to_dict()))
     for key, value in dotted.items():
+        if retired_key(key, value):
+            continue
         parts = key.split(".")
         node = tree
         for part in parts[:-1]:

@@ -26,6 +26,7 @@ from typing import Any
 import yaml
 
 from actionopd_jax.config.errors import ConfigError
+from actionopd_jax.config.eval_section import RETIRED_EVAL_KEYS, EvalConfig
 from actionopd_jax.config.experiment import ExperimentConfig
 
 
@@ -246,14 +247,6 @@ class EnvConfig:
 
 
 @dataclass(frozen=True)
-class EvalConfig:
-    every_steps: int = 0  # 0: no evaluation during training
-    benchmarks: tuple[str, ...] = ()
-    trials: int = 1
-    max_tokens: int = 4096
-
-
-@dataclass(frozen=True)
 class CheckpointConfig:
     every_steps: int = 1
     keep: int = 3
@@ -377,6 +370,19 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
     raise ConfigError(f"{where}: unsupported field type {hint}")
 
 
+def retired_key(dotted: str, value: Any) -> bool:
+    """True for a key the schema no longer has, given the value that meant what the code does
+    now (an older config, or a run's saved config.yaml, loads unchanged: the key is dropped);
+    ConfigError saying where the setting went for any other value; False for any other key."""
+    section, _, key = dotted.partition(".")
+    if section != "eval" or key not in RETIRED_EVAL_KEYS:
+        return False
+    meant, where = RETIRED_EVAL_KEYS[key]
+    if value == meant:
+        return True
+    raise ConfigError(f"{dotted}={value!r} is no longer a setting: {where}")
+
+
 def build_section(cls, data: dict[str, Any], prefix: str):
     """`cls` (a section dataclass or `Config`) from a plain tree, keys and types checked; the
     cross-field checks are not run here (config.load.from_dict runs them)."""
@@ -387,6 +393,8 @@ def build_section(cls, data: dict[str, Any], prefix: str):
     kwargs = {}
     for key, value in data.items():
         full = f"{prefix}{key}"
+        if key not in names and retired_key(full, value):
+            continue
         if key not in names:
             raise ConfigError(f"unknown config key {full!r}" + suggest(key, names, prefix))
         hint = hints[key]

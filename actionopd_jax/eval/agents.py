@@ -14,6 +14,7 @@ import os
 from typing import Any, Protocol
 
 from actionopd_jax.chat import action_from_openai_message
+from actionopd_jax.providers import sampling_body
 from actionopd_jax.serve.requests import ChatRequest, RequestError
 from actionopd_jax.types import Action, Invalid, Observation, Task
 
@@ -40,18 +41,23 @@ class EndpointAgent:
     invalid reply is its answer). A reply still without a choice is AgentUnavailable (the
     episode is not recorded, a resumed run plays it again)."""
 
-    def __init__(self, base_url: str, model: str, *, api_key_env: str | None = None, temperature: float = 0.0,
+    def __init__(self, base_url: str, model: str, *, api_key_env: str | None = None, temperature: float | None = 0.0,
                  max_tokens: int = 1024, extra_body: dict[str, Any] | None = None, timeout_s: float = 300.0,
-                 retries: int = 0, retry_invalid: bool = False):
+                 retries: int = 0, retry_invalid: bool = False, provider: str = "openai", top_p: float | None = None,
+                 top_k: int | None = None, thinking: bool | None = None, reasoning_effort: str | None = None):
         import openai
 
+        # the body's sampling fields, spelled for `provider` (providers.py); a setting the
+        # provider has no field for is refused here (UnsendableSetting), before any request
+        self._sampling = sampling_body(provider, temperature=temperature, top_p=top_p, top_k=top_k,
+                                       max_tokens=max_tokens, reasoning_effort=reasoning_effort or None,
+                                       thinking=thinking, extra_body=extra_body, who="evaluated endpoint")
         key = os.environ.get(api_key_env, "") if api_key_env else "unused"
         if api_key_env and not key:
             raise ValueError(f"environment variable {api_key_env} (the endpoint's API key) is not set")
         self._client = openai.AsyncOpenAI(base_url=base_url, api_key=key, timeout=timeout_s, max_retries=4)
         self.name = model
-        self._model, self._temperature, self._max_tokens = model, temperature, max_tokens
-        self._extra = dict(extra_body or {})
+        self._model = model
         self._retries, self._retry_invalid = max(0, int(retries)), retry_invalid
 
     async def act(self, obs: Observation, *, task: Task, trial: int) -> Action:
@@ -78,9 +84,8 @@ class EndpointAgent:
 
         try:
             r = await self._client.chat.completions.create(
-                model=self._model, messages=obs.messages, tools=obs.tools or openai.omit,
-                temperature=self._temperature, max_tokens=self._max_tokens,
-                seed=seed, extra_body=self._extra or None)
+                model=self._model, messages=obs.messages, tools=obs.tools or openai.omit, seed=seed,
+                **self._sampling)
         except openai.BadRequestError as e:
             if "context" in str(e).lower():
                 raise ContextTooLong(str(e)) from e
@@ -96,12 +101,12 @@ class EndpointAgent:
 
 
 async def backend_choice(backend: Any, model: str, obs: Observation, *, temperature: float, max_tokens: int,
-                         seed: int) -> Any:
+                         seed: int, top_p: float = 1.0, top_k: int = 0) -> Any:
     """The first choice of one chat request for `obs` to an in-process backend, its errors
     mapped to the agent errors (ContextTooLong, AgentUnavailable). Shared by every agent that
     calls a backend, so they ask and fail the same way."""
     req = ChatRequest(model=model, messages=obs.messages, tools=obs.tools or None, tool_choice="auto",
-                      temperature=temperature, max_tokens=max_tokens, seed=seed)
+                      temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens, seed=seed)
     try:
         choices, _ = await backend.complete(req)
     except RequestError as e:
@@ -114,17 +119,19 @@ async def backend_choice(backend: Any, model: str, obs: Observation, *, temperat
 class BackendAgent:
     """A backend (e.g. the model backend over a checkpoint) called in process."""
 
-    def __init__(self, backend: Any, *, temperature: float = 0.0, max_tokens: int = 1024):
+    def __init__(self, backend: Any, *, temperature: float = 0.0, max_tokens: int = 1024, top_p: float | None = None,
+                 top_k: int | None = None):
         self._backend = backend
         self.name = backend.model_name
         self._temperature, self._max_tokens = temperature, max_tokens
+        self._top_p, self._top_k = 1.0 if top_p is None else top_p, top_k or 0
 
     async def act(self, obs: Observation, *, task: Task, trial: int) -> Action:
         return (await self.act_detailed(obs, task=task, trial=trial))[0]
 
     async def act_detailed(self, obs: Observation, *, task: Task, trial: int) -> tuple[Action, str]:
         c = await backend_choice(self._backend, self.name, obs, temperature=self._temperature,
-                                 max_tokens=self._max_tokens, seed=trial)
+                                 max_tokens=self._max_tokens, seed=trial, top_p=self._top_p, top_k=self._top_k)
         message = {"role": "assistant", "content": c.content, "tool_calls": c.tool_calls}
         return action_from_openai_message(message, obs.tools, role="student"), c.reasoning_content or ""
 

@@ -8,38 +8,68 @@ import argparse
 import asyncio
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+from actionopd_jax.config.eval_section import EvalConfig
 from actionopd_jax.config.rollout import SAMPLER_KINDS
 from actionopd_jax.eval.agents import Agent, BackendAgent, EndpointAgent, ReferenceAgent
 from actionopd_jax.eval.metrics import summarize
 from actionopd_jax.eval.report import markdown_table, write_report
-from actionopd_jax.eval.runner import run_eval
+from actionopd_jax.eval.runner import load_finished, run_eval
+from actionopd_jax.eval.settings import ROLES, THINKING, EvalSettings, check_same_settings, resolve
 from actionopd_jax.eval.tasks import select_tasks
 from actionopd_jax.types import Task
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="actionopd eval", description=__doc__)
-    who = p.add_mutually_exclusive_group(required=True)
+    p = argparse.ArgumentParser(prog="actionopd eval", description=__doc__,
+                                epilog="Defaults are the paper's (table 8's evaluation rows, B.3); --config RECIPE takes "
+                                       "them from the recipe's eval: section; each flag overrides one setting. "
+                                       "--check lists the settings and the tasks, and evaluates nothing.")
+    who = p.add_mutually_exclusive_group()
     who.add_argument("--checkpoint", help="a training run directory, its checkpoints/ folder or one step folder "
                                           "(Orbax), or an exported HF directory")
     who.add_argument("--hf", help="HF directory (config.json + safetensors) of a student")
     who.add_argument("--endpoint", help="base URL of an OpenAI-compatible endpoint (e.g. a hosted teacher)")
     who.add_argument("--reference", action="store_true", help="the privileged reference policy (harness check)")
+    p.add_argument("--config", help="a recipe: its eval: section gives the benchmarks and the settings (table 8)")
+    p.add_argument("--check", action="store_true", help="print the settings and the task counts, then stop")
     p.add_argument("--model", help="model name at --endpoint")
     p.add_argument("--api-key-env", help="environment variable holding the endpoint's API key")
+    p.add_argument("--settings", choices=ROLES,
+                   help="which row of table 8 the evaluated model gets: student (default for --checkpoint / --hf) or "
+                        "teacher (default for --endpoint: a directly evaluated teacher)")
     p.add_argument("--tokenizer", help="tokenizer directory (default: next to the weights, or the run's)")
     p.add_argument("--step", type=int, help="with --checkpoint RUN: the step to evaluate (default: latest finished)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), help="parameter and compute dtype (default: as trained)")
     p.add_argument("--mesh", help="shard the student over local devices, e.g. tensor=-1 (default: one device)")
-    p.add_argument("--bench", action="append", required=True,
-                   help="bfcl[:base,miss_func,miss_param,long_context], tau2_<domain>[:split], "
-                        "envscaler:DIR[:id1,id2] or awm[:heldout|admitted|all]; repeatable")
+    p.add_argument("--bench", action="append",
+                   help="bfcl[:base,miss_func,miss_param,long_context], tau2_<domain>[:train|test|base] (default "
+                        "test), envscaler:DIR[:id1,id2] or awm[:heldout|admitted|all]; repeatable (default: the "
+                        "recipe's eval.benchmarks)")
     p.add_argument("--limit", type=int, help="first N tasks of each benchmark")
-    p.add_argument("--trials", type=int, default=1, help="trials per task (tau2 pass^k needs k trials)")
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (the default for students)")
-    p.add_argument("--max-new-tokens", type=int, default=1024)
+    g = p.add_argument_group("the evaluated model (default: table 8's row for its role)")
+    g.add_argument("--temperature", type=float, help="0 = greedy (students: 0; Qwen3.7-Flash: 0.6)")
+    g.add_argument("--top-p", type=float)
+    g.add_argument("--top-k", type=int)
+    g.add_argument("--thinking", choices=tuple(THINKING), help="the thinking switch (table 8: on); none: not sent")
+    g.add_argument("--reasoning-effort", help="sent as reasoning_effort (DeepSeek-V4-Flash: max)")
+    g.add_argument("--provider", help="--endpoint's server kind (providers.py): how top_k and thinking are spelled")
+    g.add_argument("--max-new-tokens", type=int, help="per reply (students: 4,096; evaluated teachers: 32,768)")
+    g = p.add_argument_group("trials and limits (paper B.3)")
+    g.add_argument("--trials", type=int, help="trials per tau2 / EnvScaler / AWM task (default 4: pass^1..pass^4)")
+    g.add_argument("--bfcl-trials", type=int, help="trials per BFCL task (default 1)")
+    g.add_argument("--bfcl-max-steps", type=int, help="BFCL steps per turn (default 20, BFCL's own)")
+    g = p.add_argument_group("the tau2 user simulator (default: table 8's evaluation user: thinking, T=1, 8k)")
+    g.add_argument("--user-sim-url", help="OpenAI-compatible endpoint of the tau2 user simulator")
+    g.add_argument("--user-sim-model", help="user simulator model name (paper: Qwen3.5-9B)")
+    g.add_argument("--user-sim-api-key-env", help="environment variable with the user simulator's API key")
+    g.add_argument("--user-sim-provider", help="the user endpoint's server kind (providers.py)")
+    g.add_argument("--user-sim-temperature", type=float)
+    g.add_argument("--user-sim-top-p", type=float)
+    g.add_argument("--user-sim-top-k", type=int)
+    g.add_argument("--user-sim-thinking", choices=tuple(THINKING))
+    g.add_argument("--user-sim-max-tokens", type=int)
     p.add_argument("--sampler", choices=SAMPLER_KINDS, default="auto",
                    help="in-process student: the continuous-batching engine (paged cache; an episode's earlier "
                         "turns stay cached for its next turn), or 'static' batched calls (the engine's oracle); "
@@ -47,33 +77,32 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine-max-len", type=int, default=8192,
                    help="with --sampler engine: prompt + reply tokens one request may hold (sizes the page pool)")
     p.add_argument("--concurrency", type=int, default=8)
-    p.add_argument("--user-sim-url", help="OpenAI-compatible endpoint of the tau2 user simulator")
-    p.add_argument("--user-sim-model", help="user simulator model name")
-    p.add_argument("--user-sim-api-key-env", help="environment variable with the user simulator's API key")
-    p.add_argument("--user-sim-temperature", type=float, default=0.0,
-                   help="user simulator temperature (paper table 8: 1.0 for EnvScaler's and tau2's evaluation user)")
     p.add_argument("--manifest", default="", help="awm: the admission manifest (`actionopd envs audit`) with the split")
     p.add_argument("--awm-dir", default="", help="awm: the pool directory (default: the manifest's)")
     p.add_argument("--judge-url", help="awm: OpenAI-compatible endpoint of the SQL verifiers' judge")
     p.add_argument("--judge-model", help="awm: the judge's model name")
     p.add_argument("--judge-api-key-env", help="awm: environment variable with the judge's API key")
-    p.add_argument("--out", required=True, help="output directory (episodes.jsonl makes the run resumable)")
+    p.add_argument("--out", help="output directory (episodes.jsonl makes the run resumable)")
     p.add_argument("--no-progress", action="store_true")
     return p
 
 
-def make_agent(args: argparse.Namespace, loaded: dict | None = None) -> Agent:
+def make_agent(args: argparse.Namespace, settings: EvalSettings, loaded: dict | None = None) -> Agent:
+    m = settings.model
     if args.reference:
         return ReferenceAgent()
     if args.endpoint:
         if not args.model:
             raise SystemExit("actionopd eval: --endpoint needs --model")
-        return EndpointAgent(args.endpoint, args.model, api_key_env=args.api_key_env,
-                             temperature=args.temperature, max_tokens=args.max_new_tokens)
-    return BackendAgent(model_backend(args, loaded), temperature=args.temperature, max_tokens=args.max_new_tokens)
+        return EndpointAgent(args.endpoint, args.model, api_key_env=args.api_key_env, temperature=m.temperature,
+                             top_p=m.top_p, top_k=m.top_k, thinking=m.enable_thinking,
+                             reasoning_effort=m.reasoning_effort or None, provider=m.provider or "openai",
+                             max_tokens=m.max_tokens)
+    return BackendAgent(model_backend(args, settings, loaded), temperature=m.temperature or 0.0,
+                        top_p=m.top_p, top_k=m.top_k, max_tokens=m.max_tokens)
 
 
-def model_backend(args: argparse.Namespace, loaded: dict | None = None):
+def model_backend(args: argparse.Namespace, settings: EvalSettings | None = None, loaded: dict | None = None):
     """The in-process model backend for --hf / --checkpoint (same code path as `actionopd serve`)."""
     import jax
 
@@ -100,11 +129,14 @@ def model_backend(args: argparse.Namespace, loaded: dict | None = None):
         sampler = Engine(model, cfg, eos_ids=end_token_ids(tokenizer), mesh=mesh, config=shapes)
     else:
         sampler = Sampler(model, cfg, eos_ids=end_token_ids(tokenizer), mesh=mesh)
+    m = settings.model if settings is not None else None
+    # the student's chat template gets the thinking switch as trained (table 8: on)
     return ModelBackend(sampler, tokenizer, model_name=model_name_of(args.hf or args.checkpoint),
-                        default_max_tokens=args.max_new_tokens, max_context=max_context)
+                        default_max_tokens=m.max_tokens if m else (args.max_new_tokens or 4096), max_context=max_context,
+                        enable_thinking=bool(m.enable_thinking) if m else True)
 
 
-def env_factory(args: argparse.Namespace):
+def env_factory(args: argparse.Namespace, settings: EvalSettings):
     from actionopd_jax.envs.registry import make_environment
 
     user_sim = None
@@ -113,14 +145,16 @@ def env_factory(args: argparse.Namespace):
     def simulator():
         nonlocal user_sim
         if user_sim is None:
-            if not (args.user_sim_url and args.user_sim_model):
-                raise SystemExit("actionopd eval: tau2 and conversational EnvScaler tasks need --user-sim-url and "
-                                 "--user-sim-model")
+            u = settings.user
+            if not (u.base_url and u.model):
+                raise SystemExit("actionopd eval: tau2 and conversational EnvScaler tasks need a user simulator: "
+                                 "--user-sim-url and --user-sim-model (or eval.user in the --config recipe)")
             from actionopd_jax.envs.user_sim import UserSimConfig, UserSimulator
 
-            user_sim = UserSimulator(UserSimConfig(base_url=args.user_sim_url, model=args.user_sim_model,
-                                                   api_key_env=args.user_sim_api_key_env,
-                                                   temperature=args.user_sim_temperature))
+            user_sim = UserSimulator(UserSimConfig(
+                base_url=u.base_url, model=u.model, api_key_env=u.api_key_env or None, provider=u.provider or "openai",
+                temperature=u.temperature, top_p=u.top_p, top_k=u.top_k or None, thinking=u.enable_thinking,
+                max_tokens=u.max_tokens))
         return user_sim
 
     def make(task: Task):
@@ -131,6 +165,8 @@ def env_factory(args: argparse.Namespace):
             return awm(task)
         if task.env.startswith("tau2_") or (task.env == "envscaler" and task.payload.get("conversational")):
             return make_environment(task.env, user_sim=simulator())
+        if task.env == "bfcl":
+            return make_environment("bfcl", max_steps_per_turn=settings.bfcl_max_steps_per_turn)
         return make_environment(task.env)
 
     return make
@@ -153,26 +189,59 @@ def awm_factory(args: argparse.Namespace):
                            concurrency=args.concurrency, judge=judge)
 
 
-def evaluate(args: argparse.Namespace) -> dict[str, Any]:
-    tasks = [t for spec in args.bench
-             for t in select_tasks(spec, limit=args.limit, awm_dir=args.awm_dir, manifest=args.manifest)]
+def resolve_settings(args: argparse.Namespace, load_section: Callable[[str], EvalConfig] | None = None) -> EvalSettings:
+    """The recipe's eval: section (or the paper's defaults) with the given flags over it.
+    `load_section(path)` reads a recipe's eval: section; the `actionopd eval` entry point
+    (commands/eval.py) passes the config front end's, which sits above this layer."""
+    if args.config:
+        if load_section is None:
+            raise ValueError("--config needs the config loader: run `actionopd eval` (commands/eval.py)")
+        section, source = load_section(args.config), args.config
+    else:
+        section, source = EvalConfig(), "paper defaults: table 8 and B.3; no --config"
+    return resolve(args, section, source)
+
+
+def select_all(args: argparse.Namespace, settings: EvalSettings) -> list[Task]:
+    return [t for spec in settings.benchmarks
+            for t in select_tasks(spec, limit=args.limit, awm_dir=args.awm_dir, manifest=args.manifest)]
+
+
+def check(args: argparse.Namespace, settings: EvalSettings) -> list[str]:
+    """`--check`: the settings, and each benchmark's task and episode counts (no model loaded,
+    no endpoint called)."""
+    lines = settings.lines() + ["benchmarks"]
+    for spec in settings.benchmarks:
+        tasks = select_tasks(spec, limit=args.limit, awm_dir=args.awm_dir, manifest=args.manifest)
+        trials = settings.trials_for(tasks[0]) if tasks else 0
+        lines.append(f"  {spec:<22} {len(tasks):>4} tasks x {trials} trial(s) = {len(tasks) * trials:,} episodes")
+    return lines
+
+
+def evaluate(args: argparse.Namespace, settings: EvalSettings) -> dict[str, Any]:
+    tasks = select_all(args, settings)
     from actionopd_jax.envs.splits import eval_overlap_warning
 
     warning = eval_overlap_warning(args.checkpoint or args.hf, tasks)  # from the run's train_tasks.json
     if warning:
         print(warning, flush=True)
-    loaded: dict = {}  # what --checkpoint / --hf loaded: every score records it
-    agent = make_agent(args, loaded)
     out = Path(args.out)
-    records, errors = asyncio.run(run_eval(agent, tasks, env_factory(args), out / "episodes.jsonl",
-                                           trials=args.trials, concurrency=args.concurrency,
+    note = check_same_settings(out, settings, has_episodes=bool(load_finished(out / "episodes.jsonl")))
+    if note:
+        print(note, flush=True)
+    loaded: dict = {}  # what --checkpoint / --hf loaded: every score records it
+    agent = make_agent(args, settings, loaded)
+    records, errors = asyncio.run(run_eval(agent, tasks, env_factory(args, settings), out / "episodes.jsonl",
+                                           trials=settings.trials_for, concurrency=args.concurrency,
                                            progress=not args.no_progress,
                                            trajectories_jsonl=out / "trajectories.jsonl", evaluated=loaded or None))
-    wanted = {(t.task_id, t.env) for t in tasks}
-    records = [r for r in records if (r["task_id"], r["env"]) in wanted and r["trial"] < args.trials]
-    rows = summarize(records, ks=range(1, args.trials + 1))
-    paths = write_report(out, rows, agent=agent.name, errors=errors, evaluated=loaded or None)
+    wanted = {(t.task_id, t.env): settings.trials_for(t) for t in tasks}
+    records = [r for r in records if r["trial"] < wanted.get((r["task_id"], r["env"]), 0)]
+    rows = summarize(records, ks=range(1, max(wanted.values(), default=1) + 1))
+    paths = write_report(out, rows, agent=agent.name, errors=errors, evaluated=loaded or None,
+                         settings=settings.record(), settings_lines=settings.lines())
     paths["trajectories"] = out / "trajectories.jsonl"
+    paths["settings"] = out / "settings.json"
     return {"rows": rows, "errors": errors, "paths": paths, "unplayed": unplayed(records)}
 
 
@@ -188,13 +257,22 @@ def unplayed(records: list[dict[str, Any]]) -> str:
             "--engine-max-len (and use a model whose context holds the benchmark's prompts)")
 
 
-def main(argv: list[str]) -> int:
-    args = build_parser().parse_args(argv)
-    from actionopd_jax.compile_cache import enable_compile_cache
-    enable_compile_cache()  # persistent XLA compile cache (JAX_COMPILATION_CACHE_DIR or the default)
+def main(argv: list[str], *, load_section: Callable[[str], EvalConfig] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
-        result = evaluate(args)
-    except (FileNotFoundError, ValueError, argparse.ArgumentTypeError) as e:
+        settings = resolve_settings(args, load_section)
+        if args.check:
+            print("\n".join(check(args, settings)))
+            return 0
+        if not (args.checkpoint or args.hf or args.endpoint or args.reference):
+            parser.error("one of --checkpoint, --hf, --endpoint or --reference is required (or --check)")
+        if not args.out:
+            parser.error("--out is required (the directory that holds the scores; rerun to resume)")
+        from actionopd_jax.compile_cache import enable_compile_cache
+        enable_compile_cache()  # persistent XLA compile cache (JAX_COMPILATION_CACHE_DIR or the default)
+        result = evaluate(args, settings)
+    except (FileNotFoundError, ValueError, argparse.ArgumentTypeError) as e:   # ConfigError is a ValueError
         print(f"actionopd eval: {e}", file=sys.stderr)
         return 2
     print(markdown_table(result["rows"]))

@@ -63,13 +63,20 @@ def evaluated_line(evaluated: dict[str, Any]) -> str:
 
 
 def write_report(out_dir: str | Path, rows: list[dict[str, Any]], *, agent: str, errors: list[str],
-                 evaluated: dict[str, Any] | None = None) -> dict[str, Path]:
+                 evaluated: dict[str, Any] | None = None, settings: dict[str, Any] | None = None,
+                 settings_lines: list[str] | None = None) -> dict[str, Path]:
+    """`settings`: what the episodes were played under (eval/settings.py), recorded with the
+    scores; `settings_lines`: the same in words, for report.md."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "results.json", "markdown": out / "report.md", "png": out / "scores.png"}
-    body = {"agent": agent, **({"evaluated": evaluated} if evaluated else {}), "summary": rows, "errors": errors}
+    body = {"agent": agent, **({"evaluated": evaluated} if evaluated else {}),
+            **({"settings": settings} if settings else {}), "summary": rows, "errors": errors}
     paths["json"].write_text(json.dumps(body, indent=2))
-    md = f"# Evaluation of {agent}\n\n" + (f"{evaluated_line(evaluated)}\n\n" if evaluated else "") + markdown_table(rows)
+    md = f"# Evaluation of {agent}\n\n" + (f"{evaluated_line(evaluated)}\n\n" if evaluated else "")
+    if settings_lines:
+        md += "```\n" + "\n".join(settings_lines) + "\n```\n\n"
+    md += markdown_table(rows)
     if errors:
         md += f"\n{len(errors)} episode(s) could not finish and will rerun on resume:\n" + "".join(f"- {e}\n" for e in errors[:20])
     paths["markdown"].write_text(md)

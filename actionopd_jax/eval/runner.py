@@ -181,7 +181,7 @@ def _check_same_weights(out: Path, records: list[dict[str, Any]], evaluated: dic
 
 
 async def run_eval(agent: Agent, tasks: list[Task], make_env: EnvFactory, out_jsonl: str | Path, *,
-                   trials: int = 1, concurrency: int = 8, max_actions: int = 200,
+                   trials: int | Callable[[Task], int] = 1, concurrency: int = 8, max_actions: int = 200,
                    progress: bool = True, record_conversation: bool = False,
                    trajectories_jsonl: str | Path | None = None,
                    evaluated: dict[str, Any] | None = None) -> tuple[list[dict[str, Any]], list[str]]:
@@ -200,7 +200,8 @@ async def run_eval(agent: Agent, tasks: list[Task], make_env: EnvFactory, out_js
     traj = Path(trajectories_jsonl) if trajectories_jsonl is not None else None
     if traj is not None:
         _keep_only(traj, done_keys)
-    todo = [(t, i) for t in tasks for i in range(trials) if (t.task_id, t.env, i) not in done_keys]
+    trials_of = trials if callable(trials) else (lambda _task: trials)  # per task: BFCL 1, tau2 4 (paper B.3)
+    todo = [(t, i) for t in tasks for i in range(trials_of(t)) if (t.task_id, t.env, i) not in done_keys]
     errors: list[str] = []
     sem = asyncio.Semaphore(max(1, concurrency))
     bar = tqdm(total=len(todo), desc=f"eval {agent.name}", disable=not progress, unit="ep")

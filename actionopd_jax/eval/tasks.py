@@ -8,6 +8,33 @@ from __future__ import annotations
 from actionopd_jax.types import Task
 
 
+def spec_problem(spec: str) -> str:
+    """What is wrong with a `--bench` spec's syntax ("" when nothing), without reading any
+    data: the config checks run it on `eval.benchmarks` when a recipe is loaded."""
+    name, _, option = spec.partition(":")
+    if name == "bfcl":
+        from actionopd_jax.envs.bfcl_data import CATEGORIES
+
+        unknown = [c for c in option.split(",") if c and c not in CATEGORIES]
+        return f"{spec!r}: unknown BFCL categories {unknown}; choose from {list(CATEGORIES)}" if unknown else ""
+    if name.startswith("tau2_"):
+        from actionopd_jax.envs.tau2_tasks import DOMAINS, SPLITS
+
+        domain = name[len("tau2_"):]
+        if domain not in DOMAINS:
+            return f"{spec!r}: unknown tau2 domain {domain!r}; choose from {', '.join(DOMAINS)}"
+        if option and option not in SPLITS:
+            return f"{spec!r}: unknown tau2 split {option!r}; choose from {', '.join(SPLITS)}"
+        return ""
+    if name == "envscaler":
+        return "" if option.partition(":")[0] else f"{spec!r}: envscaler:DIR[:ids] needs the EnvScaler directory"
+    if name == "awm":
+        return "" if option in ("", "heldout", "admitted", "all") else \
+            f"{spec!r}: choose awm, awm:heldout, awm:admitted or awm:all"
+    return (f"unknown benchmark {spec!r}; use bfcl[:categories], tau2_<airline|retail|telecom>[:split], "
+            "envscaler:DIR[:ids] or awm[:heldout|admitted|all]")
+
+
 def select_tasks(spec: str, *, limit: int | None = None, awm_dir: str = "", manifest: str = "") -> list[Task]:
     """`bfcl` (all four categories), `bfcl:base,miss_param`, `tau2_airline` (test split),
     `tau2_retail:train`. `limit` keeps the first N tasks of each spec (in dataset order)."""
