@@ -57,7 +57,9 @@ def test_privileged_context_is_the_summary_and_the_evaluation_criteria_not_the_r
 
 @pytest.mark.parametrize("line, error", [
     ("not json", r"line 2 is not JSON"),
-    (json.dumps({"task_id": "airline/1", "summary": "s", "notes": "x"}), r"line 2: expected exactly the keys"),
+    (json.dumps({"task_id": "airline/1", "summary": "s", "notes": "x"}), r"line 2: unknown key\(s\) \['notes'\]"),
+    (json.dumps({"task_id": "airline/1", "summary": "s", "reviewed": "yes"}), r"line 2: reviewed must be true or false"),
+    (json.dumps({"task_id": "airline/1", "summary": "s", "error": "e"}), r"line 2: a line holds either a summary or an error"),
     (json.dumps({"task_id": "airline/1", "summary": "  "}), r"line 2: task_id and summary must be non-empty"),
     (json.dumps({"task_id": "airline/0", "summary": "again"}), r"line 2: task 'airline/0' has a second summary"),
 ])

@@ -11,9 +11,11 @@ or the matcher.
   written as the instruction the agent gives, not as user-tool syntax) and the information the
   user must be told.
 
-The summaries file (docs/formats.md, "Privileged summaries"): JSON lines, one object per task,
-`{"task_id": "<domain>/<tau2 id>", "summary": "<text>"}`, the task id as `actionopd` names
-tau2 tasks (e.g. "airline/0"); each task once, both keys non-empty strings, no other keys.
+The summaries file (docs/formats.md, "Privileged summaries"; read by `summary_file.py`): JSON
+lines, one object per task, `{"task_id": "<domain>/<tau2 id>", "summary": "<text>"}`, the task
+id as `actionopd` names tau2 tasks (e.g. "airline/0"). Drafts that `actionopd tau2 summaries`
+wrote carry `"reviewed": false` and are never used: training on a task whose only summary is
+an unreviewed draft is refused (`check_self_teacher`), so a human reads every summary first.
 """
 
 from __future__ import annotations
@@ -22,38 +24,14 @@ import json
 from pathlib import Path
 from typing import Mapping
 
+from actionopd_jax.baselines.summary_file import read_summary_file
 from actionopd_jax.types import Task
-
-SUMMARY_KEYS = ("task_id", "summary")
 
 
 def load_summaries(path: str | Path) -> dict[str, str]:
-    """task id -> prepared summary, from a summaries file (module docstring); a bad file is
-    refused with the line and what is wrong."""
-    p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"privileged summaries file {p} does not exist (teacher.privileged_summaries; "
-                                "format: docs/formats.md, 'Privileged summaries')")
-    out: dict[str, str] = {}
-    for n, line in enumerate(p.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{p} line {n}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{where} is not JSON ({e.msg}); each line is one {{\"task_id\", \"summary\"}} object") from None
-        if not isinstance(row, dict) or set(row) != set(SUMMARY_KEYS):
-            got = sorted(row) if isinstance(row, dict) else type(row).__name__
-            raise ValueError(f"{where}: expected exactly the keys {list(SUMMARY_KEYS)}, got {got}")
-        if not all(isinstance(row[k], str) and row[k].strip() for k in SUMMARY_KEYS):
-            raise ValueError(f"{where}: task_id and summary must be non-empty strings")
-        if row["task_id"] in out:
-            raise ValueError(f"{where}: task {row['task_id']!r} has a second summary; give each task one")
-        out[row["task_id"]] = row["summary"].strip()
-    if not out:
-        raise ValueError(f"{p} holds no summaries")
-    return out
+    """task id -> REVIEWED summary, from a summaries file (module docstring); unreviewed drafts
+    and error lines are left out; a bad file is refused with the line and what is wrong."""
+    return read_summary_file(path).reviewed
 
 
 def needs_summary(task: Task) -> bool:

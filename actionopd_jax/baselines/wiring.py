@@ -181,21 +181,34 @@ def reference_teacher_source(cfg: Config, ctx: SourceContext) -> GroupSource:
     return source
 def check_self_teacher(cfg: Config) -> None:
     """Self-ActionOPD's privileged input: the summaries file reads, and every training task that
-    needs a prepared summary (tau2) has one."""
-    from actionopd_jax.baselines.privileged import load_summaries, missing_summaries
+    needs a prepared summary (tau2) has a REVIEWED one (a draft of `actionopd tau2 summaries`
+    waits for a human: its line says "reviewed": false)."""
+    from actionopd_jax.baselines.privileged import missing_summaries
+    from actionopd_jax.baselines.summary_file import SummaryFile, read_summary_file
 
     path = cfg.teacher.privileged_summaries
-    summaries: dict[str, str] = {}
+    file = SummaryFile()
     if path:
         try:
-            summaries = load_summaries(path)
+            file = read_summary_file(path)
         except (OSError, ValueError) as e:
             raise ConfigError(f"teacher.privileged_summaries: {e}") from None
-    missing = missing_summaries(tasks_from_env(cfg), summaries)
-    if missing:
-        raise ConfigError(f"Self-ActionOPD: {len(missing)} training task(s) have no prepared privileged summary "
-                          f"(first: {missing[:3]}); add them to {path or 'a summaries file'} "
-                          "(teacher.privileged_summaries, format docs/formats.md) or narrow env.task_ids")
+    missing = missing_summaries(tasks_from_env(cfg), file.reviewed)
+    if not missing:
+        return
+    drafts = [t for t in missing if t in file.unreviewed]
+    failed = [t for t in missing if t in file.failed]
+    if drafts:
+        raise ConfigError(f"Self-ActionOPD: {len(drafts)} training task(s) have only an unreviewed drafted summary in "
+                          f"{path} (first: {drafts[:3]}); read each such line, correct it if it is wrong or leaks "
+                          "the solution, and set \"reviewed\": true (docs/formats.md, 'Privileged summaries'), or "
+                          "narrow env.task_ids")
+    hint = (f"; {len(failed)} of them failed to draft (error lines): rerun `actionopd tau2 summaries "
+            "--retry-errors` or write them by hand" if failed else "")
+    raise ConfigError(f"Self-ActionOPD: {len(missing)} training task(s) have no prepared privileged summary "
+                      f"(first: {missing[:3]}); add them to {path or 'a summaries file'} "
+                      f"(teacher.privileged_summaries, format docs/formats.md; `actionopd tau2 summaries` drafts "
+                      f"them) or narrow env.task_ids{hint}")
 
 
 def check_collection(cfg: Config) -> None:

@@ -20,6 +20,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "generate": ("actionopd_jax.sampling.cli", "sample from a checkpoint (smoke test)"),
     "tokenizer": ("actionopd_jax.chat.tokenizer_cli", "build the offline Qwen3 tokenizer"),
     "envs": ("actionopd_jax.commands.envs", "audit AWM / EnvScaler task pools; write the admission manifest"),
+    "tau2": ("actionopd_jax.commands.tau2", "tau2 helpers: `tau2 summaries` drafts Self-ActionOPD's privileged summaries"),
 }
 
 

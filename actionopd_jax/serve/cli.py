@@ -65,6 +65,13 @@ def _parser() -> argparse.ArgumentParser:
                         "streamed text arrives segment by segment")
     p.add_argument("--mesh", type=parse_mesh, help="shard over local devices, e.g. tensor=-1 or fsdp=2,tensor=4")
     p.add_argument("--enable-thinking", action="store_true", help="default for chat_template_kwargs.enable_thinking")
+    p.add_argument("--default-temperature", type=float,
+                   help="temperature for requests that send none (default: OpenAI's 1.0); 0 is greedy")
+    p.add_argument("--default-top-p", type=float, help="top_p for requests that send none (default 1.0)")
+    p.add_argument("--default-top-k", type=int, help="top_k for requests that send none (default 0: off)")
+    p.add_argument("--max-tokens-cap", type=int,
+                   help="no reply is longer than this many tokens, whatever max_tokens a request asks "
+                        "(finish_reason 'length' when reached); it also replaces --default-max-tokens when lower")
     p.add_argument("--seed", type=int, help="init seed of the --tiny model (default: random)")
     p.add_argument("--lm-head", choices=("checked", "float32", "bfloat16"), default="checked",
                    help="decode-step LM head: checked (default; float32 tokens, bf16 speed on CPU), "
@@ -95,7 +102,7 @@ def main(argv: list[str]) -> int:
     enable_compile_cache()  # persistent XLA compile cache (JAX_COMPILATION_CACHE_DIR or the default)
     from actionopd_jax.model import make_mesh
     from actionopd_jax.sampling.loading import model_name_of
-    from actionopd_jax.serve.model_backend import ModelBackend
+    from actionopd_jax.serve.model_backend import ModelBackend, RequestDefaults
     from actionopd_jax.serve.openai_http import OpenAIServer
 
     mesh = make_mesh(args.mesh) if args.mesh else None
@@ -110,10 +117,14 @@ def main(argv: list[str]) -> int:
         name = args.model_name or ("tiny" if args.tiny else model_name_of(args.hf or args.checkpoint))
         try:  # ValueError: --max-context beyond the model's context, an unset --api-key-env variable
             sampler = _sampler(args, cfg, model, tokenizer, mesh)
+            if args.max_tokens_cap is not None and args.max_tokens_cap < 1:
+                raise ValueError(f"--max-tokens-cap must be >= 1, got {args.max_tokens_cap}")
+            defaults = RequestDefaults(temperature=args.default_temperature, top_p=args.default_top_p,
+                                       top_k=args.default_top_k, max_tokens_cap=args.max_tokens_cap)
             backend = ModelBackend(sampler, tokenizer, model_name=name, max_context=args.max_context,
                                    default_max_tokens=args.default_max_tokens,
                                    batch_window_s=args.batch_window_ms / 1000.0, enable_thinking=args.enable_thinking,
-                                   segment_tokens=args.segment_tokens or 256)
+                                   segment_tokens=args.segment_tokens or 256, defaults=defaults)
             backend.source = dict(loaded)
             if not args.no_warmup:
                 print(f"warm-up: the first request's programs compiled in {backend.warm_up():.1f} s", flush=True)
@@ -124,3 +135,7 @@ def main(argv: list[str]) -> int:
             return 2
         server.serve_forever()
     return 0
+
+
+if __name__ == "__main__":  # `python -m actionopd_jax.serve.cli` (launch/benchmark_harness.py starts it so)
+    sys.exit(main(sys.argv[1:]))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import secrets
 from typing import Any
 
@@ -58,6 +59,29 @@ def _stop_cut(tokenizer, ids: np.ndarray, text: str, stops: list[str]) -> tuple[
     return text[:at], lo
 
 
+@dataclasses.dataclass(frozen=True)
+class RequestDefaults:
+    """Server-side sampling settings for harnesses that send none (ToolSandbox's OpenAI agent
+    sends only model, messages and tools): each applies when the request's body omits its
+    field. `max_tokens_cap` bounds every reply, asked for or not (paper table 8's response
+    limit holds whatever a harness sends); a reply cut there ends with finish_reason "length"."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    max_tokens_cap: int | None = None
+
+    def apply(self, req: ChatRequest) -> ChatRequest:
+        changes: dict[str, Any] = {}
+        for name in ("temperature", "top_p", "top_k"):
+            value = getattr(self, name)
+            if value is not None and req.raw.get(name) is None:
+                changes[name] = value
+        if self.max_tokens_cap is not None:
+            changes["max_tokens"] = min(req.max_tokens or self.max_tokens_cap, self.max_tokens_cap)
+        return dataclasses.replace(req, **changes) if changes else req
+
+
 class ModelBackend:
     """Serve `sampler`'s model under `model_name`.
 
@@ -77,7 +101,7 @@ class ModelBackend:
     def __init__(self, sampler: Sampler, tokenizer: Any, *, model_name: str = "actionopd",
                  max_context: int | None = None, default_max_tokens: int = 1024,
                  batch_window_s: float = 0.005, max_batch_requests: int = 64, enable_thinking: bool = False,
-                 segment_tokens: int | None = None):
+                 segment_tokens: int | None = None, defaults: RequestDefaults | None = None):
         self.sampler = sampler
         self.tokenizer = tokenizer
         self.model_name = model_name
@@ -93,6 +117,7 @@ class ModelBackend:
         self.segment_tokens = segment_tokens
         self.default_max_tokens = default_max_tokens
         self.enable_thinking = enable_thinking
+        self.defaults = defaults or RequestDefaults()
         self.end_ids = set(int(i) for i in sampler.eos_ids)
         self.batcher = MicroBatcher(self._sample_batch, window_s=batch_window_s, max_items=max_batch_requests)
         # a continuous-batching engine generates through its own stepping thread (requests join
@@ -180,6 +205,7 @@ class ModelBackend:
         """(prompt tokens, an async iterator of ("delta", choice, field, text) events and a last
         ("choices", [ChatChoice])); a request the engine cannot take raises here (an HTTP
         error, before any of the stream is sent). Engine only (`streams_live`)."""
+        req = self.defaults.apply(req)
         prompt_ids, forced, max_new, temperature, top_p = await self._prepare(req)
         events = await open_stream(self, req, prompt_ids, forced, max_new, temperature, top_p, request_key(req.seed))
         return int(prompt_ids.size), events
@@ -204,6 +230,7 @@ class ModelBackend:
                     if event[0] == "choices":
                         return event[1], prompt_tokens
             raise RuntimeError("the engine's event stream ended without the choices")
+        req = self.defaults.apply(req)
         prompt_ids, forced, max_new, temperature, top_p = await self._prepare(req)
         job = SegmentedJob(prompt_ids=prompt_ids, n=req.n, max_new=max_new, temperature=temperature, top_p=top_p,
                            top_k=req.top_k, key=request_key(req.seed), segment=self.segment_tokens or max_new)

@@ -1,0 +1,97 @@
+"""ToolSandbox and AppWorld through their own runners, against `actionopd serve` (issue 33 item 8).
+
+    python launch/benchmark_harness.py --checkpoint runs/RUN [--port 8000] [--print-only]
+
+Starts `actionopd serve` with paper table 8's evaluation settings for the student (thinking
+on, greedy, at most 4,096 new tokens a reply) as SERVER-SIDE defaults, because ToolSandbox's
+OpenAI agent sends no sampling fields at all, then prints the benchmarks' own runner commands
+with paper B.3's limits. Neither benchmark nor its data installs here: this script runs
+neither runner, and says so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import subprocess
+import sys
+
+# paper table 8, "Evaluation / Student: Qwen3-4B/8B": thinking enabled, greedy (T=0), 4k response
+STUDENT_EVAL = {"enable_thinking": True, "temperature": 0.0, "max_response_tokens": 4096}
+# paper B.3
+TOOLSANDBOX = {"scenarios": 490, "trials": 4, "max_messages": 30}
+APPWORLD = {"normal_tasks": 168, "challenge_tasks": 417, "max_steps": 50, "output_token_budget": 100_000}
+
+
+def serve_argv(model_args: list[str], *, port: int, model_name: str, reply_limit: int) -> list[str]:
+    """`actionopd serve` with the student's evaluation settings as server-side defaults."""
+    return [sys.executable, "-m", "actionopd_jax.serve.cli", *model_args, "--port", str(port),
+            "--model-name", model_name, "--enable-thinking",
+            "--default-temperature", str(STUDENT_EVAL["temperature"]),
+            "--default-max-tokens", str(reply_limit), "--max-tokens-cap", str(reply_limit)]
+
+
+def harness_text(base_url: str, model_name: str) -> str:
+    """The runners' commands, with what was not run here said plainly."""
+    ts, aw = TOOLSANDBOX, APPWORLD
+    return f"""\
+NOT RUN HERE: ToolSandbox (apple/ToolSandbox) and AppWorld (StonyBrookNLP/appworld) and their
+data are not installed on this host; run the commands below where they are.
+
+export OPENAI_BASE_URL={base_url} OPENAI_API_KEY=EMPTY
+
+# ToolSandbox: its OpenAIAPIAgent pins base_url to api.openai.com and sends only model/messages/
+# tools (our server applies thinking, T=0 and the {STUDENT_EVAL['max_response_tokens']}-token limit). Register an agent role
+# whose client is OpenAI(base_url=os.environ["OPENAI_BASE_URL"]) and model_name="{model_name}" in
+# tool_sandbox/cli/utils.py (RoleImplType + AGENT_TYPE_TO_FACTORY), then, once per trial (x{ts['trials']}):
+for trial in {' '.join(str(i) for i in range(ts['trials']))}; do
+  tool_sandbox --agent <YOUR_ROLE> --user GPT_4_o_2024_05_13 --parallel 16 --output_dir data/trial_$trial
+done
+# B.3: the {ts['scenarios']} strictly local scenarios (pass them with --scenarios; the selection of
+# the paper is not published in this repository), at most {ts['max_messages']} messages each
+# (the scenario's max_messages), similarity averaged over all {ts['scenarios'] * ts['trials']:,} trials.
+
+# AppWorld: an experiment config (experiments/configs/<NAME>.jsonnet) whose model section has
+#   "name": "{model_name}", "base_url": "{base_url}", "api_key_env_name": "OPENAI_API_KEY",
+#   "api_type": "chat_completions", "temperature": 0
+# and whose agent has "max_steps": {aw['max_steps']}; then
+appworld run <NAME>_test_normal      # {aw['normal_tasks']} tasks
+appworld evaluate <NAME>_test_normal test_normal
+appworld run <NAME>_test_challenge   # {aw['challenge_tasks']} tasks
+appworld evaluate <NAME>_test_challenge test_challenge
+# B.3's {aw['output_token_budget']:,}-output-token budget per task is NOT enforced by our server (it
+# cannot tell tasks apart) nor checked here: each reply is capped at {STUDENT_EVAL['max_response_tokens']} tokens, so
+# {aw['max_steps']} steps can exceed it; count completion_tokens per task in AppWorld's logs."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", help="a training run directory")
+    src.add_argument("--hf", help="a Hugging Face model directory")
+    src.add_argument("--tiny", action="store_true", help="the random tiny model (smoke test)")
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument("--model-name", default="student")
+    p.add_argument("--reply-limit", type=int, default=STUDENT_EVAL["max_response_tokens"],
+                   help="tokens per reply (table 8: 4,096; lower only for smoke tests)")
+    p.add_argument("--serve-arg", action="append", default=[], help="one more `actionopd serve` argument")
+    p.add_argument("--print-only", action="store_true", help="print the serve and harness commands, start nothing")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    model = ["--checkpoint", args.checkpoint] if args.checkpoint else ["--hf", args.hf] if args.hf else ["--tiny"]
+    argv_serve = serve_argv(model + args.serve_arg, port=args.port, model_name=args.model_name,
+                            reply_limit=args.reply_limit)
+    print("serve: " + shlex.join(argv_serve), flush=True)
+    print(harness_text(f"http://127.0.0.1:{args.port}/v1", args.model_name), flush=True)
+    if args.print_only:
+        return 0
+    proc = subprocess.Popen(argv_serve, env=dict(os.environ))
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        proc.terminate()
+        return proc.wait()
