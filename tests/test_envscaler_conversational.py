@@ -51,7 +51,7 @@ def _modes(data):
     return {tid: (s.conversational, s.conversational_by) for tid, s in data.scenarios.items()}
 
 
-def test_the_rule_per_scenario_published_records_marks_and_the_override(published, tmp_path):
+def test_the_rule_per_scenario_published_records_marks_and_the_override(published, tmp_path, capsys):
     root, _ = published
     assert _modes(load_envscaler(root)) == {tid: (True, BY_DEFAULT) for tid in IDS}
     # our mini data marks each record: only mini_clinic_3 plays with the user
@@ -74,6 +74,14 @@ def test_the_rule_per_scenario_published_records_marks_and_the_override(publishe
     (root / "rl_scenario_metadata.json").write_text(json.dumps(items))
     with pytest.raises(ValueError, match="scenario 'mini_clinic_2'.*must be true or false"):
         load_envscaler(root)
+    # the audit command says so in one paragraph and writes no manifest
+    from actionopd_jax.commands.main import main
+
+    manifest = tmp_path / "audited.json"
+    assert main(["envs", "audit", "--env", "envscaler", "--dir", str(root), "--manifest", str(manifest)]) == 2
+    assert not manifest.exists()
+    err = capsys.readouterr().err
+    assert "does not load as an EnvScaler pool" in err and "must be true or false" in err and "Traceback" not in err
 
 
 def test_the_config_key_is_checked_and_unknown_ids_are_named(published):
