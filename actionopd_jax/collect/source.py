@@ -101,8 +101,9 @@ def train_task_stream(cfg: Config):
 
 def check_training_tasks(cfg: Config) -> str | None:
     """For `train --check`: one line on the run's training tasks and their overlap with what
-    evaluation scores; raises the run's own ConfigError when the run would refuse them. None
-    when the run draws no tasks from env.* (synthetic groups, recorded KD trajectories)."""
+    evaluation scores (a second on an EnvScaler pool's conversational scenarios); raises the
+    run's own ConfigError when the run would refuse them. None when the run draws no tasks
+    from env.* (synthetic groups, recorded KD trajectories)."""
     if cfg.collect.kind == "synthetic" or (cfg.collect.kind == "kd" and cfg.kd.trajectories):
         return None
     return training_tasks_summary(cfg.env, needed_by=f"collect.kind={cfg.collect.kind}")

@@ -51,6 +51,14 @@ def audit(args: argparse.Namespace) -> int:
         print(f"actionopd envs audit: --heldout-fraction must be in [0, 1), got {args.heldout_fraction}",
               file=sys.stderr)
         return 2
+    if args.env == "envscaler":  # bad records are a clear error here, before any tokenizer or sandbox starts
+        from actionopd_jax.envs.envscaler.layout import load_envscaler
+
+        try:
+            load_envscaler(args.dir)
+        except (FileNotFoundError, ValueError, KeyError) as err:
+            print(f"actionopd envs audit: {args.dir} does not load as an EnvScaler pool: {err}", file=sys.stderr)
+            return 2
     manifest = Path(args.manifest or Path(args.dir) / "admitted.json")
     tok = _tokenizer(args.tokenizer)
     sandbox = SubprocessSandbox()

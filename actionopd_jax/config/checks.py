@@ -18,6 +18,7 @@ from actionopd_jax.config.errors import ConfigError
 from actionopd_jax.config.experiment import TEACHER_MODES, ExperimentConfig
 from actionopd_jax.config.method import check_method
 from actionopd_jax.config.schema import Config, EnvConfig
+from actionopd_jax.envs.envscaler.mode import parse_rule
 from actionopd_jax.envs.mixture import parse_mixture
 from actionopd_jax.matching.judge import PROMPT_MARGIN_TOKENS
 from actionopd_jax.providers import PROVIDERS, refusal, unsendable
@@ -239,6 +240,15 @@ def _validate_pools(env: EnvConfig) -> None:
     for pool in pools:
         if not getattr(env, f"{pool}_dir"):
             raise ConfigError(f"env.name / env.mixture use the {pool} pool: set env.{pool}_dir to its directory")
+    if env.envscaler_conversational:
+        try:  # its ids are checked against the directory where the pool loads (envs/mixture.py)
+            parse_rule(env.envscaler_conversational)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        if "envscaler" not in pools:
+            raise ConfigError(f"env.envscaler_conversational={list(env.envscaler_conversational)} is set but the run "
+                              "draws no EnvScaler pool (env.name / env.mixture); remove it, or add envscaler to "
+                              "env.mixture")
 
 
 def _validate_experiment(exp: ExperimentConfig) -> None:

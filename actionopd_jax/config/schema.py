@@ -244,6 +244,10 @@ class EnvConfig:
     envscaler_dir: str = ""
     manifest: str = ""
     mixture: tuple[str, ...] = ()
+    # which EnvScaler scenarios are played with the user simulator (env.user_*): "all", "none", or
+    # task ids (exactly those); empty: each record's own "conversational" mark, else conversational,
+    # as the paper plays the pool (the published records carry no mode: envs/envscaler/mode.py)
+    envscaler_conversational: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -124,8 +124,10 @@ class MixtureStream:
     load_state_dict = set_state
 
 
-def pool_tasks(pool: str, directory: str, admitted: set[str] | None) -> list[Task]:
-    """The tasks of one pool directory, narrowed to the manifest's admitted ids."""
+def pool_tasks(pool: str, directory: str, admitted: set[str] | None, *,
+               conversational: Sequence[str] = ()) -> list[Task]:
+    """The tasks of one pool directory, narrowed to the manifest's admitted ids. `conversational`:
+    env.envscaler_conversational (EnvScaler only; envs/envscaler/mode.py)."""
     if pool == "awm":
         from actionopd_jax.envs.awm.layout import load_awm
 
@@ -133,7 +135,7 @@ def pool_tasks(pool: str, directory: str, admitted: set[str] | None) -> list[Tas
     elif pool == "envscaler":
         from actionopd_jax.envs.envscaler.layout import load_envscaler
 
-        tasks = load_envscaler(directory).tasks()
+        tasks = load_envscaler(directory, conversational=conversational).tasks()
     else:
         raise ValueError(f"unknown pool {pool!r}; expected one of {POOLS}")
     return tasks if admitted is None else [t for t in tasks if t.task_id in admitted]
@@ -154,6 +156,7 @@ def mixture_pool_tasks(env: Any) -> dict[str, list[Task]]:
     kept for evaluation are never drawn)."""
     from actionopd_jax.config import ConfigError
     from actionopd_jax.envs.admission import read_manifest
+    from actionopd_jax.envs.envscaler.mode import UnknownScenarioIds
 
     entries = mixture_entries(env)
     if not env.manifest:
@@ -174,7 +177,11 @@ def mixture_pool_tasks(env: Any) -> dict[str, list[Task]]:
         if pool not in admitted:
             raise ConfigError(f"env.manifest={env.manifest} has no admitted tasks for pool {pool!r}; audit it first")
         try:
-            tasks = pool_tasks(pool, directory, None)
+            tasks = pool_tasks(pool, directory, None, conversational=env.envscaler_conversational)
+        except UnknownScenarioIds as err:
+            raise ConfigError(f"env.envscaler_conversational names {len(err.ids)} task id(s) that are not scenarios "
+                              f"of env.envscaler_dir={directory}: {err.ids[:10]}; list `task_id`s of its scenario "
+                              "records, or give all / none") from None
         except (FileNotFoundError, ValueError, KeyError) as err:
             raise ConfigError(f"env.{pool}_dir={directory}: cannot load it as an {pool} pool: {err}") from None
         stray = sorted(admitted[pool] - {t.task_id for t in tasks})

@@ -71,14 +71,22 @@ def task_stream_from(env: EnvConfig, *, per_step: int, seed: int, needed_by: str
 def training_tasks_summary(env: EnvConfig, *, needed_by: str) -> str:
     """One line on the training tasks `env` names and their overlap with what evaluation scores
     (envs/splits.overlap_summary); raises ConfigError when the run would refuse them. For the
-    AWM / EnvScaler pools: their admitted sizes from the manifest (they are never evaluated on)."""
+    AWM / EnvScaler pools: their admitted sizes from the manifest (they are never evaluated on),
+    and a second line on EnvScaler's conversational scenarios and their user simulator."""
     if env.name in POOLS:
         missing = missing_pool_files(env)
         if missing:
             return (f"pools      not on this host ({', '.join(missing)}): the run loads them at start; "
                     "write the manifest with `actionopd envs audit`")
         per_step = sum(c for _, c in mixture_entries(env))
-        return mixture_summary(mixture_stream_from(env, per_step=per_step, seed=0))
+        stream = mixture_stream_from(env, per_step=per_step, seed=0)
+        lines = [mixture_summary(stream)]
+        for name, tasks, _ in stream.pools:
+            if name == "envscaler":  # which scenarios the user simulator plays, and with which model
+                from actionopd_jax.envs.envscaler.factory import conversational_summary
+
+                lines.append(conversational_summary(env, tasks))
+        return "\n".join(lines)
     tasks = [t for _, ts in training_task_sets(env, needed_by=needed_by) for t in ts]
     return f"tasks      {overlap_summary(env, tasks)}"
 

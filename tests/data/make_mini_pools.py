@@ -747,8 +747,9 @@ def make_envscaler(out: Path) -> None:
     items = []
     for t in SCENARIO_TASKS:
         item = {k: t[k] for k in ("env_id", "env_class_name", "task_id", "init_config", "task")}
-        if t.get("conversational"):
-            item["conversational"] = True  # our extension (docs/formats.md)
+        # our extension (docs/formats.md), written on every record: a published record has no
+        # mode and loads as conversational (envs/envscaler/mode.py); ours are mostly one-turn
+        item["conversational"] = bool(t.get("conversational"))
         item["checklist"] = [c[0] for c in t["checks"]]
         item["checklist_with_func"] = [check(c, body) for c, body in t["checks"]]
         # our extension: a solution for the privileged reference teacher (the format has none)

@@ -3,9 +3,10 @@ a list of records with env_id) and one or more scenario-metadata JSON lists.
 
 The class code is kept as a string: it is machine-generated and runs only in a Sandbox
 (envs/sandbox.py `open_class`), never here. Task ids are the scenario's own `task_id`.
-Conversational scenarios (played with a simulated user) are marked by our own optional
-`"conversational": true` on a scenario record, or named by the caller; upstream decides the
-mode by which harness runs a file, so a published file loads as non-conversational unless told.
+Which scenarios are conversational (played with a simulated user) is decided per scenario by
+envs/envscaler/mode.py: the caller's override, else the record's own `"conversational"` field
+(our extension), else conversational (the published records carry no mode; the paper plays
+EnvScaler with a simulated user).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
+from actionopd_jax.envs.envscaler.mode import UnknownScenarioIds, parse_rule, record_mark
 from actionopd_jax.types import Task
 
 ENV_NAME = "envscaler"
@@ -52,6 +54,7 @@ class EnvScalerScenario:
     task: str
     checks: list[dict[str, Any]]  # [{"check_item", "check_func"}]
     conversational: bool = False
+    conversational_by: str = ""  # why (envs/envscaler/mode.py: the override, the record's mark, the default)
     source: str = ""  # the file it came from
     # OUR extension, only in our own mini data: the tool calls that solve the task, in order
     # ([{"name", "arguments"}]), for the privileged reference teacher (envs/reference.py)
@@ -75,6 +78,7 @@ class EnvScalerDataset:
             env = self.envs.get(sc.env_id) or EnvScalerEnv(env_id=sc.env_id, class_name="", class_code="", tools=[])
             out.append(Task(task_id=sc.task_id, env=ENV_NAME, split=split, payload={
                 "env_id": sc.env_id, "task": sc.task, "conversational": sc.conversational,
+                "conversational_by": sc.conversational_by,
                 "tools": env.tools, "intro": env.intro_text(), "class_name": sc.class_name or env.class_name,
                 "class_code": env.class_code, "init_config": sc.init_config, "checks": sc.checks,
                 "reference_actions": sc.reference_actions,
@@ -97,9 +101,12 @@ def _find(root: Path, pattern: str) -> list[Path]:
 
 
 def load_envscaler(root: str | Path, *, scenario_files: Iterable[str] = (),
-                   conversational: Iterable[str] = ()) -> EnvScalerDataset:
-    """`scenario_files` narrows which *scenario_metadata*.json files load (default: all of them);
-    `conversational` adds task ids to play with the user simulator."""
+                   conversational: str | Iterable[str] | None = None) -> EnvScalerDataset:
+    """`scenario_files` narrows which *scenario_metadata*.json files load (default: all of them).
+    `conversational` overrides which scenarios play with the user simulator, as
+    `env.envscaler_conversational` does: "all", "none" or task ids (exactly those); None: each
+    record's own mark, else conversational (envs/envscaler/mode.py). Ids the directory does not
+    hold raise `UnknownScenarioIds`."""
     root = Path(root)
     env_files = _find(root, "*env_metadata*.json")
     if len(env_files) != 1:
@@ -117,17 +124,21 @@ def load_envscaler(root: str | Path, *, scenario_files: Iterable[str] = (),
     files = [p for p in _find(root, "*scenario_metadata*.json") if not wanted or p.name in wanted]
     if not files:
         raise FileNotFoundError(f"{root}: no *scenario_metadata*.json")
-    conv = set(conversational)
+    rule = parse_rule(conversational)
     scenarios: dict[str, EnvScalerScenario] = {}
     for path in files:
         for item in json.loads(path.read_text(encoding="utf-8")):
             tid = str(item["task_id"])
             if tid in scenarios:
                 raise ValueError(f"{path.name}: task_id {tid!r} appears twice")
+            conv, why = rule.decide(tid, record_mark(item, f"{path.name}: scenario {tid!r}"))
             scenarios[tid] = EnvScalerScenario(
                 task_id=tid, env_id=item["env_id"], class_name=item.get("env_class_name", ""),
                 init_config=item.get("init_config") or {}, task=item.get("task", ""),
                 checks=list(item.get("checklist_with_func") or []),
-                conversational=bool(item.get("conversational")) or tid in conv, source=path.name,
+                conversational=conv, conversational_by=why, source=path.name,
                 reference_actions=list(item.get("reference_actions") or []))
+    unknown = rule.unknown(scenarios)
+    if unknown:
+        raise UnknownScenarioIds(unknown, str(root))
     return EnvScalerDataset(root=root, envs=envs, scenarios=scenarios)
