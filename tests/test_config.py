@@ -129,6 +129,13 @@ def test_resume_compatibility_rule():
     bad = replace_keys(Config(), **{"train.lr": 2e-6, "collect.freq_bonus": 0.0, "run.seed": 1})
     assert experiment_changes(saved, bad.to_dict()) == [
         "collect.freq_bonus: 0.5 -> 0.0", "run.seed: 0 -> 1", "train.lr: 1e-06 -> 2e-06"]
+    # a checkpoint older than a key ran at that key's default: resuming it at the default is the
+    # same experiment, at another value it is not
+    older = Config().to_dict()
+    del older["collect"]["freq_bonus"], older["env"]["envscaler_conversational"]
+    assert experiment_changes(older, Config().to_dict()) == []
+    changed = replace_keys(Config(), **{"collect.freq_bonus": 0.0})
+    assert experiment_changes(older, changed.to_dict()) == ["collect.freq_bonus: 0.5 -> 0.0"]
 
 
 # --- base + overrides -----------------------------------------------------------------------

@@ -440,9 +440,14 @@ RESUME_SAFE_PREFIXES: tuple[str, ...] = (
 def experiment_changes(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
     """Keys whose change would make a resumed run a different experiment ('key: old -> new')."""
     a, b = flatten(saved), flatten(current)
+    # a key the checkpoint predates ran at the value the code then had, which is the default a
+    # key is added with (a new setting must not change what an old config meant): absent =
+    # default, so adding a key does not make every older checkpoint a different experiment
+    defaults = flatten(Config().to_dict())
     out = []
     for key in sorted(set(a) | set(b)):
-        if key.startswith(RESUME_SAFE_PREFIXES) or a.get(key) == b.get(key):
+        old = a[key] if key in a else defaults.get(key)
+        if key.startswith(RESUME_SAFE_PREFIXES) or old == b.get(key):
             continue
-        out.append(f"{key}: {a.get(key)!r} -> {b.get(key)!r}")
+        out.append(f"{key}: {old!r} -> {b.get(key)!r}")
     return out
