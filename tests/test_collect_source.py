@@ -110,9 +110,15 @@ def test_one_trainer_step_over_the_collector(tiny_tokenizer, tmp_path):
     assert state["next_index"] == 4 and state["meter"]["requests"] == used.http_calls
     assert state["meter"]["prompt_tokens"] == used.prompt_tokens and state["meter"]["spend_usd"] == 0.0
     assert metrics["collect/teacher/requests_total"] == used.http_calls and "collect/teacher/spend_usd" not in metrics
-    source.meter.load({"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "cache_hits": 0, "spend_usd": 0})
+    # the judge and the user simulator have meters of their own, in the same state
+    judged = source.last.metrics.judge
+    assert metrics["collect/matcher/requests_total"] == judged.http_calls == state["meters"]["matcher"]["requests"]
+    assert metrics["collect/judge/prompt_tokens"] == judged.prompt_tokens
+    assert metrics["collect/user/requests_total"] == 0.0 == state["meters"]["user"]["requests"]  # toy env: no user
+    source.meters.teacher.load({"requests": 0, "prompt_tokens": 0, "completion_tokens": 0, "cache_hits": 0, "spend_usd": 0})
     source.load_state_dict(state)
-    assert source.meter.state() == state["meter"] and source.stream.get_state()["next_index"] == 4
+    assert source.meters.teacher.state() == state["meter"] and source.stream.get_state()["next_index"] == 4
+    assert source.meters.by_role["matcher"].state() == state["meters"]["matcher"]
 
 
 def test_sampling_settings_have_one_source():
@@ -183,7 +189,28 @@ def test_the_spend_meter_prices_tokens_and_adds_up():
     assert meter.state() == {"requests": 6, "cache_hits": 2, "prompt_tokens": 2000, "completion_tokens": 400,
                              "spend_usd": pytest.approx(0.008), "last_step_usd": pytest.approx(0.004),
                              "last_step_tokens": 1200}
-    assert meter.budget_figures() == [pytest.approx(0.008), pytest.approx(0.004), 2400.0, 1200.0]
+
+
+def test_the_meters_price_each_role_add_up_for_the_budget_and_read_older_state():
+    from actionopd_jax.collect.spend import SpendMeters
+    from actionopd_jax.teacher.base import UsageReport
+
+    meters = SpendMeters({"teacher": (2.0, 0.5, 10.0), "matcher": (1.0, 0.0, 4.0), "user": ()})
+    out = meters.add({"teacher": UsageReport(http_calls=2, prompt_tokens=1000, completion_tokens=200),
+                      "matcher": UsageReport(http_calls=5, cache_hits=3, prompt_tokens=3000, completion_tokens=50),
+                      "user": UsageReport(http_calls=4, prompt_tokens=800, completion_tokens=100)})
+    # teacher: (1000 x 2 + 200 x 10) / 1e6 = 0.004; judge: (3000 x 1 + 50 x 4) / 1e6 = 0.0032; user: unpriced
+    assert out["teacher/spend_usd"] == pytest.approx(0.004) and out["matcher/spend_usd"] == pytest.approx(0.0032)
+    assert "user/spend_usd" not in out and out["user/prompt_tokens_total"] == 800.0
+    assert out["matcher/cache_hits_total"] == 3.0 and out["spend_usd_total"] == pytest.approx(0.0072)
+    # the budget sums the money of every role, and counts the teacher's tokens
+    assert meters.budget_figures() == [pytest.approx(0.0072), pytest.approx(0.0072), 1200.0, 1200.0]
+    restored = SpendMeters({"teacher": (2.0, 0.5, 10.0), "matcher": (1.0, 0.0, 4.0)})
+    restored.load(meters.state())
+    assert restored.state() == meters.state() and restored.spend_usd == pytest.approx(0.0072)
+    older = SpendMeters({"teacher": (2.0, 0.5, 10.0)})
+    older.load({"meter": meters.state()["meter"]})   # a checkpoint from before the judge and user meters
+    assert older.spend_usd == pytest.approx(0.004) and older.by_role["matcher"].requests == 0
 
 
 def test_a_budget_stops_the_run_before_a_step_that_could_pass_it_with_the_state_saved(tiny_tokenizer, tmp_path):
@@ -218,11 +245,11 @@ def test_a_budget_stops_the_run_before_a_step_that_could_pass_it_with_the_state_
 
     trainer, code, source = run(budget=0.3)     # $1,000 per million tokens: a step here costs ~$0.2
     assert code == BUDGET_EXIT_CODE and trainer.step == 1
-    assert trainer.stop_message.startswith("budget: the teacher has cost $") and "before it" in trainer.stop_message
-    spent = source.meter.spend_usd
-    assert spent <= 0.3 < 2 * spent and source.meter.last_step_usd == pytest.approx(spent)   # one step spent
+    assert trainer.stop_message.startswith("budget: the paid models (teacher, judge, user simulator) have cost $") and "before it" in trainer.stop_message
+    spent = source.meters.teacher.spend_usd
+    assert spent <= 0.3 < 2 * spent and source.meters.teacher.last_step_usd == pytest.approx(spent)   # one step spent
     ckpt = Checkpointer(tmp_path / "run" / "checkpoints", read_only=True)
     assert ckpt.steps() == [1]
     ckpt.close()
     trainer, code, source = run(budget=1e9)     # raised: goes on from step 1 to the end
-    assert code == 0 and trainer.step == 3 and source.meter.spend_usd > spent
+    assert code == 0 and trainer.step == 3 and source.meters.teacher.spend_usd > spent

@@ -25,6 +25,7 @@ with its own sampler on its local devices; nothing here is a cross-host collecti
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ from actionopd_jax.collect.metrics import StepMetrics, TrajectoryRecord
 from actionopd_jax.chat.prompt import CandidateDecoder, FitFn, Prompt, PromptBuilder
 from actionopd_jax.collect.engine_worker import EngineSampling, EngineWorker
 from actionopd_jax.collect.sampler_worker import SampleFn, SamplerError, SamplerWorker
+from actionopd_jax.envs import user_sim
 from actionopd_jax.envs.base import Environment
 from actionopd_jax.envs.evidence import evidence_scope
 from actionopd_jax.envs.protocol import apply_protocol_rules
@@ -94,6 +96,8 @@ class _Decision:
 class _Usage:
     teacher: UsageReport = field(default_factory=UsageReport)
     matcher: dict[str, int] = field(default_factory=dict)
+    judge: UsageReport = field(default_factory=UsageReport)   # the matcher's LLM judge (its requests and tokens)
+    user: UsageReport = field(default_factory=UsageReport)    # the user simulators (envs/user_sim.USAGE)
 
 
 class Collector:
@@ -204,6 +208,8 @@ class Collector:
         usage_after = self._usage()
         metrics.teacher = _usage_delta(usage_before.teacher, usage_after.teacher)
         metrics.matcher = {k: v - usage_before.matcher.get(k, 0) for k, v in usage_after.matcher.items()}
+        metrics.judge = _usage_delta(usage_before.judge, usage_after.judge)
+        metrics.user = _usage_delta(usage_before.user, usage_after.user)
         outcomes.sort(key=lambda o: (o[0], o[1].decision_index))
         records.sort(key=lambda r: r.task_start)
         return CollectResult.assemble(step, outcomes, records, metrics)
@@ -388,9 +394,13 @@ class Collector:
         teacher = getattr(self.teacher, "usage", None)
         stats = getattr(self.matcher, "stats", None)
         matcher = stats.as_dict() if hasattr(stats, "as_dict") else {}
-        # A copy: providers update their UsageReport in place.
+        judge = getattr(getattr(self.matcher, "judge", None), "usage", None)
+        # Copies: providers update their UsageReport in place.
         snapshot = UsageReport(**teacher.as_dict()) if isinstance(teacher, UsageReport) else UsageReport()
-        return _Usage(teacher=snapshot, matcher=dict(matcher))
+        judged = UsageReport(**judge.as_dict()) if isinstance(judge, UsageReport) else UsageReport()
+        judged.cache_hits = int(matcher.get("judge_reused", 0))   # pairs the judge was not asked again
+        users = UsageReport(**dataclasses.asdict(user_sim.USAGE))
+        return _Usage(teacher=snapshot, matcher=dict(matcher), judge=judged, user=users)
 
     @staticmethod
     def _progress_bar(total: int, enabled: bool | None):

@@ -61,6 +61,8 @@ class StepMetrics:
     reward_hist: Counter = field(default_factory=Counter)      # training reward (rounded) -> count
     teacher: UsageReport = field(default_factory=UsageReport)
     matcher: dict[str, int] = field(default_factory=dict)       # Matcher.stats deltas
+    judge: UsageReport = field(default_factory=UsageReport)      # the LLM judge's requests and tokens
+    user: UsageReport = field(default_factory=UsageReport)       # the user simulators' requests and tokens
     sampler_calls: int = 0
     sampler_states: int = 0
     sampler_busy_s: float = 0.0
@@ -171,4 +173,7 @@ class StepMetrics:
             out[f"collect/teacher/{name}"] = n
         for name, n in self.matcher.items():
             out[f"collect/matcher/{name}"] = n
+        for role, usage in (("judge", self.judge), ("user", self.user)):
+            for name in ("http_calls", "cache_hits", "prompt_tokens", "completion_tokens"):
+                out[f"collect/{role}/{name}"] = getattr(usage, name)
         return out

@@ -28,7 +28,7 @@ from actionopd_jax.collect.collector import Collector, CollectResult, local_task
 from actionopd_jax.collect.config import CollectorConfig
 from actionopd_jax.collect.engine_worker import EngineSampling
 from actionopd_jax.collect.sampler_worker import SamplingSettings, sampler_fn
-from actionopd_jax.collect.spend import SpendMeter
+from actionopd_jax.collect.spend import SpendMeters
 from actionopd_jax.config import Config, ConfigError
 from actionopd_jax.config.rollout import rollout_sampler
 from actionopd_jax.envs.registry import env_factory_from
@@ -298,7 +298,8 @@ class ActionOPDGroupSource:
             self._prefetch_next()  # the first step's servers start in the background, while the programs compile
         self.last: CollectResult | None = None
         self.max_outage_steps = cfg.collect.max_outage_steps
-        self.meter = SpendMeter(price=tuple(cfg.teacher.price))   # the teacher's tokens and money (spend.py)
+        # each paid role's requests, tokens and money (spend.py)
+        self.meters = SpendMeters({"teacher": cfg.teacher.price, "matcher": cfg.matcher.price, "user": cfg.env.user_price})
         self._meter_step: dict[str, float] = {}
         self._outage_steps = 0      # consecutive steps without one teacher answer (_watch_teacher)
 
@@ -308,7 +309,8 @@ class ActionOPDGroupSource:
         load_behaviour(self.sampler, policy, self.ctx.mesh)
         self.last = self.collector.collect(tasks, step=step, process_index=self.ctx.process_index,
                                            process_count=self.ctx.process_count)
-        self._meter_step = self.meter.add(self.last.metrics.teacher)
+        m = self.last.metrics
+        self._meter_step = self.meters.add({"teacher": m.teacher, "matcher": m.judge, "user": m.user})
         ends = step_ends(self.last)
         if self.ctx.process_count > 1:    # one decision on every process (they stop together)
             from actionopd_jax.train import distributed
@@ -351,15 +353,15 @@ class ActionOPDGroupSource:
                                                                             self.ctx.process_count)])
 
     def budget_figures(self) -> list[float]:
-        return self.meter.budget_figures()
+        return self.meters.budget_figures()
 
     def state_dict(self) -> dict[str, Any]:
         # the spend meter's totals ride along, so a resumed run counts on (spend.py)
-        return {**self.stream.get_state(), "meter": self.meter.state()}
+        return {**self.stream.get_state(), **self.meters.state()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         state = dict(state)
-        self.meter.load(state.pop("meter", {}))
+        self.meters.load({"meter": state.pop("meter", {}), "meters": state.pop("meters", {})})
         self.stream.set_state(state)
 
     def metrics(self) -> dict[str, float]:

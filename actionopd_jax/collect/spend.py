@@ -1,10 +1,13 @@
-"""The teacher's spend meter: each step's tokens and money, and the run's totals, which travel in
-the checkpoint (the group source's state) so a resumed run counts on from where it stopped.
+"""The spend meters of the remote models a run pays for: the teacher, the matcher's LLM judge
+and the user simulator. Each counts its role's requests, cache hits and tokens per step and for
+the run, and money where the role has a price; the totals travel in the checkpoint (the group
+source's state), so a resumed run counts on from where it stopped.
 
-Money needs `teacher.price` (USD per million [input, cached input, output] tokens); tokens are
-counted either way. The teacher client reports prompt tokens without splitting off cached ones,
-so every prompt token is priced as uncached input (the dearest reading). Cache hits of our own
-sample cache cost nothing: they never reach the endpoint, so they add no tokens.
+Money needs a price (`teacher.price`, `matcher.price`, `env.user_price`: USD per million
+[input, cached input, output] tokens); tokens are counted either way. The clients report prompt
+tokens without splitting off cached ones, so every prompt token is priced as uncached input (the
+dearest reading). Cache hits of our own caches cost nothing: they never reach the endpoint, so
+they add no tokens.
 """
 
 from __future__ import annotations
@@ -14,10 +17,13 @@ from typing import Any
 
 from actionopd_jax.teacher.base import UsageReport
 
+ROLES = ("teacher", "matcher", "user")   # metric prefixes: teacher/..., matcher/..., user/...
+
 
 @dataclasses.dataclass
 class SpendMeter:
     price: tuple[float, ...] = ()
+    role: str = "teacher"
     requests: int = 0
     cache_hits: int = 0
     prompt_tokens: int = 0
@@ -36,15 +42,16 @@ class SpendMeter:
         self.completion_tokens += step.completion_tokens
         self.spend_usd += spend
         self.last_step_usd, self.last_step_tokens = spend, step.prompt_tokens + step.completion_tokens
-        out = {"teacher/requests_total": float(self.requests), "teacher/prompt_tokens_total": float(self.prompt_tokens),
-               "teacher/completion_tokens_total": float(self.completion_tokens),
-               "teacher/cache_hits_total": float(self.cache_hits)}
+        r = self.role
+        out = {f"{r}/requests_total": float(self.requests), f"{r}/prompt_tokens_total": float(self.prompt_tokens),
+               f"{r}/completion_tokens_total": float(self.completion_tokens),
+               f"{r}/cache_hits_total": float(self.cache_hits)}
         if self.price:
-            out.update({"teacher/spend_usd": spend, "teacher/spend_usd_total": self.spend_usd})
+            out.update({f"{r}/spend_usd": spend, f"{r}/spend_usd_total": self.spend_usd})
         return out
 
     def state(self) -> dict[str, Any]:
-        return {k: v for k, v in dataclasses.asdict(self).items() if k != "price"}
+        return {k: v for k, v in dataclasses.asdict(self).items() if k not in ("price", "role")}
 
     def load(self, state: dict[str, Any]) -> None:
         for k, v in state.items():
@@ -53,11 +60,46 @@ class SpendMeter:
             elif k in ("spend_usd", "last_step_usd"):
                 setattr(self, k, float(v))
 
+
+
+class SpendMeters:
+    """One SpendMeter per paid role, added up for the budget and the progress line."""
+
+    def __init__(self, prices: dict[str, tuple[float, ...]]):
+        self.by_role = {role: SpendMeter(price=tuple(prices.get(role, ())), role=role) for role in ROLES}
+
+    @property
+    def teacher(self) -> SpendMeter:
+        return self.by_role["teacher"]
+
+    def add(self, usage: dict[str, UsageReport]) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for role, meter in self.by_role.items():
+            out.update(meter.add(usage.get(role, UsageReport())))
+        if any(m.price for m in self.by_role.values()):
+            out["spend_usd_total"] = self.spend_usd
+        return out
+
+    @property
+    def spend_usd(self) -> float:
+        return sum(m.spend_usd for m in self.by_role.values())
+
+    def state(self) -> dict[str, Any]:
+        # the teacher's under "meter" as before (older checkpoints hold only that one)
+        return {"meter": self.teacher.state(), "meters": {r: m.state() for r, m in self.by_role.items() if r != "teacher"}}
+
+    def load(self, state: dict[str, Any]) -> None:
+        self.teacher.load(state.get("meter", {}))
+        for role, saved in (state.get("meters") or {}).items():
+            if role in self.by_role:
+                self.by_role[role].load(saved)
+
     def budget_figures(self) -> list[float]:
-        """[spent USD, the last step's USD, tokens, the last step's tokens] (train/loop.py's
-        budget check sums them over processes)."""
-        return [self.spend_usd, self.last_step_usd, float(self.prompt_tokens + self.completion_tokens),
-                float(self.last_step_tokens)]
+        """[spent USD (every priced role), the last step's USD, the teacher's tokens, the
+        teacher's last step's tokens] (train/loop.py's budget check sums them over processes)."""
+        t = self.teacher
+        return [self.spend_usd, sum(m.last_step_usd for m in self.by_role.values()),
+                float(t.prompt_tokens + t.completion_tokens), float(t.last_step_tokens)]
 
 
-__all__ = ["SpendMeter"]
+__all__ = ["ROLES", "SpendMeter", "SpendMeters"]

@@ -50,6 +50,23 @@ class UserSimConfig:
     extra_body: dict[str, Any] | None = None  # sent as is, after the provider's own fields
 
 
+@dataclasses.dataclass
+class UserSimUsage:
+    """What the user simulators of this process have asked for: requests sent (failed ones
+    too) and the tokens the endpoint reported. Named as the teacher's UsageReport fields, so
+    the collector's spend meter reads both alike."""
+    http_calls: int = 0
+    cache_hits: int = 0  # never: a simulator turn is not cached (each depends on the episode)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+# One counter for the process: the simulators are built inside the environment factories (one
+# per pool, per eval, per KD agent), which the collector never sees; it reads the difference
+# across a step (collect/collector.py), which is what this process's episodes asked for.
+USAGE = UserSimUsage()
+
+
 class UserSimUnavailable(RuntimeError):
     """The simulator could not produce a usable reply (API failure or empty answer)."""
 
@@ -177,10 +194,15 @@ class UserSimulator:
         request.update(sampling_body(c.provider, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
                                      max_tokens=c.max_tokens, seed=seed, thinking=c.thinking,
                                      extra_body=c.extra_body, who="user simulator"))
+        USAGE.http_calls += 1
         try:
             response = await self._client().chat.completions.create(**request)
         except openai.OpenAIError as exc:
             raise UserSimUnavailable(f"user simulator request failed: {type(exc).__name__}: {exc}") from None
+        usage = getattr(response, "usage", None)
+        if usage is not None:
+            USAGE.prompt_tokens += int(getattr(usage, "prompt_tokens", 0) or 0)
+            USAGE.completion_tokens += int(getattr(usage, "completion_tokens", 0) or 0)
         if not response.choices:
             raise UserSimUnavailable("user simulator returned no choices")
         message = response.choices[0].message

@@ -194,8 +194,9 @@ class Trainer:
         return code
 
     def _budget_stop(self) -> str | None:
-        """Why the next step must not start: the teacher's spend or tokens so far (every
-        process's, resumes included) plus what the last step took would pass run.budget_*."""
+        """Why the next step must not start: the spend of every priced role (teacher, judge,
+        user simulator) or the teacher's tokens so far (every process's, resumes included) plus
+        what the last step took would pass run.budget_*."""
         r = self.cfg.run
         figures = getattr(self.source, "budget_figures", None)
         if not (r.budget_usd or r.budget_teacher_tokens) or figures is None:
@@ -204,7 +205,8 @@ class Trainer:
         how = (f"Saved at step {self.step}; raise the cap and rerun the command to go on from here (cached teacher "
                "samples are reused)")
         if r.budget_usd and spent + last > r.budget_usd:
-            return (f"budget: the teacher has cost ${spent:,.4f} of run.budget_usd=${r.budget_usd:,.4f}, and the last "
+            return (f"budget: the paid models (teacher, judge, user simulator) have cost ${spent:,.4f} of "
+                    f"run.budget_usd=${r.budget_usd:,.4f}, and the last "
                     f"step took ${last:,.4f}: step {self.step} could pass the cap, so the run stops before it. {how}")
         if r.budget_teacher_tokens and tokens + last_tokens > r.budget_teacher_tokens:
             return (f"budget: the teacher has used {tokens:,.0f} of run.budget_teacher_tokens={r.budget_teacher_tokens:,} "
