@@ -28,7 +28,7 @@ import pytest
 
 from actionopd_jax.commands.main import main as actionopd
 from actionopd_jax.matching.audit import allocate, cohen_kappa, stratified_sample
-from actionopd_jax.matching.judged_log import JudgedLog, read_judged
+from actionopd_jax.matching.judged_log import JudgedLog, read_judged, resolve_context
 from actionopd_jax.serve.scripted import ScriptedBackend, message_choice
 from actionopd_jax.types import Message, ToolCall
 from tests._chat_fixtures import tiny_tokenizer, tiny_tokenizer_dir  # noqa: F401 (fixtures)
@@ -108,6 +108,9 @@ def test_a_collection_step_writes_every_judged_pair(env):
     states, read = read_judged(run_dir)
     assert read.files == 1 and read.lines == 2 and read.skipped_lines == 0 and len(states) == 2
     d0, d1 = states
+    assert not d0.resolved  # counting pairs reads no context
+    resolve_context(run_dir, states, read)
+    assert read.missing_context == 0 and d0.resolved and d1.resolved
     assert (d0.step, d0.task_id, d0.decision, d1.decision) == (3, "plant", 0, 1)
     assert d0.candidates == [A, SAME_NOTE, NEAR_NOTE, B] and d0.teacher == [A, A, B]
     assert d0.stages == [["rules_match", "rules_match", "name_mismatch"],
@@ -247,3 +250,10 @@ def test_a_line_cut_by_a_crash_is_skipped_and_the_next_record_starts_clean(tmp_p
     assert [(s.step, s.stages) for s in states] == [(0, [["rules_match"]]), (1, [["name_mismatch"]])]
     assert read.skipped_lines == 1 and read.lines == 3
     assert len((tmp_path / "judged-blobs-p0.jsonl").read_text().splitlines()) == 2  # the message, the tools
+    resolve_context(tmp_path, states, read)
+    assert read.missing_context == 0 and states[1].messages == msgs
+    # a state whose context is gone is left unresolved and counted, not guessed
+    (tmp_path / "judged-blobs-p0.jsonl").unlink()
+    states, read = read_judged(tmp_path)
+    resolve_context(tmp_path, states, read)
+    assert read.missing_context == 2 and not any(s.resolved for s in states)

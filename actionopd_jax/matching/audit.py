@@ -243,7 +243,8 @@ def flip_estimates(states: Sequence[JudgedState], result: AuditResult) -> dict[s
             "candidates": candidates, "judge_strata_without_answers": unknown}
 
 
-def pattern_table(states: Sequence[JudgedState], result: AuditResult, top: int = 10) -> list[tuple[str, int, list[Disagreement]]]:
+def pattern_table(states: Sequence[JudgedState], result: AuditResult,
+                  top: int = 10) -> list[tuple[str, int, list[Disagreement]]]:
     """The most common disagreement patterns, most frequent first, with up to two examples each."""
     counts = Counter(d.pattern for d in result.disagreements)
     ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:top]

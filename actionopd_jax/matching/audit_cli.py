@@ -76,17 +76,21 @@ def _audit(run_dir: Path, states, read, judge, args) -> int:
     from actionopd_jax.matching.audit_judge import AuditJudge
     from actionopd_jax.matching.audit_report import write_audit
     from actionopd_jax.matching.judge import JUDGE_PROMPT_VERSION
+    from actionopd_jax.matching.judged_log import resolve_context
     from actionopd_jax.teacher.cache import PersistentCache
 
     strata, definite = population(states)
     sample = stratified_sample(strata, args.sample, args.seed)
     refs = [r for s in sorted(sample) for r in sample[s]]
+    # only the sampled states' context is read (a long run's log need not fit in memory)
+    resolve_context(run_dir, [states[i] for i in sorted({r.state for r in refs})], read)
+    askable = [r for r in refs if states[r.state].resolved]
     with PersistentCache(run_dir / "audit" / "verdicts.sqlite") as cache:
         asker = AuditJudge(judge, cache)
 
         async def ask():
             try:
-                return await asker.verdicts(states, refs)
+                return await asker.verdicts(states, askable)
             finally:
                 await judge.aclose()
 

@@ -70,7 +70,8 @@ class AuditJudge:
         cand, teach = state.candidates[ref.i], state.teacher[ref.k]
         if isinstance(cand, ToolCall):
             paths = tuple(differing_paths(cand.arguments, teach.arguments))  # type: ignore[union-attr]
-            outcome = await self.judge.judge_tool_calls(cand, teach, paths, messages=state.messages,  # type: ignore[arg-type]
+            outcome = await self.judge.judge_tool_calls(cand, teach, paths,  # type: ignore[arg-type]
+                                                        messages=state.messages,
                                                         tools=state.tools, evidence=self._evidence(state, ref))
         else:
             outcome = await self.judge.judge_messages(cand, teach, messages=state.messages,  # type: ignore[arg-type]

@@ -48,22 +48,23 @@ def _action(a: dict[str, Any]) -> str:
 
 
 def render_markdown(doc: dict[str, Any]) -> str:
-    s, jj, rules, flips = doc["summary"], doc["summary"]["judge_vs_judge"], doc["summary"]["rules"], doc["summary"]["flips"]
+    s = doc["summary"]
+    jj, rules, flips = s["judge_vs_judge"], s["rules"], s["flips"]
     log, ask = doc["log"], doc["audit_judge"]["requests"]
     md = ["# Matcher audit", "",
           f"Run's judge: {doc['run_judge']}. Audit judge: `{doc['audit_judge']['model']}` at "
           f"{doc['audit_judge']['base_url']} ({doc['audit_judge']['provider']}), asked the matcher's own question "
           f"(prompt {doc['audit_judge']['prompt_version']}).", "",
           f"Judged-pair log: {log['files']} file(s), {log['states']} state groups, {s['definite_pairs']} pairs with a "
-          f"definite verdict ({log['skipped_lines']} unreadable line(s), {log['missing_context']} state(s) without "
-          f"their context, {log['duplicates']} re-collected state(s), the last kept). Sample: {doc['sample']['requested']} "
-          f"pairs requested, seed {doc['sample']['seed']}; {ask['questions']} distinct questions, {ask['cached']} "
-          f"answered from the audit cache, {ask['asked']} asked, {ask['unavailable']} without a verdict "
-          "(left out below; a re-run asks them again).", "",
+          f"definite verdict ({log['skipped_lines']} unreadable line(s), {log['duplicates']} re-collected "
+          f"state(s), the last kept; {log['missing_context']} sampled state(s) without their context, their pairs "
+          f"not asked). Sample: {doc['sample']['requested']} pairs requested, seed {doc['sample']['seed']}; "
+          f"{ask['questions']} distinct questions, {ask['cached']} answered from the audit cache, {ask['asked']} "
+          f"asked, {ask['unavailable']} without a verdict (left out below; a re-run asks them again).", "",
           "## Strata", "",
           "| stratum | pairs | sampled | answered | disagreements | rate |", "|---|---:|---:|---:|---:|---:|"]
-    md += [f"| {name} | {r['population']} | {r['sampled']} | {r['answered']} | {r['disagreements']} | {_pct(r['rate'])} |"
-           for name, r in s["strata"].items()]
+    md += [f"| {name} | {r['population']} | {r['sampled']} | {r['answered']} | {r['disagreements']} "
+           f"| {_pct(r['rate'])} |" for name, r in s["strata"].items()]
     t = jj["sample_table"]
     md += ["", "`judge/*`: decided by the run's LLM judge. `rules/*`: decided by the rules alone (same tool and "
            "canonically equal arguments, or equal normalized messages: match; different tools: no match); there a "
@@ -74,23 +75,27 @@ def render_markdown(doc: dict[str, Any]) -> str:
            f"- agreement {_pct(jj['agreement'])}, Cohen's kappa {_num(jj['kappa'])} (population estimate: each sampled "
            f"pair weighted by its stratum's pairs / answered pairs); on the plain sample counts above: agreement "
            f"{_pct(jj['sample_agreement'])}, kappa {_num(jj['sample_kappa'])}",
-           f"- run's judge match, audit judge no_match: {_pct(jj['run_match_audit_no_match'])} of the run's judged matches",
-           f"- run's judge no_match, audit judge match: {_pct(jj['run_no_match_audit_match'])} of the run's judged non-matches",
+           f"- run's judge match, audit judge no_match: {_pct(jj['run_match_audit_no_match'])} of the run's "
+           "judged matches",
+           f"- run's judge no_match, audit judge match: {_pct(jj['run_no_match_audit_match'])} of the run's "
+           "judged non-matches",
            "", "## Judge against the rules", "",
            f"- judge no_match where the rules match: {_pct(rules['judge_no_match_where_rules_match'])}",
-           f"- judge match where the rules say no match (different tools): {_pct(rules['judge_match_where_rules_no_match'])}",
+           "- judge match where the rules say no match (different tools): "
+           f"{_pct(rules['judge_match_where_rules_no_match'])}",
            "", "## Rewards that would flip", "",
            f"- pair verdicts: {_pct(flips['pair_verdicts'])} of all {s['definite_pairs']} definite pair verdicts",
            f"- candidate rewards: {_pct(flips['candidate_rewards'])} of {flips['candidates']} candidates in groups "
            "without an unavailable verdict", "",
-           "Estimators: d_s is the disagreement rate among stratum s's answered sampled pairs, N_s its number of pairs. "
-           "Pair verdicts: sum over the judge strata of N_s d_s, divided by all pairs with a definite verdict (pairs the "
-           "rules decide never reach a judge during training, so they cannot flip). Candidate rewards: the mean over "
-           "candidates of 1 - prod_k (1 - d_{s(i,k)}), d = 0 for rules-decided pairs: a candidate's reward r_lambda "
+           "Estimators: d_s is the disagreement rate among stratum s's answered sampled pairs, N_s its number of "
+           "pairs. Pair verdicts: sum over the judge strata of N_s d_s, divided by all pairs with a definite verdict "
+           "(pairs the rules decide never reach a judge during training, so they cannot flip). Candidate rewards: "
+           "the mean over candidates of 1 - prod_k (1 - d_{s(i,k)}), d = 0 for rules-decided pairs: a candidate's reward r_lambda "
            "changes when any of its K verdicts flips, the flips taken as independent. 'Flip' means the audit judge's "
            "verdict in place of the run's judge's; which of the two is right is not known."]
     if flips["judge_strata_without_answers"]:
-        md += ["", f"Judge strata with no answered sample (counted as 0 above): {', '.join(flips['judge_strata_without_answers'])}."]
+        md += ["", "Judge strata with no answered sample (counted as 0 above): "
+               f"{', '.join(flips['judge_strata_without_answers'])}."]
     md += ["", "## Most common disagreement patterns", ""]
     if not s["patterns"]:
         md += ["No disagreements in the sample."]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
@@ -34,6 +35,7 @@ from actionopd_jax.types import Action, ChatMessage, ToolCall, ToolSchema, Verdi
 log = logging.getLogger(__name__)
 
 LOG_VERSION = 1
+_DIGEST = re.compile(r'^\{"d": "([0-9a-f]{32})", "v": .*\}$')  # a whole blob line, as _blob writes it
 
 
 def log_path(run_dir: str | Path, process_index: int) -> Path:
@@ -52,7 +54,7 @@ class JudgedLog:
         self.blobs = blobs_path(run_dir, process_index)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         # a resumed run appends: the blobs already written need not be written again
-        self._seen = set(_read_blobs(self.blobs)[0]) if self.blobs.exists() else set()
+        self._seen = _blob_digests(self.blobs) if self.blobs.exists() else set()
         self._lines = self._blob_file = None  # opened at the first record (again after close)
         self._warned = False
 
@@ -110,24 +112,28 @@ class JudgedLog:
 
 @dataclass
 class JudgedState:
-    """One state group read back from the log, its context resolved."""
+    """One state group read back from the log. Its context (messages, tools, evidence) is
+    filled in by `resolve_context`, for the states a caller needs: a long run's blobs need
+    not all be in memory to count its pairs."""
 
     step: int
     task_start: int
     task_id: str
     env: str
     decision: int
-    messages: list[ChatMessage]
-    tools: list[ToolSchema]
-    evidence: dict[str, str]
     candidates: list[Action]
     teacher: list[Action]
     stages: list[list[str]]
     verdicts: list[list[Verdict]]
+    refs: dict[str, Any]                     # the blob digests of messages, tools, evidence
+    blobs_file: str                          # where they are
+    messages: list[ChatMessage] | None = None
+    tools: list[ToolSchema] | None = None
+    evidence: dict[str, str] | None = None
 
     @property
-    def ref(self) -> str:
-        return f"step {self.step}, task start {self.task_start} ({self.task_id}), decision {self.decision}"
+    def resolved(self) -> bool:
+        return self.messages is not None
 
 
 @dataclass
@@ -135,25 +141,25 @@ class ReadReport:
     files: int = 0
     lines: int = 0
     skipped_lines: int = 0       # cut off by a crash, or not a state record
-    missing_context: int = 0     # a referenced blob is absent
+    missing_context: int = 0     # states whose context blobs are absent (set by resolve_context)
     duplicates: int = 0          # re-collected states (the last one is kept)
 
 
 def read_judged(run_dir: str | Path) -> tuple[list[JudgedState], ReadReport]:
     """Every state group of the run's judged-pair logs (all processes), the last record of
-    each (step, task start, decision), in that order."""
+    each (step, task start, decision), in that order; contexts not yet resolved."""
     run_dir = Path(run_dir)
     report = ReadReport()
     states: dict[tuple[int, int, int], JudgedState] = {}
     for path in sorted(run_dir.glob("judged-p*.jsonl")):
         report.files += 1
-        blobs, bad_blobs = _read_blobs(run_dir / path.name.replace("judged-p", "judged-blobs-p"))
-        report.skipped_lines += bad_blobs
+        blobs = path.name.replace("judged-p", "judged-blobs-p")
         with open(path, encoding="utf-8") as f:
             for text in f:
                 report.lines += 1
-                state = _parse_state(text, blobs, report)
+                state = _parse_state(text, blobs)
                 if state is None:
+                    report.skipped_lines += 1
                     continue
                 key = (state.step, state.task_start, state.decision)
                 report.duplicates += key in states
@@ -161,23 +167,42 @@ def read_judged(run_dir: str | Path) -> tuple[list[JudgedState], ReadReport]:
     return [states[k] for k in sorted(states)], report
 
 
-def _parse_state(text: str, blobs: dict[str, Any], report: ReadReport) -> JudgedState | None:
+def resolve_context(run_dir: str | Path, states: Sequence[JudgedState], report: ReadReport) -> None:
+    """Fill in the context of `states` from the blob files, reading only the blobs they
+    reference; a state whose blobs are missing stays unresolved (counted in `report`)."""
+    run_dir = Path(run_dir)
+    by_file: dict[str, list[JudgedState]] = {}
+    for st in states:
+        if not st.resolved:
+            by_file.setdefault(st.blobs_file, []).append(st)
+    for name, group in by_file.items():
+        wanted = {r for st in group for r in _digests(st.refs)}
+        blobs, _ = _read_blobs(run_dir / name, wanted)
+        for st in group:
+            if any(r not in blobs for r in _digests(st.refs)):
+                report.missing_context += 1
+                continue
+            st.messages = [blobs[r] for r in st.refs["messages"]]
+            st.tools = blobs[st.refs["tools"]]
+            st.evidence = {tool: blobs[r] for tool, r in st.refs["evidence"].items()}
+
+
+def _digests(refs: dict[str, Any]) -> list[str]:
+    return [*refs["messages"], refs["tools"], *refs["evidence"].values()]
+
+
+def _parse_state(text: str, blobs_file: str) -> JudgedState | None:
     try:
         d = json.loads(text)
         if not isinstance(d, dict) or d.get("v") != LOG_VERSION:
             raise ValueError("not a judged-pair record")
-        refs = [*d["messages"], d["tools"], *d["evidence"].values()]
-        if any(r not in blobs for r in refs):
-            report.missing_context += 1
-            return None
+        refs = {"messages": list(d["messages"]), "tools": d["tools"], "evidence": dict(d["evidence"])}
         return JudgedState(
             step=int(d["step"]), task_start=int(d["task_start"]), task_id=str(d["task_id"]), env=str(d["env"]),
-            decision=int(d["decision"]), messages=[blobs[r] for r in d["messages"]], tools=blobs[d["tools"]],
-            evidence={name: blobs[r] for name, r in d["evidence"].items()},
-            candidates=[action_from_json(a) for a in d["candidates"]],
-            teacher=[action_from_json(a) for a in d["teacher"]], stages=d["stages"], verdicts=d["verdicts"])
+            decision=int(d["decision"]), candidates=[action_from_json(a) for a in d["candidates"]],
+            teacher=[action_from_json(a) for a in d["teacher"]], stages=d["stages"], verdicts=d["verdicts"],
+            refs=refs, blobs_file=blobs_file)
     except (ValueError, KeyError, TypeError, AttributeError):
-        report.skipped_lines += 1
         return None
 
 
@@ -191,16 +216,33 @@ def _append(path: Path):
     return f
 
 
-def _read_blobs(path: Path) -> tuple[dict[str, Any], int]:
+def _read_blobs(path: Path, wanted: set[str] | None = None) -> tuple[dict[str, Any], int]:
+    """The blobs of `path` ({digest: value}; only `wanted` ones when given) and the number of
+    unreadable lines (cut off by a crash)."""
     out: dict[str, Any] = {}
     bad = 0
     if not path.exists():
         return out, bad
     with open(path, encoding="utf-8") as f:
         for text in f:
+            head = _DIGEST.match(text)
+            if wanted is not None and head is not None and head.group(1) not in wanted:
+                continue  # skipped without parsing the value
             try:
                 d = json.loads(text)
                 out[d["d"]] = d["v"]
             except (ValueError, KeyError, TypeError):
-                bad += 1  # a line cut off by a crash
+                bad += 1
     return out, bad
+
+
+def _blob_digests(path: Path) -> set[str]:
+    """The digests a blob file holds, without parsing the values."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    out = {m.group(1) for m in map(_DIGEST.match, lines[:-1]) if m is not None}
+    if lines and _DIGEST.match(lines[-1]):   # only the last line can be one a crash cut off
+        try:
+            out.add(json.loads(lines[-1])["d"])
+        except ValueError:
+            pass
+    return out
