@@ -90,9 +90,9 @@ def render_markdown(doc: dict[str, Any]) -> str:
            "Estimators: d_s is the disagreement rate among stratum s's answered sampled pairs, N_s its number of "
            "pairs. Pair verdicts: sum over the judge strata of N_s d_s, divided by all pairs with a definite verdict "
            "(pairs the rules decide never reach a judge during training, so they cannot flip). Candidate rewards: "
-           "the mean over candidates of 1 - prod_k (1 - d_{s(i,k)}), d = 0 for rules-decided pairs: a candidate's reward r_lambda "
-           "changes when any of its K verdicts flips, the flips taken as independent. 'Flip' means the audit judge's "
-           "verdict in place of the run's judge's; which of the two is right is not known."]
+           "the mean over candidates of 1 - prod_k (1 - d_{s(i,k)}), d = 0 for rules-decided pairs: a candidate's "
+           "reward r_lambda changes when any of its K verdicts flips, the flips taken as independent. 'Flip' means "
+           "the audit judge's verdict in place of the run's judge's; which of the two is right is not known."]
     if flips["judge_strata_without_answers"]:
         md += ["", "Judge strata with no answered sample (counted as 0 above): "
                f"{', '.join(flips['judge_strata_without_answers'])}."]
