@@ -68,8 +68,8 @@ class JudgedLog:
         try:
             self._record(step, task_start, task_id, env, decision, messages, tools, candidates, teacher, verdicts,
                          matcher, evidence_env)
-        except OSError as err:
-            # a diagnostic record must not stop training; say so once, loudly
+        except Exception as err:  # noqa: BLE001 - a full disk, a value JSON cannot hold
+            # a diagnostic record must not end a trajectory or stop training; say so once, loudly
             if not self._warned:
                 log.warning("judged-pair log %s not written (%s); `audit-matcher` will miss these states",
                             self.path, err)
