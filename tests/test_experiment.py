@@ -194,6 +194,15 @@ def test_report_shows_curves_and_before_after(tmp_path):
     assert "ActionOPD unavailable groups" in text and "per step (masked, never trained on)" in text
 
 
+def test_report_links_the_matcher_audit_once_it_exists(tmp_path):
+    from actionopd_jax.experiment.report import write_report
+
+    assert "audit.md" not in write_report(tmp_path, _summary(tmp_path))["markdown"].read_text()
+    (tmp_path / "audit.md").write_text("# Matcher audit\n")   # `actionopd audit-matcher` ran
+    md = write_report(tmp_path, _summary(tmp_path))["markdown"].read_text()
+    assert md.count("## Matcher audit") == 1 and "[audit.md](audit.md)" in md
+
+
 # --- remote teacher switch (offline) -------------------------------------------------------------
 
 def _remote_cfg(base_url="https://teacher.example/v1", key_env="ACTIONOPD_TEST_TEACHER_KEY", *extra):

@@ -108,12 +108,15 @@ class Collector:
     `matching.Matcher`); sample_fn: see `sampler_worker.sampler_fn` (wraps a `Sampler`), or an
     `engine_worker.EngineSampling` (the continuous-batching engine, one state at a time);
     eos_ids: end-of-turn ids stripped before decoding; env_factory: a fresh environment per
-    task start; context_fit: the context-budget policy (see prompt.PromptBuilder).
+    task start; context_fit: the context-budget policy (see prompt.PromptBuilder);
+    judged_log: a `matching.judged_log.JudgedLog` that records every state's verdicts, or None.
     """
 
     def __init__(self, cfg: CollectorConfig, *, tokenizer: Any, teacher: Any, matcher: Any, sample_fn: SampleFn,
-                 eos_ids: Sequence[int], env_factory: EnvFactory | None = None, context_fit: FitFn | None = None):
+                 eos_ids: Sequence[int], env_factory: EnvFactory | None = None, context_fit: FitFn | None = None,
+                 judged_log: Any = None):
         self.cfg = cfg
+        self.judged_log = judged_log  # matching.judged_log.JudgedLog: every judged pair, for audit-matcher
         self.teacher = teacher
         self.matcher = matcher
         self.sample_fn = sample_fn
@@ -131,6 +134,8 @@ class Collector:
             self._loop.run_until_complete(self._loop.shutdown_asyncgens())
             self._loop.close()
         self._loop = None
+        if self.judged_log is not None:
+            self.judged_log.close()
 
     def __enter__(self) -> "Collector":
         return self
@@ -341,6 +346,12 @@ class Collector:
                                         logprobs=np.asarray(gen.logprobs, np.float32), text=text,
                                         action=action, finish_reason=gen.finish_reason))
         verdicts = await self._verdicts(candidates, batch, prompt, rec, evidence_scope(task))
+        if self.judged_log is not None:
+            self.judged_log.record(step=step, task_start=start, task_id=task.task_id, env=task.env, decision=decision,
+                                   messages=prompt.messages, tools=prompt.tools,
+                                   candidates=[c.action for c in candidates],
+                                   teacher=[s.action for s in batch.samples], verdicts=verdicts,
+                                   matcher=self.matcher, evidence_env=evidence_scope(task))
         cfg = self.cfg
         return build_group(task_id=task.task_id, decision_index=decision, prompt_ids=prompt.ids,
                            candidates=candidates, teacher_samples=batch.samples, verdicts=verdicts,

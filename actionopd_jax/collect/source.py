@@ -291,9 +291,12 @@ class ActionOPDGroupSource:
             self.sampler = Sampler(None, ctx.model_config, eos_ids=[eos], buckets=buckets,
                                    token_budget=self.cfg.sampler_token_budget)
             sample_fn = sampler_fn(self.sampler, settings)
+        from actionopd_jax.matching.judged_log import JudgedLog
+
+        # every judged pair, for `actionopd audit-matcher` (one file per process, as the caches)
         self.collector = Collector(self.cfg, tokenizer=tokenizer, teacher=teacher, matcher=matcher,
-                                   sample_fn=sample_fn, eos_ids=[eos],
-                                   env_factory=env_factory)
+                                   sample_fn=sample_fn, eos_ids=[eos], env_factory=env_factory,
+                                   judged_log=JudgedLog(run_dir, ctx.process_index))
         if prefetches:
             self._prefetch_next()  # the first step's servers start in the background, while the programs compile
         self.last: CollectResult | None = None

@@ -21,12 +21,14 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "tokenizer": ("actionopd_jax.chat.tokenizer_cli", "build the offline Qwen3 tokenizer"),
     "envs": ("actionopd_jax.commands.envs", "audit AWM / EnvScaler task pools; write the admission manifest"),
     "tau2": ("actionopd_jax.commands.tau2", "tau2 helpers: `tau2 summaries` drafts Self-ActionOPD's privileged summaries"),
+    "audit-matcher": ("actionopd_jax.matching.audit_cli", "re-judge a run's judged pairs with a second judge"),
 }
 
 
 def _usage() -> str:
     lines = ["usage: actionopd <command> [options]", "", "commands:"]
-    lines += [f"  {name:<10} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
+    width = max(map(len, SUBCOMMANDS))
+    lines += [f"  {name:<{width}} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
     lines += ["", "run `actionopd <command> --help` for a command's options"]
     return "\n".join(lines)
 

@@ -7,6 +7,8 @@ import math
 from pathlib import Path
 from typing import Any
 
+from actionopd_jax.matching.audit_report import AUDIT_MD, report_link_section
+
 CURVES = (("reward_mean", "mean reward r_lambda"), ("match_rate", "match rate"), ("invalid_rate", "invalid rate"))
 HELDOUT = (("bfcl_accuracy", "BFCL accuracy (official checker)"),
            ("episode_valid_rate", "valid actions in own episodes"),
@@ -194,5 +196,7 @@ def write_report(run_dir: Path, s: dict[str, Any]) -> dict[str, Path]:
            "Logs: `train.log`; metrics: `metrics.jsonl` (ActionOPD), `warm_start/{pretrain,kd}/metrics.jsonl`; "
            "TensorBoard: `tb/`, `warm_start/*/tb/`; resolved config: `config.yaml` (what each phase ran with: "
            "`warm_start/*/config.yaml`, `actionopd_config.yaml`).", ""]
+    if (run_dir / AUDIT_MD).exists():  # `actionopd audit-matcher` ran on this run before
+        md += [report_link_section()]
     paths["markdown"].write_text("\n".join(md))
     return paths

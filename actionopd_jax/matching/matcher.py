@@ -63,6 +63,36 @@ class MatcherStats:
         return asdict(self)
 
 
+@dataclass(frozen=True)
+class RulesDecision:
+    """What the programmatic rules say about one pair. stage: "invalid" (an Invalid on either
+    side, or a tool call against a message), "name_mismatch", "rules_match" (canonically equal
+    arguments, or equal normalized messages), or "judge" (verdict None: the rules cannot
+    settle it; `paths` are the differing argument paths the judge is shown)."""
+
+    stage: str
+    verdict: Verdict | None
+    paths: tuple[str, ...] = ()
+
+
+def rules_decision(student: Action, teacher: Action) -> RulesDecision:
+    """Steps 1-2 of the module docstring, for one pair."""
+    if isinstance(student, Invalid) or isinstance(teacher, Invalid) or type(student) is not type(teacher):
+        return RulesDecision("invalid", "no_match")
+    if isinstance(student, ToolCall):
+        cmp = compare_tool_calls(student, teacher)  # type: ignore[arg-type]
+        if not cmp.same_name:
+            return RulesDecision("name_mismatch", "no_match")
+        if cmp.equal:
+            return RulesDecision("rules_match", "match")
+        return RulesDecision("judge", None, cmp.paths)
+    if isinstance(student, Message):
+        if messages_equal(student.text, teacher.text):  # type: ignore[union-attr]
+            return RulesDecision("rules_match", "match")
+        return RulesDecision("judge", None)
+    raise TypeError(f"not an Action: {type(student).__name__}")
+
+
 class Matcher:
     def __init__(self, judge: Judge | None, *, cache: PersistentCache | None = None,
                  evidence: dict[str, str] | None = None,
@@ -84,28 +114,25 @@ class Matcher:
             return self.evidence_by_env[env].get(name), True
         return self.evidence.get(name), False
 
+    def stage(self, student: Action, teacher: Action) -> str:
+        """Which stage decides this pair (`rules_decision`'s stage), "rules_only" where the
+        judge would decide but this matcher has none. The judged-pair log records it."""
+        stage = rules_decision(student, teacher).stage
+        return "rules_only" if stage == "judge" and self.judge is None else stage
+
     async def verdict(self, student: Action, teacher: Action, *, messages: list[ChatMessage],
                       tools: list[ToolSchema], env: str | None = None) -> Verdict:
         self.stats.pairs += 1
-        if isinstance(student, Invalid) or isinstance(teacher, Invalid) or type(student) is not type(teacher):
+        rules = rules_decision(student, teacher)
+        if rules.stage == "invalid":
             self.stats.invalid_or_cross_kind += 1
             return "no_match"
-        paths: tuple[str, ...] = ()
-        if isinstance(student, ToolCall):
-            cmp = compare_tool_calls(student, teacher)  # type: ignore[arg-type]
-            if not cmp.same_name:
-                self.stats.name_mismatch += 1
-                return "no_match"
-            if cmp.equal:
-                self.stats.programmatic_match += 1
-                return "match"
-            paths = cmp.paths
-        elif isinstance(student, Message):
-            if messages_equal(student.text, teacher.text):  # type: ignore[union-attr]
-                self.stats.programmatic_match += 1
-                return "match"
-        else:
-            raise TypeError(f"not an Action: {type(student).__name__}")
+        if rules.stage == "name_mismatch":
+            self.stats.name_mismatch += 1
+            return "no_match"
+        if rules.stage == "rules_match":
+            self.stats.programmatic_match += 1
+            return "match"
         if self.judge is None:
             self.stats.rules_only_no_match += 1
             return "no_match"
@@ -116,7 +143,7 @@ class Matcher:
                 self.stats.missing_evidence += 1
                 self.stats.unavailable += 1
                 return "unavailable"
-        return await self._judged(student, teacher, paths, messages, tools, evidence)
+        return await self._judged(student, teacher, rules.paths, messages, tools, evidence)
 
     async def match_group(self, candidates: Sequence[Action], teacher_actions: Sequence[Action], *,
                           messages: list[ChatMessage], tools: list[ToolSchema],
