@@ -22,6 +22,7 @@ from actionopd_jax.envs.admission import read_manifest
 from actionopd_jax.envs.awm.layout import load_awm
 from actionopd_jax.envs.task_sources import SECTIONS, awm_sources
 from actionopd_jax.screening.prompt import _fit, build_prompt, parse_reply
+from actionopd_jax.serve.faults import FaultInjector, FaultRates
 from actionopd_jax.serve.openai_http import OpenAIServer
 from actionopd_jax.serve.scripted import ScriptedBackend, message_choice
 
@@ -250,3 +251,31 @@ def test_bad_input_is_refused_in_one_paragraph(tmp_path, judge, capsys, monkeypa
     err = capsys.readouterr().err
     assert "'SCREEN_TEST_KEY' is not set" in err and "Traceback" not in err
     assert server.request_count == 0 and json.loads(manifest.read_text())["pools"]["awm"]["admitted"] == ["library_loans_1/0"]
+
+
+def test_a_failing_endpoint_stops_the_screen_and_admits_nothing_unjudged(tmp_path, capsys):
+    """A wrong model name is a 404 for every task: after --stop-after-errors of them in a row the
+    other tasks are not sent; every task is recorded as an error and none is admitted."""
+    counter = FaultInjector(FaultRates(), seed=0)  # no faults: it counts the requests that arrive
+    server = OpenAIServer(ScriptedBackend(JUDGE, Judge().reply), middleware=counter)
+    server.start()
+    try:
+        _failing_endpoint(tmp_path, server, counter, capsys)
+    finally:
+        server.stop()
+
+
+def _failing_endpoint(tmp_path, server, counter, capsys):
+    ids = [t.task_id for t in load_awm(DATA / "awm_mini").tasks()]
+    manifest = tmp_path / "m.json"
+    manifest.write_text(json.dumps({"pools": {"awm": {"admitted": ids, "dir": str(DATA / "awm_mini")}}}))
+    assert main(["envs", "screen", "--env", "awm", "--manifest", str(manifest), "--judge-url", server.base_url,
+                 "--judge-model", "no-such-model", "--concurrency", "1", "--stop-after-errors", "3"]) == 1
+    assert counter.requests_seen == 3 and server.request_count == 0  # 404s: no backend was reached
+    err = capsys.readouterr().err
+    assert "15 task(s) got no verdict" in err and "Traceback" not in err
+    entry = read_manifest(manifest)["pools"]["awm"]
+    reasons = [entry["screening"]["records"][t]["reason"] for t in ids]
+    assert [r.startswith("api: HTTP 404") for r in reasons] == [True] * 3 + [False] * 12
+    assert all(r.startswith("not asked: the endpoint failed 3 times in a row") for r in reasons[3:])
+    assert entry["admitted"] == [] and entry["audited"] == ids

@@ -48,6 +48,8 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--max-evidence-chars", type=int, default=DEFAULT_MAX_CHARS,
                    help="characters of tools / code / data / verifier shown per task; longer sections are cut")
     s.add_argument("--cache", default="", help="verdict cache (default: <manifest dir>/screen_cache.sqlite)")
+    s.add_argument("--stop-after-errors", type=int, default=8,
+                   help="stop sending when the endpoint fails (refused / unreachable) for this many tasks in a row")
     s.add_argument("--progress-every", type=int, default=25, help="print a progress line every N tasks")
 
 
@@ -157,7 +159,8 @@ def screen(args: argparse.Namespace) -> int:
             print(f"{PROG}: {c.line()}", file=sys.stderr, flush=True)
 
     with ScreenCache(Path(args.cache or path.parent / "screen_cache.sqlite")) as cache:
-        run = asyncio.run(screen_sources(sources, judge, cache, max_chars=args.max_evidence_chars, progress=progress))
+        run = asyncio.run(screen_sources(sources, judge, cache, max_chars=args.max_evidence_chars, progress=progress,
+                                       stop_after_api_errors=max(1, args.stop_after_errors)))
     entry.setdefault("source_hashes", {}).update({t: s.source_hash for t, s in sources.items()})
     entry["screening"] = {"judge": {"model": judge.cfg.model, "provider": judge.cfg.provider,
                                     "identity": judge.identity, "max_evidence_chars": args.max_evidence_chars},

@@ -11,6 +11,7 @@ mini pools' reference solutions) is never part of a source: it is neither shown 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from dataclasses import dataclass
@@ -35,7 +36,7 @@ class TaskSource:
     goal: str                     # the task as the user states it
     sections: dict[str, str]      # SECTIONS key -> full text
 
-    @property
+    @functools.cached_property
     def source_hash(self) -> str:
         """sha256 of the canonical JSON of the pool, id, goal and every section (uncut)."""
         doc = {"pool": self.pool, "task_id": self.task_id, "goal": self.goal, "sections": self.sections}
@@ -51,14 +52,25 @@ def awm_sources(data: Any, tasks: list[Task], verifier_modes: dict[str, str] | N
     """`data`: an `envs.awm.layout.AwmDataset`; `verifier_modes`: the audit's task id -> "code" |
     "sql" (the verifier the task was admitted with; else code where present, then sql)."""
     modes = verifier_modes or {}
+    shared: dict[str, dict[str, str]] = {}  # scenario -> its sections, one copy for all its tasks
     out = {}
     for t in tasks:
         sc = data.scenario_of(t)
+        if sc.name not in shared:
+            ddl = "\n".join(tb.get("ddl", "") for tb in (sc.db_schema or {}).get("tables", []))
+            rows = "\n".join(s for tb in (sc.sample_data or {}).get("tables", [])
+                             for s in tb.get("insert_statements", []))
+            shared[sc.name] = {
+                "environment": f"scenario {sc.name}: {sc.description}".strip(),
+                # the published spec's tools, not what a probed server listed: the hash must not
+                # depend on whether the audit started the servers
+                "tools": _dump(sc.tool_schemas()),
+                "implementation": sc.server_code or "(no server code)",
+                "initial_data": f"-- schema\n{ddl}\n-- rows\n{rows}",
+            }
         idx = t.payload["task_idx"]
         order = (modes[t.task_id],) if t.task_id in modes else ("code", "sql")
         mode, entry = next(((m, sc.verifier(idx, m)) for m in order if sc.verifier(idx, m)), (order[0], None))
-        ddl = "\n".join(tb.get("ddl", "") for tb in (sc.db_schema or {}).get("tables", []))
-        rows = "\n".join(s for tb in (sc.sample_data or {}).get("tables", []) for s in tb.get("insert_statements", []))
         if entry is None:
             verifier = "(no verifier)"
         elif mode == "code":
@@ -67,15 +79,7 @@ def awm_sources(data: Any, tasks: list[Task], verifier_modes: dict[str, str] | N
         else:
             verifier = ("# SQL verifier: its output (facts read from the initial and final databases) is shown to "
                         "an LLM judge together with the task, which decides success\n" + entry["code"])
-        out[t.task_id] = TaskSource(t.task_id, "awm", str(t.payload["task"]), {
-            "environment": f"scenario {sc.name}: {sc.description}".strip(),
-            # the published spec's tools, not what a probed server listed: the hash must not
-            # depend on whether the audit started the servers
-            "tools": _dump(sc.tool_schemas()),
-            "implementation": sc.server_code or "(no server code)",
-            "initial_data": f"-- schema\n{ddl}\n-- rows\n{rows}",
-            "verifier": verifier,
-        })
+        out[t.task_id] = TaskSource(t.task_id, "awm", str(t.payload["task"]), {**shared[sc.name], "verifier": verifier})
     return out
 
 

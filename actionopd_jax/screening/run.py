@@ -3,6 +3,9 @@ the judge (all uncached tasks in flight at once, the endpoint's concurrency boun
 verdict stored the moment it arrives. The result is the manifest's screening records.
 
 `progress(counts)` is called after every task with the running counts; the command prints it.
+When the endpoint itself fails (`api:` errors: refused, unreachable after its retries) for
+`stop_after_api_errors` tasks in a row, the tasks not yet sent are not sent: a wrong URL, model
+or key would otherwise be tried once per task of a pool of thousands.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from typing import Any, Callable
 
 from actionopd_jax.envs.task_sources import TaskSource
 from actionopd_jax.screening.cache import ScreenCache, screen_key
-from actionopd_jax.screening.judge import ScreenJudge
+from actionopd_jax.screening.judge import ScreenJudge, ScreenOutcome
 from actionopd_jax.screening.prompt import PROMPT_VERSION, build_prompt
 
 DEFAULT_MAX_CHARS = 120_000  # section text shown per task (~40k tokens at 3 characters a token)
@@ -49,8 +52,10 @@ def _now() -> str:
 
 async def screen_sources(sources: dict[str, TaskSource], judge: ScreenJudge, cache: ScreenCache, *,
                          max_chars: int = DEFAULT_MAX_CHARS,
-                         progress: Callable[[ScreenCounts], None] | None = None) -> ScreenRun:
+                         progress: Callable[[ScreenCounts], None] | None = None,
+                         stop_after_api_errors: int = 8) -> ScreenRun:
     counts = ScreenCounts(total=len(sources))
+    failing = {"in_a_row": 0, "last": ""}
     records: dict[str, dict[str, Any]] = {}
 
     def finish(tid: str, record: dict[str, Any], *, cached: bool) -> None:
@@ -63,9 +68,20 @@ async def screen_sources(sources: dict[str, TaskSource], judge: ScreenJudge, cac
         if progress is not None:
             progress(counts)
 
+    # the prompt is built inside the limit too: a pool's prompts at once would not fit in memory
+    limit = asyncio.Semaphore(judge.cfg.max_concurrency)
+
     async def one(tid: str, source: TaskSource, key: str) -> None:
-        prompt, cut = build_prompt(source, max_chars)
-        out = await judge.ask(prompt)
+        async with limit:
+            if failing["in_a_row"] >= stop_after_api_errors:
+                out = ScreenOutcome("error", f"not asked: the endpoint failed {failing['in_a_row']} times in a row "
+                                             f"(last: {failing['last']})")
+                cut: list[str] = []
+            else:
+                prompt, cut = build_prompt(source, max_chars)
+                out = await judge.ask(prompt)
+                api = out.reason.startswith("api:") and out.verdict == "error"
+                failing.update(in_a_row=failing["in_a_row"] + 1 if api else 0, last=out.reason[:200])
         record = {"verdict": out.verdict, "reason": out.reason, "confidence": out.confidence,
                   "model": judge.cfg.model, "provider": judge.cfg.provider, "prompt_version": PROMPT_VERSION,
                   "source_hash": source.source_hash, "time": _now(), "requests": out.requests,
