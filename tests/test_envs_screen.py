@@ -20,6 +20,7 @@ import pytest
 from actionopd_jax.commands.main import main
 from actionopd_jax.envs.admission import read_manifest
 from actionopd_jax.envs.awm.layout import load_awm
+from actionopd_jax.envs.screen_manifest import SCREEN_STAGE, apply_screening
 from actionopd_jax.envs.task_sources import SECTIONS, awm_sources
 from actionopd_jax.screening.prompt import _fit, build_prompt, parse_reply
 from actionopd_jax.serve.faults import FaultInjector, FaultRates
@@ -173,6 +174,13 @@ def test_screen_rejects_planted_tasks_records_them_and_never_asks_twice(tmp_path
     m = read_manifest(manifest)
     assert m["admitted"]["awm"] == set(entry["audited"]) - {FAX_AWM, BAD_VERIFIER}
     assert "admitted 13 of 15 tasks" in capsys.readouterr().out and server.request_count == 20
+    # and training draws from the screened tasks only, never the held-out ones
+    from actionopd_jax.config import EnvConfig
+    from actionopd_jax.envs.mixture import mixture_pool_tasks
+
+    pools = mixture_pool_tasks(EnvConfig(name="awm", awm_dir=str(root), manifest=str(manifest)))
+    drawn = {t.task_id for t in pools["awm"]}
+    assert drawn == m["admitted"]["awm"] - m["heldout"]["awm"] and len(m["heldout"]["awm"]) == 3
 
 
 def test_envscaler_screen_and_the_prompt_it_sends(tmp_path, judge, tok_dir, capsys):
@@ -207,7 +215,8 @@ def test_prompt_budget_cuts_the_largest_sections_and_the_hash_covers_them_whole(
     assert _fit({"a": 100, "b": 1000, "c": 5000}, 2100) == {"a": 100, "b": 1000, "c": 1000}
     small, cut = build_prompt(src, 3000)
     assert "implementation" in cut and "characters cut]" in small and src.goal in small  # the goal is never cut
-    shown = sum(len(t) for t in src.sections.values()) - sum(map(int, re.findall(r"\[\.\.\. (\d+) characters cut\]", small)))
+    removed = sum(map(int, re.findall(r"\[\.\.\. (\d+) characters cut\]", small)))
+    shown = sum(len(t) for t in src.sections.values()) - removed
     assert 3000 - len(SECTIONS) < shown <= 3000  # even shares are rounded down
     other = awm_sources(data, tasks)["library_loans_1/0"]
     assert other.source_hash == src.source_hash and len(src.source_hash) == 64
@@ -245,12 +254,13 @@ def test_bad_input_is_refused_in_one_paragraph(tmp_path, judge, capsys, monkeypa
     manifest.write_text(json.dumps({"pools": {"awm": {"admitted": ["nope/0"], "dir": str(DATA / "awm_mini")}}}))
     assert _screen(server, manifest) == 2
     assert "does not hold (e.g. ['nope/0'])" in capsys.readouterr().err
-    manifest.write_text(json.dumps({"pools": {"awm": {"admitted": ["library_loans_1/0"], "dir": str(DATA / "awm_mini")}}}))
+    one = {"pools": {"awm": {"admitted": ["library_loans_1/0"], "dir": str(DATA / "awm_mini")}}}
+    manifest.write_text(json.dumps(one))
     monkeypatch.delenv("SCREEN_TEST_KEY", raising=False)
     assert _screen(server, manifest, "awm", "--judge-api-key-env", "SCREEN_TEST_KEY") == 2
     err = capsys.readouterr().err
     assert "'SCREEN_TEST_KEY' is not set" in err and "Traceback" not in err
-    assert server.request_count == 0 and json.loads(manifest.read_text())["pools"]["awm"]["admitted"] == ["library_loans_1/0"]
+    assert server.request_count == 0 and json.loads(manifest.read_text()) == one  # nothing sent, nothing lost
 
 
 def test_a_failing_endpoint_stops_the_screen_and_admits_nothing_unjudged(tmp_path, capsys):
@@ -272,10 +282,34 @@ def _failing_endpoint(tmp_path, server, counter, capsys):
     assert main(["envs", "screen", "--env", "awm", "--manifest", str(manifest), "--judge-url", server.base_url,
                  "--judge-model", "no-such-model", "--concurrency", "1", "--stop-after-errors", "3"]) == 1
     assert counter.requests_seen == 3 and server.request_count == 0  # 404s: no backend was reached
-    err = capsys.readouterr().err
+    out, err = capsys.readouterr()
     assert "15 task(s) got no verdict" in err and "Traceback" not in err
+    assert "| 15 | 0 | 3 | 0 | 0 | 0 | 15 | 3 |" in out  # 3 tasks sent, 12 left unsent
     entry = read_manifest(manifest)["pools"]["awm"]
     reasons = [entry["screening"]["records"][t]["reason"] for t in ids]
     assert [r.startswith("api: HTTP 404") for r in reasons] == [True] * 3 + [False] * 12
     assert all(r.startswith("not asked: the endpoint failed 3 times in a row") for r in reasons[3:])
     assert entry["admitted"] == [] and entry["audited"] == ids
+
+
+def test_apply_screening_is_idempotent_and_admits_only_current_feasible_verdicts():
+    rec = lambda v, h: {"verdict": v, "reason": f"r-{v}", "source_hash": h}  # noqa: E731
+    entry = {"admitted": ["a", "b", "c", "d", "e"], "heldout": ["a", "b"], "dropped": {"z": "no verifier"},
+             "funnel": [{"stage": "tasks in the directory", "kept": 6, "reasons": {}}],
+             "source_hashes": {"a": "ha", "b": "hb", "c": "hc2", "d": "hd", "e": "he"},
+             "screening": {"records": {"a": rec("feasible", "ha"), "b": rec("infeasible", "hb"),
+                                       "c": rec("feasible", "hc1"), "d": rec("error", "hd")}}}
+    apply_screening(entry)
+    assert entry["admitted"] == ["a"] and entry["heldout"] == ["a"] and entry["audited_heldout"] == ["a", "b"]
+    assert entry["dropped"] == {"z": "no verifier", "b": "infeasible: r-infeasible",
+                                "c": "not screened since its source changed (run `actionopd envs screen`)",
+                                "d": "screen error: r-error", "e": "not screened (run `actionopd envs screen`)"}
+    assert entry["funnel"][-1] == {"stage": SCREEN_STAGE, "kept": 1, "note": "confidence recorded, not a threshold",
+                                   "reasons": {"judged infeasible": 1, "not screened": 2,
+                                               "no verdict (screen error)": 1}}
+    # b is judged again, feasible now: it comes back, into the held-out split it was drawn for
+    entry["screening"]["records"]["b"] = rec("feasible", "hb")
+    apply_screening(entry)
+    apply_screening(entry)
+    assert entry["admitted"] == ["a", "b"] and entry["heldout"] == ["a", "b"] and len(entry["funnel"]) == 2
+    assert set(entry["dropped"]) == {"z", "c", "d", "e"}

@@ -41,7 +41,8 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--judge-thinking", choices=("on", "off"), default=None,
                    help="send the provider's thinking switch (default: send none)")
     s.add_argument("--judge-temperature", type=float, default=0.0)
-    s.add_argument("--judge-max-tokens", type=int, default=1024, help="reply limit (the reason is one or two sentences)")
+    s.add_argument("--judge-max-tokens", type=int, default=1024,
+                   help="reply limit (the reason is one or two sentences)")
     s.add_argument("--judge-timeout-s", type=float, default=120.0, help="per request")
     s.add_argument("--format-retries", type=int, default=2, help="asks after a reply outside the JSON format")
     s.add_argument("--concurrency", type=int, default=8, help="judge requests in flight")
@@ -60,7 +61,8 @@ class _Refused(Exception):
 def _load(args: argparse.Namespace) -> tuple[Path, dict[str, Any], dict[str, Any], Any, list]:
     """(manifest path, whole manifest, the pool's entry, the dataset, the audited tasks)."""
     if not args.manifest and not args.dir:
-        raise _Refused("give --manifest (the file `actionopd envs audit` wrote), or --dir when it is <dir>/admitted.json")
+        raise _Refused("give --manifest (the file `actionopd envs audit` wrote), "
+                       "or --dir when it is <dir>/admitted.json")
     path = Path(args.manifest or Path(args.dir) / "admitted.json")
     if not path.is_file():
         raise _Refused(f"no manifest at {path}; run `actionopd envs audit --env {args.env} --dir DIR --manifest "
@@ -68,7 +70,8 @@ def _load(args: argparse.Namespace) -> tuple[Path, dict[str, Any], dict[str, Any
     try:
         whole = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
-        raise _Refused(f"{path} is not readable as JSON ({e}); pass the manifest `actionopd envs audit` wrote") from None
+        raise _Refused(f"{path} is not readable as JSON ({e}); "
+                       "pass the manifest `actionopd envs audit` wrote") from None
     pools = whole.get("pools") if isinstance(whole, dict) else None
     entry = pools.get(args.env) if isinstance(pools, dict) else None
     if not isinstance(entry, dict) or not isinstance(entry.get("admitted"), list):
@@ -121,8 +124,9 @@ def _write(path: Path, whole: dict[str, Any]) -> None:
 
 def summary(env: str, run: Any, restale: int, entry: dict[str, Any]) -> str:
     c = run.counts
-    lines = [f"{env} feasibility screen", "", "| tasks | from cache | asked now | re-asked (source changed) | feasible | "
-             "rejected | errors | judge requests |", "|---:|---:|---:|---:|---:|---:|---:|---:|",
+    lines = [f"{env} feasibility screen", "",
+             "| tasks | from cache | asked now | re-asked (source changed) | feasible | rejected | errors | "
+             "judge requests |", "|---:|---:|---:|---:|---:|---:|---:|---:|",
              f"| {c.total} | {c.cached} | {c.asked} | {restale} | {c.feasible} | {c.infeasible} | {c.errors} | "
              f"{run.requests} |"]
     bad = [(t, r) for t, r in run.records.items() if r["verdict"] != "feasible"]
@@ -168,7 +172,8 @@ def screen(args: argparse.Namespace) -> int:
     apply_screening(entry)
     _write(path, whole)
     print(summary(args.env, run, restale, entry))
-    print(f"\nadmitted {len(entry['admitted'])} of {len(tasks)} audited {args.env} tasks; manifest: {path}")
+    print(f"\njudge tokens this run: {run.tokens['prompt']} prompt, {run.tokens['completion']} completion")
+    print(f"admitted {len(entry['admitted'])} of {len(tasks)} audited {args.env} tasks; manifest: {path}")
     if run.counts.errors:
         print(f"{PROG}: {run.counts.errors} task(s) got no verdict and are not admitted; run the same command again "
               "to ask for them (verdicts already made are not asked again)", file=sys.stderr)

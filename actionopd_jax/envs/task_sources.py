@@ -92,7 +92,8 @@ def envscaler_sources(data: Any, tasks: list[Task]) -> dict[str, TaskSource]:
         # the introduction and rules as plain lines: the environment's own markdown headings
         # would read as sections of the prompt
         intro = (env.introduction + "".join(f"\nrule: {r}" for r in env.rules)) if env else "(environment missing)"
-        mode = "conversational: a simulated user holds details the task text may leave out\n" if s.conversational else ""
+        mode = ("conversational: a simulated user holds details the task text may leave out\n"
+                if s.conversational else "")
         checks = "\n\n".join(f"# check: {c.get('check_item', '')}\n{c.get('check_func', '')}" for c in s.checks)
         out[t.task_id] = TaskSource(t.task_id, "envscaler", str(s.task), {
             "environment": mode + intro,

@@ -28,7 +28,7 @@ class ScreenCounts:
     total: int
     done: int = 0
     cached: int = 0
-    asked: int = 0          # tasks sent to the judge in this run
+    asked: int = 0          # tasks sent to the judge in this run (not those a failing endpoint left unsent)
     feasible: int = 0
     infeasible: int = 0
     errors: int = 0
@@ -79,9 +79,12 @@ async def screen_sources(sources: dict[str, TaskSource], judge: ScreenJudge, cac
                 cut: list[str] = []
             else:
                 prompt, cut = build_prompt(source, max_chars)
+                counts.asked += 1
                 out = await judge.ask(prompt)
-                api = out.reason.startswith("api:") and out.verdict == "error"
-                failing.update(in_a_row=failing["in_a_row"] + 1 if api else 0, last=out.reason[:200])
+                if out.verdict == "error" and out.reason.startswith("api:"):
+                    failing.update(in_a_row=failing["in_a_row"] + 1, last=out.reason[:200])
+                else:
+                    failing["in_a_row"] = 0
         record = {"verdict": out.verdict, "reason": out.reason, "confidence": out.confidence,
                   "model": judge.cfg.model, "provider": judge.cfg.provider, "prompt_version": PROMPT_VERSION,
                   "source_hash": source.source_hash, "time": _now(), "requests": out.requests,
@@ -99,7 +102,6 @@ async def screen_sources(sources: dict[str, TaskSource], judge: ScreenJudge, cac
             finish(tid, hit, cached=True)
         else:
             pending.append(one(tid, source, key))
-    counts.asked = len(pending)
     try:
         await asyncio.gather(*pending)
     finally:
