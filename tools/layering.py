@@ -56,6 +56,7 @@ LAYERS: dict[str, int] = {
     "engine": 7,  # the continuous-batching engine, beside the static sampler it reuses
     "teacher": 8,
     "matching": 9,
+    "screening": 9,  # the static feasibility screen's judge, prompt and verdict cache (B.1)
     "train": 10,  # the trainer as a library
     "collect": 11,
     "serve": 12,

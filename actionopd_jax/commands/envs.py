@@ -1,7 +1,10 @@
 """`actionopd envs audit --env awm|envscaler --dir D`: the task admission of appendix B.1 for a
 pool directory in the published layout (envs/admission.py). Prints the funnel table and writes
 (or updates) the manifest of admitted task ids that training reads as env.manifest; one file
-holds every audited pool under "pools".
+holds every audited pool under "pools". `actionopd envs screen` then runs the static
+feasibility screen over the admitted tasks (commands/envs_screen.py); an audit that rewrites a
+screened pool keeps its screening records and applies them again, so a re-audit never
+re-admits a task the screen rejected.
 
 Untrusted dataset code (verifiers, check functions, environment classes) runs in a subprocess
 sandbox (envs/sandbox.py); `--server-probe` is left to the MCP runtime (not wired here).
@@ -32,6 +35,9 @@ def _parser() -> argparse.ArgumentParser:
     a.add_argument("--heldout-fraction", type=float, default=0.0,
                    help="keep this fraction of the admitted tasks as the pool's evaluation split (`eval --bench "
                         "awm:heldout`); training never draws them (default 0: none; chosen by id hash)")
+    from actionopd_jax.commands.envs_screen import add_parser
+
+    add_parser(sub)
     return p
 
 
@@ -81,12 +87,24 @@ def audit(args: argparse.Namespace) -> int:
 
     entry["heldout"] = heldout_split(result.admitted, args.heldout_fraction)
     entry.update({"tokenizer": args.tokenizer or "qwen3 (offline build)", "max_prompt_tokens": args.max_prompt_tokens})
+    screened = (combined["pools"].get(args.env) or {}).get("screening")
+    if isinstance(screened, dict):  # the screen's verdicts still hold for tasks whose source is unchanged
+        from actionopd_jax.envs.screen_manifest import apply_screening
+
+        entry["screening"] = screened
+        apply_screening(entry)
     combined["pools"][args.env] = entry
     manifest.parent.mkdir(parents=True, exist_ok=True)
     manifest.write_text(json.dumps(combined, indent=1) + "\n", encoding="utf-8")
     print(result.table())
+    if "screening" in entry:
+        from actionopd_jax.envs.screen_manifest import SCREEN_STAGE
+
+        row = entry["funnel"][-1]
+        print(f"| {SCREEN_STAGE} (earlier verdicts) | {row['kept']} | {len(result.admitted) - row['kept']} | "
+              + "; ".join(f"{r} ({n})" for r, n in row["reasons"].items()) + " |")
     held = f", {len(entry['heldout'])} of them held out for evaluation" if entry["heldout"] else ""
-    print(f"\nadmitted {len(result.admitted)} of {result.funnel.kept[result.funnel.stages[0]]} tasks{held}; "
+    print(f"\nadmitted {len(entry['admitted'])} of {result.funnel.kept[result.funnel.stages[0]]} tasks{held}; "
           f"manifest: {manifest} (set env.manifest to it)")
     return 0
 
@@ -95,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     if args.action == "audit":
         return audit(args)
+    if args.action == "screen":
+        from actionopd_jax.commands.envs_screen import screen
+
+        return screen(args)
     return 2
 
 

@@ -19,7 +19,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "export": ("actionopd_jax.train.export_cli", "write a checkpoint as HF safetensors"),
     "generate": ("actionopd_jax.sampling.cli", "sample from a checkpoint (smoke test)"),
     "tokenizer": ("actionopd_jax.chat.tokenizer_cli", "build the offline Qwen3 tokenizer"),
-    "envs": ("actionopd_jax.commands.envs", "audit AWM / EnvScaler task pools; write the admission manifest"),
+    "envs": ("actionopd_jax.commands.envs",
+             "audit and feasibility-screen AWM / EnvScaler task pools; write the admission manifest"),
     "tau2": ("actionopd_jax.commands.tau2", "tau2 helpers: `tau2 summaries` drafts Self-ActionOPD's privileged summaries"),
     "audit-matcher": ("actionopd_jax.matching.audit_cli", "re-judge a run's judged pairs with a second judge"),
 }

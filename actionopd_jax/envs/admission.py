@@ -72,12 +72,16 @@ class AuditResult:
     funnel: Funnel
     prompt_tokens: dict[str, int]
     verifier_modes: dict[str, str] = field(default_factory=dict)  # AWM: task id -> "code" | "sql"
+    # every task of the directory -> its source hash (envs/task_sources.py): what a screening
+    # record was made from, so a changed task is screened again
+    source_hashes: dict[str, str] = field(default_factory=dict)
 
     def manifest(self) -> dict[str, Any]:
         return {"pool": self.pool, "dir": self.root, "admitted": list(self.admitted), "dropped": dict(self.dropped),
                 "funnel": [{"stage": s, "kept": self.funnel.kept[s], "reasons": dict(self.funnel.reasons[s]),
                             "note": self.funnel.notes.get(s, "")} for s in self.funnel.stages],
-                "prompt_tokens": dict(self.prompt_tokens), "verifier_modes": dict(self.verifier_modes)}
+                "prompt_tokens": dict(self.prompt_tokens), "verifier_modes": dict(self.verifier_modes),
+                "source_hashes": dict(self.source_hashes)}
 
     def write_manifest(self, path: str | Path) -> Path:
         path = Path(path)
@@ -236,8 +240,11 @@ def audit_awm(root: str | Path, *, sandbox: Sandbox, tokenizer: Any, cache_dir: 
     st.apply(f"initial prompt fits {max_prompt_tokens} tokens", context_check(tokenizer, initial_messages,
                                                                              max_prompt_tokens, counts))
     admitted = [t.task_id for t in st.alive]
+    from actionopd_jax.envs.task_sources import awm_sources
+
+    hashes = {k: v.source_hash for k, v in awm_sources(data, tasks, modes).items()}
     return AuditResult("awm", str(root), admitted, st.dropped, st.funnel, counts,
-                       verifier_modes={k: modes[k] for k in admitted})
+                       verifier_modes={k: modes[k] for k in admitted}, source_hashes=hashes)
 
 
 def audit_envscaler(root: str | Path, *, sandbox: Sandbox, tokenizer: Any,
@@ -301,7 +308,11 @@ def audit_envscaler(root: str | Path, *, sandbox: Sandbox, tokenizer: Any,
     counts: dict[str, int] = {}
     st.apply(f"initial prompt fits {max_prompt_tokens} tokens", context_check(tokenizer, initial_messages,
                                                                              max_prompt_tokens, counts))
-    return AuditResult("envscaler", str(root), [t.task_id for t in st.alive], st.dropped, st.funnel, counts)
+    from actionopd_jax.envs.task_sources import envscaler_sources
+
+    hashes = {k: v.source_hash for k, v in envscaler_sources(data, tasks).items()}
+    return AuditResult("envscaler", str(root), [t.task_id for t in st.alive], st.dropped, st.funnel, counts,
+                       source_hashes=hashes)
 
 
 def read_manifest(path: str | Path) -> dict[str, Any]:
