@@ -84,6 +84,13 @@ def test_short_main_job_through_the_cli(tmp_path):
         assert ev["episodes"] == 1 and ev["decisions"] > 0 and 0 <= ev["agreement_rate"] <= 1
     md = (run / "report.md").read_text()
     assert "privileged" in md and "warm start only" in md and "agrees with reference action" in md
-    for png in ("actionopd_curves.png", "heldout_before_after.png", "warm_start_loss.png"):
+    # issue 35: the spend section, the embedded teacher priced at zero and its tokens counted
+    assert "## What the remote models cost (ActionOPD phase)" in md
+    teacher_row = next(line for line in md.splitlines() if line.startswith("| teacher |"))
+    requests, _, prompt, completion, money = [c.strip() for c in teacher_row.split("|")[2:7]]
+    assert int(requests.replace(",", "")) == steps[0]["collect/teacher/requests_total"] > 0
+    assert int(prompt.replace(",", "")) > 0 and money == "$0.0000"
+    assert summary["spend"]["teacher/spend_usd_total"] == 0.0 and "remote models" in r.stdout
+    for png in ("actionopd_curves.png", "heldout_before_after.png", "warm_start_loss.png", "spend.png"):
         assert (run / "report" / png).read_bytes()[:4] == b"\x89PNG"
     assert set(summary["timings"]) >= {"setup", "warm_start", "eval_before", "actionopd", "eval_after", "total"}

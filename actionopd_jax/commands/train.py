@@ -215,11 +215,23 @@ def train(cfg: Config, args) -> int:
         code = trainer.run()
         if trainer.stop_message:
             print(f"actionopd train: stopped: {trainer.stop_message}", file=sys.stderr)
+        if primary:
+            _print_spend(trainer.run_dir)
         if args.smoke:
             code = code or _verify_smoke(trainer, trained=trainer.step - first)
     finally:
         trainer.close()
     return code
+
+
+def _print_spend(run_dir: Path) -> None:
+    """What the remote models cost this run so far (spend.md + spend.png, and the table)."""
+    from actionopd_jax.train.spend_report import write_spend_report
+
+    report = write_spend_report(run_dir)
+    if report["table"]:
+        print(f"what the remote models cost (resumes included; {report['markdown']}, {report['png']}):\n"
+              f"{report['table']}")
 
 
 def _entries(run_dir: Path) -> set[str] | None:

@@ -182,6 +182,10 @@ def _run_phases(cfg: Config, run_dir: Path, timings: dict[str, float], opened: l
     final_dir = phases.export_final_student(run_dir, opd["checkpoint_step"], run_dir / "student_final", tok_dir)
     opd["final_student"] = str(final_dir)
     summary["actionopd"] = opd
+    from actionopd_jax.train.spend_report import spend_history
+
+    spent = spend_history(run_dir / "metrics.jsonl")   # the paid models' totals (collect/spend.py)
+    summary["spend"] = spent[-1] if spent else {}
     summary["teacher"]["requests"] = endpoint.requests
     timings["actionopd"] = time.perf_counter() - t0
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from actionopd_jax.matching.audit_report import AUDIT_MD, report_link_section
+from actionopd_jax.train.spend_report import plot_spend, spend_history, spend_table
 
 CURVES = (("reward_mean", "mean reward r_lambda"), ("match_rate", "match rate"), ("invalid_rate", "invalid rate"))
 HELDOUT = (("bfcl_accuracy", "BFCL accuracy (official checker)"),
@@ -139,6 +140,12 @@ def summary_text(s: dict[str, Any]) -> str:
     b, a = s["eval"]["before"], s["eval"]["after"]
     for key, title in HELDOUT:
         rows.append((f"held-out {title}", f"{_fmt(b.get(key), True)} -> {_fmt(a.get(key), True)}"))
+    spent = s.get("spend") or {}
+    if spent:
+        usd = sum(v for k, v in spent.items() if k.endswith("/spend_usd_total"))
+        tokens = sum(v for k, v in spent.items() if k.endswith(("/prompt_tokens_total", "/completion_tokens_total")))
+        rows.append(("remote models", f"{spent.get('teacher/requests_total', 0):,.0f} teacher requests, "
+                                      f"{tokens:,.0f} tokens, ${usd:,.4f} (report.md: spend)"))
     rows.append(("run time", " + ".join(f"{k} {v:.0f}s" for k, v in s["timings"].items() if k != "total")
                  + f" = {s['timings']['total']:.0f}s"))
     rows.append(("run directory", s["run_dir"]))
@@ -188,8 +195,17 @@ def write_report(run_dir: Path, s: dict[str, Any]) -> dict[str, Path]:
            "students): *valid* = one valid action, *same tool* = same tool name (or both messages), *agrees* = "
            "matches the reference action under the matching rules.", "",
            heldout_table(s["eval"]["before"], s["eval"]["after"]), "",
-           "![held-out](report/heldout_before_after.png)", "",
-           "## Run", "", "| phase | seconds |", "|---|---|"]
+           "![held-out](report/heldout_before_after.png)", ""]
+    spend = spend_history(run_dir / "metrics.jsonl")
+    if spend:   # what the ActionOPD phase's remote models cost (collect/spend.py's meters)
+        paths["spend"] = out / "spend.png"
+        plot_spend(spend, paths["spend"])
+        md += ["## What the remote models cost (ActionOPD phase)", "",
+               "Requests and tokens each role's endpoint reported, and money where the role has a price "
+               "(`teacher.price`, `matcher.price`, `env.user_price`; the embedded teacher is priced at zero). Cache "
+               "hits are our own caches: never paid.", "", spend_table(spend), "",
+               "![spend](report/spend.png)", ""]
+    md += ["## Run", "", "| phase | seconds |", "|---|---|"]
     md += [f"| {k} | {v:.1f} |" for k, v in s["timings"].items()]
     md += ["", f"Checkpoint: `{s['actionopd']['checkpoint_dir']}` (step {s['actionopd']['checkpoint_step']}); "
                f"final student as an HF directory: `{s['actionopd']['final_student']}`.",

@@ -141,4 +141,7 @@ def teacher_overrides(cfg: Config, endpoint: TeacherEndpoint) -> dict[str, Any]:
 # thinking switch, so the run's settings are sent, not dropped); rules-only matching
 REFERENCE_TEACHER_KEYS: dict[str, Any] = {"teacher.kind": "openai", "teacher.provider": "actionopd",
                                           "teacher.api_key_env": "", "teacher.enable_thinking": False,
-                                          "matcher.kind": "rules"}
+                                          "matcher.kind": "rules",
+                                          # it costs nothing, and says so: the report's spend section
+                                          # shows $0 next to the tokens it counted
+                                          "teacher.price": [0.0, 0.0, 0.0]}

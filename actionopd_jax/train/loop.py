@@ -25,6 +25,7 @@ from tqdm import tqdm
 
 from actionopd_jax.config import Config, ConfigError
 from actionopd_jax.config.schema import experiment_changes
+from actionopd_jax.train.spend_report import progress_fields
 from actionopd_jax.train import distributed
 from actionopd_jax.train.advantages import assign_advantages
 from actionopd_jax.train.batching import (bucket_length, pack_minibatch, pack_shared_minibatch, plan_minibatches,
@@ -182,7 +183,7 @@ class Trainer:
                     self.writer.write(self.step, metrics)
                 bar.update(1)
                 bar.set_postfix(loss=f"{metrics.get('loss', float('nan')):.4f}",
-                                tok_s=f"{metrics.get('train_tokens_per_s', 0.0):.0f}")
+                                tok_s=f"{metrics.get('train_tokens_per_s', 0.0):.0f}", **progress_fields(metrics))
                 if stop:
                     log.warning("stop requested (SIGTERM / preemption): saved step %d, exiting", self.step)
                     code = SIGTERM_EXIT_CODE

@@ -1,0 +1,112 @@
+"""What the paid models cost a run, read back from its metrics.jsonl (the spend meters'
+totals, collect/spend.py): a table per role, a cumulative plot, the progress line's field.
+
+Written at the end of every training run (`spend.md` + `spend.png` in the run directory,
+the table printed) and shown in the main job's report.md. Money appears where the role has a
+price; tokens and requests always.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+ROLES = (("teacher", "teacher"), ("matcher", "judge (matcher)"), ("user", "user simulator"))
+FIELDS = ("requests_total", "cache_hits_total", "prompt_tokens_total", "completion_tokens_total", "spend_usd_total")
+
+
+def spend_history(metrics_jsonl: str | Path) -> list[dict[str, float]]:
+    """One row per logged step that carries meter totals: {"step", "<role>/<field>"...}. A
+    resumed run appends to the same file; a step logged twice keeps its last line."""
+    path = Path(metrics_jsonl)
+    if not path.is_file():
+        return []
+    by_step: dict[int, dict[str, float]] = {}
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError:
+            continue   # a line cut by a kill
+        row = {f"{role}/{f}": float(rec[f"collect/{role}/{f}"]) for role, _ in ROLES for f in FIELDS
+               if isinstance(rec.get(f"collect/{role}/{f}"), (int, float))}
+        if row and isinstance(rec.get("step"), (int, float)):
+            by_step[int(rec["step"])] = {"step": float(rec["step"]), **row}
+    return [by_step[s] for s in sorted(by_step)]
+
+
+def spend_table(history: list[dict[str, float]]) -> str:
+    """The run's totals per role, as markdown ("" when nothing was metered)."""
+    if not history:
+        return ""
+    last = history[-1]
+    lines = ["| role | requests | cache hits | prompt tokens | completion tokens | spend |", "|---|---|---|---|---|---|"]
+    total, priced = 0.0, False
+    for role, label in ROLES:
+        if f"{role}/requests_total" not in last:
+            continue
+        usd = last.get(f"{role}/spend_usd_total")
+        money = f"${usd:,.4f}" if usd is not None else "no price set"
+        if usd is not None:
+            total, priced = total + usd, True
+        lines.append(f"| {label} | {last[f'{role}/requests_total']:,.0f} | {last[f'{role}/cache_hits_total']:,.0f} | "
+                     f"{last[f'{role}/prompt_tokens_total']:,.0f} | {last[f'{role}/completion_tokens_total']:,.0f} | "
+                     f"{money} |")
+    if priced:
+        lines.append(f"| **total** | | | | | **${total:,.4f}** |")
+    return "\n".join(lines)
+
+
+def plot_spend(history: list[dict[str, float]], path: Path) -> None:
+    """Cumulative spend per priced role by step, or cumulative tokens when nothing is priced."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = [int(h["step"]) for h in history]
+    priced = any(f"{r}/spend_usd_total" in history[-1] for r, _ in ROLES)
+    fig, ax = plt.subplots(figsize=(6, 3.4))
+    for role, label in ROLES:
+        if priced and f"{role}/spend_usd_total" in history[-1]:
+            values = [h.get(f"{role}/spend_usd_total", 0.0) for h in history]
+        elif not priced and f"{role}/requests_total" in history[-1]:
+            values = [h.get(f"{role}/prompt_tokens_total", 0.0) + h.get(f"{role}/completion_tokens_total", 0.0)
+                      for h in history]
+        else:
+            continue
+        ax.plot(steps, values, marker="o", label=label)
+    ax.set_xlabel("step")
+    ax.set_ylabel("USD (cumulative)" if priced else "tokens (cumulative)")
+    ax.set_title("spend of the paid models" if priced else "tokens of the remote models (no price set)", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def write_spend_report(run_dir: str | Path) -> dict[str, Any]:
+    """spend.md and spend.png in `run_dir` from its metrics.jsonl; returns {"table", paths}
+    ({"table": ""} when the run metered nothing, e.g. a baseline without a remote teacher)."""
+    run = Path(run_dir)
+    history = spend_history(run / "metrics.jsonl")
+    table = spend_table(history)
+    if not table:
+        return {"table": ""}
+    md, png = run / "spend.md", run / "spend.png"
+    plot_spend(history, png)
+    md.write_text(f"# What the remote models cost: {run.name}\n\nTotals over {len(history)} logged step(s) "
+                  f"(resumes included). Prompt tokens are priced as uncached input (the clients do not report "
+                  f"cached ones); cache hits are our own caches: never paid.\n\n{table}\n\n![spend](spend.png)\n")
+    return {"table": table, "markdown": md, "png": png}
+
+
+def progress_fields(metrics: dict[str, float]) -> dict[str, str]:
+    """The progress bar's spend field: dollars so far when a role is priced, else the
+    teacher's tokens so far (nothing for a source without meters)."""
+    if "collect/spend_usd_total" in metrics:
+        return {"spent": f"${metrics['collect/spend_usd_total']:,.2f}"}
+    tokens = metrics.get("collect/teacher/prompt_tokens_total", 0.0) + \
+        metrics.get("collect/teacher/completion_tokens_total", 0.0)
+    return {"teacher_tok": f"{tokens / 1e6:.2f}M"} if "collect/teacher/prompt_tokens_total" in metrics else {}
