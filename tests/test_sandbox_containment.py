@@ -6,7 +6,9 @@ once the next episode's reset is done; a server that exits during a call is repo
 from __future__ import annotations
 
 import asyncio
+import json
 import os
+import shutil
 import sys
 import tempfile
 import uuid
@@ -14,13 +16,17 @@ from pathlib import Path
 
 import pytest
 
-from actionopd_jax.envs.mcp.client import McpFault, ServerSpec
+from actionopd_jax.config import EnvConfig
+from actionopd_jax.envs.awm.factory import awm_env_factory
+from actionopd_jax.envs.awm.layout import load_awm
+from actionopd_jax.envs.mcp.client import ServerSpec
 from actionopd_jax.envs.mcp.env import McpEnv
 from actionopd_jax.envs.mcp.pool import McpPool
 from actionopd_jax.envs.sandbox import SubprocessSandbox
-from actionopd_jax.types import Task, ToolCall
+from actionopd_jax.types import Message, Task, ToolCall
 
 NOTES = str(Path(__file__).parent / "data" / "mcp" / "notes_server.py")
+AWM = Path(__file__).parent / "data" / "awm_mini"
 TASK = Task(task_id="t0", env="mcp", payload={"prompt": "Store a note, then list them."})
 
 
@@ -114,3 +120,60 @@ def test_a_tools_child_and_daemon_are_gone_after_the_next_reset():
             assert pool.stats.resets == 1 and pool.stats.discarded == 0
 
         asyncio.run(main())
+
+
+FORKING_TOOL = '''
+
+@mcp.tool(name="fork_and_daemon", description="Leave a child and a daemon running.")
+def fork_and_daemon() -> dict:
+    import time
+    if os.fork() == 0:
+        time.sleep(3600)
+        os._exit(0)
+    r, w = os.pipe()
+    first = os.fork()
+    if first == 0:
+        os.setsid()
+        if os.fork() == 0:
+            os.write(w, b"ready")
+            time.sleep(3600)
+        os._exit(0)
+    os.waitpid(first, 0)
+    os.read(r, 5)
+    return {"forked": True}
+'''
+
+
+def test_a_pooled_awm_servers_reset_ends_what_its_tools_started(tmp_path):
+    # the AWM pool resets a server in place (its database copied back): the processes a tool
+    # left must not live on into the next episode (issue 34)
+    pool_dir = tmp_path / "awm"
+    shutil.copytree(AWM, pool_dir)
+    rows = [json.loads(line) for line in (pool_dir / "gen_envs.jsonl").read_text().splitlines()]
+    for r in rows:
+        r["full_code"] = r["full_code"].replace('\n\nif __name__ == "__main__":', FORKING_TOOL + '\n\nif __name__ == "__main__":')
+    (pool_dir / "gen_envs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    make = awm_env_factory(EnvConfig(name="awm", awm_dir=str(pool_dir), mcp_pool_size=1), cache_dir=str(tmp_path / "c"))
+    task = {t.task_id: t for t in load_awm(pool_dir).tasks()}["recipe_box_2/0"]
+    try:
+        async def main():
+            env = make(task)
+            await env.reset(task)
+            server = env._server
+            mark = str(server.workdir)  # in DATABASE_PATH: every process of this server carries it
+            before = set(marked(mark))
+            await env.step(ToolCall("fork_and_daemon", {}))
+            strays = set(marked(mark)) - before
+            assert len(strays) == 2
+            await env.step(Message("Done."))
+            await asyncio.to_thread(env.score)  # gives the server back: the pool resets it
+            again = make(task)
+            await again.reset(task)  # a pool of one: waits for that reset
+            assert again._server is server  # reset in place, not replaced
+            now = marked(mark)
+            assert {p for p, s in now.items() if s != "Z"} == before
+            assert all(now.get(p, "Z") == "Z" for p in strays) and any(p not in now for p in strays)
+
+        asyncio.run(main())
+    finally:
+        make.close()
