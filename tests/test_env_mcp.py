@@ -214,6 +214,24 @@ def test_a_fault_ends_its_episode_with_a_reason_and_others_go_on(tool, args, rea
     assert wait_gone(mark) == []
 
 
+@pytest.mark.parametrize("http", [False, True])
+def test_a_server_that_exits_during_a_call_is_reported_with_its_code(http):
+    # the tool calls os._exit(3): over HTTP the SDK first sees its SSE stream end; the fault
+    # must still say that the server exited, and with which code (issue 34)
+    args = (NOTES, "--http", "{port}") if http else (NOTES,)
+    with McpPool(spec(*args, call_timeout_s=30), size=1) as pool:
+        env = McpEnv(pool)
+
+        async def main():
+            await env.reset(TASK)
+            with pytest.raises(McpFault) as err:
+                await env.step(ToolCall("crash", {}))
+            assert err.value.end_reason == "mcp_connection_lost"
+            assert err.value.detail.startswith("the server exited with code 3 during tools/call crash")
+
+        asyncio.run(main())
+
+
 @pytest.mark.parametrize("mode,words", [("garbage", "non-MCP line"), ("badresult", "CallToolResult"),
                                         ("flood", "size limit")])
 def test_a_malformed_reply_is_a_protocol_error(mode, words):
@@ -255,7 +273,7 @@ def test_a_hostile_server_is_contained(monkeypatch, tmp_path):
             assert (await call("read_env", {"name": "HF_TOKEN"})).startswith("|")
             sandbox = (await call("read_env", {"name": "HOME"})).split("|")
             assert sandbox[0].startswith("/") and "actionopd-mcp-" in sandbox[0]  # its own HOME
-            assert "pidns=on" in sandbox[2] and "mountns=on(read-only" in sandbox[2]
+            assert "pidns=on" in sandbox[2] and "mountns=on(private root)" in sandbox[2]
             assert "netns=on(loopback only)" in sandbox[2]
             got = json.loads(await call("limits", {}))
             assert got == limits.rlimits()  # CPU, address space, file size, open files

@@ -301,6 +301,25 @@ def test_envscaler_audit_and_the_command(tmp_path, sandbox, tokenizer, capsys):
     assert {k: len(v) for k, v in admitted.items()} == {"awm": 15, "envscaler": 6}
 
 
+def test_the_audit_leaves_the_pool_directory_alone(tmp_path, tokenizer, monkeypatch, capsys):
+    # without --manifest the manifest goes to the user's cache: a published pool may be
+    # read-only or shared (issue 34), so the audit only reads it
+    from actionopd_jax.envs.admission import default_manifest
+    from actionopd_jax.commands.main import main
+
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    root = tmp_path / "es"
+    shutil.copytree(ES, root)
+    before = sorted((str(p.relative_to(root)), p.stat().st_mtime_ns) for p in root.rglob("*"))
+    assert main(["envs", "audit", "--env", "envscaler", "--dir", str(root), "--tokenizer", tokenizer.name_or_path]) == 0
+    assert sorted((str(p.relative_to(root)), p.stat().st_mtime_ns) for p in root.rglob("*")) == before
+    manifest = default_manifest(root)
+    assert manifest.parent.parent == tmp_path / "home" / ".cache" / "actionopd_jax" / "admission"
+    assert manifest.parent.name.startswith("es-") and manifest != default_manifest(ES)
+    assert len(read_manifest(manifest)["admitted"]["envscaler"]) == 6
+    assert f"manifest: {manifest}" in capsys.readouterr().out
+
+
 # --- the mixture ------------------------------------------------------------------------------
 
 

@@ -124,6 +124,22 @@ def test_invalid_tool_calls_regenerate_at_most_twice():
         assert len(batch2.samples) == 2 and batch2.regenerations == 1
 
 
+def test_empty_choices_are_retried_and_bad_args_regenerated_and_both_counted():
+    # an empty `choices` list is no reply (a transport retry); unparsable tool-call arguments
+    # are an invalid reply (a regeneration): the slot is filled by the third request
+    injector = FaultInjector(FaultRates(), seed=12, script=["empty_choices", "bad_args", "ok"])
+    backend = ScriptedBackend("teacher", paris_call)
+    with serve(backend, middleware=injector) as server:
+        teacher = teacher_for(server, provider="deepseek")  # one request per reply: easy to count
+        batch = run(teacher.sample_detailed(STATE, TOOLS, 1))
+        assert [s.action for s in batch.samples] == [ToolCall("get_weather", {"city": "Paris", "unit": "celsius"})]
+        assert dict(injector.injected) == {"empty_choices": 1, "bad_args": 1, "ok": 1}
+        assert injector.requests_seen == 3 and len(backend.requests) == 1
+        assert teacher.usage.transport_retries == 1  # the empty one
+        assert batch.invalid_replies == 1 and batch.regenerations == 1  # the bad arguments
+        assert batch.transport_failures == 0 and batch.cacheable
+
+
 def test_partial_multiset_and_valid_samples_never_regenerated():
     # n=3 request returns [valid, invalid, valid]; only the middle slot is asked again.
     calls = {"n": 0}

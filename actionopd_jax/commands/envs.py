@@ -24,11 +24,14 @@ def _parser() -> argparse.ArgumentParser:
     a = sub.add_parser("audit", help="integrity audit + context selection; writes the admission manifest")
     a.add_argument("--env", required=True, choices=("awm", "envscaler"), help="which pool layout --dir holds")
     a.add_argument("--dir", required=True, help="the pool directory (published layout, docs/formats.md)")
-    a.add_argument("--manifest", default="", help="manifest JSON to write or update (default: <dir>/admitted.json)")
+    a.add_argument("--manifest", default="",
+                   help="manifest JSON to write or update (default: one per pool directory in the user's cache, "
+                        "~/.cache/actionopd_jax/admission/; the pool directory is only read)")
     a.add_argument("--tokenizer", default="",
                    help="the student's HF tokenizer dir (default: the offline Qwen3 tokenizer, built once)")
     a.add_argument("--max-prompt-tokens", type=int, default=16_000, help="context selection budget (paper: 16000)")
-    a.add_argument("--cache-dir", default="", help="AWM initial-database cache (default: <manifest dir>/awm_db_cache)")
+    a.add_argument("--cache-dir", default="",
+                   help="AWM initial-database cache (default: the one training uses, ~/.cache/actionopd_jax/awm_db)")
     a.add_argument("--verifier-mode", default="auto", choices=("auto", "code", "sql"),
                    help="AWM verifier to require: code, sql, or auto (code where present, else sql)")
     a.add_argument("--timeout-s", type=float, default=30.0, help="wall-clock limit per sandboxed call")
@@ -65,13 +68,16 @@ def audit(args: argparse.Namespace) -> int:
         except (FileNotFoundError, ValueError, KeyError) as err:
             print(f"actionopd envs audit: {args.dir} does not load as an EnvScaler pool: {err}", file=sys.stderr)
             return 2
-    manifest = Path(args.manifest or Path(args.dir) / "admitted.json")
+    from actionopd_jax.envs.admission import default_manifest
+
+    manifest = Path(args.manifest) if args.manifest else default_manifest(args.dir)
     tok = _tokenizer(args.tokenizer)
     sandbox = SubprocessSandbox()
     if args.env == "awm":
-        cache = Path(args.cache_dir or manifest.parent / "awm_db_cache")
+        from actionopd_jax.envs.awm.runtime import DEFAULT_CACHE
         from actionopd_jax.envs.awm.serve import server_probe
 
+        cache = Path(args.cache_dir) if args.cache_dir else DEFAULT_CACHE
         result = audit_awm(args.dir, sandbox=sandbox, tokenizer=tok, cache_dir=cache,
                            max_prompt_tokens=args.max_prompt_tokens, verifier_mode=args.verifier_mode,
                            timeout_s=args.timeout_s, server_probe=server_probe(start_timeout_s=args.timeout_s))

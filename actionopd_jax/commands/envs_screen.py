@@ -30,7 +30,8 @@ def add_parser(sub: Any) -> None:
     s = sub.add_parser("screen", help="static feasibility screen of the admitted tasks by an LLM judge (B.1)",
                        description=__doc__.split("\n\n")[0])
     s.add_argument("--env", required=True, choices=("awm", "envscaler"), help="which pool of the manifest to screen")
-    s.add_argument("--manifest", default="", help="the manifest `envs audit` wrote (default: <dir>/admitted.json)")
+    s.add_argument("--manifest", default="", help="the manifest `envs audit` wrote (default: where the audit of --dir "
+                                                  "writes it without --manifest, in the user's cache)")
     s.add_argument("--dir", default="", help="the pool directory (default: the one the manifest was audited from)")
     s.add_argument("--judge-url", required=True, help="the judge's OpenAI-compatible base URL (…/v1)")
     s.add_argument("--judge-model", required=True, help="the judge's model name (paper: DeepSeek-V4-Flash)")
@@ -62,8 +63,10 @@ def _load(args: argparse.Namespace) -> tuple[Path, dict[str, Any], dict[str, Any
     """(manifest path, whole manifest, the pool's entry, the dataset, the audited tasks)."""
     if not args.manifest and not args.dir:
         raise _Refused("give --manifest (the file `actionopd envs audit` wrote), "
-                       "or --dir when it is <dir>/admitted.json")
-    path = Path(args.manifest or Path(args.dir) / "admitted.json")
+                       "or --dir when the audit ran without --manifest")
+    from actionopd_jax.envs.admission import default_manifest
+
+    path = Path(args.manifest) if args.manifest else default_manifest(args.dir)
     if not path.is_file():
         raise _Refused(f"no manifest at {path}; run `actionopd envs audit --env {args.env} --dir DIR --manifest "
                        f"{path}` first (the screen reads the tasks the audit admitted)")

@@ -340,3 +340,14 @@ def heldout_split(admitted: list[str], fraction: float) -> list[str]:
 
     n = max(1, int(len(admitted) * fraction))
     return sorted(sorted(admitted, key=lambda i: hashlib.sha256(i.encode()).hexdigest())[:n])
+
+
+def default_manifest(pool_dir: str | Path) -> Path:
+    """Where the manifest of a pool directory goes without --manifest: the user's cache, never
+    the dataset itself (a published pool may be read-only or shared). Named by the directory's
+    name and a hash of its full path, so two pools of one name keep two manifests."""
+    import hashlib
+
+    real = Path(pool_dir).resolve()
+    digest = hashlib.sha256(str(real).encode()).hexdigest()[:12]
+    return Path.home() / ".cache" / "actionopd_jax" / "admission" / f"{real.name}-{digest}" / "admitted.json"

@@ -8,7 +8,8 @@ Nothing here execs dataset code in the trainer's process. Two contracts:
   `code` as a module whose namespace first holds `globals_` (JSON values), then call the
   function named `entry` with those of `kwargs` its signature accepts by name (all of them if it
   takes **kwargs; positionally in order if it names none of them) and return its JSON-encoded
-  result. File paths in kwargs must be readable there (the DB files a verifier compares).
+  result. The code sees none of the host's files but the system's, the interpreter's and
+  `read_paths` (read-only): files named in kwargs must lie there (the DB files a verifier compares).
 - `Sandbox.open_class(code, class_name, init_config, *, timeout_s)` -> `ClassSession`: a live
   instance of an environment class (EnvScaler) in its own process: `call(method, arguments)`
   returns the method's result rendered with `str()` (what the published harness shows the
@@ -16,8 +17,8 @@ Nothing here execs dataset code in the trainer's process. Two contracts:
 
 `SubprocessSandbox` runs each call or session as a child started through the MCP servers'
 launcher (`envs/mcp/sandbox.py`, whose table says what is enforced): its own session and
-process group, a scrubbed environment, a private working directory, private namespaces where
-the kernel allows them, rlimits (an 8 MiB cap on each file the code writes, its prints included;
+process group, a scrubbed environment, a private working directory, private namespaces and a
+root that shows only the system's files, the interpreter and `read_paths` (no HOME), rlimits (an 8 MiB cap on each file the code writes, its prints included;
 CPU seconds for one-shot calls only: a class session has no CPU-time limit, it lives one
 episode), plus here a wall-clock limit per call and an 8 MiB cap on a session's reply line.
 """
@@ -66,7 +67,8 @@ class ClassSession(Protocol):
 @runtime_checkable
 class Sandbox(Protocol):
     def run_function(self, code: str, entry: str, kwargs: dict[str, Any], *,
-                     globals_: dict[str, Any] | None = None, timeout_s: float = 30.0) -> SandboxResult: ...
+                     globals_: dict[str, Any] | None = None, timeout_s: float = 30.0,
+                     read_paths: tuple[str, ...] = ()) -> SandboxResult: ...
 
     def open_class(self, code: str, class_name: str, init_config: dict[str, Any], *,
                    timeout_s: float = 30.0) -> ClassSession: ...
@@ -138,16 +140,18 @@ MAX_OUTPUT_BYTES = 8 << 20  # file-size limit in the child: its stderr file (and
 MAX_REPLY_BYTES = 8 << 20  # one reply line of a class session (a pipe: no rlimit bounds it)
 
 
-def _contained_argv(python: str, workdir: str, cpu_s: float | None) -> tuple[list[str], dict[str, str]]:
+def _contained_argv(python: str, workdir: str, cpu_s: float | None,
+                    read_paths: tuple[str, ...] = ()) -> tuple[list[str], dict[str, str]]:
     """The child's command through the MCP servers' launcher (envs/mcp/sandbox.py), so dataset
     code gets the same containment as a server: scrubbed environment, private pid / mount /
-    network namespaces where the kernel allows them (read-only filesystem except its directory,
-    loopback only), rlimits (CPU seconds for one-shot calls, memory, file size, open files), no
+    network namespaces (a new root: the system's files, the interpreter and `read_paths`
+    read-only, its directory writable; loopback only), rlimits (CPU seconds for one-shot calls, memory, file size, open files), no
     new privileges, and a parent-death signal."""
     from actionopd_jax.envs.mcp.sandbox import Limits, Sandbox
 
     limits = Limits(cpu_s=0 if cpu_s is None else int(cpu_s) + 2, file_mb=MAX_OUTPUT_BYTES >> 20)
-    return Sandbox(limits).launcher_argv([python, "-I", "-c", _CHILD], Path(workdir), network=False)
+    return Sandbox(limits, read_only=read_paths).launcher_argv([python, "-I", "-c", _CHILD], Path(workdir),
+                                                               network=False)
 
 
 def _tail(workdir: str, n: int = 2000) -> str:
@@ -174,23 +178,24 @@ class SubprocessSandbox:
     def __init__(self, python: str = sys.executable):
         self.python = python
 
-    def _spawn(self, workdir: str, cpu_s: float | None = None) -> subprocess.Popen:
+    def _spawn(self, workdir: str, cpu_s: float | None = None, read_paths: tuple[str, ...] = ()) -> subprocess.Popen:
         # the code's output (its prints go to stderr) lands in a capped file, never in our memory
         err = open(os.path.join(workdir, "stderr.txt"), "w")
         try:
-            argv, env = _contained_argv(self.python, workdir, cpu_s)
+            argv, env = _contained_argv(self.python, workdir, cpu_s, tuple(read_paths))
             return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, cwd=workdir,
                                     env=env, text=True, start_new_session=True, close_fds=True)
         finally:
             err.close()
 
     def run_function(self, code: str, entry: str, kwargs: dict[str, Any], *,
-                     globals_: dict[str, Any] | None = None, timeout_s: float = 30.0) -> SandboxResult:
+                     globals_: dict[str, Any] | None = None, timeout_s: float = 30.0,
+                     read_paths: tuple[str, ...] = ()) -> SandboxResult:
         t0 = time.monotonic()
         request = json.dumps({"kind": "function", "code": code, "entry": entry, "kwargs": kwargs,
                               "globals": globals_ or {}}) + "\n"
         with tempfile.TemporaryDirectory(prefix="sandbox-") as workdir:
-            proc = self._spawn(workdir, cpu_s=timeout_s)
+            proc = self._spawn(workdir, cpu_s=timeout_s, read_paths=read_paths)
             try:
                 out, _ = proc.communicate(request, timeout=timeout_s)
             except subprocess.TimeoutExpired:

@@ -9,6 +9,11 @@ request through to the backend or answers with one fault:
 - "malformed":    200 whose body is not JSON
 - "invalid_tool_call": 200 with a well-formed completion whose tool call is unusable
                   (unparsable arguments or an unknown tool), i.e. a parser/schema failure
+- "empty_choices": 200 with a well-formed completion body whose `choices` list is empty
+                  (seen from real providers under load: not a usable reply, retried)
+- "bad_args":     200 with a well-formed completion calling the request's first tool with
+                  arguments that are not JSON (always this; "invalid_tool_call" draws between it
+                  and an unknown tool)
 
 Which fault comes next is drawn from a `random.Random(seed)` (the seed is required, so a
 test is reproducible), or taken from an explicit `script` list first ("ok" = pass through).
@@ -25,7 +30,7 @@ from typing import Any
 
 from actionopd_jax.serve.requests import ChatChoice, ChatRequest, RequestError, completion_body
 
-FAULT_KINDS = ("rate_limit", "server_error", "hang", "malformed", "invalid_tool_call")
+FAULT_KINDS = ("rate_limit", "server_error", "hang", "malformed", "invalid_tool_call", "empty_choices", "bad_args")
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,8 @@ class FaultRates:
     hang: float = 0.0
     malformed: float = 0.0
     invalid_tool_call: float = 0.0
+    empty_choices: float = 0.0
+    bad_args: float = 0.0
     retry_after_s: float = 0.05    # value of the Retry-After header on 429
     hang_s: float = 2.0            # how long a "hang" stalls before answering
 
@@ -90,15 +97,18 @@ class FaultInjector:
             return None
         if fault == "malformed":
             return 200, b'{"id": "chatcmpl-broken", "choices": [{"index": 0, "message": ', {}
-        # invalid_tool_call: a syntactically perfect completion carrying a broken action
+        # the rest: a syntactically perfect completion carrying no usable action
         try:
             req = ChatRequest.from_json(body)
         except RequestError:
             return None  # let the server produce its own 400
-        bad = self._rng.choice([
-            {"name": _first_tool_name(req) or "lookup", "arguments": '{"unterminated": '},
-            {"name": "no_such_tool_injected", "arguments": "{}"},
-        ])
+        if fault == "empty_choices":
+            return 200, completion_body(req, [], prompt_tokens=7), {}
+        unparsable = {"name": _first_tool_name(req) or "lookup", "arguments": '{"unterminated": '}
+        if fault == "bad_args":
+            bad = unparsable
+        else:
+            bad = self._rng.choice([unparsable, {"name": "no_such_tool_injected", "arguments": "{}"}])
         call = {"id": "call_injected", "type": "function", "function": bad}
         choices = [ChatChoice(content=None, tool_calls=[call], completion_tokens=3) for _ in range(req.n)]
         return 200, completion_body(req, choices, prompt_tokens=7), {}

@@ -6,7 +6,7 @@ A server starts contained (envs/mcp/sandbox.py) with a private directory that al
 a copy of its scenario's cached initial database (`episode.db`; `DATABASE_PATH` points at it,
 as AWM's launcher sets it). It speaks MCP over stdio itself, or it is a published FastAPI app
 that `fastapi_host.py` serves over streamable HTTP on a free loopback port (envs/awm/modes.py). Between episodes the pool resets it by
-copying the cached file over `episode.db` again, through SQLite's online-backup API so that the
+ending every process its tools started (envs/mcp/strays.py), then copying the cached file over `episode.db` again, through SQLite's online-backup API so that the
 server's open connections see the new content (no server restart, no inserts re-run).
 At an episode's end `snapshot` copies `episode.db` out for the verifier before the reset.
 """

@@ -63,7 +63,7 @@ def run_verifier_code(entry: dict[str, Any], initial_db: str | Path, final_db: s
         a, b = _readonly_copies(initial_db, final_db, workdir)
         res = sandbox.run_function(entry["code"], entry["function_name"],
                                    {"initial_db_path": a, "final_db_path": b, "final_answer": final_answer or ""},
-                                   timeout_s=timeout_s)
+                                   timeout_s=timeout_s, read_paths=(workdir,))
     return res.ok, res.value, res.error
 
 

@@ -80,14 +80,30 @@ def _listener() -> socket.socket:
     return sock
 
 
-def _fault_of(err: BaseException, proc: SandboxedProcess | None) -> McpFault:
+# How long a failed call waits for the server's exit before it names the failure: over HTTP the
+# SDK sees the stream end ("SSE stream ended without a response") before we see the exit.
+EXIT_GRACE_S = 1.0
+
+
+def _exit_text(code: int) -> str:
+    # the launcher exits 128 + N for a server killed by signal N; a negative code: the
+    # launcher itself was killed (by us, at a close)
+    if code > 128:
+        return f"the server was killed by signal {code - 128}"
+    if code < 0:
+        return f"the server was killed by signal {-code}"
+    return f"the server exited with code {code}"
+
+
+def _fault_of(err: BaseException, proc: SandboxedProcess | None, during: str = "") -> McpFault:
     if isinstance(err, McpFault):
         return err
-    tail = f" (stderr: {proc.stderr_tail(300).strip()})" if proc is not None and proc.stderr_tail(1) else ""
+    tail = f" (its stderr ends: {proc.stderr_tail(300).strip()})" if proc is not None and proc.stderr_tail(1) else ""
     if isinstance(err, TransportClosed) or (proc is not None and proc.transport_error):
         return McpFault("mcp_protocol_error", f"{(proc.transport_error if proc else '') or err}{tail}")
     if proc is not None and not proc.alive():
-        return McpFault("mcp_connection_lost", f"server exited with {proc.process.returncode}{tail}")
+        when = f" during {during}" if during else ""
+        return McpFault("mcp_connection_lost", f"{_exit_text(proc.process.returncode)}{when}{tail}")
     text = f"{type(err).__name__}: {err}"
     if any(w in text.lower() for w in ("closed", "connection", "broken", "eof", "disconnect")):
         return McpFault("mcp_connection_lost", text + tail)
@@ -178,6 +194,8 @@ class McpServer:
                     if not cursor:
                         break
                 self.tools = [tool_schema(t) for t in tools]
+                if self.proc is not None:
+                    self.proc.record_baseline()  # what it started itself, before any tool ran
                 self.session = session
                 ready.set_result(None)
                 waiters = [asyncio.create_task(self._stop.wait())]
@@ -206,10 +224,10 @@ class McpServer:
                 try:
                     return tool_result(call.result())
                 except Exception as err:  # noqa: BLE001
-                    raise _fault_of(err, self.proc) from err
+                    raise await self._fault(err, name) from err
             if lost in done:
                 await asyncio.sleep(0)  # let the transport's own verdict (garbage vs EOF) land
-                raise _fault_of(ConnectionError("connection closed"), self.proc)
+                raise await self._fault(ConnectionError("connection closed"), name)
             raise McpFault("mcp_timeout", f"tools/call {name} exceeded {self.spec.call_timeout_s}s")
         except McpFault as fault:
             self._failed = fault
@@ -218,6 +236,22 @@ class McpServer:
             for t in (call, lost):
                 t.cancel()
             await asyncio.gather(call, lost, return_exceptions=True)
+
+    async def _fault(self, err: BaseException, name: str) -> McpFault:
+        """The fault a failed call records. When our server process is ending, wait for its
+        exit (briefly) so the fault says it exited, and with which code, rather than what the
+        SDK saw first of it (an SSE stream that ended, a closed pipe)."""
+        if self.proc is not None and not isinstance(err, McpFault) and not self.proc.transport_error:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(asyncio.shield(self.proc.process.wait()), EXIT_GRACE_S)
+        return _fault_of(err, self.proc, during=f"tools/call {name}")
+
+    async def end_strays(self) -> bool:
+        """Before a reset: end every process its tools started (forked children, daemons);
+        False when that failed and the server must be replaced. A url-only server is not ours."""
+        if self.proc is None:
+            return True
+        return await asyncio.to_thread(self.proc.end_strays)
 
     async def close(self) -> None:
         self._stop.set()

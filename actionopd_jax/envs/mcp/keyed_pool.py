@@ -4,7 +4,8 @@ environment), each reused across episodes of its key with a reset in between.
 At most `size` servers live at once, whatever their keys. `acquire(key)` hands out an idle,
 reset server of that key; else starts one while under the bound; else closes the idle server
 used least recently (of another key) and starts one in its slot; else waits for a release.
-`release(server, ok=True)` runs `reset(key, server)` and returns the server to the idle set; a
+`release(server, ok=True)` kills the processes the episode's tools left (envs/mcp/strays.py), runs
+`reset(key, server)` and returns the server to the idle set; a
 faulted server (ok=False), or one whose reset fails or times out, is closed and its slot freed.
 `make_server(key)` builds the (unstarted) `McpServer` of a key, e.g. with a sandbox whose
 private directory already holds the episode's database.
@@ -306,7 +307,9 @@ class KeyedPool:
         if ok and key is not None and server.usable and not self._closed:
             t0 = time.perf_counter()
             try:
-                ok = bool(await asyncio.wait_for(self._reset_fn(key, server), self.reset_timeout_s))
+                # a tool's leftover processes end with its episode, then the state is reset
+                ok = await server.end_strays() and \
+                    bool(await asyncio.wait_for(self._reset_fn(key, server), self.reset_timeout_s))
             except (McpFault, asyncio.TimeoutError, OSError, RuntimeError, ValueError):
                 ok = False
             if ok:

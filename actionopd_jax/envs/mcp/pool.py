@@ -4,7 +4,8 @@ episodes with a reset between them.
 At most `size` servers exist; `acquire` hands out an idle, reset server, starts a new one while
 under the bound, or waits. `release(server, ok=True)` resets it in the background and returns
 it to the idle set; a faulted server (ok=False), or one whose reset fails, is closed and its
-slot freed. Reset modes (`reset`):
+slot freed. A reset first kills every process the episode's tools left in the server's pid
+namespace (forked children, daemons; envs/mcp/strays.py). Reset modes (`reset`):
   "fresh"            a new server per episode (the old one is closed);
   "tool:NAME"        call the server's tool NAME;
   "command:ARGV..."  run a short command (shell-split) in the server's private directory,
@@ -185,6 +186,8 @@ class McpPool:
 
     async def _reset(self, server: McpServer) -> bool:
         try:
+            if not await server.end_strays():  # a tool's leftover processes end with its episode
+                return False
             if self.reset_kind == "tool":
                 result = await asyncio.wait_for(server.call(self.reset_arg, {}), self.reset_timeout_s)
                 return not result.is_error

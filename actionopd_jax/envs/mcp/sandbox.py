@@ -7,17 +7,19 @@ an unprivileged trainer, and what is not:
 | measure | enforced | how / why not |
 |---|---|---|
 | secrets in the environment | yes | the server's environment is built from nothing: only `ENV_ALLOW` names copied from the trainer (PATH, LANG, ...) plus `extra_env`; no `*_API_KEY`, `*_TOKEN` or any other name reaches it |
-| private working directory | yes | a fresh `mkdtemp` per server (cwd, HOME, TMPDIR), removed on close |
-| writes outside the working directory | yes, where user + mount namespaces are available (they are here) | a private mount namespace where every mount is read-only except the working directory; without it: not enforced (the server writes wherever the trainer's uid may) |
+| private working directory | yes | a fresh `mkdtemp` per server (cwd, HOME, TMPDIR), removed on close; the only host directory it may write |
+| what it can read | only its view (view.py), where user + mount namespaces are available (they are here; else it does not run) | a new, empty root holding read-only binds of the system's program and library trees, a few /etc files, the interpreter and this package, the command's own files and the caller's `read_only` paths; the writable working directory; a private memory-backed /tmp; a minimal /dev; its own /proc. The trainer's HOME, other 0600 files of the trainer's and the rest of /etc are absent (a namespaced process keeps the trainer's uid for permission checks, so read-only alone would not hide them) |
+| writes outside the working directory | yes | everything in its view is read-only except the working directory and the private /tmp |
+| missing namespaces | fails closed | the launcher exits 123 with a paragraph saying which namespace the kernel refused and how to allow it (`Limits(namespaces=False)` is the explicit, uncontained opt-out) |
 | network | no network of their own, stdio servers and HTTP servers given our listening socket (`{fd}`: the published AWM form), where user + network namespaces are available (they are here) | a private network namespace holding only `lo`; a passed socket still accepts the trainer's connections; HTTP servers that bind their own `{port}` share the trainer's network (the trainer must reach their port), so for them it is not enforced |
 | CPU time | yes | RLIMIT_CPU (SIGXCPU, then SIGKILL at the hard limit = same value) |
 | memory | yes, per process | RLIMIT_AS (address space); children each get their own limit |
 | file size | yes, per file | RLIMIT_FSIZE (SIGXFSZ kills a writer past it, stderr log included); total disk use of the directory is not bounded (no quota without root) |
 | open files | yes | RLIMIT_NOFILE |
 | number of processes | no | RLIMIT_NPROC counts every process of the uid (trainer threads included) and is ignored for root; forks are instead contained by the pid namespace and group kill below |
-| process lifetime | yes | own session + process group (killed as a group on close); PR_SET_PDEATHSIG=SIGKILL on the launcher (re-checked against the parent pid to close the race); in a private pid namespace every process, forked or `setsid()`-escaped, dies with the namespace's init, which dies with the launcher, which dies with the trainer thread that spawned it, so a `kill -9` of the trainer leaves nothing; without a pid namespace a forked child that leaves the group can outlive a `kill -9` |
+| process lifetime | yes | own session + process group (killed as a group on close); PR_SET_PDEATHSIG=SIGKILL on the launcher (re-checked against the parent pid to close the race); in a private pid namespace every process, forked or `setsid()`-escaped, dies with the namespace's init, which dies with the launcher, which dies with the trainer thread that spawned it, so a `kill -9` of the trainer leaves nothing. Between episodes on a pooled server, every process of its namespace that the server did not start itself (its children, its daemons: all but those present when it listed its tools) is killed before the reset (strays.py); where that cannot be done the server is replaced. The namespace's init is a reaper of the launcher's, so a killed daemon leaves no zombie |
 | wall clock per tool call | yes | the MCP client's per-call timeout (`client.py`); the server is then killed and replaced |
-| output volume | stdio: yes; HTTP: no | stdio lines longer than `max_line_bytes` end the connection (the reader never buffers more); stderr goes to a file under RLIMIT_FSIZE (Python servers ignore SIGXFSZ, so their writes past it fail with EFBIG); an HTTP reply is read whole by the SDK (a tool result is cut to 20,000 characters only afterwards) |
+| output volume | stdio: yes; HTTP: no | stdio lines longer than `max_line_bytes` end the connection (the reader never buffers more); stderr goes to a file under RLIMIT_FSIZE (Python servers ignore SIGXFSZ, so their writes past it fail with EFBIG); over HTTP the SDK's client refuses one server-sent event over 1 MiB, which ends the episode as `mcp_protocol_error` ("SSE stream failed ..."); a smaller reply is read whole, then a tool result is cut to 20,000 characters (convert.py) |
 | clean-up of private directories | on close, not after `kill -9` | `kill -9` of the trainer leaves the (small) directories under the temp root |
 | privilege escalation | yes | PR_SET_NO_NEW_PRIVS before exec |
 | system calls (seccomp) | no | not installed; namespaces and rlimits only |
@@ -45,6 +47,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from actionopd_jax.envs.mcp import strays
+from actionopd_jax.envs.mcp.view import read_only_paths
+
 LAUNCHER = Path(__file__).with_name("launcher.py")
 
 # The only names copied from the trainer's environment (what an interpreter needs to run).
@@ -63,6 +68,7 @@ class Limits:
     file_mb: int = 64                # largest file a process may write
     open_files: int = 256
     namespaces: bool = True          # private user / pid / mount (/ network for stdio) namespaces
+    tmp_mb: int = 256                # the private /tmp (memory-backed)
     max_line_bytes: int = 8 << 20    # one MCP message on stdout
 
     def rlimits(self) -> dict[str, int]:
@@ -97,6 +103,8 @@ class SandboxedProcess:
     workdir: Path
     stderr_path: Path
     transport_error: str = ""  # set by the transport when the server broke the protocol
+    namespace: str | None = None  # its pid namespace, once `record_baseline` ran
+    baseline: set = field(default_factory=set)  # the processes it started itself (strays.py)
     _closed: bool = field(default=False, repr=False)
 
     @property
@@ -114,6 +122,20 @@ class SandboxedProcess:
                 return f.read().decode("utf-8", "replace")
         except OSError:
             return ""
+
+    def record_baseline(self) -> None:
+        """Remember the processes of its pid namespace now (the server and what it started
+        itself): a reset ends every other one (`end_strays`)."""
+        self.namespace = strays.namespace_of(self.pid)
+        self.baseline = strays.members(self.namespace) if self.namespace else set()
+
+    def end_strays(self) -> bool:
+        """Kill every process of its namespace not in the baseline (a tool's forked children,
+        its daemons); False when that cannot be done (no pid namespace, no baseline, processes
+        that would not die): the caller replaces the server instead. Blocks up to seconds."""
+        if self.namespace is None or not self.alive():
+            return False
+        return strays.end_strays(self.namespace, self.baseline) is not None
 
     def kill(self) -> None:
         """SIGKILL the whole process group (synchronous, idempotent)."""
@@ -149,10 +171,11 @@ class Sandbox:
     temp dir)."""
 
     def __init__(self, limits: Limits | None = None, *, root: str | None = None,
-                 extra_env: dict[str, str] | None = None):
+                 extra_env: dict[str, str] | None = None, read_only: tuple[str, ...] = ()):
         self.limits = limits or Limits()
         self.root = root
         self.extra_env = dict(extra_env or {})
+        self.read_only = tuple(read_only)  # host paths the command may read (its code, its data)
         scrubbed_env(self.extra_env, workdir="/")  # refuse secret-looking names at construction
 
     def new_workdir(self) -> Path:
@@ -162,7 +185,10 @@ class Sandbox:
         """The argv (launcher + command) and the environment that start `argv` contained.
         `network`: the command must be reachable over the trainer's loopback (no netns)."""
         names = ["pidns", "mountns"] + ([] if network else ["netns"]) if self.limits.namespaces else []
-        spec = {"parent": os.getpid(), "cwd": str(workdir), "namespaces": names,
+        view = {"read_only": read_only_paths(argv, self.read_only), "writable": [str(workdir)],
+                "tmp_mb": self.limits.tmp_mb}
+        spec = {"parent": os.getpid(), "cwd": str(workdir), "namespaces": names, "view": view,
+                "inner_id": os.geteuid() or 1000,
                 "env": scrubbed_env(self.extra_env, workdir=str(workdir)), "rlimits": self.limits.rlimits()}
         full = [sys.executable, "-I", "-S", str(LAUNCHER), json.dumps(spec), "--", *argv]
         # the launcher itself needs nothing from the environment (-I -S: no site, no PYTHON*)

@@ -1,7 +1,7 @@
 """A tiny MCP server for the tests and the benchmark: notes in a SQLite file in its working
 directory (state persists within an episode; `reset_db` or deleting the file resets it), plus
 tools that misbehave on purpose (hang, die, send garbage, look for secrets, write outside,
-fork, flood stdout/stderr). Run: python notes_server.py [--http PORT]."""
+fork, daemonize, read host files, flood stdout/stderr). Run: python notes_server.py [--http PORT]."""
 
 import os
 import sqlite3
@@ -114,6 +114,39 @@ def fork_sleepers(count: int) -> str:
             os._exit(0)
         pids.append(pid)
     return " ".join(map(str, pids))
+
+
+@server.tool()
+def read_file(path: str) -> str:
+    """Try to read `path`; its text or what happened."""
+    try:
+        with open(path) as f:
+            return "read: " + f.read()
+    except OSError as err:
+        return f"refused: {err.strerror}"
+
+
+@server.tool()
+def fork_and_daemon() -> str:
+    """Fork a child that sleeps, and a daemon (double fork + setsid) that sleeps: both would
+    outlive the episode unless the reset ends them."""
+    child = os.fork()
+    if child == 0:
+        time.sleep(3600)
+        os._exit(0)
+    r, w = os.pipe()
+    first = os.fork()
+    if first == 0:
+        os.setsid()
+        if os.fork() == 0:
+            os.write(w, b"ready")
+            time.sleep(3600)
+        os._exit(0)
+    os.waitpid(first, 0)
+    os.read(r, 5)  # the daemon runs before the tool answers
+    os.close(r)
+    os.close(w)
+    return "forked"
 
 
 @server.tool()
