@@ -2,6 +2,7 @@
 clear errors, and one real training step (collect -> advantages -> update) of the trainer
 loop over collected groups, with the loopback teacher/judge and the small real environment."""
 
+import jax
 import numpy as np
 import pytest
 
@@ -218,38 +219,54 @@ def test_a_budget_stops_the_run_before_a_step_that_could_pass_it_with_the_state_
     that reports usage). Step 0 runs (nothing spent yet); before step 1, spent + what step 0
     took passes the cap: the run stops at that boundary, saved, exit 3, with a message saying
     what was spent and how to go on; resumed with a raised cap, it goes on from step 1 with the
-    meter's totals carried."""
+    meter's totals carried, to the parameters of a run that never stopped, and the server saw
+    no teacher request twice."""
     from actionopd_jax.checkpoint import Checkpointer
     from actionopd_jax.train.loop import BUDGET_EXIT_CODE, Trainer
     from actionopd_jax.train.setup import build_mesh, model_config
     from actionopd_jax.train.sources import SourceContext
 
-    def run(budget: float):
-        cfg = replace_keys(_cfg(), **{"run.dir": str(tmp_path / "run"), "train.steps": 3, "checkpoint.every_steps": 0,
+    def run(budget: float, name: str = "run"):
+        run_dir = tmp_path / name
+        cfg = replace_keys(_cfg(), **{"run.dir": str(run_dir), "train.steps": 3, "checkpoint.every_steps": 0,
                                       "checkpoint.async_save": False, "teacher.price": [1000.0, 0.0, 1000.0],
                                       "run.budget_usd": budget})
-        ctx = SourceContext(model_config=model_config(cfg), run_dir=str(tmp_path / "run"), tokenizer_path="",
+        ctx = SourceContext(model_config=model_config(cfg), run_dir=str(run_dir), tokenizer_path="",
                             process_index=0, process_count=1, mesh=build_mesh(cfg))
         tasks = [toy_task(f"t{i}", f"budget{i}") for i in range(12)]
-        with serve(teacher_backend(Script({}, {})), judge_backend()) as server:
+        teacher = teacher_backend(Script({}, {}))
+        with serve(teacher, judge_backend()) as server:
             source = ActionOPDGroupSource(cfg, ctx, teacher=make_teacher(server), matcher=make_matcher(server),
                                           stream=ListTaskStream(tasks, per_step=4), env_factory=lambda task: ToyEnv(),
                                           tokenizer=tiny_tokenizer,
                                           buckets=Buckets(prompt_len=(1024,), prompts=(4,), samples=(4,),
                                                           max_new=(16,), max_rows=16))
-            trainer = Trainer(cfg, run_dir=tmp_path / "run", source=source, resume="latest" if budget > 1 else None)
+            resume = "latest" if (run_dir / "checkpoints").is_dir() else None
+            trainer = Trainer(cfg, run_dir=run_dir, source=source, resume=resume)
             try:
-                return trainer, trainer.run(), source
+                code = trainer.run()
+                params = jax.tree.map(np.asarray, trainer.state["params"])
+                return trainer, code, source, params, len(teacher.requests)
             finally:
                 trainer.close()
 
-    trainer, code, source = run(budget=0.3)     # $1,000 per million tokens: a step here costs ~$0.2
+    trainer, code, source, _, served = run(budget=0.3)     # $1,000 per million tokens: a step here costs ~$0.2
     assert code == BUDGET_EXIT_CODE and trainer.step == 1
-    assert trainer.stop_message.startswith("budget: the paid models (teacher, judge, user simulator) have cost $") and "before it" in trainer.stop_message
+    assert trainer.stop_message.startswith("budget: the paid models (teacher, judge, user simulator) have cost $")
+    assert "before it" in trainer.stop_message
     spent = source.meters.teacher.spend_usd
     assert spent <= 0.3 < 2 * spent and source.meters.teacher.last_step_usd == pytest.approx(spent)   # one step spent
     ckpt = Checkpointer(tmp_path / "run" / "checkpoints", read_only=True)
     assert ckpt.steps() == [1]
     ckpt.close()
-    trainer, code, source = run(budget=1e9)     # raised: goes on from step 1 to the end
+    assert served == source.meters.teacher.requests > 0   # the server counted what the meter did
+    trainer, code, source, params, served_after = run(budget=1e9)     # raised: goes on from step 1 to the end
     assert code == 0 and trainer.step == 3 and source.meters.teacher.spend_usd > spent
+    # the same parameters as a run that never stopped, and no teacher call was paid twice: the
+    # capped run plus its resumption sent the server what the uncapped run sent
+    _, code, free, free_params, served_free = run(budget=0.0, name="uncapped")
+    assert code == 0 and served + served_after == served_free
+    assert source.meters.teacher.requests == free.meters.teacher.requests == served_free
+    assert source.meters.teacher.spend_usd == pytest.approx(free.meters.teacher.spend_usd)
+    for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(free_params)):
+        np.testing.assert_array_equal(a, b)
