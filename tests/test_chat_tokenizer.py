@@ -186,3 +186,24 @@ def test_cli_builds_tiny(tmp_path, capsys):
     assert "vocab_size" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         tokenizer_cli.main([])
+
+
+def test_a_long_text_tokenizes_without_transformers_length_warning(tiny_tokenizer_dir, caplog):
+    """Issue 34: after a big request body, serve's log showed transformers' "Token indices
+    sequence length is longer than the specified maximum" warning; lengths are our budgets'
+    to refuse, so the loaded tokenizer carries no maximum of its own."""
+    import logging
+
+    from transformers.utils import logging as hf_logging
+
+    from actionopd_jax.chat import load_tokenizer
+
+    tok = load_tokenizer(tiny_tokenizer_dir)
+    hf_logging.enable_propagation()
+    try:
+        with caplog.at_level(logging.WARNING):
+            ids = tok("hi " * 140_000)["input_ids"]
+    finally:
+        hf_logging.disable_propagation()
+    assert len(ids) > 131_072
+    assert "Token indices sequence length" not in caplog.text

@@ -88,6 +88,35 @@ def test_each_step_has_a_manifest_and_flipped_bits_are_refused_or_skipped(saved,
         ckpt.close()
 
 
+def test_a_step_without_manifest_is_refused_unless_allowed(saved, tmp_path, caplog):
+    """Issue 34: a step whose checksum manifest is missing cannot be checked: the latest falls
+    back to a verified step, a named one is refused saying how to load it anyway, and with
+    allow_unverified it loads, reported unverified."""
+    from actionopd_jax.checkpoint import load_model
+
+    run = _copy(saved, tmp_path)
+    (run / "checkpoints" / "2" / MANIFEST).unlink()
+    ckpt = Checkpointer(run / "checkpoints", read_only=True)
+    try:
+        with caplog.at_level(logging.ERROR):
+            r = ckpt.restore(None, params_only=True)
+        assert r.step == 1 and r.verified and "falling back to step 1" in caplog.text
+        with pytest.raises(CheckpointError, match=r"step 2 .*no checksum manifest.*Pass --allow-unverified"):
+            ckpt.restore(None, 2, params_only=True)
+    finally:
+        ckpt.close()
+    allowed = Checkpointer(run / "checkpoints", read_only=True, allow_unverified=True)
+    try:
+        r = allowed.restore(None, params_only=True)
+        assert r.step == 2 and not r.verified
+    finally:
+        allowed.close()
+    _, _, info = load_model(run, allow_unverified=True)
+    assert info["step"] == 2 and info["verified"] is False and info["fallback_from"] is None
+    _, _, info = load_model(run)
+    assert info["step"] == 1 and info["verified"] is True and info["fallback_from"] == 2
+
+
 def _export(source, out):
     return subprocess.run([sys.executable, "-m", "actionopd_jax.commands", "export", "--checkpoint", str(source),
                            "--out", str(out)], env=cli_env(devices=1), stdout=subprocess.PIPE,

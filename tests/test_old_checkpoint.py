@@ -18,8 +18,10 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
+from actionopd_jax.checkpoint import CheckpointError
 from actionopd_jax.checkpoint.run import load_model
 
 DATA = Path(__file__).parent / "data" / "pre_restructure_run"
@@ -28,7 +30,9 @@ DATA = Path(__file__).parent / "data" / "pre_restructure_run"
 def _load(tmp_path):
     run = tmp_path / "run"
     shutil.copytree(DATA / "run", run)  # Orbax may write beside what it reads: keep the data pristine
-    return (*load_model(run), json.loads((DATA / "reference.json").read_text()))
+    with pytest.raises(CheckpointError, match="no checksum manifest"):   # refused by default (issue 34)
+        load_model(run)
+    return (*load_model(run, allow_unverified=True), json.loads((DATA / "reference.json").read_text()))
 
 
 def _compute_dtype(model) -> str:
@@ -41,7 +45,7 @@ def test_pre_restructure_run_loads_with_its_parameters_and_logits(tmp_path):
     assert ref["commit"].startswith("6adbb28")
     assert info["step"] == ref["step"] == 1
     assert info["tokenizer"] is not None and (info["tokenizer"] / "tokenizer.json").is_file()
-    # written before checksum manifests existed: it loads, reported unverified (issue 26)
+    # written before checksum manifests existed: it loads when allowed, reported unverified (issue 26)
     assert info["verified"] is False and info["fallback_from"] is None
     assert qcfg.param_dtype == ref["param_dtype"] and _compute_dtype(model) == ref["compute_dtype"]
 

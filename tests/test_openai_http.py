@@ -227,3 +227,41 @@ def test_top_logprobs_needs_logprobs_and_stream_options_need_stream(server):
         client.chat.completions.create(model="scripted", messages=USER, top_logprobs=2)
     with pytest.raises(openai.BadRequestError, match="'stream_options' is only allowed"):
         client.chat.completions.create(model="scripted", messages=USER, stream_options={"include_usage": True})
+
+
+def test_large_bodies_are_read_a_few_at_a_time_while_small_ones_pass():
+    """Issue 34 item 1: bodies over 1 MiB are read and parsed at most max_large_bodies at once;
+    the others wait unread (bounded memory), small requests are not held up by them."""
+    import threading
+    import time as _time
+
+    backend = ScriptedBackend("m", lambda req: message_choice(f"{len(req.messages[0]['content'])} chars"))
+    srv = OpenAIServer(backend, max_large_bodies=1)
+    srv.start()
+
+    async def hold():   # the one slot, taken by the test (on the server's loop, as a request would)
+        if srv._large_bodies is None:
+            srv._large_bodies = asyncio.Semaphore(srv.max_large_bodies)
+        await srv._large_bodies.acquire()
+
+    async def release():
+        srv._large_bodies.release()
+
+    try:
+        asyncio.run_coroutine_threadsafe(hold(), srv._loop).result(timeout=10)
+        client = openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0, timeout=120)
+        got = {}
+        big = threading.Thread(target=lambda: got.update(big=client.chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "w" * (2 << 20)}])))
+        big.start()
+        deadline = _time.monotonic() + 60
+        while srv.large_bodies_waiting < 1 and _time.monotonic() < deadline:   # the condition, not a sleep
+            _time.sleep(0.01)
+        assert srv.large_bodies_waiting == 1 and "big" not in got   # it waits, unread
+        small = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "hi"}])
+        assert small.choices[0].message.content == "2 chars" and "big" not in got
+        asyncio.run_coroutine_threadsafe(release(), srv._loop).result(timeout=10)
+        big.join(timeout=120)
+        assert got["big"].choices[0].message.content == f"{2 << 20} chars" and srv.large_bodies_waiting == 0
+    finally:
+        srv.stop()

@@ -81,17 +81,21 @@ def test_a_transfer_recipe_draws_only_admitted_pool_tasks_never_its_evaluation_t
 
 @pytest.mark.parametrize("name", TAU2)
 def test_a_tau2_recipe_trains_on_the_official_178_and_is_scored_on_the_100(name):
+    """Paper B.3: the Tau comparisons score both official splits, the 100 test tasks held out
+    from training and the 178 train tasks (in-domain fit, in episodes of their own)."""
     from actionopd_jax.envs.task_sets import training_task_sets
     from actionopd_jax.eval.tasks import select_tasks
 
     cfg = load_config(CONFIGS / name)
     train = [t for _, ts in training_task_sets(cfg.env, needed_by="t") for t in ts]
-    evaluated = [t for b in cfg.eval.benchmarks for t in select_tasks(b)]
+    held_out = [t for b in cfg.eval.benchmarks if b.endswith(":test") for t in select_tasks(b)]
+    fit = [t for b in cfg.eval.benchmarks if b.endswith(":train") for t in select_tasks(b)]
+    assert len(cfg.eval.benchmarks) == 6   # each domain's train and test split, named explicitly
     # the Self-ActionOPD recipe narrows training to the tasks its summaries file covers
     # (env.task_ids); those must still come from the official 178-task train split
-    assert len(train) == (len(cfg.env.task_ids) if cfg.env.task_ids else 178) and len(evaluated) == 100
-    assert all(t.split == 'train' for t in train)
-    assert not {(t.env, t.task_id) for t in train} & {(t.env, t.task_id) for t in evaluated}
+    assert len(train) == (len(cfg.env.task_ids) if cfg.env.task_ids else 178) and len(held_out) == 100
+    assert len(fit) == 178 and all(t.split == 'train' for t in train)
+    assert not {(t.env, t.task_id) for t in train} & {(t.env, t.task_id) for t in held_out}
 
 
 def test_check_of_a_transfer_recipe_prints_the_pool_sizes_from_the_manifest(mini_manifest, capsys):

@@ -2,6 +2,7 @@
 must not stall the other clients, and SIGTERM shuts it down cleanly. Driven by the `openai`
 SDK over loopback; the --tiny model (random weights, so replies are noise)."""
 
+import json
 import os
 import signal
 import socket
@@ -74,7 +75,32 @@ def test_a_25mb_body_gets_a_json_413_and_others_are_answered_meanwhile(served):
     _, err = _during(client, lambda: client.chat.completions.create(
         model="tiny", messages=[{"role": "user", "content": text}]))
     assert isinstance(err, openai.APIStatusError) and err.status_code == 413, err
-    assert err.body["code"] == "request_too_large" and "the limit is 8388608 bytes" in err.body["message"]
+    assert err.body["code"] == "request_too_large" and "the limit is 8,388,608 bytes" in err.body["message"]
+
+
+def test_a_chunked_upload_past_the_limit_gets_a_readable_json_413(served):
+    """Issue 34: a chunked body has no Content-Length; its 413 says so in words (it read
+    "too large: more than that, the limit is ..."), as OpenAI error JSON."""
+    import http.client
+    from urllib.parse import urlparse
+
+    _, client, _ = served
+    url = urlparse(str(client.base_url))
+    chunk = b" " * (1 << 20)
+    conn = http.client.HTTPConnection(url.hostname, url.port, timeout=120)
+    try:
+        body = iter([b'{"model": "tiny", "messages": [{"role": "user", "content": "'] + [chunk] * 9 + [b'"}]}'])
+        conn.request("POST", url.path.rstrip("/") + "/chat/completions", body=body,
+                     headers={"Content-Type": "application/json"}, encode_chunked=True)
+        reply = conn.getresponse()
+        status, payload = reply.status, json.loads(reply.read())
+    finally:
+        conn.close()
+    assert status == 413, payload
+    assert payload["error"]["code"] == "request_too_large"
+    assert payload["error"]["message"].startswith("request body too large: the limit is 8,388,608 bytes (actionopd "
+                                                  "serve --max-body-mb), got a chunked upload (no Content-Length) "
+                                                  "that passed it; shorten")
 
 
 def test_a_5mb_body_gets_a_json_400_without_blocking_others(served):
@@ -124,6 +150,66 @@ def test_sigterm_finishes_the_request_in_flight_and_exits_0(served):
     assert "Traceback" not in log and "Exception ignored" not in log, log[-3000:]
     assert "shutting down" in out
     assert reply["r"].choices[0].finish_reason in ("stop", "length")  # it finished, not dropped
+
+
+def test_sigterm_under_many_streams_exits_0_and_every_client_gets_an_end():
+    """Issue 34 item 2 with the real engine: streams queued past two slots, SIGTERM and a second
+    one, a grace of 0.5 s so that requests are cancelled while the engine generates; the
+    process exits 0 (it aborted in std::terminate when it ended while the engine's thread was
+    mid-segment), and every client sees the end of its stream: a finish reason, or an error
+    event saying the server is shutting down, never a dropped connection."""
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "actionopd_jax.commands", "serve", "--tiny", "--seed", "1", "--port", str(port),
+         "--engine-slots", "2", "--segment-tokens", "16", "--shutdown-grace", "0.5"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env(devices=1))
+    try:
+        lines = []
+        while not lines or ("serving" not in lines[-1] and lines[-1]):
+            lines.append(proc.stdout.readline())
+        assert "serving" in lines[-1], "".join(lines)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=120)
+        outcome, first = {}, threading.Semaphore(0)
+
+        def one(i):
+            got = False
+            try:
+                finish = None
+                for chunk in client.chat.completions.create(model="tiny", stream=True, max_tokens=2000, seed=i,
+                                                            messages=[{"role": "user", "content": f"story {i}"}]):
+                    if not got:
+                        got = True
+                        first.release()
+                    finish = next((c.finish_reason for c in chunk.choices if c.finish_reason), finish)
+                outcome[i] = f"finish {finish}" if finish else "closed without a finish reason"
+            except openai.APIConnectionError:
+                outcome[i] = "dropped"
+            except openai.APIError as e:
+                outcome[i] = f"error event {e.code}" if getattr(e, "code", None) else f"error event {e}"
+            finally:
+                if not got:
+                    first.release()
+
+        threads = [threading.Thread(target=one, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        first.acquire()
+        first.acquire()          # both slots stream; the other six are queued behind them
+        proc.send_signal(signal.SIGTERM)
+        assert proc.stdout.readline().startswith("shutting down: requests in flight get 0.5 s")
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+        for t in threads:
+            t.join(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    log = "".join(lines) + out
+    assert proc.returncode == 0, log[-3000:]
+    assert "terminate called" not in log and "Traceback" not in log, log[-3000:]
+    assert len(outcome) == 8 and all(o.startswith(("finish ", "error event server_shutdown")) for o in outcome.values()), \
+        outcome
 
 
 _BLOCKED_SERVER = """

@@ -140,6 +140,19 @@ def test_empty_choices_are_retried_and_bad_args_regenerated_and_both_counted():
         assert batch.transport_failures == 0 and batch.cacheable
 
 
+def test_a_reply_cut_mid_body_is_retried_and_counted():
+    # headers promise a whole completion, half arrives, the connection drops: a transport
+    # failure the client retries (issue 34: "reset mid-body"), not a reply
+    injector = FaultInjector(FaultRates(), seed=3, script=["reset_mid_body", "ok"])
+    backend = ScriptedBackend("teacher", paris_call)
+    with serve(backend, middleware=injector) as server:
+        teacher = teacher_for(server, provider="deepseek")
+        batch = run(teacher.sample_detailed(STATE, TOOLS, 1))
+    assert [s.action for s in batch.samples] == [ToolCall("get_weather", {"city": "Paris", "unit": "celsius"})]
+    assert dict(injector.injected) == {"reset_mid_body": 1, "ok": 1} and len(backend.requests) == 1
+    assert teacher.usage.transport_retries == 1 and batch.transport_failures == 0 and batch.cacheable
+
+
 def test_partial_multiset_and_valid_samples_never_regenerated():
     # n=3 request returns [valid, invalid, valid]; only the middle slot is asked again.
     calls = {"n": 0}

@@ -14,6 +14,7 @@ import base64
 import functools
 import hashlib
 import json
+import sys
 from pathlib import Path
 
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
@@ -77,7 +78,13 @@ def load_tokenizer(path: str | Path) -> PreTrainedTokenizerFast:
             f"no tokenizer.json in {path}; pass a Hugging Face tokenizer directory, or build one "
             "with `actionopd tokenizer --qwen3 DIR` (real Qwen3 vocab) or `--tiny DIR`"
         )
-    return PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
+    tok = PreTrainedTokenizerFast.from_pretrained(str(path), local_files_only=True)
+    # Lengths are ours to decide (serve's context, collect.max_prompt_tokens, the eval budget),
+    # each with its own clear refusal; transformers' "Token indices sequence length is longer
+    # than the specified maximum" warning would otherwise fire on a long body that our own
+    # check then refuses anyway (issue 34). No code reads model_max_length.
+    tok.model_max_length = sys.maxsize
+    return tok
 
 
 # --- byte-level helpers ----------------------------------------------------------------------

@@ -32,7 +32,7 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from actionopd_jax.checkpoint.checksums import verify, write_manifest
+from actionopd_jax.checkpoint.checksums import MANIFEST, verify, write_manifest
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,10 @@ ITEMS = ("params", "opt_state", "meta")
 
 class CheckpointError(RuntimeError):
     """No usable checkpoint (the message lists what was found and what to do)."""
+
+
+class UnverifiedCheckpoint(ValueError):
+    """A step without a checksum manifest, refused unless allow_unverified."""
 
 
 @dataclass
@@ -56,8 +60,11 @@ class Checkpointer:
     """Thin wrapper over `ocp.CheckpointManager` with the run's items and policies."""
 
     def __init__(self, directory: str | Path, *, keep: int = 3, async_save: bool = True,
-                 read_only: bool = False):
+                 read_only: bool = False, allow_unverified: bool = False):
         self.directory = Path(directory).absolute()
+        # a step without a checksum manifest cannot be checked: refused (as unreadable, so a
+        # restore of the latest step falls back to a verified one) unless the user says so
+        self.allow_unverified = allow_unverified
         options = ocp.CheckpointManagerOptions(
             max_to_keep=keep,
             create=not read_only,
@@ -180,9 +187,14 @@ class Checkpointer:
         if not params_only:
             items["opt_state"] = target(None if abstract_state is None else abstract_state["opt_state"])
         verified = verify(self.directory / str(step), tuple(items))  # raises on damage, before Orbax reads
+        if not verified and not self.allow_unverified:
+            raise UnverifiedCheckpoint(
+                f"it has no checksum manifest ({MANIFEST}), so its files cannot be checked: it was saved before "
+                "manifests were recorded, or its save stopped before the manifest was written. Pass "
+                "--allow-unverified to load it anyway (the scores record verified: false)")
         if not verified:
             log.warning("checkpoint step %d in %s has no checksum manifest (saved before they were recorded): "
-                        "loading it unverified", step, self.directory)
+                        "loading it unverified, as --allow-unverified asked", step, self.directory)
         with _orbax_read_errors_quiet():
             out = self.manager.restore(step, args=ocp.args.Composite(**items))
         meta = dict(out["meta"])

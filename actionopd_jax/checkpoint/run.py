@@ -154,7 +154,7 @@ def recorded_tokenizer(found: RunCheckpoint, meta: dict[str, Any]) -> Path | Non
 
 
 def load_model(path: str | Path, *, step: int | None = None, mesh=None, dtype: str | None = None,
-               announce=None):
+               announce=None, allow_unverified: bool = False):
     """(Qwen3Config, model, info) for a run's checkpoint; info = {"step", "step_dir", "ckpt_dir",
     "run_dir", "tokenizer" (Path or None), "skipped", "fallback_from" (the newer step that was
     unreadable, or None), "verified" (its files matched their checksums)}."""
@@ -163,7 +163,7 @@ def load_model(path: str | Path, *, step: int | None = None, mesh=None, dtype: s
     announce = announce or (lambda line: print(line, file=sys.stderr))
     found = locate(path, step, announce=announce)
     with _quiet_absl():  # Orbax logs three warnings that a read-only manager is read-only
-        ckpt = Checkpointer(found.ckpt_dir, read_only=True)
+        ckpt = Checkpointer(found.ckpt_dir, read_only=True, allow_unverified=allow_unverified)
     try:
         steps = ckpt.steps()
         if not steps:

@@ -54,6 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", nargs="?", const="latest", default=None, metavar="STEP",
                    help="resume the run (latest readable checkpoint, or STEP)")
     p.add_argument("--force", action="store_true", help="resume even if the config changes the experiment")
+    p.add_argument("--allow-unverified", action="store_true",
+                   help="with --resume: restore a step that has no checksum manifest (refused otherwise)")
     p.add_argument("--run-dir", help="run directory (default: run.dir, else runs/<utc>-<name>; "
                                      "with --resume: the newest runs/*-<name>)")
     return p
@@ -197,7 +199,7 @@ def train(cfg: Config, args) -> int:
     resume, auto = _resume_choice(cfg, run_dir, resume)
     try:
         trainer = Trainer(cfg, run_dir=run_dir, source=functools.partial(build_source, cfg), resume=resume,
-                          force=args.force)
+                          force=args.force, allow_unverified=args.allow_unverified)
     except BaseException as e:
         if primary:  # a refused start leaves the run directory as it found it
             setup_logging(None, primary=primary, process_index=jax.process_index())

@@ -41,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "teacher (default for --endpoint: a directly evaluated teacher)")
     p.add_argument("--tokenizer", help="tokenizer directory (default: next to the weights, or the run's)")
     p.add_argument("--step", type=int, help="with --checkpoint RUN: the step to evaluate (default: latest finished)")
+    p.add_argument("--allow-unverified", action="store_true",
+                   help="with --checkpoint: evaluate a step that has no checksum manifest (refused otherwise; the "
+                        "scores record verified: false)")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), help="parameter and compute dtype (default: as trained)")
     p.add_argument("--mesh", help="shard the student over local devices, e.g. tensor=-1 (default: one device)")
     p.add_argument("--bench", action="append",
@@ -116,7 +119,8 @@ def model_backend(args: argparse.Namespace, settings: EvalSettings | None = None
 
     mesh = make_mesh(parse_mesh(args.mesh)) if args.mesh else None
     cfg, model, tokenizer = model_with_tokenizer(hf=args.hf, checkpoint=args.checkpoint, tokenizer=args.tokenizer,
-                                                 mesh=mesh, dtype=args.dtype, step=args.step, record=loaded)
+                                                 mesh=mesh, dtype=args.dtype, step=args.step, record=loaded,
+                                                 allow_unverified=args.allow_unverified)
     max_context = None
     platform = mesh.devices.flat[0].platform if mesh is not None else jax.default_backend()
     if rollout_sampler(getattr(args, "sampler", "auto"), platform) == "engine":

@@ -29,6 +29,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--step", type=int, help="with --checkpoint RUN: the step to load (default: latest finished)")
     parser.add_argument("--dtype", choices=("float32", "bfloat16"),
                         help="parameter and compute dtype (default: as trained / as in config.json)")
+    parser.add_argument("--allow-unverified", action="store_true",
+                        help="with --checkpoint: load a step that has no checksum manifest (refused otherwise)")
 
 
 def resolve_model(args, workdir: Path, *, seed: int, mesh=None, record: dict | None = None):
@@ -37,16 +39,19 @@ def resolve_model(args, workdir: Path, *, seed: int, mesh=None, record: dict | N
         model_dir, tok_dir = build_tiny_demo(workdir, seed=seed)
         return model_with_tokenizer(hf=model_dir, tokenizer=tok_dir, mesh=mesh, dtype=args.dtype)
     return model_with_tokenizer(hf=args.hf, checkpoint=args.checkpoint, tokenizer=args.tokenizer, mesh=mesh,
-                                dtype=args.dtype, step=getattr(args, "step", None), record=record)
+                                dtype=args.dtype, step=getattr(args, "step", None), record=record,
+                                allow_unverified=getattr(args, "allow_unverified", False))
 
 
-def model_with_tokenizer(*, hf=None, checkpoint=None, tokenizer=None, mesh=None, dtype=None, step=None, record=None):
+def model_with_tokenizer(*, hf=None, checkpoint=None, tokenizer=None, mesh=None, dtype=None, step=None, record=None,
+                         allow_unverified=False):
     """(cfg, model, tokenizer): the model (load_model) and `tokenizer`, else the one next to the
     HF weights or the one the training run recorded. Shared by generate, serve and eval.
     `record`: see loading.load_model."""
     from actionopd_jax.chat import load_tokenizer
 
-    cfg, model, recorded = load_model(hf=hf, checkpoint=checkpoint, mesh=mesh, dtype=dtype, step=step, record=record)
+    cfg, model, recorded = load_model(hf=hf, checkpoint=checkpoint, mesh=mesh, dtype=dtype, step=step, record=record,
+                                      allow_unverified=allow_unverified)
     tok_dir = Path(tokenizer) if tokenizer else recorded
     if tok_dir is None:
         raise ValueError(f"{checkpoint}: the run recorded no tokenizer (no <run>/tokenizer/, and its config "

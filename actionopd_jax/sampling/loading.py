@@ -29,14 +29,16 @@ def end_token_ids(tokenizer: Any) -> list[int]:
 
 def load_model(*, hf: str | Path | None = None, checkpoint: str | Path | None = None,
                mesh=None, dtype: str | None = None, step: int | None = None,
-               cfg_overrides: dict | None = None, record: dict | None = None) -> tuple[Qwen3Config, Any, Path | None]:
+               cfg_overrides: dict | None = None, record: dict | None = None,
+               allow_unverified: bool = False) -> tuple[Qwen3Config, Any, Path | None]:
     """(config, model, tokenizer directory or None) from a Hugging Face directory (`hf`, or a
     `checkpoint` holding config.json) or a training run's Orbax checkpoint (`checkpoint` = run
     directory, its checkpoints/ folder or one step folder; `step` picks one, default the latest
     finished). The parameters land on `mesh` (None: the first local device) in `dtype` (None:
     as recorded). Bad paths raise ValueError / FileNotFoundError with what to do. `record`, when
     given, receives what was loaded: {"checkpoint", "step", "step_dir", "fallback_from",
-    "verified"} for a run (scores then say which step they scored), {"hf"} for HF weights."""
+    "verified"} for a run (scores then say which step they scored), {"hf"} for HF weights.
+    `allow_unverified`: load a step that has no checksum manifest (refused otherwise)."""
     from actionopd_jax.model.weights import load_hf
     from actionopd_jax.checkpoint import CheckpointError
     from actionopd_jax.checkpoint import load_model as load_run_checkpoint
@@ -61,7 +63,8 @@ def load_model(*, hf: str | Path | None = None, checkpoint: str | Path | None = 
             record.update(hf=str(path))
         return cfg, model, path
     try:
-        cfg, model, info = load_run_checkpoint(path, step=step, mesh=mesh, dtype=dtype)
+        cfg, model, info = load_run_checkpoint(path, step=step, mesh=mesh, dtype=dtype,
+                                               allow_unverified=allow_unverified)
     except CheckpointError as e:
         raise ValueError(str(e)) from e
     fallback = f" (step {info['fallback_from']} was unreadable)" if info["fallback_from"] is not None else ""

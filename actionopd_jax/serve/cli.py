@@ -23,6 +23,7 @@ import tempfile
 from pathlib import Path
 
 from actionopd_jax.sampling.cli import add_model_args, resolve_model
+from actionopd_jax.serve.openai_http import _exit_now
 
 
 def parse_mesh(text: str) -> dict[str, int]:
@@ -49,6 +50,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--default-max-tokens", type=int, default=1024)
     p.add_argument("--max-body-mb", type=float, default=8.0,
                    help="larger request bodies get a 413 before they are parsed (default 8)")
+    p.add_argument("--shutdown-grace", type=float, default=10.0,
+                   help="seconds requests in flight get to finish after SIGTERM / Ctrl-C before they are cancelled")
+    p.add_argument("--max-large-bodies", type=int, default=2,
+                   help="request bodies over 1 MiB read and parsed at once; more wait unread (default 2)")
     p.add_argument("--batch-window-ms", type=float, default=5.0,
                    help="how long a request waits for others to share its device call")
     p.add_argument("--no-warmup", action="store_true",
@@ -129,11 +134,18 @@ def main(argv: list[str]) -> int:
             if not args.no_warmup:
                 print(f"warm-up: the first request's programs compiled in {backend.warm_up():.1f} s", flush=True)
             server = OpenAIServer(backend, host=args.host, port=args.port, api_key_env=args.api_key_env,
-                                  max_body_bytes=int(args.max_body_mb * 1024 * 1024))
+                                  max_body_bytes=int(args.max_body_mb * 1024 * 1024),
+                                  max_large_bodies=args.max_large_bodies, shutdown_grace_s=args.shutdown_grace)
         except ValueError as e:
             print(f"actionopd serve: {e}", file=sys.stderr)
             return 2
-        server.serve_forever()
+        try:
+            server.serve_forever()
+        finally:
+            # the generation thread ends before the interpreter does: ended by it mid-segment,
+            # the device runtime aborts the process (SIGABRT after a clean shutdown, issue 34)
+            if not backend.close(timeout_s=30.0):
+                _exit_now("the engine was still generating 30 s after the server stopped: exiting")
     return 0
 
 

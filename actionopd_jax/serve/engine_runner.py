@@ -76,6 +76,20 @@ class EngineRunner:
                 self._thread.start()
         return ticket
 
+    def close(self, timeout_s: float = 60.0) -> bool:
+        """Withdraw every request and wait for the stepping thread to end (the segment on the
+        device finishes first). True once no thread runs. The thread is a daemon, so without
+        this a process exiting mid-segment would end it inside the device runtime, which aborts
+        the process (std::terminate: issue 34's "terminate called after throwing")."""
+        with self._lock:
+            for ticket in self._inbox + self._live:
+                ticket.cancelled = True
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout_s)
+            return not thread.is_alive()
+        return True
+
     def cancel(self, ticket: Ticket) -> None:
         """Withdraw a request (its client left, or it needs no more tokens); any thread."""
         ticket.cancelled = True

@@ -14,6 +14,8 @@ request through to the backend or answers with one fault:
 - "bad_args":     200 with a well-formed completion calling the request's first tool with
                   arguments that are not JSON (always this; "invalid_tool_call" draws between it
                   and an unknown tool)
+- "reset_mid_body": 200 whose headers promise a whole completion, half of which is sent before
+                  the connection drops (a proxy or load balancer resetting mid-reply)
 
 Which fault comes next is drawn from a `random.Random(seed)` (the seed is required, so a
 test is reproducible), or taken from an explicit `script` list first ("ok" = pass through).
@@ -22,15 +24,18 @@ test is reproducible), or taken from an explicit `script` list first ("ok" = pas
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 import time
 from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
+from actionopd_jax.serve.openai_http import CutBody
 from actionopd_jax.serve.requests import ChatChoice, ChatRequest, RequestError, completion_body
 
-FAULT_KINDS = ("rate_limit", "server_error", "hang", "malformed", "invalid_tool_call", "empty_choices", "bad_args")
+FAULT_KINDS = ("rate_limit", "server_error", "hang", "malformed", "invalid_tool_call", "empty_choices", "bad_args",
+               "reset_mid_body")
 
 
 @dataclass(frozen=True)
@@ -42,6 +47,7 @@ class FaultRates:
     invalid_tool_call: float = 0.0
     empty_choices: float = 0.0
     bad_args: float = 0.0
+    reset_mid_body: float = 0.0
     retry_after_s: float = 0.05    # value of the Retry-After header on 429
     hang_s: float = 2.0            # how long a "hang" stalls before answering
 
@@ -97,6 +103,10 @@ class FaultInjector:
             return None
         if fault == "malformed":
             return 200, b'{"id": "chatcmpl-broken", "choices": [{"index": 0, "message": ', {}
+        if fault == "reset_mid_body":
+            whole = json.dumps({"id": "chatcmpl-cut", "object": "chat.completion", "choices": [
+                {"index": 0, "message": {"role": "assistant", "content": "x" * 512}, "finish_reason": "stop"}]}).encode()
+            return 200, CutBody(whole[: len(whole) // 2], len(whole)), {}
         # the rest: a syntactically perfect completion carrying no usable action
         try:
             req = ChatRequest.from_json(body)

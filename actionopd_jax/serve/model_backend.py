@@ -141,6 +141,14 @@ class ModelBackend:
     def device_calls(self) -> int:
         return len(self.batcher.batch_sizes)
 
+    def close(self, timeout_s: float = 60.0) -> bool:
+        """Stop generating: every request still running is withdrawn and the engine's thread
+        joined (serve calls this once its HTTP side has stopped). False when the thread was
+        still busy after `timeout_s`."""
+        stopped = self.runner.close(timeout_s) if self.runner is not None else True
+        self.batcher.close()
+        return stopped
+
     # --- request -> job ------------------------------------------------------------------
     def _render(self, req: ChatRequest) -> np.ndarray:
         messages = [{**m, "role": "system"} if m.get("role") == "developer" else m for m in req.messages]

@@ -17,6 +17,7 @@ import hmac
 import json
 import os
 import threading
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
 
 from aiohttp import web
@@ -28,6 +29,8 @@ from actionopd_jax.serve.requests import (Backend, ChatChoice, ChatRequest, Requ
 # A body past this is refused (a JSON 413) before it is read: far above what any context the
 # server can hold needs (32,768 tokens of text and tool schemas are well under 1 MiB).
 MAX_BODY_BYTES = 8 * 1024 * 1024
+# bodies past this count against OpenAIServer.max_large_bodies (read and parsed a few at a time)
+LARGE_BODY_BYTES = 1 << 20
 
 SHUTDOWN_GRACE_S = 10.0
 
@@ -35,6 +38,17 @@ SHUTDOWN_GRACE_S = 10.0
 Middleware = Callable[[Any], Awaitable["tuple[int, Any, dict[str, str]] | None"]]
 
 
+
+
+async def _send_cut(request: web.Request, status: int, cut: CutBody, headers: dict[str, str]) -> web.StreamResponse:
+    """Send `cut.data` under a Content-Length of `cut.claimed`, then drop the connection."""
+    resp = web.StreamResponse(status=status, headers={**headers, "Content-Type": "application/json",
+                                                      "Content-Length": str(cut.claimed)})
+    await resp.prepare(request)
+    await resp.write(cut.data)
+    if request.transport is not None:
+        request.transport.close()
+    return resp
 
 def _error_response(err: Exception) -> web.Response:
     """A route's failure as an HTTP error: a RequestError with its own status, anything else
@@ -53,6 +67,15 @@ def _exit_now(why: str) -> None:
     print(f"actionopd serve: {why}", file=sys.stderr, flush=True)
     sys.stdout.flush()
     os._exit(1)
+
+
+@dataclass(frozen=True)
+class CutBody:
+    """A reply a middleware wants cut short: the headers promise `claimed` bytes, `data` (fewer)
+    are sent, then the connection is dropped, as a proxy or a provider's load balancer that
+    resets mid-reply does (serve/faults.py "reset_mid_body")."""
+    data: bytes
+    claimed: int
 
 
 @web.middleware
@@ -89,6 +112,8 @@ class OpenAIServer:
         api_key_env: str | None = None,
         middleware: Middleware | None = None,
         max_body_bytes: int = MAX_BODY_BYTES,
+        max_large_bodies: int = 2,
+        shutdown_grace_s: float = SHUTDOWN_GRACE_S,
     ):
         backends = backends if isinstance(backends, list) else [backends]
         if not backends:
@@ -97,6 +122,13 @@ class OpenAIServer:
         self.host, self.port = host, port
         self.middleware = middleware
         self.max_body_bytes = int(max_body_bytes)
+        self.shutdown_grace_s = float(shutdown_grace_s)  # requests in flight at a stop get this long
+        # at most this many bodies over LARGE_BODY_BYTES (or of unknown size) are read and parsed
+        # at once; the others wait unread in their sockets, so a handful of clients sending
+        # near-limit bodies cannot multiply the server's memory (issue 34)
+        self.max_large_bodies = max(1, int(max_large_bodies))
+        self.large_bodies_waiting = 0
+        self._large_bodies: asyncio.Semaphore | None = None  # made on the server's loop
         self._api_key: str | None = None
         if api_key_env:
             key = os.environ.get(api_key_env)
@@ -107,6 +139,7 @@ class OpenAIServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
+        self._grace_over: asyncio.Event | None = None
         self.base_url: str | None = None
 
     # --- app -------------------------------------------------------------------------------
@@ -135,6 +168,22 @@ class OpenAIServer:
             return None, denied
         if (request.content_length or 0) > self.max_body_bytes:  # refused before it is parsed
             return None, await self._too_large(request, request.content_length)
+        size = request.content_length
+        if size is not None and size <= LARGE_BODY_BYTES:
+            return await self._read_json(request)
+        if self._large_bodies is None:
+            self._large_bodies = asyncio.Semaphore(self.max_large_bodies)
+        self.large_bodies_waiting += 1
+        try:
+            await self._large_bodies.acquire()
+        finally:
+            self.large_bodies_waiting -= 1
+        try:
+            return await self._read_json(request)
+        finally:
+            self._large_bodies.release()
+
+    async def _read_json(self, request: web.Request) -> tuple[Any, web.Response | None]:
         try:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:  # a chunked body without Content-Length
@@ -145,9 +194,11 @@ class OpenAIServer:
             return None, web.json_response(RequestError(400, f"request body is not valid JSON: {e}").body(), status=400)
 
     async def _too_large(self, request: web.Request, size: int | None) -> web.Response:
-        got = f"{size} bytes" if size is not None else "more than that"
-        err = RequestError(413, f"request body too large: {got}, the limit is {self.max_body_bytes} bytes "
-                                "(actionopd serve --max-body-mb); shorten the conversation", code="request_too_large")
+        # a chunked upload has no Content-Length: what is known is that it passed the limit
+        got = f"{size:,} bytes" if size is not None else "a chunked upload (no Content-Length) that passed it"
+        err = RequestError(413, f"request body too large: the limit is {self.max_body_bytes:,} bytes "
+                                f"(actionopd serve --max-body-mb), got {got}; shorten the conversation",
+                           code="request_too_large")
         # the rest of the body is read and dropped chunk by chunk (no memory, the loop stays free):
         # a client still sending when the connection closed would see a reset, not this answer
         async for _ in request.content.iter_chunked(1 << 20):
@@ -172,6 +223,8 @@ class OpenAIServer:
             injected = await self.middleware(body)
             if injected is not None:
                 status, payload, headers = injected
+                if isinstance(payload, CutBody):
+                    return await _send_cut(request, status, payload, headers)
                 if isinstance(payload, (dict, list)):
                     return web.json_response(payload, status=status, headers=headers)
                 return web.Response(body=payload, status=status, headers=headers, content_type="application/json")
@@ -196,7 +249,7 @@ class OpenAIServer:
             from actionopd_jax.serve.streaming import send_live_stream, send_stream
 
             if events is not None:
-                return await send_live_stream(request, req, prompt_tokens, events)
+                return await send_live_stream(request, req, prompt_tokens, events, stop=self._grace_over)
             return await send_stream(request, body, include_usage=req.include_usage)
         return web.json_response(body)
 
@@ -216,11 +269,14 @@ class OpenAIServer:
 
     # --- lifecycle -------------------------------------------------------------------------
     async def _start_site(self) -> None:
+        # set when a stop's grace has run out: streams still running end with an error event
+        # saying so (streaming.py), before aiohttp closes their connections
+        self._grace_over = asyncio.Event()
         # handler_cancellation: a client that disconnects cancels its handler, and with it its
         # queued or segmented generation (sampling/batching.py), instead of leaving it running
         # shutdown_timeout: on stop, requests in flight get that long to finish, then are cancelled
         self._runner = web.AppRunner(self._app(), access_log=None, handler_cancellation=True,
-                                     shutdown_timeout=SHUTDOWN_GRACE_S)
+                                     shutdown_timeout=self.shutdown_grace_s)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self.host, self.port)
         await site.start()
@@ -229,13 +285,18 @@ class OpenAIServer:
         self.base_url = f"http://{host}:{port}/v1"
 
     async def _shutdown(self) -> None:
-        """aiohttp's cleanup (no new connections; requests in flight get SHUTDOWN_GRACE_S), then
+        """aiohttp's cleanup (no new connections; requests in flight get shutdown_grace_s), then
         whatever is still running is cancelled: aiohttp alone let a request that never ends
         hold the shutdown past twice its grace (issue 34)."""
+        cleanup = asyncio.ensure_future(self._runner.cleanup())
         try:
-            await asyncio.wait_for(self._runner.cleanup(), SHUTDOWN_GRACE_S + 1)
+            await asyncio.wait_for(asyncio.shield(cleanup), self.shutdown_grace_s)
         except (asyncio.TimeoutError, asyncio.CancelledError):
-            pass
+            self._grace_over.set()   # the streams left end now, each with a terminal event
+            try:   # a second for them to write it; then what still runs is cancelled below
+                await asyncio.wait_for(cleanup, 1.0)
+            except (asyncio.TimeoutError, asyncio.CancelledError):
+                pass
         me = asyncio.current_task()
         left = [t for t in asyncio.all_tasks() if t is not me and not t.done()]
         for task in left:
@@ -278,12 +339,12 @@ class OpenAIServer:
         if self._thread is None or self._loop is None:
             return
         self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join(timeout=SHUTDOWN_GRACE_S + 10)
+        self._thread.join(timeout=self.shutdown_grace_s + 10)
         self._thread = None
 
     def serve_forever(self) -> None:
         """Blocking run for the CLI. Ctrl-C or SIGTERM stops it cleanly: no new connections,
-        requests in flight get SHUTDOWN_GRACE_S to finish, then are cancelled, and the process
+        requests in flight get shutdown_grace_s to finish, then are cancelled, and the process
         exits 0. A second signal during that changes nothing (it is acknowledged: issue 34 saw
         one abort the process, exit 134). A shutdown that still outlasts its limit ends the
         process at once (exit 1), never through the interpreter's own exit with device threads
@@ -295,7 +356,7 @@ class OpenAIServer:
         def on_signal(signum, _frame):
             if stop.is_set():
                 print(f"{signal.Signals(signum).name} again: already shutting down; requests in flight end within "
-                      f"{SHUTDOWN_GRACE_S:g} s", flush=True)
+                      f"{self.shutdown_grace_s:g} s", flush=True)
                 return
             stop.set()
 
@@ -309,7 +370,7 @@ class OpenAIServer:
                 pass
         finally:
             stop.set()
-            print(f"shutting down: requests in flight get {SHUTDOWN_GRACE_S:g} s to finish, then are cancelled",
+            print(f"shutting down: requests in flight get {self.shutdown_grace_s:g} s to finish, then are cancelled",
                   flush=True)
             thread = self._thread
             self.stop()

@@ -16,6 +16,7 @@ the first chunk. Token logprobs ride on each choice's finish chunk.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from typing import Any, AsyncIterator, Iterator
@@ -77,20 +78,26 @@ def _data(event: dict[str, Any]) -> bytes:
 
 
 async def send_live_stream(request: web.Request, req: ChatRequest, prompt_tokens: int,
-                           events: AsyncIterator[tuple]) -> web.StreamResponse:
+                           events: AsyncIterator[tuple], stop: asyncio.Event | None = None) -> web.StreamResponse:
     """Stream a live backend's events (ModelBackend.stream) as they come. A failure after the
-    stream has started is sent as an `error` event (the OpenAI SDK raises it as an APIError)."""
+    stream has started is sent as an `error` event (the OpenAI SDK raises it as an APIError).
+    `stop` set (the server's shutdown grace ran out) ends the stream with an error event
+    saying so: the client sees the end of its stream, not a dropped connection."""
     body = completion_body(req, [], prompt_tokens)  # the id, created and model of every chunk
     head, usage = _head(body), req.include_usage
     resp = web.StreamResponse(status=200, headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await resp.prepare(request)
     sent = [{"reasoning_content": "", "content": ""} for _ in range(req.n)]
     try:
-        async with contextlib.aclosing(events):  # leaving early (the client went) withdraws the request
-            for i in range(req.n):
+        # `until` is closed before `events` is: a generator still inside its step cannot be closed
+        async with contextlib.aclosing(events), contextlib.aclosing(_until(events, stop)) as until:
+            for i in range(req.n):   # leaving early (the client went) withdraws the request (aclosing)
                 await resp.write(_data(_chunk(head, usage, i, {"role": "assistant", "content": ""})))
             try:
-                async for event in events:
+                async for event in until:
+                    if event is _STOPPED:   # the shutdown's grace ran out: the client is told so
+                        await _end_cancelled(resp)
+                        return resp
                     if event[0] == "delta":
                         _, i, field, piece = event
                         sent[i][field] += piece
@@ -112,7 +119,54 @@ async def send_live_stream(request: web.Request, req: ChatRequest, prompt_tokens
         await resp.write_eof()
     except (ConnectionResetError, ConnectionError):
         pass  # the client left mid-stream: its request is withdrawn (aclosing above)
+    except asyncio.CancelledError:
+        # cancelled outright (the shutdown's last resort): a terminal event if the connection
+        # still takes one, then the cancellation goes on
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(_end_cancelled(resp), 1.0)
+        raise
     return resp
+
+
+_STOPPED = object()
+
+
+async def _until(events: AsyncIterator[tuple], stop: asyncio.Event | None) -> AsyncIterator[Any]:
+    """`events` as they come, then `_STOPPED` once `stop` is set (if it is before they end)."""
+    if stop is None:
+        async for event in events:
+            yield event
+        return
+    it = events.__aiter__()
+    waiting = asyncio.ensure_future(stop.wait())
+    nxt: asyncio.Future | None = None
+    try:
+        while True:
+            nxt = asyncio.ensure_future(it.__anext__())
+            await asyncio.wait({nxt, waiting}, return_when=asyncio.FIRST_COMPLETED)
+            if not nxt.done():
+                yield _STOPPED
+                return
+            try:
+                event = nxt.result()
+            except StopAsyncIteration:
+                return
+            yield event
+    finally:
+        waiting.cancel()
+        # the generator's step must have ended before the caller closes `events` (aclosing):
+        # closing a generator that is still running raises
+        if nxt is not None and not nxt.done():
+            nxt.cancel()
+            await asyncio.gather(nxt, return_exceptions=True)
+
+
+async def _end_cancelled(resp: web.StreamResponse) -> None:
+    err = RequestError(503, "the server is shutting down: this request was cancelled after its grace period; "
+                            "send it again to a running server", "server_error", "server_shutdown")
+    await resp.write(_data(err.body()))
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
 
 
 async def send_stream(request: web.Request, body: dict[str, Any], *, include_usage: bool) -> web.StreamResponse:

@@ -17,14 +17,14 @@ from pathlib import Path
 
 
 def export(checkpoint: str | Path, out: str | Path, step: int | None = None, *, dtype: str | None = None,
-           tokenizer: bool = True) -> int:
+           tokenizer: bool = True, allow_unverified: bool = False) -> int:
     """Export and return the step written. The parameters are restored onto this host's first
     device (whatever mesh wrote them), the same path eval and serve use; with `tokenizer` the
     run's recorded tokenizer files are copied next to the weights."""
     from actionopd_jax.model.weights import save_hf
     from actionopd_jax.checkpoint import copy_tokenizer, load_model
 
-    qcfg, model, info = load_model(checkpoint, step=step, dtype=dtype)
+    qcfg, model, info = load_model(checkpoint, step=step, dtype=dtype, allow_unverified=allow_unverified)
     save_hf(model, qcfg, out)
     if tokenizer:
         copy_tokenizer(info["tokenizer"], out)
@@ -37,11 +37,13 @@ def main(argv: list[str]) -> int:
     p.add_argument("--step", type=int, default=None, help="step to export (default: latest readable)")
     p.add_argument("--out", required=True, help="output directory for config.json + model.safetensors")
     p.add_argument("--dtype", choices=("float32", "bfloat16"), help="weights dtype (default: as trained)")
+    p.add_argument("--allow-unverified", action="store_true",
+                   help="export a step that has no checksum manifest (refused otherwise)")
     args = p.parse_args(argv)
     from actionopd_jax.checkpoint import CheckpointError
 
     try:
-        step = export(args.checkpoint, args.out, args.step, dtype=args.dtype)
+        step = export(args.checkpoint, args.out, args.step, dtype=args.dtype, allow_unverified=args.allow_unverified)
     except (CheckpointError, FileNotFoundError) as e:
         print(f"actionopd export: {e}", file=sys.stderr)
         return 2

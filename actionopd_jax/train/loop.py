@@ -63,14 +63,15 @@ class Trainer:
     """
 
     def __init__(self, cfg: Config, *, run_dir: str | Path, source: GroupSource | SourceFactory,
-                 resume: str | int | None = None, force: bool = False):
+                 resume: str | int | None = None, force: bool = False, allow_unverified: bool = False):
         self.cfg = cfg
         self.run_dir = Path(run_dir)
         self.primary = distributed.is_primary()
         self.mesh = build_mesh(cfg)
         self._check_batch_layout()
         ckpt_dir = cfg.checkpoint.dir or str(self.run_dir / "checkpoints")
-        self.ckpt = Checkpointer(ckpt_dir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save)
+        self.ckpt = Checkpointer(ckpt_dir, keep=cfg.checkpoint.keep, async_save=cfg.checkpoint.async_save,
+                                 allow_unverified=allow_unverified)
         self.base_key = jax.random.key(cfg.run.seed)
         self._stop_requested = False
         self._last_saved: int | None = None
