@@ -91,8 +91,14 @@ def test_kill9_between_saves_then_resume_matches_uninterrupted(reference, tmp_pa
 
     at_kill = _kill_when(_start(tmp_path), tmp_path, between)
     last = _finalized(at_kill)[-1]
+    # a step's checksum manifest is written once its (async) save is known to be final: the
+    # kill may come before that, and a step without one is not trusted (issue 34), so the run
+    # resumes from the newest step with a manifest: that step, or the one before
+    verified = (tmp_path / "checkpoints" / str(last) / "checksums.json").is_file()
     out = _finish(_start(tmp_path, "--resume"))
-    assert f"resumed from step {last}" in out
+    assert f"resumed from step {last if verified else last - 1}" in out, out[-3000:]
+    if not verified:
+        assert f"checkpoint step {last}" in out and "no checksum manifest" in out, out[-3000:]
     assert max_abs_diff(_final_params(tmp_path), reference) == 0.0
 
 
