@@ -91,7 +91,10 @@ def test_later_episodes_find_their_servers_started_while_earlier_ones_ran(tiny_t
     assert pool.stats.starts == 4 == pool.stats.prefetched  # no episode started a second server
     waits = sorted(pool.stats.acquire_s)
     assert waits[-1] >= DELAY_S  # the first episode waited for a start...
-    assert all(w < DELAY_S / 2 for w in waits[:3]), waits  # ...the others found theirs warm
+    # ...and the episodes' waits together are below the starts' own time: the others found
+    # their servers (mostly) started, instead of each waiting for a start in turn (a relation
+    # between two measured sums, not a wall-clock threshold: issue 32)
+    assert sum(waits) < sum(pool.stats.start_s), (waits, pool.stats.start_s)
     # the starts overlapped: the whole step took less than the starts one after another would
     assert wall < sum(pool.stats.start_s), (wall, pool.stats.start_s)
 
