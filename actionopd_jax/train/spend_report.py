@@ -58,14 +58,16 @@ def spend_table(history: list[dict[str, float]]) -> str:
 
 
 def plot_spend(history: list[dict[str, float]], path: Path) -> None:
-    """Cumulative spend per priced role by step, or cumulative tokens when nothing is priced."""
+    """Cumulative spend per priced role by step, or cumulative tokens when nothing costs money."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     steps = [int(h["step"]) for h in history]
-    priced = any(f"{r}/spend_usd_total" in history[-1] for r, _ in ROLES)
+    # money when some role costs something; tokens otherwise (nothing priced, or priced at zero
+    # as the main job's embedded teacher: a flat $0 line would say nothing)
+    priced = any(history[-1].get(f"{r}/spend_usd_total", 0.0) > 0 for r, _ in ROLES)
     fig, ax = plt.subplots(figsize=(6, 3.4))
     for role, label in ROLES:
         if priced and f"{role}/spend_usd_total" in history[-1]:
@@ -78,7 +80,8 @@ def plot_spend(history: list[dict[str, float]], path: Path) -> None:
         ax.plot(steps, values, marker="o", label=label)
     ax.set_xlabel("step")
     ax.set_ylabel("USD (cumulative)" if priced else "tokens (cumulative)")
-    ax.set_title("spend of the paid models" if priced else "tokens of the remote models (no price set)", fontsize=10)
+    ax.set_title("spend of the paid models" if priced else "tokens of the remote models (no spend)", fontsize=10)
+    ax.xaxis.get_major_locator().set_params(integer=True)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
