@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from actionopd_jax.config.eval_section import EvalConfig
+from actionopd_jax.config.schema import flatten
 from actionopd_jax.providers import PROVIDERS, refusal, unsendable
 from actionopd_jax.types import Task
 
@@ -178,7 +179,8 @@ def check_same_settings(out_dir: Path, settings: EvalSettings, *, has_episodes: 
     mine = settings.record()
     note = ""
     if path.is_file():
-        theirs, now = _flat(json.loads(path.read_text())), _flat(mine)
+        # JSON round-trips the record as it was written (benchmarks, a list, may change anyway)
+        theirs, now = flatten(json.loads(path.read_text())), flatten(json.loads(json.dumps(mine)))
         changed = sorted(k for k in theirs.keys() | now.keys()
                          if not k.startswith(_MAY_CHANGE) and theirs.get(k) != now.get(k))
         if changed and has_episodes:
@@ -191,12 +193,3 @@ def check_same_settings(out_dir: Path, settings: EvalSettings, *, has_episodes: 
     path.write_text(json.dumps(mine, indent=2) + "\n")
     return note
 
-
-def _flat(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for k, v in tree.items():
-        if isinstance(v, dict):
-            out.update(_flat(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v if not isinstance(v, list) else tuple(v)
-    return out
