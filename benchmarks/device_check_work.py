@@ -203,13 +203,15 @@ def train_step_timing(preset: str, attention: str, *, rows: int, seq: int, resp:
         state, m = step.update(state, batch)
         float(m["loss"])
         times.append(time.perf_counter() - t0)
+    # Kept to significant digits, not decimals: a tiny model steps in well under a millisecond on a
+    # GPU, where four decimals would skew tokens/s and MFU derived from the report (or zero them).
     step_s = float(np.median(times))
     used = model_flops(qcfg, rows, seq, resp)
     stats = devices[0].memory_stats() or {}
     plan = estimate_memory(cfg, qcfg, {"data": 1, "fsdp": len(devices), "tensor": 1}, attention).total
     del state, batch
     return {"model": preset, "attention": attention, "devices": len(devices), "rows": rows, "seq_len": seq,
-            "resp_len": resp, "remat": cfg.model.remat, "compile_s": round(compile_s, 2), "step_s": round(step_s, 4),
+            "resp_len": resp, "remat": cfg.model.remat, "compile_s": round(compile_s, 2), "step_s": float(f"{step_s:.6g}"),
             "tokens_per_s": round(rows * seq / step_s, 1), "loss": loss, "model_flops": used,
             "peak_bytes": stats.get("peak_bytes_in_use"), "plan_bytes": plan,
             "ok": bool(np.isfinite(loss))}
