@@ -16,6 +16,7 @@ import asyncio
 
 import pytest
 
+from actionopd_jax.baselines.wiring import endpoint_agent
 from actionopd_jax.commands import train as train_cli
 from actionopd_jax.config import ConfigError
 from actionopd_jax.config.load import load_config
@@ -26,7 +27,7 @@ from actionopd_jax.serve.openai_http import OpenAIServer
 from actionopd_jax.serve.scripted import ScriptedBackend, message_choice
 from actionopd_jax.teacher.factory import build_teacher
 from actionopd_jax.teacher.specs import judge_spec, teacher_spec
-from actionopd_jax.types import Message
+from actionopd_jax.types import Message, Observation, Task
 from tests._configs import CONFIG_DIR
 from tests._teacher_fixtures import STATE, TOOLS
 
@@ -114,6 +115,12 @@ def test_every_paper_recipe_sends_table8_settings(name, monkeypatch):
                 teacher = build_teacher(teacher_spec(cfg.teacher))
                 await teacher.sample(STATE, TOOLS, 1)
                 bodies["teacher"] = backends[cfg.teacher.model].requests[-1].raw
+                # the KD warm start's teacher episodes (baselines/wiring.endpoint_agent) ask the
+                # same endpoint: the same table-8 body, spelled for the same provider
+                agent = endpoint_agent(cfg)
+                await agent.act(Observation(list(STATE), TOOLS),
+                                task=Task("t", cfg.env.name), trial=0)
+                bodies["kd teacher"] = backends[cfg.teacher.model].requests[-1].raw
             matcher = build_matcher(judge_spec(cfg.matcher))
             await matcher.verdict(Message("It is 20 C."), Message("Twenty degrees."), messages=STATE, tools=TOOLS)
             bodies["matcher"] = backends[cfg.matcher.model].requests[-1].raw
@@ -128,6 +135,7 @@ def test_every_paper_recipe_sends_table8_settings(name, monkeypatch):
         server.stop()
     if remote_teacher:
         assert_table8(bodies["teacher"], "teacher", cfg.teacher.model)
+        assert_table8(bodies["kd teacher"], "teacher", cfg.teacher.model)
     assert_table8(bodies["matcher"], "matcher", cfg.matcher.model)
     if cfg.env.user_model:
         assert_table8(bodies["user"], "user", cfg.env.user_model)

@@ -24,6 +24,7 @@ from typing import Any
 
 from actionopd_jax.config import Config
 from actionopd_jax.config.errors import ConfigError
+from actionopd_jax.providers import UnsendableSetting
 from actionopd_jax.train.sources import GroupSource, SourceContext, synthetic_source
 from actionopd_jax.types import Task
 
@@ -53,15 +54,17 @@ def endpoint_agent(cfg: Config):
     if t.kind != "openai" or not t.base_url or not t.model:
         raise ConfigError("KD without kd.trajectories runs the teacher first: set teacher.kind=openai, "
                             "teacher.base_url and teacher.model (or point kd.trajectories at recorded episodes)")
-    extra: dict[str, Any] = {"top_p": t.top_p, "chat_template_kwargs": {"enable_thinking": t.enable_thinking}}
-    if t.top_k:
-        extra["top_k"] = t.top_k
     try:
         # a teacher: its empty or unparsable replies are asked again, teacher.retries times, as
-        # the collector's teacher client does (issue 34: they ended warm-start episodes)
+        # the collector's teacher client does (issue 34: they ended warm-start episodes). The
+        # body is spelled for teacher.provider as the collector's is (a DeepSeek or OpenAI
+        # endpoint gets no vLLM chat_template_kwargs; a setting it cannot take is refused here).
         return EndpointAgent(t.base_url, t.model, api_key_env=t.api_key_env or None, temperature=t.temperature,
-                             max_tokens=t.max_tokens, extra_body=extra, timeout_s=t.timeout_s, retries=t.retries,
-                             retry_invalid=True)
+                             max_tokens=t.max_tokens, timeout_s=t.timeout_s, retries=t.retries, retry_invalid=True,
+                             provider=t.provider or "openai", top_p=t.top_p, top_k=t.top_k or None,
+                             thinking=t.enable_thinking, reasoning_effort=t.reasoning_effort or None)
+    except UnsendableSetting as e:
+        raise ConfigError(f"teacher.*: {e}") from None
     except ValueError as e:   # the key's variable is not set: say what to do, not where it failed
         raise ConfigError(f"{e}: export it before `actionopd train` (teacher.api_key_env names it; secrets come "
                           "from the environment only)") from None

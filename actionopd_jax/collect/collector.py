@@ -25,7 +25,6 @@ with its own sampler on its local devices; nothing here is a cross-host collecti
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from dataclasses import dataclass, field
@@ -410,7 +409,7 @@ class Collector:
         snapshot = UsageReport(**teacher.as_dict()) if isinstance(teacher, UsageReport) else UsageReport()
         judged = UsageReport(**judge.as_dict()) if isinstance(judge, UsageReport) else UsageReport()
         judged.cache_hits = int(matcher.get("judge_reused", 0))   # pairs the judge was not asked again
-        users = UsageReport(**dataclasses.asdict(user_sim.USAGE))
+        users = UsageReport(**user_sim.USAGE.snapshot())
         return _Usage(teacher=snapshot, matcher=dict(matcher), judge=judged, user=users)
 
     @staticmethod

@@ -22,6 +22,7 @@ import dataclasses
 import json
 import os
 import re
+import threading
 from typing import Any
 
 from actionopd_jax.providers import check_sendable, provider_traits, sampling_body
@@ -59,6 +60,20 @@ class UserSimUsage:
     cache_hits: int = 0  # never: a simulator turn is not cached (each depends on the episode)
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # Simulators run on several event loops at once (a pool's and an eval's threads): `+=` on a
+    # shared int is a read-modify-write, so counts go through add() under a lock.
+    _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def add(self, *, http_calls: int = 0, prompt_tokens: int = 0, completion_tokens: int = 0) -> None:
+        with self._lock:
+            self.http_calls += http_calls
+            self.prompt_tokens += prompt_tokens
+            self.completion_tokens += completion_tokens
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return {"http_calls": self.http_calls, "cache_hits": self.cache_hits,
+                    "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens}
 
 
 # One counter for the process: the simulators are built inside the environment factories (one
@@ -194,15 +209,15 @@ class UserSimulator:
         request.update(sampling_body(c.provider, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
                                      max_tokens=c.max_tokens, seed=seed, thinking=c.thinking,
                                      extra_body=c.extra_body, who="user simulator"))
-        USAGE.http_calls += 1
+        USAGE.add(http_calls=1)
         try:
             response = await self._client().chat.completions.create(**request)
         except openai.OpenAIError as exc:
             raise UserSimUnavailable(f"user simulator request failed: {type(exc).__name__}: {exc}") from None
         usage = getattr(response, "usage", None)
         if usage is not None:
-            USAGE.prompt_tokens += int(getattr(usage, "prompt_tokens", 0) or 0)
-            USAGE.completion_tokens += int(getattr(usage, "completion_tokens", 0) or 0)
+            USAGE.add(prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
+                      completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0))
         if not response.choices:
             raise UserSimUnavailable("user simulator returned no choices")
         message = response.choices[0].message
