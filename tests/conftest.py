@@ -5,7 +5,9 @@ XLA_FLAGS must be set before jax is first imported, so this happens at conftest 
 
 import os
 
-os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+from tests._subprocess_fixtures import xla_flags
+
+os.environ.setdefault("XLA_FLAGS", xla_flags(8))   # -O0 compiles: see _subprocess_fixtures.py
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")

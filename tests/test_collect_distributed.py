@@ -17,7 +17,7 @@ from tests._chat_fixtures import tiny_tokenizer, tiny_tokenizer_dir  # noqa: F40
 from tests._collect_fixtures import (Script, collect_once, collector_config, judge_backend, make_collector,
                                      make_matcher, make_teacher, real_sample_fn, serve, signature_json, teacher_backend,
                                      tiny_sampler, toy_task)
-from tests._subprocess_fixtures import finish_all
+from tests._subprocess_fixtures import finish_all, xla_flags
 
 REPO = Path(__file__).resolve().parents[1]
 N_TASKS = 6
@@ -38,7 +38,7 @@ def _strip_logprobs(groups):
 def test_two_processes_collect_disjoint_shares_equal_to_one_process(tiny_tokenizer, tiny_tokenizer_dir, tmp_path):
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS",)}
-    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2",
+    env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=xla_flags(2),
                PYTHONPATH=str(REPO) + os.pathsep + env.get("PYTHONPATH", ""))
     cache = os.environ.get("ACTIONOPD_TEST_JAX_CACHE", os.path.expanduser("~/.cache/actionopd_jax/jax_test_cache"))
     with serve(teacher_backend(Script({}, {})), judge_backend()) as server:

@@ -21,6 +21,7 @@ from actionopd_jax.experiment.phases import step_stats
 from actionopd_jax.experiment.tasks import job_tasks, opening_collisions, split_tasks, subset_tasks
 from actionopd_jax.types import Candidate, Invalid, Message, StateGroup, Task, ToolCall
 from tests._configs import CONFIGS as SHIPPED_CONFIGS, SHIPPED
+from tests._subprocess_fixtures import xla_flags
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = [SHIPPED_CONFIGS / name for name in SHIPPED]  # every training config, found recursively
@@ -278,7 +279,7 @@ def test_reference_teacher_is_labelled_and_serves_training_tasks_only():
 
 def _one_device_env():
     env = dict(os.environ)
-    env.update(XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_PLATFORMS="cpu")
+    env.update(XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu")
     for name in ("DASHSCOPE_API_KEY", "DEEPSEEK_API_KEY", "TEACHER_API_KEY", "MATCHER_API_KEY"):
         env.pop(name, None)
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
