@@ -1,6 +1,6 @@
 """The train step compiled ahead of time for a TPU topology on this CPU host (libtpu from the
 test extra): TPU lowering, layout and memory errors surface here, not on a rented slice.
-Small models only; the paper-scale numbers are in docs/measurements.md (`actionopd train --check --aot`)."""
+Small models only; the paper-scale numbers are in docs/measurements_compiler.md (`actionopd train --check --aot`)."""
 
 import contextlib
 import io

@@ -163,3 +163,22 @@ def test_scores_say_which_step_they_scored_after_a_fallback(saved, tmp_path, cap
         out / "report.md").read_text()
     # resuming that folder with another step's weights is refused (the scores would mix)
     assert eval_cli.main(["--checkpoint", str(saved), *args[2:]]) == 2
+
+
+def test_a_finished_save_gets_its_manifest_before_the_next_save(tmp_path):
+    """The manifest of a finished async save is written by the loop's next step
+    (Checkpointer.record_finished), not by the next save: a run killed in between resumes from
+    the newest step, not the one before it."""
+    import jax.numpy as jnp
+
+    ckpt = Checkpointer(tmp_path / "ckpt", async_save=True)
+    try:
+        state = {"params": {"w": jnp.arange(4.0)}, "opt_state": {"m": jnp.zeros(4)}}
+        assert ckpt.save(1, state, {"note": "first"})
+        ckpt.manager.wait_until_finished()          # the save is final; no manifest written yet
+        assert not (tmp_path / "ckpt" / "1" / MANIFEST).exists()
+        ckpt.record_finished()
+        assert (tmp_path / "ckpt" / "1" / MANIFEST).is_file()
+        assert ckpt.restore(None, 1).verified       # a second process would trust it at once
+    finally:
+        ckpt.close()

@@ -32,10 +32,11 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, ClassVar, Iterable
 
 from actionopd_jax.baselines.summary_file import SummaryFile, parse_line, sort_lines
-from actionopd_jax.teacher.transport import PermanentRequestError, RetryPolicy, TransportGaveUp
+from actionopd_jax.teacher.endpoint import EndpointSettings
+from actionopd_jax.teacher.transport import PermanentRequestError, TransportGaveUp
 from actionopd_jax.types import Task
 
 MIN_SUMMARY_CHARS = 40
@@ -56,23 +57,13 @@ INSTRUCTIONS = (
 
 
 @dataclasses.dataclass(frozen=True)
-class DraftEndpointSettings:
-    """The drafting model's endpoint (the fields `teacher.endpoint.ChatEndpoint` reads)."""
+class DraftEndpointSettings(EndpointSettings):
+    """The drafting model's endpoint."""
 
-    model: str
-    base_url: str
-    provider: str = "openai"
-    api_key_env: str | None = None
-    thinking: bool | None = None
-    reasoning_effort: str | None = None
+    who: ClassVar[str] = "summary drafter"
+
     temperature: float | None = 0.2
-    top_p: float | None = None
-    top_k: int | None = None
     max_tokens: int | None = 4096
-    seed: int | None = None
-    extra_body: dict[str, Any] = dataclasses.field(default_factory=dict)
-    request_timeout_s: float = 300.0
-    retry: RetryPolicy = dataclasses.field(default_factory=RetryPolicy)
     max_concurrency: int = 4
 
 

@@ -100,6 +100,13 @@ class Checkpointer:
                 if (self.directory / str(s)).is_dir():  # max_to_keep may have removed it already
                     write_manifest(self.directory / str(s))
 
+    def record_finished(self) -> None:
+        """Write the checksum manifests of saves that have finished, without waiting for one in
+        flight. The loop calls it every step: a run killed after a save finished but before the
+        next one started then resumes from that save, not the verified one before it."""
+        if self._unrecorded and not self.manager.is_saving_in_progress():
+            self.wait()   # nothing in flight: returns at once (per process, no collective)
+
     def reached_preemption(self, step: int) -> bool:
         return bool(self.manager.reached_preemption(int(step)))
 

@@ -348,7 +348,7 @@ class ActionOPDGroupSource:
     def _prefetch_next(self) -> None:
         """The next step's draws are known before it (envs/mixture.py): have the environment
         start this process's servers for them in the background, so the collection begins with
-        them warm and no device step waits for a server start (docs/measurements.md)."""
+        them warm and no device step waits for a server start (docs/measurements_cpu.md)."""
         peek = getattr(self.stream, "peek_step", None)
         if callable(peek):
             upcoming = peek()

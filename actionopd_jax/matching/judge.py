@@ -24,10 +24,10 @@ import logging
 import random
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar
 
 from actionopd_jax.teacher.base import UsageReport
-from actionopd_jax.teacher.endpoint import ChatEndpoint, check_settings
+from actionopd_jax.teacher.endpoint import ChatEndpoint, EndpointSettings
 from actionopd_jax.teacher.transport import PermanentRequestError, RetryPolicy, TransportGaveUp
 from actionopd_jax.types import ChatMessage, Message, ToolCall, ToolSchema, Verdict
 
@@ -72,19 +72,11 @@ def parse_verdict(reply: Any) -> Verdict | None:
 
 
 @dataclass(frozen=True)
-class JudgeConfig:
-    model: str
-    base_url: str
-    provider: str = "openai"
+class JudgeConfig(EndpointSettings):
+    who: ClassVar[str] = "judge"
+
     api_key_env: str | None = "OPENAI_API_KEY"
-    thinking: bool | None = None           # None: no switch sent (run configs send matcher.enable_thinking)
-    reasoning_effort: str | None = None
-    temperature: float | None = 0.0
-    top_p: float | None = None
-    top_k: int | None = None
     max_tokens: int | None = 128
-    seed: int | None = None
-    extra_body: dict[str, Any] = field(default_factory=dict)
     request_timeout_s: float = 60.0
     retry: RetryPolicy = field(default_factory=lambda: RetryPolicy(max_attempts=4, max_total_s=180.0))
     max_concurrency: int = 16
@@ -96,7 +88,7 @@ class JudgeConfig:
     format_retries: int = 2                # extra requests after a reply outside the verdict format
 
     def __post_init__(self) -> None:
-        check_settings(self, who="judge")
+        super().__post_init__()
         if self.format_retries < 0:
             raise ValueError(f"judge: format_retries must be >= 0, got {self.format_retries}")
         if self.context_chars is None and self.context_window <= (self.max_tokens or 0) + PROMPT_MARGIN_TOKENS:

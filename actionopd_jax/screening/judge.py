@@ -12,41 +12,31 @@ from __future__ import annotations
 import logging
 import random
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from actionopd_jax.screening.prompt import RETRY_NOTE, SYSTEM, PROMPT_VERSION, parse_reply
 from actionopd_jax.teacher.base import UsageReport
-from actionopd_jax.teacher.endpoint import ChatEndpoint, check_settings
+from actionopd_jax.teacher.endpoint import ChatEndpoint, EndpointSettings
 from actionopd_jax.teacher.transport import PermanentRequestError, RetryPolicy, TransportGaveUp
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class ScreenJudgeConfig:
+class ScreenJudgeConfig(EndpointSettings):
     """The endpoint settings `ChatEndpoint` reads, plus the format retries. Defaults: T=0 and no
     thinking switch sent (the paper gives no settings for the screen; table 8's matcher, the
     same model, runs at T=0)."""
 
-    model: str
-    base_url: str
-    provider: str = "openai"
-    api_key_env: str | None = None
-    thinking: bool | None = None
-    reasoning_effort: str | None = None
-    temperature: float | None = 0.0
-    top_p: float | None = None
-    top_k: int | None = None
+    who: ClassVar[str] = "screen judge"
+
     max_tokens: int | None = 1024
-    seed: int | None = None
-    extra_body: dict[str, Any] = field(default_factory=dict)
     request_timeout_s: float = 120.0
     retry: RetryPolicy = field(default_factory=lambda: RetryPolicy(max_attempts=5, max_total_s=600.0))
-    max_concurrency: int = 8
     format_retries: int = 2
 
     def __post_init__(self) -> None:
-        check_settings(self, who="screen judge")
+        super().__post_init__()
         if self.format_retries < 0:
             raise ValueError(f"screen judge: format_retries must be >= 0, got {self.format_retries}")
 

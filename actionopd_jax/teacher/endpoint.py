@@ -14,7 +14,8 @@ import asyncio
 import json
 import os
 import random
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from actionopd_jax.providers import PROVIDERS, check_sendable, sampling_body
 from actionopd_jax.teacher.base import UsageReport
@@ -24,24 +25,33 @@ if TYPE_CHECKING:
     import openai
 
 
-class EndpointSettings(Protocol):
-    """The fields an endpoint reads from a config (teacher and judge configs both have them)."""
+@dataclass(frozen=True)
+class EndpointSettings:
+    """The settings of one OpenAI-compatible endpoint, as `ChatEndpoint` reads them. The
+    teacher, the matcher's judge, the environment screen and the summary drafter subclass it,
+    each changing the defaults its role needs and adding its own fields; all are checked against
+    the provider table when built (a setting the provider cannot send is refused)."""
+
+    who: ClassVar[str] = "endpoint"   # names the role in error messages
 
     model: str
     base_url: str
-    provider: str
-    api_key_env: str | None
-    thinking: bool | None
-    reasoning_effort: str | None
-    temperature: float | None
-    top_p: float | None
-    top_k: int | None
-    max_tokens: int | None
-    seed: int | None
-    extra_body: dict[str, Any]
-    request_timeout_s: float
-    retry: RetryPolicy
-    max_concurrency: int
+    provider: str = "openai"               # a key of providers.PROVIDERS
+    api_key_env: str | None = None         # NAME of the env var holding the key; None: no key
+    thinking: bool | None = None           # None: no switch sent (the endpoint's default)
+    reasoning_effort: str | None = None
+    temperature: float | None = 0.0
+    top_p: float | None = None
+    top_k: int | None = None
+    max_tokens: int | None = None
+    seed: int | None = None
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    request_timeout_s: float = 300.0       # one HTTP attempt
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    max_concurrency: int = 8               # requests in flight to this endpoint
+
+    def __post_init__(self) -> None:
+        check_settings(self, who=self.who)
 
 
 def check_settings(cfg: EndpointSettings, *, who: str) -> None:

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 import random
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
 
 from actionopd_jax.teacher.base import (
     MAX_REGENERATIONS,
@@ -19,34 +19,22 @@ from actionopd_jax.teacher.base import (
     UsageReport,
     batched_or_single_replies,
 )
-from actionopd_jax.teacher.endpoint import PROVIDERS, ChatEndpoint, check_settings
-from actionopd_jax.teacher.transport import RetryPolicy
+from actionopd_jax.teacher.endpoint import PROVIDERS, ChatEndpoint, EndpointSettings
 from actionopd_jax.types import Action, ChatMessage, Invalid, TeacherSample, ToolSchema
 
 
 @dataclass(frozen=True)
-class OpenAITeacherConfig:
-    model: str
-    base_url: str
-    provider: str = "openai"               # a key of endpoint.PROVIDERS
-    api_key_env: str | None = "OPENAI_API_KEY"  # NAME of the env var holding the key; None: no key
-    thinking: bool | None = None           # None: provider default
-    reasoning_effort: str | None = None
+class OpenAITeacherConfig(EndpointSettings):
+    who: ClassVar[str] = "teacher"
+
+    api_key_env: str | None = "OPENAI_API_KEY"
     temperature: float | None = 0.6
     top_p: float | None = 0.95
-    top_k: int | None = None
     max_tokens: int | None = 8192
-    seed: int | None = None
-    extra_body: dict[str, Any] = field(default_factory=dict)
+    max_concurrency: int = 16
     prompt_version: str = "v1"             # bump when what the teacher is asked changes
-    request_timeout_s: float = 300.0       # one HTTP attempt
-    retry: RetryPolicy = field(default_factory=RetryPolicy)
-    max_concurrency: int = 16              # requests in flight to this provider
     max_regenerations: int = MAX_REGENERATIONS
     use_n: bool | None = None              # None: from PROVIDERS
-
-    def __post_init__(self) -> None:
-        check_settings(self, who="teacher")
 
 
 def reply_text(message: dict[str, Any]) -> str:

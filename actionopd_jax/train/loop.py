@@ -173,6 +173,7 @@ class Trainer:
                     log.error("%s", reason)
                     code = BUDGET_EXIT_CODE
                     break
+                self.ckpt.record_finished()   # the last save's manifest, once it is final
                 metrics = self.train_step()
                 if on_step is not None:
                     on_step(self.step, metrics)

@@ -65,7 +65,7 @@ def write_rows(pages, page, offset, values, *, mesh=None):
     keeps the tiled layout), per device over its own KV heads under a tensor-split mesh. The same
     result as `pages.at[:, page, offset].set(...)`; written that way, the TPU compiler gave the
     scatter another layout than the kernels' and copied the whole pool around it
-    (docs/measurements.md, "Paged engine on TPU v5p-8")."""
+    (docs/measurements_compiler.md, "Paged engine on TPU v5p-8")."""
     from jax.sharding import PartitionSpec as P
 
     lead = (None,) * (values.ndim - 2)
