@@ -39,6 +39,23 @@ def latest_run_dir(root: str | Path, name: str) -> Path | None:
     return found[-1] if found else None
 
 
+class _CurrentStderr(logging.StreamHandler):
+    """Writes to whatever `sys.stderr` is when a record is emitted, not the stream it was at
+    setup: a run started in-process (a notebook, a test) swaps stderr and closes the old one,
+    and the pools' exit handlers still log after that ("I/O operation on closed file")."""
+
+    def __init__(self) -> None:
+        super().__init__(sys.stderr)
+
+    @property
+    def stream(self):  # type: ignore[override]
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value) -> None:
+        pass
+
+
 def setup_logging(run_dir: Path | None, *, primary: bool, process_index: int = 0) -> None:
     """Process 0 logs INFO to stderr and run_dir/train.log; the others log warnings only."""
     root = logging.getLogger()
@@ -48,7 +65,7 @@ def setup_logging(run_dir: Path | None, *, primary: bool, process_index: int = 0
         if getattr(h, "_actionopd", False) or type(h) is logging.StreamHandler:
             root.removeHandler(h)
     fmt = logging.Formatter(f"%(asctime)s p{process_index} %(levelname)s %(name)s: %(message)s")
-    handlers: list[logging.Handler] = [logging.StreamHandler(sys.stderr)]
+    handlers: list[logging.Handler] = [_CurrentStderr()]
     if primary and run_dir is not None:
         run_dir.mkdir(parents=True, exist_ok=True)
         handlers.append(logging.FileHandler(run_dir / "train.log"))
