@@ -106,3 +106,27 @@ def sampling_body(provider: str, *, temperature: float | None = None, top_p: flo
     if extra:
         kwargs["extra_body"] = extra
     return kwargs
+
+
+def cached_prompt_tokens(usage: Any) -> int:
+    """Of a reply's prompt tokens, those the vendor served from its prompt cache (billed at the
+    cached-input rate, often a tenth of the price). Vendors spell it differently: OpenAI,
+    vLLM and OpenRouter `usage.prompt_tokens_details.cached_tokens`, DeepSeek
+    `usage.prompt_cache_hit_tokens`. `usage` is the reply's usage as a dict or as the openai
+    client's object; anything unreadable counts 0 (priced as uncached: the dearer reading), and
+    the count never exceeds the prompt tokens."""
+    if usage is None:
+        return 0
+    if not isinstance(usage, dict):
+        dump = getattr(usage, "model_dump", None)
+        usage = dump() if callable(dump) else {}
+        if not isinstance(usage, dict):
+            return 0
+
+    def count(v: Any) -> int:
+        return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
+
+    details = usage.get("prompt_tokens_details")
+    cached = count(details.get("cached_tokens")) if isinstance(details, dict) else 0
+    cached = cached or count(usage.get("prompt_cache_hit_tokens"))
+    return min(cached, count(usage.get("prompt_tokens")))

@@ -188,7 +188,7 @@ def test_the_spend_meter_prices_tokens_and_adds_up():
     second = meter.add(step)
     assert second["teacher/spend_usd_total"] == pytest.approx(0.008) and second["teacher/requests_total"] == 6
     assert meter.state() == {"requests": 6, "cache_hits": 2, "prompt_tokens": 2000, "completion_tokens": 400,
-                             "spend_usd": pytest.approx(0.008), "last_step_usd": pytest.approx(0.004),
+                             "cached_prompt_tokens": 0, "spend_usd": pytest.approx(0.008), "last_step_usd": pytest.approx(0.004),
                              "last_step_tokens": 1200}
 
 
@@ -204,14 +204,44 @@ def test_the_meters_price_each_role_add_up_for_the_budget_and_read_older_state()
     assert out["teacher/spend_usd"] == pytest.approx(0.004) and out["matcher/spend_usd"] == pytest.approx(0.0032)
     assert "user/spend_usd" not in out and out["user/prompt_tokens_total"] == 800.0
     assert out["matcher/cache_hits_total"] == 3.0 and out["spend_usd_total"] == pytest.approx(0.0072)
-    # the budget sums the money of every role, and counts the teacher's tokens
-    assert meters.budget_figures() == [pytest.approx(0.0072), pytest.approx(0.0072), 1200.0, 1200.0]
+    # the budget sums the money of every role, and counts each role's tokens (total, last step)
+    assert meters.budget_figures() == [pytest.approx(0.0072), pytest.approx(0.0072), 1200.0, 1200.0,
+                                       3050.0, 3050.0, 900.0, 900.0]
     restored = SpendMeters({"teacher": (2.0, 0.5, 10.0), "matcher": (1.0, 0.0, 4.0)})
     restored.load(meters.state())
     assert restored.state() == meters.state() and restored.spend_usd == pytest.approx(0.0072)
     older = SpendMeters({"teacher": (2.0, 0.5, 10.0)})
     older.load({"meter": meters.state()["meter"]})   # a checkpoint from before the judge and user meters
     assert older.spend_usd == pytest.approx(0.004) and older.by_role["matcher"].requests == 0
+
+
+def test_each_cap_stops_before_the_step_that_could_pass_it_by_hand():
+    """figures: [spent, last step's USD, then tokens and last step's tokens of the teacher,
+    the judge (matcher) and the user simulator]. A cap stops step s when spent + last > cap."""
+    from actionopd_jax.train.loop import budget_stop
+
+    figures = [0.30, 0.10, 5000.0, 1000.0, 800.0, 200.0, 90.0, 30.0]
+    run = lambda **caps: replace_keys(_cfg(), **{"teacher.price": [1.0, 0.1, 2.0],
+                                                  **{f"run.{k}": v for k, v in caps.items()}}).run
+    assert budget_stop(run(), figures, 7) is None
+    assert budget_stop(run(budget_usd=0.40), figures, 7) is None                    # 0.30 + 0.10 = the cap: fits
+    msg = budget_stop(run(budget_usd=0.39), figures, 7)
+    assert msg.startswith("budget: the paid models (teacher, judge, user simulator) have cost $0.3000 of "
+                          "run.budget_usd=$0.3900") and "step 7 could pass the cap" in msg and "Saved at step 7" in msg
+    assert budget_stop(run(budget_teacher_tokens=6000), figures, 7) is None
+    assert "the teacher has used 5,000 of run.budget_teacher_tokens=5,999" in budget_stop(
+        run(budget_teacher_tokens=5999), figures, 7)
+    assert budget_stop(run(budget_matcher_tokens=1000), figures, 7) is None
+    assert "the judge (matcher) has used 800 of run.budget_matcher_tokens=999 tokens, and the last step took 200" \
+        in budget_stop(run(budget_matcher_tokens=999), figures, 7)
+    assert "the user simulator has used 90 of run.budget_user_tokens=119" in budget_stop(
+        run(budget_user_tokens=119), figures, 7)
+    with pytest.raises(ConfigError, match=r"run.budget_user_tokens must be >= 0"):
+        run(budget_user_tokens=-1)
+    # money needs some role's price, not necessarily the teacher's
+    assert replace_keys(_cfg(), **{"matcher.price": [1.0, 0.1, 2.0], "run.budget_usd": 1.0}).run.budget_usd == 1.0
+    with pytest.raises(ConfigError, match=r"run.budget_usd=1 needs a price"):
+        replace_keys(_cfg(), **{"run.budget_usd": 1.0})
 
 
 def test_a_budget_stops_the_run_before_a_step_that_could_pass_it_with_the_state_saved(tiny_tokenizer, tmp_path):

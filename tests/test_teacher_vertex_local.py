@@ -83,7 +83,8 @@ class _StandInModels:
         return types.GenerateContentResponse(
             candidates=[_candidate(item) for _ in range(n)],
             usage_metadata=types.GenerateContentResponseUsageMetadata(prompt_token_count=50, candidates_token_count=9,
-                                                                      thoughts_token_count=3))
+                                                                      thoughts_token_count=3,
+                                                                      cached_content_token_count=40))
 
 
 class _StandInClient:
@@ -103,6 +104,7 @@ def test_vertex_teacher_retries_and_regenerates_with_stand_in_client():
     assert batch.regenerations == 2 and teacher.usage.transport_retries == 1
     assert [r["config"].candidate_count for r in models.requests] == [2, 2, 2]
     assert teacher.usage.prompt_tokens == 100 and teacher.usage.completion_tokens == 24
+    assert teacher.usage.cached_prompt_tokens == 80   # Gemini's context cache: 40 of each 50-token prompt
     # a 4xx is permanent: raised, not retried
     models400 = _StandInModels([genai_errors.ClientError(400, {"error": {"message": "bad schema"}})])
     bad = VertexTeacher(VertexTeacherConfig(model="g", project="p"), client=_StandInClient(models400))

@@ -174,6 +174,6 @@ class StepMetrics:
         for name, n in self.matcher.items():
             out[f"collect/matcher/{name}"] = n
         for role, usage in (("judge", self.judge), ("user", self.user)):
-            for name in ("http_calls", "cache_hits", "prompt_tokens", "completion_tokens"):
+            for name in ("http_calls", "cache_hits", "prompt_tokens", "cached_prompt_tokens", "completion_tokens"):
                 out[f"collect/{role}/{name}"] = getattr(usage, name)
         return out

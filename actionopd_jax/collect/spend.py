@@ -4,10 +4,11 @@ the run, and money where the role has a price; the totals travel in the checkpoi
 source's state), so a resumed run counts on from where it stopped.
 
 Money needs a price (`teacher.price`, `matcher.price`, `env.user_price`: USD per million
-[input, cached input, output] tokens); tokens are counted either way. The clients report prompt
-tokens without splitting off cached ones, so every prompt token is priced as uncached input (the
-dearest reading). Cache hits of our own caches cost nothing: they never reach the endpoint, so
-they add no tokens.
+[input, cached input, output] tokens); tokens are counted either way. Prompt tokens the vendor
+says it read from its own prompt cache (`providers.cached_prompt_tokens`: an agent's growing
+conversation is mostly a cached prefix) are priced at the cached rate, the rest at the input
+rate; a vendor that does not say prices them all as input (the dearer reading). Cache hits of
+our own caches cost nothing: they never reach the endpoint, so they add no tokens.
 """
 
 from __future__ import annotations
@@ -28,23 +29,27 @@ class SpendMeter:
     cache_hits: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_prompt_tokens: int = 0    # of prompt_tokens, read from the vendor's prompt cache
     spend_usd: float = 0.0
     last_step_usd: float = 0.0       # what the last step took: the budget check's forecast
     last_step_tokens: int = 0
 
     def add(self, step: UsageReport) -> dict[str, float]:
         """Count one step's usage; returns its figures and the totals, as metrics."""
-        spend = ((step.prompt_tokens * float(self.price[0]) + step.completion_tokens * float(self.price[2])) / 1e6
-                 if self.price else 0.0)
+        cached = min(step.cached_prompt_tokens, step.prompt_tokens)
+        spend = (((step.prompt_tokens - cached) * float(self.price[0]) + cached * float(self.price[1])
+                  + step.completion_tokens * float(self.price[2])) / 1e6 if self.price else 0.0)
         self.requests += step.http_calls
         self.cache_hits += step.cache_hits
         self.prompt_tokens += step.prompt_tokens
         self.completion_tokens += step.completion_tokens
+        self.cached_prompt_tokens += cached
         self.spend_usd += spend
         self.last_step_usd, self.last_step_tokens = spend, step.prompt_tokens + step.completion_tokens
         r = self.role
         out = {f"{r}/requests_total": float(self.requests), f"{r}/prompt_tokens_total": float(self.prompt_tokens),
                f"{r}/completion_tokens_total": float(self.completion_tokens),
+               f"{r}/cached_prompt_tokens_total": float(self.cached_prompt_tokens),
                f"{r}/cache_hits_total": float(self.cache_hits)}
         if self.price:
             out.update({f"{r}/spend_usd": spend, f"{r}/spend_usd_total": self.spend_usd})
@@ -55,7 +60,8 @@ class SpendMeter:
 
     def load(self, state: dict[str, Any]) -> None:
         for k, v in state.items():
-            if k in ("requests", "cache_hits", "prompt_tokens", "completion_tokens", "last_step_tokens"):
+            if k in ("requests", "cache_hits", "prompt_tokens", "completion_tokens", "cached_prompt_tokens",
+                     "last_step_tokens"):
                 setattr(self, k, int(v))
             elif k in ("spend_usd", "last_step_usd"):
                 setattr(self, k, float(v))
@@ -95,11 +101,14 @@ class SpendMeters:
                 self.by_role[role].load(saved)
 
     def budget_figures(self) -> list[float]:
-        """[spent USD (every priced role), the last step's USD, the teacher's tokens, the
-        teacher's last step's tokens] (train/loop.py's budget check sums them over processes)."""
-        t = self.teacher
-        return [self.spend_usd, sum(m.last_step_usd for m in self.by_role.values()),
-                float(t.prompt_tokens + t.completion_tokens), float(t.last_step_tokens)]
+        """[spent USD (every priced role), the last step's USD, then for each of ROLES its
+        tokens and its last step's tokens] (train/loop.py's budget check sums them over
+        processes)."""
+        out = [self.spend_usd, sum(m.last_step_usd for m in self.by_role.values())]
+        for role in ROLES:
+            m = self.by_role[role]
+            out += [float(m.prompt_tokens + m.completion_tokens), float(m.last_step_tokens)]
+        return out
 
 
 __all__ = ["ROLES", "SpendMeter", "SpendMeters"]

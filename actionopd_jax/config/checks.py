@@ -109,11 +109,11 @@ def validate(cfg: Config) -> None:
     need(0 < s.prompt_tokens_min <= s.prompt_tokens_max and 0 < s.response_tokens_min <= s.response_tokens_max,
          "collect.synthetic: need 0 < *_tokens_min <= *_tokens_max")
     need(cfg.checkpoint.every_steps >= 0, f"checkpoint.every_steps must be >= 0, got {cfg.checkpoint.every_steps}")
-    need(cfg.run.budget_usd >= 0 and cfg.run.budget_teacher_tokens >= 0,
-         "run.budget_usd and run.budget_teacher_tokens must be >= 0 (0: no cap)")
-    need(not cfg.run.budget_usd or bool(cfg.teacher.price),
-         f"run.budget_usd={cfg.run.budget_usd:g} needs teacher.price (USD per million [input, cached input, output] "
-         "tokens) to count spend against it")
+    for key in ("budget_usd", "budget_teacher_tokens", "budget_matcher_tokens", "budget_user_tokens"):
+        need(getattr(cfg.run, key) >= 0, f"run.{key} must be >= 0 (0: no cap), got {getattr(cfg.run, key)}")
+    need(not cfg.run.budget_usd or bool(cfg.teacher.price or cfg.matcher.price or cfg.env.user_price),
+         f"run.budget_usd={cfg.run.budget_usd:g} needs a price to count spend against it: teacher.price, "
+         "matcher.price or env.user_price (USD per million [input, cached input, output] tokens)")
     for key, price in (("teacher.price", cfg.teacher.price), ("matcher.price", cfg.matcher.price),
                        ("env.user_price", cfg.env.user_price)):
         need(len(price) in (0, 3) and all(float(x) >= 0 for x in price),

@@ -282,11 +282,14 @@ class RunConfig:
     # ~/.cache/actionopd_jax/jax_compile; "none": off); see actionopd_jax/compile_cache.py
     compile_cache_dir: str = ""
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
-    # caps on the teacher's spend (USD, needs teacher.price) and tokens (prompt + completion),
-    # over the whole run (resumes included); 0: none. Checked before each step against what the
-    # last step took: the run stops at a step boundary, saved, exit 3; raise the cap and rerun
+    # caps over the whole run (resumes included); 0: none. budget_usd: the money of every priced
+    # role (teacher.price, matcher.price, env.user_price); budget_<role>_tokens: that role's
+    # prompt + completion tokens (the judge is the matcher's). Checked before each step against
+    # what the last step took: the run stops at a step boundary, saved, exit 3; raise and rerun
     budget_usd: float = 0.0
     budget_teacher_tokens: int = 0
+    budget_matcher_tokens: int = 0
+    budget_user_tokens: int = 0
 
 
 @dataclass(frozen=True)

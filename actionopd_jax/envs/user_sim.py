@@ -25,7 +25,7 @@ import re
 import threading
 from typing import Any
 
-from actionopd_jax.providers import check_sendable, provider_traits, sampling_body
+from actionopd_jax.providers import cached_prompt_tokens, check_sendable, provider_traits, sampling_body
 
 STOP = "###STOP###"
 TRANSFER = "###TRANSFER###"
@@ -60,20 +60,24 @@ class UserSimUsage:
     cache_hits: int = 0  # never: a simulator turn is not cached (each depends on the episode)
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_prompt_tokens: int = 0
     # Simulators run on several event loops at once (a pool's and an eval's threads): `+=` on a
     # shared int is a read-modify-write, so counts go through add() under a lock.
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False, compare=False)
 
-    def add(self, *, http_calls: int = 0, prompt_tokens: int = 0, completion_tokens: int = 0) -> None:
+    def add(self, *, http_calls: int = 0, prompt_tokens: int = 0, completion_tokens: int = 0,
+            cached_prompt_tokens: int = 0) -> None:
         with self._lock:
             self.http_calls += http_calls
             self.prompt_tokens += prompt_tokens
             self.completion_tokens += completion_tokens
+            self.cached_prompt_tokens += cached_prompt_tokens
 
     def snapshot(self) -> dict[str, int]:
         with self._lock:
             return {"http_calls": self.http_calls, "cache_hits": self.cache_hits,
-                    "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens}
+                    "prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
+                    "cached_prompt_tokens": self.cached_prompt_tokens}
 
 
 # One counter for the process: the simulators are built inside the environment factories (one
@@ -217,7 +221,8 @@ class UserSimulator:
         usage = getattr(response, "usage", None)
         if usage is not None:
             USAGE.add(prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
-                      completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0))
+                      completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
+                      cached_prompt_tokens=cached_prompt_tokens(usage))
         if not response.choices:
             raise UserSimUnavailable("user simulator returned no choices")
         message = response.choices[0].message

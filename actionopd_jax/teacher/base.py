@@ -34,6 +34,7 @@ class UsageReport:
     invalid_replies: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_prompt_tokens: int = 0  # of prompt_tokens, those the vendor read from its prompt cache (cheaper)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)

@@ -17,7 +17,7 @@ import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from actionopd_jax.providers import PROVIDERS, check_sendable, sampling_body
+from actionopd_jax.providers import PROVIDERS, cached_prompt_tokens, check_sendable, sampling_body
 from actionopd_jax.teacher.base import UsageReport
 from actionopd_jax.teacher.transport import MalformedResponse, RetryPolicy, RetryStats, call_with_retries
 
@@ -75,9 +75,10 @@ def read_api_key(api_key_env: str | None, *, who: str) -> str:
     return key
 
 
-def parse_completion_body(body: bytes) -> tuple[list[dict[str, Any]], int, int]:
-    """(choices [{message, finish_reason}], prompt_tokens, completion_tokens); a body that is
-    not a usable completion raises MalformedResponse (retried like a transport error)."""
+def parse_completion_body(body: bytes) -> tuple[list[dict[str, Any]], int, int, int]:
+    """(choices [{message, finish_reason}], prompt_tokens, completion_tokens, cached prompt
+    tokens); a body that is not a usable completion raises MalformedResponse (retried like a
+    transport error)."""
     try:
         data = json.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
@@ -96,7 +97,7 @@ def parse_completion_body(body: bytes) -> tuple[list[dict[str, Any]], int, int]:
     def count(v: Any) -> int:
         return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
 
-    return out, count(usage.get("prompt_tokens")), count(usage.get("completion_tokens"))
+    return out, count(usage.get("prompt_tokens")), count(usage.get("completion_tokens")), cached_prompt_tokens(usage)
 
 
 class ChatEndpoint:
@@ -160,7 +161,7 @@ class ChatEndpoint:
         client, sem = self._resources()
         kwargs = self.request_kwargs(messages, tools, n)
 
-        async def attempt() -> tuple[list[dict[str, Any]], int, int]:
+        async def attempt() -> tuple[list[dict[str, Any]], int, int, int]:
             async with sem:
                 self.usage.http_calls += 1
                 raw = await client.chat.completions.with_raw_response.create(**kwargs)
@@ -168,12 +169,13 @@ class ChatEndpoint:
 
         stats = RetryStats()
         try:
-            choices, prompt_tokens, completion_tokens = await call_with_retries(
+            choices, prompt_tokens, completion_tokens, cached = await call_with_retries(
                 attempt, self.cfg.retry, rng=self._rng, stats=stats)
         finally:
             self.usage.transport_retries += stats.retries
         self.usage.prompt_tokens += prompt_tokens
         self.usage.completion_tokens += completion_tokens
+        self.usage.cached_prompt_tokens += cached
         for ch in choices:
             ch["prompt_tokens"] = prompt_tokens
             ch["completion_tokens_total"] = completion_tokens

@@ -236,6 +236,8 @@ class VertexTeacher(RegeneratingSampler):
                              + int(getattr(meta, "thoughts_token_count", 0) or 0))  # thoughts are billed too
         self._usage.prompt_tokens += prompt_tokens
         self._usage.completion_tokens += completion_tokens
+        # Gemini's implicit and explicit context caches bill cached input at a lower rate
+        self._usage.cached_prompt_tokens += min(int(getattr(meta, "cached_content_token_count", 0) or 0), prompt_tokens)
         samples = []
         for i, cand in enumerate(getattr(response, "candidates", None) or []):
             message, reasoning, truncated = candidate_message(cand)

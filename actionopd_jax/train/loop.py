@@ -25,7 +25,7 @@ from tqdm import tqdm
 
 from actionopd_jax.config import Config, ConfigError
 from actionopd_jax.config.schema import experiment_changes
-from actionopd_jax.train.spend_report import progress_fields
+from actionopd_jax.train.spend_report import ROLES as SPEND_ROLES, progress_fields
 from actionopd_jax.train import distributed
 from actionopd_jax.train.advantages import assign_advantages
 from actionopd_jax.train.batching import (bucket_length, pack_minibatch, pack_shared_minibatch, plan_minibatches,
@@ -51,6 +51,29 @@ def host_scalar(x) -> float:
 
 
 SourceFactory = Callable[[SourceContext], GroupSource]
+
+
+def budget_stop(r: Any, figures: Any, step: int) -> str | None:
+    """Why step `step` must not start: the spend of every priced role (teacher, judge, user
+    simulator) or one role's tokens so far (every process's, resumes included) plus what the
+    last step took would pass a cap of `r` (the run section). `figures`: collect/spend.py's
+    budget_figures, summed over processes."""
+    spent, last = figures[0], figures[1]
+    how = (f"Saved at step {step}; raise the cap and rerun the command to go on from here (cached teacher "
+           "samples are reused)")
+    if r.budget_usd and spent + last > r.budget_usd:
+        return (f"budget: the paid models (teacher, judge, user simulator) have cost ${spent:,.4f} of "
+                f"run.budget_usd=${r.budget_usd:,.4f}, and the last "
+                f"step took ${last:,.4f}: step {step} could pass the cap, so the run stops before it. {how}")
+    # budget_figures lists each role's tokens in this order (collect/spend.ROLES)
+    for i, (role, name) in enumerate(SPEND_ROLES):
+        cap = getattr(r, f"budget_{role}_tokens")
+        tokens, last_tokens = figures[2 + 2 * i], figures[3 + 2 * i]
+        if cap and tokens + last_tokens > cap:
+            return (f"budget: the {name} has used {tokens:,.0f} of run.budget_{role}_tokens={cap:,} tokens, and the "
+                    f"last step took {last_tokens:,.0f}: step {step} could pass the cap, so the run stops before it. "
+                    f"{how}")
+    return None
 
 
 class Trainer:
@@ -197,25 +220,11 @@ class Trainer:
         return code
 
     def _budget_stop(self) -> str | None:
-        """Why the next step must not start: the spend of every priced role (teacher, judge,
-        user simulator) or the teacher's tokens so far (every process's, resumes included) plus
-        what the last step took would pass run.budget_*."""
         r = self.cfg.run
         figures = getattr(self.source, "budget_figures", None)
-        if not (r.budget_usd or r.budget_teacher_tokens) or figures is None:
+        if not (r.budget_usd or any(getattr(r, f"budget_{role}_tokens") for role, _ in SPEND_ROLES)) or figures is None:
             return None
-        spent, last, tokens, last_tokens = distributed.allgather(np.asarray(figures(), np.float64)).sum(axis=0)
-        how = (f"Saved at step {self.step}; raise the cap and rerun the command to go on from here (cached teacher "
-               "samples are reused)")
-        if r.budget_usd and spent + last > r.budget_usd:
-            return (f"budget: the paid models (teacher, judge, user simulator) have cost ${spent:,.4f} of "
-                    f"run.budget_usd=${r.budget_usd:,.4f}, and the last "
-                    f"step took ${last:,.4f}: step {self.step} could pass the cap, so the run stops before it. {how}")
-        if r.budget_teacher_tokens and tokens + last_tokens > r.budget_teacher_tokens:
-            return (f"budget: the teacher has used {tokens:,.0f} of run.budget_teacher_tokens={r.budget_teacher_tokens:,} "
-                    f"tokens, and the last step took {last_tokens:,.0f}: step {self.step} could pass the cap, so the "
-                    f"run stops before it. {how}")
-        return None
+        return budget_stop(r, distributed.allgather(np.asarray(figures(), np.float64)).sum(axis=0), self.step)
 
     def train_step(self) -> dict[str, float]:
         """One collection step and its updates; returns the step's metrics."""

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 ROLES = (("teacher", "teacher"), ("matcher", "judge (matcher)"), ("user", "user simulator"))
-FIELDS = ("requests_total", "cache_hits_total", "prompt_tokens_total", "completion_tokens_total", "spend_usd_total")
+FIELDS = ("requests_total", "cache_hits_total", "prompt_tokens_total", "cached_prompt_tokens_total",
+          "completion_tokens_total", "spend_usd_total")
 
 
 def spend_history(metrics_jsonl: str | Path) -> list[dict[str, float]]:
@@ -49,9 +50,11 @@ def spend_table(history: list[dict[str, float]]) -> str:
         money = f"${usd:,.4f}" if usd is not None else "no price set"
         if usd is not None:
             total, priced = total + usd, True
+        # the vendor's prompt cache (cheaper input), not ours (cache hits: never sent)
+        cached = last.get(f"{role}/cached_prompt_tokens_total", 0.0)
+        prompt = f"{last[f'{role}/prompt_tokens_total']:,.0f}" + (f" ({cached:,.0f} cached)" if cached else "")
         lines.append(f"| {label} | {last[f'{role}/requests_total']:,.0f} | {last[f'{role}/cache_hits_total']:,.0f} | "
-                     f"{last[f'{role}/prompt_tokens_total']:,.0f} | {last[f'{role}/completion_tokens_total']:,.0f} | "
-                     f"{money} |")
+                     f"{prompt} | {last[f'{role}/completion_tokens_total']:,.0f} | {money} |")
     if priced:
         lines.append(f"| **total** | | | | | **${total:,.4f}** |")
     return "\n".join(lines)
