@@ -112,6 +112,40 @@ def test_a_5mb_body_gets_a_json_400_without_blocking_others(served):
     assert isinstance(err, openai.BadRequestError) and err.body["code"] == "context_length_exceeded", err
 
 
+def _proc_kib(pid: int, field: str) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+    raise AssertionError(f"no {field} in /proc/{pid}/status")
+
+
+def test_three_concurrent_near_limit_bodies_leave_memory_near_idle(served):
+    """Issue 34 item 1: three concurrent 7.5 MB bodies (under the 8 MB limit) took a serve
+    process from 936 to 5,521 MB, tokenized before their length was checked. The peak of the
+    server's resident memory (VmHWM) while they are answered must grow by less than the
+    process's own idle RSS (~0.6 GB here; the old path grew by ~4.6 GB)."""
+    proc, client, _ = served
+    idle_kib, peak_before = _proc_kib(proc.pid, "VmRSS"), _proc_kib(proc.pid, "VmHWM")
+    text = "weather " * (15 * 1024 * 1024 // 16)
+    out: list[object] = []
+
+    def call():
+        try:
+            out.append(client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": text}]))
+        except Exception as e:  # noqa: BLE001 - the outcome is what the test inspects
+            out.append(e)
+
+    threads = [threading.Thread(target=call) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=110)
+    assert len(out) == 3 and all(isinstance(e, openai.BadRequestError) for e in out), out
+    assert all(e.body["code"] == "context_length_exceeded" for e in out)
+    growth = _proc_kib(proc.pid, "VmHWM") - peak_before
+    assert growth < idle_kib, f"peak RSS grew by {growth / 1024:.0f} MiB (idle {idle_kib / 1024:.0f} MiB)"
+
+
 TOOLS = [{"type": "function", "function": {"name": n, "description": d, "parameters": {
     "type": "object", "properties": {"symbol": {"type": "string"}}}}}
     for n, d in (("get_stock_price", "Price of a stock."), ("get_news", "Latest news on a stock."))]
