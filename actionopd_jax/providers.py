@@ -108,6 +108,12 @@ def sampling_body(provider: str, *, temperature: float | None = None, top_p: flo
     return kwargs
 
 
+def token_count(v: Any) -> int:
+    """A token count from a reply's usage: a non-negative int, else 0 (absent, null, a string,
+    a bool or a negative number from a sloppy server)."""
+    return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
+
+
 def cached_prompt_tokens(usage: Any) -> int:
     """Of a reply's prompt tokens, those the vendor served from its prompt cache (billed at the
     cached-input rate, often a tenth of the price). Vendors spell it differently: OpenAI,
@@ -122,11 +128,7 @@ def cached_prompt_tokens(usage: Any) -> int:
         usage = dump() if callable(dump) else {}
         if not isinstance(usage, dict):
             return 0
-
-    def count(v: Any) -> int:
-        return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
-
     details = usage.get("prompt_tokens_details")
-    cached = count(details.get("cached_tokens")) if isinstance(details, dict) else 0
-    cached = cached or count(usage.get("prompt_cache_hit_tokens"))
-    return min(cached, count(usage.get("prompt_tokens")))
+    cached = token_count(details.get("cached_tokens")) if isinstance(details, dict) else 0
+    cached = cached or token_count(usage.get("prompt_cache_hit_tokens"))
+    return min(cached, token_count(usage.get("prompt_tokens")))

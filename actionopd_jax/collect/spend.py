@@ -17,8 +17,11 @@ import dataclasses
 from typing import Any
 
 from actionopd_jax.teacher.base import UsageReport
+from actionopd_jax.train.spend_report import ROLES as REPORTED_ROLES
 
-ROLES = ("teacher", "matcher", "user")   # metric prefixes: teacher/..., matcher/..., user/...
+# metric prefixes: teacher/..., matcher/..., user/...; one order with the report's and the
+# budget check's (train/loop.budget_stop reads budget_figures in it)
+ROLES = tuple(role for role, _ in REPORTED_ROLES)
 
 
 @dataclasses.dataclass

@@ -17,7 +17,7 @@ import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from actionopd_jax.providers import PROVIDERS, cached_prompt_tokens, check_sendable, sampling_body
+from actionopd_jax.providers import PROVIDERS, cached_prompt_tokens, check_sendable, sampling_body, token_count
 from actionopd_jax.teacher.base import UsageReport
 from actionopd_jax.teacher.transport import MalformedResponse, RetryPolicy, RetryStats, call_with_retries
 
@@ -93,11 +93,8 @@ def parse_completion_body(body: bytes) -> tuple[list[dict[str, Any]], int, int, 
             raise MalformedResponse("a choice has no 'message' object")
         out.append({"message": msg, "finish_reason": ch.get("finish_reason")})
     usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
-
-    def count(v: Any) -> int:
-        return v if isinstance(v, int) and not isinstance(v, bool) and v >= 0 else 0
-
-    return out, count(usage.get("prompt_tokens")), count(usage.get("completion_tokens")), cached_prompt_tokens(usage)
+    return (out, token_count(usage.get("prompt_tokens")), token_count(usage.get("completion_tokens")),
+            cached_prompt_tokens(usage))
 
 
 class ChatEndpoint:

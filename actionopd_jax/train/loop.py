@@ -65,7 +65,7 @@ def budget_stop(r: Any, figures: Any, step: int) -> str | None:
         return (f"budget: the paid models (teacher, judge, user simulator) have cost ${spent:,.4f} of "
                 f"run.budget_usd=${r.budget_usd:,.4f}, and the last "
                 f"step took ${last:,.4f}: step {step} could pass the cap, so the run stops before it. {how}")
-    # budget_figures lists each role's tokens in this order (collect/spend.ROLES)
+    # budget_figures lists each role's tokens in this order (collect/spend.ROLES is derived from it)
     for i, (role, name) in enumerate(SPEND_ROLES):
         cap = getattr(r, f"budget_{role}_tokens")
         tokens, last_tokens = figures[2 + 2 * i], figures[3 + 2 * i]
