@@ -41,7 +41,7 @@ def summarize(records: list[dict[str, Any]], *, ks: Sequence[int] = (1, 2, 3, 4)
         if env == "bfcl":
             row["accuracy"] = sum(r["score"].get("official", r["score"]["reward"]) for r in recs) / len(recs)
             row["strict_accuracy"] = sum(r["score"].get("strict", 0.0) for r in recs) / len(recs)
-            # bfcl_eval's executor also runs calls to tools offered only in a later turn (docs/decisions.md)
+            # bfcl_eval's executor also runs calls to tools offered only in a later turn (docs/decisions_collect.md)
             row["bfcl_eval_accuracy"] = sum(r["score"].get("bfcl_eval_official", r["score"].get("official", 0.0))
                                             for r in recs) / len(recs)
         else:

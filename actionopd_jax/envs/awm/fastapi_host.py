@@ -5,7 +5,7 @@ socket N the MCP client passed, so the server needs no network of its own) or `C
 
 What AWM's own launcher gets from `fastapi-mcp` we do here with the MCP SDK the project pins
 (fastapi-mcp 0.4 is written against the 1.x SDK's server API and does not start under 2.x,
-docs/decisions.md): every FastAPI operation with an `operation_id` is one tool, its input schema
+docs/decisions_collect.md): every FastAPI operation with an `operation_id` is one tool, its input schema
 the operation's path / query parameters plus the properties of its JSON body; a call is sent to
 the app in-process (httpx's ASGI transport: no second socket) and the reply's text is the tool
 result, `isError` when the HTTP status is 4xx / 5xx.
