@@ -245,16 +245,17 @@ def test_choice_lists_are_the_owners():
 
 
 def test_config_package_leaves_import_only_leaves():
-    """config.schema / errors / experiment / eval_section (layer 0) import no other actionopd_jax
+    """config.schema / errors / experiment / the sections / build (layer 0) import no other actionopd_jax
     module than each other, and the package itself re-exports only those names."""
     import ast
 
     import actionopd_jax.config as package
 
     here = Path(package.__file__).parent
-    leaves = {"actionopd_jax.config.schema", "actionopd_jax.config.errors", "actionopd_jax.config.experiment",
-              "actionopd_jax.config.eval_section"}
-    for name in ("__init__", "schema", "errors", "experiment", "eval_section"):
+    names = ("schema", "errors", "experiment", "eval_section", "learner", "sources", "env_section", "run_section",
+             "build")
+    leaves = {f"actionopd_jax.config.{name}" for name in names}
+    for name in ("__init__", *names):
         tree = ast.parse((here / f"{name}.py").read_text())
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module} | {
             a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}

@@ -39,7 +39,12 @@ LAYERS: dict[str, int] = {
     "jax_compat": 0,  # the jax APIs whose names moved between releases
     "config": 0,  # the package __init__: re-exports schema + errors only
     "providers": 0,  # what each OpenAI-compatible vendor can be sent, and how
-    "config.schema": 0,
+    "config.schema": 0,  # `Config` and the resume comparison; the sections by topic below
+    "config.learner": 0,  # model / mesh / train
+    "config.sources": 0,  # collect / kd / teacher / matcher
+    "config.env_section": 0,
+    "config.run_section": 0,  # checkpoint / run
+    "config.build": 0,  # the typed tree builder (keys and types checked)
     "config.errors": 0,
     "config.experiment": 0,  # the experiment *section* dataclass
     "config.method": 0,  # the objective / group-source pairing rule

@@ -1,7 +1,9 @@
 """The run configuration.
 
-    schema.py     the frozen sections and `Config` (data only; a leaf), the typed tree
-                  builder, and the resume comparison (experiment_changes)
+    schema.py     `Config` (data only; a leaf) and the resume comparison (experiment_changes)
+    learner.py, sources.py, env_section.py, eval_section.py, run_section.py
+                  the frozen sections by topic (leaves)
+    build.py      the typed tree builder: unknown keys, types (a leaf)
     errors.py     `ConfigError` (a leaf any layer may raise)
     experiment.py the `experiment:` section of the main job (a leaf)
     files.py      a YAML file with its `base:` chain
