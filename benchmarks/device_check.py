@@ -48,16 +48,16 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+# the modules beside this file (on sys.path when run as a script; not when loaded by path, as the tests do)
+if str(ROOT / "benchmarks") not in sys.path:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+from device_check_report import apply_ceilings, markdown  # noqa: E402 - after the path above
+
 EXTRA = {"gpu": "cuda", "tpu": "tpu"}
 FAST = {"gpu": "cudnn", "tpu": "splash"}  # the fused kernel timed against xla (as device_check_work.fast_kernel)
 STARTUP_LIMIT_S = 180.0  # the child's jax import and device start, before its first measurement
 EVENTS = "device_check_events.jsonl"
 SECTIONS = ("ceilings", "parity", "train_step", "decode")
-# published per-chip figures (dense bf16 FLOP/s, HBM bytes/s), matched on jax's device_kind:
-# reported beside the measured ceilings, and used for the ratios only where none was measured
-PEAKS = (("H200", 989e12, 4.8e12), ("H100", 989e12, 3.35e12), ("A100", 312e12, 2.039e12),
-         ("L4", 121e12, 0.3e12), ("TPU v5p", 459e12, 2.765e12), ("TPU v5 lite", 197e12, 0.819e12),
-         ("TPU v5e", 197e12, 0.819e12), ("TPU v6", 918e12, 1.64e12), ("TPU v4", 275e12, 1.2e12))
 # the workloads of each mode: (preset, slots, samples per prompt, prompt lengths lo-hi, new tokens)
 DECODE = {"device": {"big": ("qwen3-4b", 256, 4, 1024, 4096, 256), "small": ("qwen3-4b", 64, 4, 1024, 4096, 256),
                      "0.6b": ("qwen3-0.6b", 256, 4, 1024, 4096, 256)},
@@ -283,101 +283,6 @@ def run_stages(mode: str, platform: str, out_dir: Path, plan, deadline: float, s
                 todo.clear()
             break
     return out
-
-
-def apply_ceilings(rep: dict) -> None:
-    """MFU and the fraction of the HBM bound, against the ceilings measured in this run (else
-    the device's published figures, else none), the source named in `rep["ceilings_used"]`."""
-    measured = [c for c in rep.get("ceilings", []) if c.get("ok")]
-    devices = rep.get("devices") or [{}]
-    flops = bw = None
-    source = "none"
-    if measured:
-        flops, bw, source = measured[0]["matmul_flops_per_s"], measured[0]["copy_bytes_per_s"], "measured"
-    else:
-        flops, bw = published_peaks(devices[0].get("kind", ""))
-        if flops is not None:
-            source = "published (no ceilings measured in this run)"
-    rep["ceilings_used"] = {"flops_per_s": flops, "bytes_per_s": bw, "source": source}
-    n = max(1, len(devices))
-    for t in rep.get("train_step", []):
-        if "step_s" in t:
-            t["mfu"] = None if flops is None else round(t["model_flops"] / (t["step_s"] * flops * n), 4)
-    for d in rep.get("decode", []):
-        if "tokens_per_s" in d:
-            bound = None if bw is None else d["rows"] * bw / (d["weight_bytes"] + d["kv_bytes_mean"])
-            d["hbm_bound_tokens_per_s"] = None if bound is None else round(bound, 1)
-            d["fraction_of_bound"] = None if bound is None else round(d["tokens_per_s"] / bound, 4)
-
-
-def published_peaks(kind: str) -> tuple[float | None, float | None]:
-    """(bf16 FLOP/s, HBM bytes/s) published for a jax device_kind: the first PEAKS row it names."""
-    for name, flops, bw in PEAKS:
-        if name.lower() in kind.lower():
-            return flops, bw
-    return None, None
-
-
-def _fmt(x, spec="{:.3g}"):
-    return "-" if x is None else spec.format(x)
-
-
-def _ratio(a, b):
-    return "-" if not a or not b else f"{a / b:.2f}x"
-
-
-def markdown(rep: dict) -> str:
-    """The report as tables, shortest last-read parts at the end (a device call returns only
-    the end of its output)."""
-    kinds = ", ".join(sorted({d["kind"] for d in rep["devices"]}))
-    used = rep.get("ceilings_used", {})
-    lines = [f"# device check ({rep['mode']}): {len(rep['devices'])} x {kinds}, jax {rep['jax']}", ""]
-    for c in rep["ceilings"]:
-        if "copy_bytes_per_s" in c:
-            lines.append(f"ceilings (measured): copy {c['copy_bytes_per_s'] / 1e9:,.0f} GB/s, bf16 matmul "
-                         f"{c['matmul_flops_per_s'] / 1e12:.1f} TFLOP/s (n={c['matmul_n']})")
-        else:
-            lines.append(f"ceilings: FAILED: {c.get('error', '')}")
-    lines += [f"ratios against: {used.get('source', 'none')}", "", "| check | result | detail |", "| --- | --- | --- |"]
-    for p in rep["parity"]:
-        detail = (f"fwd rel err {_fmt(p.get('forward_rel_err'))}, grad {_fmt(p.get('grad_rel_err'))}"
-                  if "forward_rel_err" in p else f"{p.get('rows_equal', '-')}/{p.get('rows', '-')} rows equal"
-                  if "rows" in p else p.get("error", ""))
-        lines.append(f"| {p['check']} | {'ok' if p['ok'] else 'FAILED'} | {detail} |")
-    lines += ["", "| train step | attention | remat | rows x tokens | compile s | step s | tokens/s | MFU | "
-              "peak GiB | plan GiB |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    gib = 1024 ** 3
-    for t in rep["train_step"]:
-        if "step_s" not in t:
-            lines.append(f"| {t['check']} | FAILED: {t.get('error', '')} | | | | | | | | |")
-            continue
-        lines.append(f"| {t['model']} | {t['attention']} | {t['remat']} | {t['rows']} x {t['seq_len']} | "
-                     f"{t['compile_s']} | {t['step_s']} | {t['tokens_per_s']:,.0f} | "
-                     f"{_fmt(t.get('mfu'), '{:.1%}')} | {_fmt(t['peak_bytes'] and t['peak_bytes'] / gib, '{:.1f}')} | "
-                     f"{t['plan_bytes'] / gib:.1f} |")
-    lines += ["", "| decode | sampler | rows | prompts + new | decode tok/s | of HBM bound | end-to-end tok/s | "
-              "vs static | vs transformers |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    by = {(d.get("model"), d.get("sampler"), d.get("rows")): d for d in rep["decode"] if "tokens_per_s" in d}
-    for d in rep["decode"]:
-        if "tokens_per_s" not in d:
-            lines.append(f"| {d['check']} | FAILED: {d.get('error', '')} | | | | | | | |")
-            continue
-        static = by.get((d["model"], "static", d["rows"]), {})
-        hf = by.get((d["model"], "transformers", d["rows"]), {})
-        lines.append(f"| {d['model']} | {d['sampler']} | {d['rows']} | {d['prompt_lens'][0]}-{d['prompt_lens'][1]} + "
-                     f"{d['max_new']} | {d['tokens_per_s']:,.0f} | {_fmt(d.get('fraction_of_bound'), '{:.1%}')} | "
-                     f"{d['end_to_end_tokens_per_s']:,.0f} | "
-                     f"{_ratio(d['tokens_per_s'], static.get('tokens_per_s')) if d['sampler'] == 'engine' else '-'} | "
-                     f"{_ratio(d['end_to_end_tokens_per_s'], hf.get('end_to_end_tokens_per_s')) if d['sampler'] != 'transformers' else '-'} |")
-    if rep["timed_out"]:
-        lines += ["", "timed out (killed at their time limit): " + ", ".join(rep["timed_out"])]
-    if rep["skipped"]:
-        lines += ["", "skipped (time budget): " + ", ".join(rep["skipped"]),
-                  f"run them: --only '{','.join(rep['skipped'])}'"]
-    lines += [f"error: {e}" for e in rep["errors"]]
-    lines += ["", f"install: {rep['install']['command'] or '-'} ({rep['install']['skipped'] or str(rep['install']['seconds']) + ' s'}); "
-              f"elapsed {rep['elapsed_s']} s; {'ALL OK' if rep['ok'] else 'SOME CHECK FAILED'}"]
-    return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:

@@ -12,7 +12,7 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-from device_check import published_peaks   # stdlib-only module beside this one
+from device_check_report import published_peaks   # stdlib-only module beside this one
 
 # forward / gradient tolerance of the fast kernel against xla, relative to the largest |value|
 # (both in bfloat16; measured errors are in the JSON)

@@ -29,6 +29,7 @@ from flax import nnx
 
 import actionopd_jax.engine.programs as programs
 import actionopd_jax.sampling.decode as decode_lib
+from actionopd_jax.engine.admission import admit
 from actionopd_jax.engine.compiled import Programs
 from actionopd_jax.engine.groups import arrange, compact_rows
 from actionopd_jax.engine.pages import NULL_PAGE, PagePool, page_keys
@@ -216,40 +217,8 @@ class Engine:
 
     # --- admission ----------------------------------------------------------------------------
     def _admit(self) -> None:
-        page = self.config.page_size
-        while self.waiting:
-            req = self.waiting[0]
-            if req.n > len(self._free_slots):
-                return
-            keys = page_keys(req.prompt, page, (req.prompt.size - 1) // page)   # the last token is always prefilled
-            hits = self.pages.index.lookup(keys)
-            self.pages.hold(hits)
-            new_prompt, extra0, extra = pages_needed(req.prompt.size, req.max_new, req.n, len(hits), page)
-            need = new_prompt + extra0 + (req.n - 1) * extra
-            if need > self.pages.available():
-                self.pages.release(hits)
-                return
-            self.waiting.pop(0)
-            fresh = self.pages.allocate(need)
-            req.prompt_pages = hits + fresh[:new_prompt]
-            fresh = fresh[new_prompt:]
-            partial = req.prompt.size % page != 0
-            req.own_pages, req.copy_page = [], []
-            for j in range(req.n):
-                take = extra0 if j == 0 else extra
-                own, fresh = fresh[:take], fresh[take:]
-                req.copy_page.append(own[0] if (j > 0 and partial) else None)
-                req.own_pages.append(own)
-            req.slots = [self._free_slots.pop(0) for _ in range(req.n)]
-            req.cached_tokens = req.prefilled = len(hits) * page
-            req.tokens = [[] for _ in range(req.n)]
-            req.logprobs = [[] for _ in range(req.n)]
-            req.stopped = [False] * req.n
-            req.finished = [False] * req.n
-            self.stats.prompt_tokens += req.prompt.size
-            self.stats.prefix_hit_tokens += req.cached_tokens
-            self.sessions.admitted(req, self.stats)
-            self.prefilling.append(req)
+        self.prefilling += admit(self.waiting, self._free_slots, self.pages, self.config.page_size, self.stats,
+                                 self.sessions)
 
     # --- prefill ------------------------------------------------------------------------------
     def _prefill(self) -> None:
