@@ -216,3 +216,32 @@ def test_no_published_server_outlives_a_kill_9_of_the_trainer(tmp_path):
         assert servers_under(marker) == []
     finally:
         trainer.kill()
+
+
+def test_the_audit_starts_a_published_server_that_opens_its_database_at_import(tmp_path):
+    """Issue 46 item 9: published AWM servers create their tables at import (bike_rental_4 does,
+    as AWM's gen_envs code does), so the audit's "server starts and lists tools" probe must hand
+    the server a database it can open: a copy of the task's own database in its private,
+    writable directory, and nothing else of the host's cache. Before, DATABASE_PATH named the
+    cached file, outside the sandbox's view: `unable to open database file`, every task dropped."""
+    from dataclasses import replace
+
+    from actionopd_jax.envs.awm.db import DbCache, table_counts
+    from actionopd_jax.envs.awm.serve import list_tools
+
+    sc = load_awm(AWM).scenarios["bike_rental_4"]
+    cache = DbCache(tmp_path / "dbcache")
+    initial = cache.initial(sc)
+    names = [t["function"]["name"] for t in list_tools(sc, initial, start_timeout_s=60)]
+    assert names == ["list_stations", "list_my_rentals", "rent_bike", "return_bike"]
+    # the server sees its own copy (read-write) and no file of the cache: were the cache in its
+    # view, this variant would exit at import and list nothing
+    probe = sc.server_code.replace(
+        "Base.metadata.create_all(bind=engine)",
+        "Base.metadata.create_all(bind=engine)\n"
+        f"assert not os.path.exists({str(cache.dir)!r}), 'the database cache is visible'\n"
+        "_db = os.environ['DATABASE_PATH'][len('sqlite:///'):]\n"
+        "assert os.access(_db, os.W_OK) and os.path.dirname(_db) == os.getcwd(), _db\n", 1)
+    assert probe != sc.server_code
+    assert len(list_tools(replace(sc, server_code=probe), initial, start_timeout_s=60)) == 4
+    assert table_counts(initial) == {"rentals": 1, "stations": 3}  # the cached file is untouched

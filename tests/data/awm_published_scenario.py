@@ -37,6 +37,11 @@ class Rental(Base):
     active = Column(Integer, nullable=False, default=1)
 
 
+# as published AWM servers do: the tables are created at import, so the server opens its
+# database before it serves anything (a server that cannot reach DATABASE_PATH fails to start)
+Base.metadata.create_all(bind=engine)
+
+
 class RentRequest(BaseModel):
     station_id: int
 

@@ -24,12 +24,12 @@ from typing import Any
 from actionopd_jax.envs.awm.db import DbCache
 from actionopd_jax.envs.awm.layout import AwmDataset, AwmScenario
 from actionopd_jax.envs.awm.modes import server_command, server_mode
+from actionopd_jax.envs.awm.serve import EPISODE_DB, EpisodeDbSandbox
 from actionopd_jax.envs.mcp.client import McpServer, ServerSpec
 from actionopd_jax.envs.mcp.convert import tool_evidence
 from actionopd_jax.envs.mcp.keyed_pool import KeyedPool, PoolView
 from actionopd_jax.envs.mcp.sandbox import Limits, Sandbox
 
-EPISODE_DB = "episode.db"
 DEFAULT_CACHE = Path.home() / ".cache" / "actionopd_jax" / "awm_db"  # content-addressed: shared safely
 
 
@@ -73,23 +73,6 @@ def tool_sources(code: str | None) -> dict[str, str]:
         for name in names:
             out.setdefault(name, text)
     return out
-
-
-class _EpisodeDbSandbox(Sandbox):
-    """The MCP sandbox, whose fresh private directory gets the scenario's initial database
-    before the server starts (a server may open it at import), named in DATABASE_PATH."""
-
-    def __init__(self, limits: Limits, initial_db: Path):
-        super().__init__(limits, extra_env={"MCP_TRANSPORT": "stdio"})
-        self.initial_db = initial_db
-
-    def new_workdir(self) -> Path:
-        workdir = super().new_workdir()
-        db = workdir / EPISODE_DB
-        shutil.copyfile(self.initial_db, db)
-        db.chmod(0o644)
-        self.extra_env["DATABASE_PATH"] = f"sqlite:///{db}"
-        return workdir
 
 
 class AwmRuntime:
@@ -162,7 +145,7 @@ class AwmRuntime:
         command = server_command(server_mode(sc.name, sc.server_code), self._code_path(sc))
         spec = ServerSpec(command=command, call_timeout_s=self.call_timeout_s,
                           start_timeout_s=self.start_timeout_s, limits=self.limits)
-        return _ListingServer(self, name, spec, _EpisodeDbSandbox(self.limits, self.cache.initial(sc)))
+        return _ListingServer(self, name, spec, EpisodeDbSandbox(self.limits, self.cache.initial(sc)))
 
     async def _reset(self, name: str, server: McpServer) -> bool:
         import asyncio
