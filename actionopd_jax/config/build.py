@@ -14,7 +14,7 @@ import types
 import typing
 from typing import Any
 
-from actionopd_jax.config.errors import ConfigError
+from actionopd_jax.config.errors import ConfigError, raise_all
 from actionopd_jax.config.eval_section import RETIRED_EVAL_KEYS
 
 
@@ -84,22 +84,51 @@ def retired_key(dotted: str, value: Any) -> bool:
 
 
 def build_section(cls, data: dict[str, Any], prefix: str):
-    """`cls` (a section dataclass or `Config`) from a plain tree, keys and types checked; the
-    cross-field checks are not run here (config.load.from_dict runs them)."""
+    """`cls` (a section dataclass or `Config`) from a plain tree, keys and types checked; one
+    ConfigError names every wrong key at once. The cross-field checks are not run here
+    (config.load.from_dict runs them)."""
+    found: list[tuple[str, str]] = []
+    built = gather_section(cls, data, prefix, found)
+    raise_all([message for _, message in found])
+    return built
+
+
+def gather_section(cls, data: Any, prefix: str, found: list[tuple[str, str]]):
+    """`cls` built from the keys of `data` that are right, each wrong one (unknown, retired with
+    another value, of the wrong type) left at its default and appended to `found` as (dotted
+    key, message): the caller reports them with the value checks in one list, rather than one
+    per failed start."""
+    where = prefix.rstrip(".")
     if not isinstance(data, dict):
-        raise ConfigError(f"{prefix.rstrip('.') or 'config'}: expected a mapping of keys, got {data!r}")
+        found.append((where, f"{where or 'config'}: expected a mapping of keys, got {data!r}"))
+        return cls()
     hints = typing.get_type_hints(cls)
     names = [f.name for f in dataclasses.fields(cls)]
     kwargs = {}
     for key, value in data.items():
         full = f"{prefix}{key}"
-        if key not in names and retired_key(full, value):
-            continue
-        if key not in names:
-            raise ConfigError(f"unknown config key {full!r}" + suggest(key, names, prefix))
-        hint = hints[key]
-        if dataclasses.is_dataclass(hint):
-            kwargs[key] = build_section(hint, value or {}, f"{full}.")
-        else:
-            kwargs[key] = _coerce(value, hint, full)
+        try:
+            if key not in names and retired_key(full, value):
+                continue
+            if key not in names:
+                raise ConfigError(f"unknown config key {full!r}" + suggest(key, names, prefix))
+            hint = hints[key]
+            if dataclasses.is_dataclass(hint):
+                kwargs[key] = gather_section(hint, value or {}, f"{full}.", found)
+            else:
+                kwargs[key] = _coerce(value, hint, full)
+        except ConfigError as e:
+            found.append((full, str(e)))
     return cls(**kwargs)
+
+
+def drop_keys(tree: dict[str, Any], dotted: list[str]) -> None:
+    """Remove dotted keys from a plain tree (in place): the wrong keys `gather_section` already
+    reported, so a later pass over the same tree does not report them again."""
+    for key in dotted:
+        *parents, last = key.split(".")
+        node: Any = tree
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(last, None)

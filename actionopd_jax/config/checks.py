@@ -14,7 +14,7 @@ from actionopd_jax.aot.targets import TARGETS
 from actionopd_jax.baselines.wiring import SOURCE_KINDS
 from actionopd_jax.config.rollout import SAMPLER_KINDS
 from actionopd_jax.collect.group import CommitMode
-from actionopd_jax.config.errors import ConfigError
+from actionopd_jax.config.errors import ConfigError, problems_of, raise_all as _raise_all
 from actionopd_jax.config.experiment import TEACHER_MODES, ExperimentConfig
 from actionopd_jax.config.method import check_method
 from actionopd_jax.config.schema import Config, EnvConfig
@@ -124,29 +124,11 @@ def validate(cfg: Config) -> None:
         try:
             check(cfg)
         except ConfigError as e:
-            errors.extend(e.problems if isinstance(e, ConfigProblems) else [str(e)])
+            errors.extend(problems_of(e))
         except (KeyError, TypeError, ValueError, AttributeError):
             if not errors:   # a check tripping over a value already reported wrong says nothing new
                 raise
     _raise_all(errors)
-
-
-def _raise_all(problems: list[str]) -> None:
-    """Nothing when `problems` is empty; one ConfigError as before for one; ConfigProblems
-    naming each for several."""
-    if len(problems) == 1:
-        raise ConfigError(problems[0])
-    if problems:
-        raise ConfigProblems(problems)
-
-
-class ConfigProblems(ConfigError):
-    """Several problems of one config, each on its own line."""
-
-    def __init__(self, problems: list[str]):
-        self.problems = list(problems)
-        super().__init__(f"{len(problems)} problems in the config:\n" +
-                         "\n".join(f"  {i}. {p}" for i, p in enumerate(problems, 1)))
 
 
 def _endpoint_roles(cfg: Config) -> list[tuple[str, str, str, int, bool | None]]:

@@ -14,8 +14,9 @@ from typing import Any
 
 import yaml
 
-from actionopd_jax.config.errors import ConfigError
-from actionopd_jax.config.schema import Config, build_section
+from actionopd_jax.config.build import drop_keys, gather_section
+from actionopd_jax.config.errors import ConfigError, raise_all
+from actionopd_jax.config.schema import Config
 
 
 def _read_yaml(p: Path) -> dict[str, Any]:
@@ -48,10 +49,14 @@ def _resolve_file_relative(loaded: dict[str, Any], folder: Path) -> None:
             loaded[section] = {**values, key: str((folder / value).resolve())}
 
 
-def read_config_file(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[str, Any]:
+def read_config_file(path: str | Path, _chain: tuple[Path, ...] = (),
+                     found: list[tuple[str, str]] | None = None) -> dict[str, Any]:
     """A YAML config with its `base:` chain resolved: `base: other.yaml` (relative to the file
     that names it) is loaded first and this file's keys override it, recursively. Each file's
-    keys are checked on their own, so an unknown key names the file it is in."""
+    keys are checked on their own, so an unknown key names the file it is in. With `found`,
+    its wrong keys (unknown, mistyped) are appended there as (dotted key, message) and left
+    out of the tree, for the caller to report with the rest; without, they are raised, all at
+    once."""
     p = Path(path).resolve()
     if p in _chain:
         raise ConfigError("config files include each other in a cycle: " + " -> ".join(
@@ -62,13 +67,16 @@ def read_config_file(path: str | Path, _chain: tuple[Path, ...] = ()) -> dict[st
                           "that names them)")
     loaded = _read_yaml(p)
     base = loaded.pop("base", None)
-    try:
-        build_section(Config, loaded, "")  # unknown keys / types in this file are reported as such
-    except ConfigError as e:
-        raise ConfigError(f"{p}: {e}") from None
+    wrong: list[tuple[str, str]] = []
+    gather_section(Config, loaded, "", wrong)  # unknown keys / types in this file are reported as such
+    if wrong and found is None:
+        raise_all([f"{p}: {message}" for _, message in wrong])
+    if wrong:
+        found.extend((key, f"{p}: {message}") for key, message in wrong)
+        drop_keys(loaded, [key for key, _ in wrong])
     _resolve_file_relative(loaded, p.parent)
     if base is None:
         return loaded
     if not isinstance(base, str) or not base.strip():
         raise ConfigError(f"{p}: base must be the path of another config file, got {base!r}")
-    return _merge(read_config_file(p.parent / base, (*_chain, p)), loaded)
+    return _merge(read_config_file(p.parent / base, (*_chain, p), found), loaded)
