@@ -45,6 +45,25 @@ def test_pool_pages_without_a_memory_limit_and_when_given():
     assert pool_pages(cfg, EngineConfig(slots=4, page_size=16, max_len=256, pages=40), reserve_bytes=GIB) == 40
 
 
+def test_a_cpu_pool_for_the_models_whole_context_is_bounded_by_host_memory(monkeypatch):
+    """Issue 43 item 2: eval and serve size the engine from the model's own context (Qwen3:
+    40,960 tokens); every slot full twice over would be ~150 GB of cache for Qwen3-0.6B on
+    CPU. The pool takes at most half of the host's available memory, and says so when one slot
+    does not fit."""
+    from actionopd_jax.engine import sizing
+    from actionopd_jax.sampling.budget import cache_bytes_per_token
+
+    cfg = tiny_config()
+    eng = EngineConfig(slots=8, page_size=16, max_len=40_960)
+    page = cache_bytes_per_token(cfg, "float32") * 16
+    monkeypatch.setattr(sizing, "host_available_bytes", lambda: 10_000 * page)
+    pages = pool_pages(cfg, eng)
+    assert eng.pages_per_slot + 1 <= pages <= 5_000 + 1 < 2 * 8 * eng.pages_per_slot
+    monkeypatch.setattr(sizing, "host_available_bytes", lambda: 1_000 * page)   # less than one slot's 2,560 pages
+    with pytest.raises(ValueError, match="fewer than one slot.*--engine-max-len"):
+        pool_pages(cfg, eng)
+
+
 def test_the_pool_is_made_split_over_the_tensor_axis():
     cfg = tiny_config(num_key_value_heads=2)
     mesh = Mesh(np.array(jax.devices()[:8]).reshape(4, 2), ("data", "tensor"))

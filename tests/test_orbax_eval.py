@@ -180,3 +180,20 @@ def test_a_compare_folder_points_to_its_per_method_runs(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "is a comparison of several runs, not one run; pass one of its per-method runs" in err
     assert f"\n  {tmp_path / 'actionopd-s0'}" in err and f"\n  {tmp_path / 'kd-s0'}" in err
+
+
+def test_readmes_evaluate_command_scores_every_episode_of_a_4096_position_student(run, tmp_path, capsys):
+    """Issue 43 item 9: README's `actionopd eval --checkpoint runs/RUN --bench bfcl:base --limit 3`
+    on a student that holds 4,096 positions, as the main job's does. Its default reply budget
+    (table 8: 4,096 new tokens) cannot fit beside any prompt: every request was refused, every
+    episode ended with context_budget before its first action, and the command exited 1. The
+    budget is now fitted to the context each prompt leaves, and the scores' settings say so."""
+    out = tmp_path / "readme"
+    code = eval_cli.main(["--checkpoint", str(run["run"]), "--bench", "bfcl:base", "--limit", "3", "--no-progress",
+                          "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    episodes = [json.loads(x) for x in (out / "episodes.jsonl").read_text().splitlines()]
+    assert len(episodes) == 3 and all(e["actions"] >= 1 and e["end_reason"] != "context_budget" for e in episodes)
+    fit = json.loads((out / "results.json").read_text())["settings"]["reply_fit"]
+    assert "4,096 new tokens does not fit the model's 4,096-token context" in fit

@@ -85,7 +85,8 @@ def pages_for(cfg, engine: EngineConfig, free_bytes_per_chip: float, *, shards: 
         raise ValueError(f"the devices' free memory ({free_bytes_per_chip / 2**30:.2f} GiB per chip, "
                          f"{reserve_bytes / 2**30:.2f} GiB of it kept for the trainer) holds {pages} pages of "
                          f"{engine.page_size} tokens, fewer than one slot's {engine.pages_per_slot}: lower the "
-                         "engine's max_len (collect.max_prompt_tokens + max_response_tokens) or free memory")
+                         "engine's max_len (collect.max_prompt_tokens + max_response_tokens; eval and serve: "
+                         "--engine-max-len) or free memory")
     return pages + 1
 
 
@@ -96,6 +97,23 @@ def pool_shards(mesh, kv_heads: int) -> int:
 
     axis = tensor_split(mesh, kv_heads)
     return dict(zip(mesh.axis_names, mesh.axis_sizes))[axis] if axis else 1
+
+
+# the share of the host's available memory a CPU engine's page pool may take (the process also
+# holds the parameters, the programs' temporaries and the episodes)
+HOST_POOL_FRACTION = 0.5
+
+
+def host_available_bytes() -> float | None:
+    """The host's available memory (Linux MemAvailable), None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return float(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def pool_pages(cfg, engine: EngineConfig, *, mesh=None, dtype: str = "float32", reserve_bytes: float = 0) -> int:
@@ -109,9 +127,16 @@ def pool_pages(cfg, engine: EngineConfig, *, mesh=None, dtype: str = "float32", 
         return int(engine.pages)
     free = budget_lib.free_bytes_per_chip(mesh)
     if free is None:
-        return 2 * engine.slots * engine.pages_per_slot + 1
+        wanted = 2 * engine.slots * engine.pages_per_slot + 1
+        host = host_available_bytes()
+        if host is None:
+            return wanted
+        # the model's own context (Qwen3: 40,960 tokens, issue 43 item 2) times every slot twice
+        # is far more than host memory for any real model: at most HOST_POOL_FRACTION of what
+        # the host has free now, and at least one slot (pages_for refuses less, saying so)
+        return min(wanted, pages_for(cfg, engine, host * HOST_POOL_FRACTION, dtype=dtype))
     return pages_for(cfg, engine, free, shards=pool_shards(mesh, cfg.num_key_value_heads) if mesh is not None else 1,
                      dtype=dtype, reserve_bytes=reserve_bytes)
 
 
-__all__ = ["EngineConfig", "engine_attention", "pages_for", "pool_pages", "pool_shards"]
+__all__ = ["EngineConfig", "engine_attention", "host_available_bytes", "pages_for", "pool_pages", "pool_shards"]

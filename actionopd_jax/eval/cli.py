@@ -77,8 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="in-process student: the continuous-batching engine (paged cache; an episode's earlier "
                         "turns stay cached for its next turn), or 'static' batched calls (the engine's oracle); "
                         "auto: the engine, static on NVIDIA GPUs (measured slower there: config/rollout.py)")
-    p.add_argument("--engine-max-len", type=int, default=8192,
-                   help="with --sampler engine: prompt + reply tokens one request may hold (sizes the page pool)")
+    p.add_argument("--engine-max-len", type=int,
+                   help="with --sampler engine: prompt + reply tokens one request may hold (sizes the page pool); "
+                        "default: the model's own context (its config's max_position_embeddings, Qwen3: 40,960); "
+                        "give a lower value only to narrow it")
     p.add_argument("--concurrency", type=int, default=8)
     p.add_argument("--manifest", default="", help="awm: the admission manifest (`actionopd envs audit`) with the split")
     p.add_argument("--awm-dir", default="", help="awm: the pool directory (default: the manifest's)")
@@ -101,8 +103,25 @@ def make_agent(args: argparse.Namespace, settings: EvalSettings, loaded: dict | 
                              top_p=m.top_p, top_k=m.top_k, thinking=m.enable_thinking,
                              reasoning_effort=m.reasoning_effort or None, provider=m.provider or "openai",
                              max_tokens=m.max_tokens)
+    # no max_tokens in the request: the backend gives each reply min(m.max_tokens, the context
+    # its prompt leaves) (its default_max_tokens is m.max_tokens), so a reply budget the model
+    # cannot hold is fitted to it instead of refusing every request (issue 43 item 9)
     return BackendAgent(model_backend(args, settings, loaded), temperature=m.temperature or 0.0,
-                        top_p=m.top_p, top_k=m.top_k, max_tokens=m.max_tokens)
+                        top_p=m.top_p, top_k=m.top_k, max_tokens=None)
+
+
+def reply_fit(agent: Agent, settings: EvalSettings) -> str:
+    """The scores' note on how an in-process model's replies were fitted to its context ("" for
+    an endpoint, whose server keeps its own limits)."""
+    context = getattr(getattr(agent, "_backend", None), "max_context", None)
+    if not isinstance(agent, BackendAgent) or context is None:
+        return ""
+    asked = settings.model.max_tokens
+    if asked >= context:
+        return (f"the reply budget of {asked:,} new tokens does not fit the model's {context:,}-token context: every "
+                f"reply got the context its prompt leaves ({context:,} - prompt tokens)")
+    return (f"replies get {asked:,} new tokens, or the context the prompt leaves in the model's {context:,} tokens "
+            "where that is less")
 
 
 def model_backend(args: argparse.Namespace, settings: EvalSettings | None = None, loaded: dict | None = None):
@@ -126,7 +145,9 @@ def model_backend(args: argparse.Namespace, settings: EvalSettings | None = None
     if rollout_sampler(getattr(args, "sampler", "auto"), platform) == "engine":
         from actionopd_jax.engine import Engine, EngineConfig
 
-        max_context = min(args.engine_max_len, cfg.max_position_embeddings)
+        # the model's own context unless narrowed: a fixed 8,192 held no tau2 prompt plus a
+        # 4,096-token reply (issue 43 item 2)
+        max_context = min(args.engine_max_len or cfg.max_position_embeddings, cfg.max_position_embeddings)
         shapes = EngineConfig(slots=max(args.concurrency, 1), max_len=max_context, chunk=min(512, max_context))
         # the engine has Sampler.sample's contract (same keys, same samples); the backend's
         # batches then share slots, and an episode's history stays in the prefix cache
@@ -242,8 +263,10 @@ def evaluate(args: argparse.Namespace, settings: EvalSettings) -> dict[str, Any]
     wanted = {(t.task_id, t.env): settings.trials_for(t) for t in tasks}
     records = [r for r in records if r["trial"] < wanted.get((r["task_id"], r["env"]), 0)]
     rows = summarize(records, ks=range(1, max(wanted.values(), default=1) + 1))
+    fit = reply_fit(agent, settings)
     paths = write_report(out, rows, agent=agent.name, errors=errors, evaluated=loaded or None,
-                         settings=settings.record(), settings_lines=settings.lines())
+                         settings={**settings.record(), **({"reply_fit": fit} if fit else {})},
+                         settings_lines=settings.lines() + ([f"  replies  {fit}"] if fit else []))
     paths["trajectories"] = out / "trajectories.jsonl"
     paths["settings"] = out / "settings.json"
     return {"rows": rows, "errors": errors, "paths": paths, "unplayed": unplayed(records)}
@@ -257,8 +280,8 @@ def unplayed(records: list[dict[str, Any]]) -> str:
     if not records or len(early) * 2 <= len(records):
         return ""
     return (f"WARNING: {len(early)} of {len(records)} episodes ended before the agent's first action because the "
-            "prompt is over the model's context budget: these scores say nothing about the model. Raise "
-            "--engine-max-len (and use a model whose context holds the benchmark's prompts)")
+            "prompt is over the model's context: these scores say nothing about the model. Use a model whose "
+            "context holds the benchmark's prompts (and no lower --engine-max-len); `--check` measures them")
 
 
 def main(argv: list[str], *, load_section: Callable[[str], EvalConfig] | None = None) -> int:
