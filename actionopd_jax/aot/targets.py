@@ -136,8 +136,8 @@ def quiet_cuda_plugin_without_gpus() -> None:
     traceback jax logs at every start when the CUDA plugin (installed by the cuda-lower/test
     extras, for lowering) finds no driver. A host with a GPU is untouched, so a real driver or
     library failure there still shows in full. The plugin's C++ "cudart_stub ... Could not find
-    cuda drivers" INFO lines remain: absl prints them before any log level is read (neither
-    TF_CPP_MIN_LOG_LEVEL nor ABSL_MIN_LOG_LEVEL stops them, tried on jax 0.10.2)."""
+    cuda drivers" lines are dropped at the descriptor by commands/native_noise.py (absl prints
+    them before any log level is read)."""
     import logging
     import shutil
 

@@ -55,9 +55,12 @@ def _main(argv: list[str] | None) -> int:
     if name not in SUBCOMMANDS:
         print(f"actionopd: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
+    from actionopd_jax.commands.native_noise import import_jax_quietly
+
+    import_jax_quietly()  # first: importing aot.targets below imports jax
     from actionopd_jax.aot.targets import quiet_cuda_plugin_without_gpus, quiet_libtpu_without_chips
 
-    quiet_libtpu_without_chips()  # before any subcommand imports jax
+    quiet_libtpu_without_chips()  # before any subcommand starts jax's backends
     quiet_cuda_plugin_without_gpus()
     module = importlib.import_module(SUBCOMMANDS[name][0])
     return int(module.main(rest) or 0)
