@@ -192,7 +192,29 @@ def mixture_pool_tasks(env: Any) -> dict[str, list[Task]]:
         # held-out tasks (the manifest's evaluation split, env.heldout_task_ids) are never drawn
         skip = heldout.get(pool, set()) | own_heldout
         out[pool] = [t for t in tasks if t.task_id in admitted[pool] and t.task_id not in skip]
+        if not out[pool]:
+            raise ConfigError(_no_tasks_to_draw(pool, env.manifest, directory, manifest["pools"].get(pool),
+                                                len(admitted[pool])))
     return out
+
+
+def _no_tasks_to_draw(pool: str, manifest: str, directory: str, entry: Any, n_admitted: int) -> str:
+    """Why a pool the run draws from has no task to start (issue 46 item 10: it surfaced as a
+    ValueError traceback from the stream), naming the stage that dropped its last task and the
+    two commands that decide admission: the audit and the B.1 screen."""
+    if n_admitted:
+        why = (f"all {n_admitted} of its admitted tasks are held out for evaluation (the manifest's held-out "
+               "split and env.heldout_task_ids); audit with a smaller --heldout-fraction or drop ids from "
+               "env.heldout_task_ids")
+    else:
+        stage = next((row.get("stage") for row in (entry or {}).get("funnel") or []
+                      if isinstance(row, dict) and row.get("kept") == 0), None)
+        why = "it admits none of the pool's tasks" + (f" (every task was dropped at {stage!r})" if stage else "")
+    return (f"pool {pool!r} has no tasks to train on but env.name / env.mixture draws from it: "
+            f"env.manifest={manifest}: {why}. The manifest's \"dropped\" gives each task's reason; fix the pool or "
+            f"its setup, then rerun the admission audit (`actionopd envs audit --env {pool} --dir {directory} "
+            f"--manifest {manifest}`) and the B.1 feasibility screen (`actionopd envs screen --env {pool} "
+            f"--manifest {manifest} --judge-url U --judge-model J`), or remove {pool} from env.mixture")
 
 
 def missing_pool_files(env: Any) -> list[str]:
