@@ -1,14 +1,26 @@
 """launch/benchmark_harness.py (issue 33 item 8): `actionopd serve` started with table 8's student
 evaluation settings as server-side defaults; a harness request that omits sampling fields gets
-them, and the reply limit holds whatever max_tokens a request asks."""
+them, and the reply limit holds whatever max_tokens a request asks. Issue 43 item 8: the
+server holds B.3's per-task limits (ToolSandbox: 30 messages; AppWorld: 100k output tokens),
+counted per task id (the request's `user` field), and the harness stops the server it started
+on SIGTERM, SIGINT and its own death."""
 
+import asyncio
+import os
+import signal
 import socket
 import subprocess
+import sys
 import time
 
 import openai
+import pytest
 
 from actionopd_jax.launch.harness import APPWORLD, STUDENT_EVAL, TOOLSANDBOX, harness_text, serve_argv
+from actionopd_jax.serve.openai_http import OpenAIServer
+from actionopd_jax.serve.requests import ChatChoice
+from actionopd_jax.serve.scripted import ScriptedBackend
+from actionopd_jax.serve.task_limits import TaskLimitedBackend
 
 
 def _free_port() -> int:
@@ -26,6 +38,12 @@ def test_settings_and_commands_follow_table_8_and_b3():
     assert (TOOLSANDBOX["scenarios"], TOOLSANDBOX["trials"], TOOLSANDBOX["max_messages"]) == (490, 4, 30)
     assert (APPWORLD["max_steps"], APPWORLD["output_token_budget"]) == (50, 100_000)
     assert '"max_steps": 50' in text and "1,960 trials" in text
+    # each benchmark's server holds its B.3 limit and the model's whole context (not serve's 8,192)
+    tool = " ".join(serve_argv(["--tiny"], port=1, model_name="s", reply_limit=4096, bench="toolsandbox"))
+    app = " ".join(serve_argv(["--tiny"], port=1, model_name="s", reply_limit=4096, bench="appworld"))
+    assert "--task-max-messages 30" in tool and "--task-max-output-tokens" not in tool
+    assert "--task-max-output-tokens 100000" in app and "--task-max-messages" not in app
+    assert f"--engine-max-len {1 << 20}" in app and "user=" in text and "NOT enforced" not in text
 
 
 def test_serve_applies_the_defaults_to_a_request_without_sampling_fields():
@@ -59,3 +77,124 @@ def test_serve_applies_the_defaults_to_a_request_without_sampling_fields():
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def _counted_backend():
+    """A scripted model whose every reply is `max_tokens` tokens long (at most 64), as a real
+    model that never stops early would be: the budget must hold against the worst case."""
+    def reply(req):
+        return ChatChoice(content="x", finish_reason="length", completion_tokens=min(req.max_tokens or 64, 64))
+    return ScriptedBackend("student", reply)
+
+
+def test_appworld_output_tokens_are_budgeted_per_task_id_over_http():
+    """100 output tokens a task (B.3's 100,000, scaled): the replies of one task are cut to what
+    it has left, then its requests are refused; another task id has its own budget; a request
+    with no task id is refused, saying where the id goes."""
+    limited = TaskLimitedBackend(_counted_backend(), max_output_tokens=100)
+    with OpenAIServer(limited) as srv:
+        client = openai.OpenAI(base_url=srv.base_url, api_key="EMPTY", max_retries=0)
+        ask = lambda task, **kw: client.chat.completions.create(
+            model="student", messages=[{"role": "user", "content": "go"}], user=task, **kw)
+        got = [ask("appworld/a").usage.completion_tokens for _ in range(2)]   # 64, then the 36 left
+        assert got == [64, 36] and limited.use["appworld/a"].output_tokens == 100
+        with pytest.raises(openai.BadRequestError, match="task_token_budget_exhausted|spent its budget of 100"):
+            ask("appworld/a", max_tokens=5)
+        assert ask("appworld/b", max_tokens=10).usage.completion_tokens == 10
+        assert limited.use["appworld/b"].output_tokens == 10
+        with pytest.raises(openai.BadRequestError, match="`user` field"):
+            client.chat.completions.create(model="student", messages=[{"role": "user", "content": "go"}])
+        # n samples share the task's allowance: 4 x 22 of the 90 left
+        both = ask("appworld/b", n=4, max_tokens=1000)
+        assert [c for c in both.choices] and limited.use["appworld/b"].output_tokens == 10 + 4 * 22
+
+
+def test_replies_in_flight_hold_their_allowance():
+    """Two concurrent requests of one task cannot both take the whole budget."""
+    limited = TaskLimitedBackend(_counted_backend(), max_output_tokens=100)
+    asked = []
+
+    both_in = []
+
+    async def slow(req):   # each reply ends only once both requests are being generated
+        if not both_in:
+            both_in.append(asyncio.Event())
+        asked.append(req.max_tokens)
+        if len(asked) == 2:
+            both_in[0].set()
+        await asyncio.wait_for(both_in[0].wait(), 30)
+        return ChatChoice(content="x", completion_tokens=req.max_tokens)
+
+    limited._backend = ScriptedBackend("student", slow)
+    with OpenAIServer(limited) as srv:
+        client = openai.AsyncOpenAI(base_url=srv.base_url, api_key="EMPTY", max_retries=0)
+
+        async def both():
+            return await asyncio.gather(*[client.chat.completions.create(
+                model="student", messages=[{"role": "user", "content": "go"}], user="t", max_tokens=64)
+                for _ in range(2)], return_exceptions=True)
+
+        results = asyncio.run(both())
+    assert not [r for r in results if isinstance(r, Exception)], results
+    assert sorted(asked) == [36, 64] and limited.use["t"].output_tokens == 100
+
+
+def _start_harness(port: int, *extra: str) -> tuple[subprocess.Popen, int]:
+    """The harness (a real `actionopd serve` child with the tiny model), once its server is up:
+    (harness process, server pid)."""
+    from tests._subprocess_fixtures import cli_env
+
+    argv = [sys.executable, "launch/benchmark_harness.py", "--tiny", "--port", str(port), "--reply-limit", "5",
+            "--serve-arg=--no-warmup", "--serve-arg=--seed", "--serve-arg=1", *extra]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env(1),
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    pid, seen = None, []
+    deadline = time.time() + 110
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        seen.append(line)
+        if line.startswith("server pid "):
+            pid = int(line.split()[2])
+        if "serving" in line or not line:
+            break
+    assert pid is not None and f"http://127.0.0.1:{port}/v1" in seen[-1], "".join(seen)
+    return proc, pid
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    # a zombie (exited, not yet reaped by init) counts as stopped
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().split(")")[-1].split()[0] == "Z"
+
+
+@pytest.mark.parametrize("how", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
+def test_the_harness_stops_its_server_and_the_server_holds_toolsandboxs_30_messages(how):
+    """Killing the harness left `actionopd serve` running. Now SIGTERM and SIGINT stop it
+    through the harness, and SIGKILL (the harness's death without clean-up) through the kernel's
+    parent-death signal. Under SIGTERM the server first shows B.3's ToolSandbox limit, per task
+    id: 29 messages get a reply, 30 are refused."""
+    port = _free_port()
+    harness, server = _start_harness(port, "--bench", "toolsandbox")
+    try:
+        if how == signal.SIGTERM:
+            client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="EMPTY", max_retries=0)
+            talk = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"m{i}"} for i in range(30)]
+            ok = client.chat.completions.create(model="student", messages=talk[:29], user="toolsandbox/s1/0")
+            assert ok.choices[0].message is not None
+            with pytest.raises(openai.BadRequestError, match="limit of 30 messages"):
+                client.chat.completions.create(model="student", messages=talk, user="toolsandbox/s1/0")
+        harness.send_signal(how)
+        harness.wait(timeout=60)
+        deadline = time.time() + 60
+        while not _gone(server) and time.time() < deadline:
+            time.sleep(0.2)   # SIGKILL: the kernel's SIGTERM reaches the server; it shuts down
+        assert _gone(server)
+    finally:
+        if harness.poll() is None:
+            harness.kill()
+        if not _gone(server):
+            os.kill(server, signal.SIGKILL)

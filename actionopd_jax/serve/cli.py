@@ -77,6 +77,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-tokens-cap", type=int,
                    help="no reply is longer than this many tokens, whatever max_tokens a request asks "
                         "(finish_reason 'length' when reached); it also replaces --default-max-tokens when lower")
+    p.add_argument("--task-max-messages", type=int,
+                   help="per task (named by each request's `user` field): refuse a request whose conversation "
+                        "already holds this many messages (paper B.3, ToolSandbox: 30; serve/task_limits.py)")
+    p.add_argument("--task-max-output-tokens", type=int,
+                   help="per task (named by each request's `user` field): output tokens all its replies may take "
+                        "together; each reply is cut to what is left (paper B.3, AppWorld: 100,000)")
     p.add_argument("--seed", type=int, help="init seed of the --tiny model (default: random)")
     p.add_argument("--lm-head", choices=("checked", "float32", "bfloat16"), default="checked",
                    help="decode-step LM head: checked (default; float32 tokens, bf16 speed on CPU), "
@@ -133,7 +139,13 @@ def main(argv: list[str]) -> int:
             backend.source = dict(loaded)
             if not args.no_warmup:
                 print(f"warm-up: the first request's programs compiled in {backend.warm_up():.1f} s", flush=True)
-            server = OpenAIServer(backend, host=args.host, port=args.port, api_key_env=args.api_key_env,
+            served = backend
+            if args.task_max_messages is not None or args.task_max_output_tokens is not None:
+                from actionopd_jax.serve.task_limits import TaskLimitedBackend
+
+                served = TaskLimitedBackend(backend, max_messages=args.task_max_messages,
+                                            max_output_tokens=args.task_max_output_tokens)
+            server = OpenAIServer(served, host=args.host, port=args.port, api_key_env=args.api_key_env,
                                   max_body_bytes=int(args.max_body_mb * 1024 * 1024),
                                   max_large_bodies=args.max_large_bodies, shutdown_grace_s=args.shutdown_grace)
         except ValueError as e:
