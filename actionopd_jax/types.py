@@ -48,6 +48,20 @@ class Invalid:
 
 Action = Union[ToolCall, Message, Invalid]
 
+
+@dataclass(frozen=True)
+class ToolCalls:
+    """Several tool calls in one reply (native parallel function calling), run in order, each
+    result returned with its call id, as BFCL's and tau2's own runners do. Evaluation only:
+    training keeps one action per decision (paper section 2), so no training path makes one
+    and it is not an `Action`."""
+
+    calls: tuple[ToolCall, ...]
+
+
+# what an evaluated agent's reply can decide (eval/agents.py, eval/runner.py)
+Reply = Union[ToolCall, ToolCalls, Message, Invalid]
+
 # Matcher verdict for one (student candidate, teacher sample) pair.
 Verdict = Literal["match", "no_match", "unavailable"]
 

@@ -18,8 +18,8 @@ from actionopd_jax.chat import (
     parse_student,
     parse_teacher,
 )
-from actionopd_jax.chat.actions import MAX_JSON_DEPTH
-from actionopd_jax.types import Invalid, Message, ToolCall
+from actionopd_jax.chat.actions import MAX_JSON_DEPTH, calls_to_assistant_message
+from actionopd_jax.types import Invalid, Message, ToolCall, ToolCalls
 
 MARKUP = ("<think>", "</think>", "<tool_call>", "</tool_call>", "<|im_start|>", "<|im_end|>", "<|endoftext|>",
           "<tool_response>", "</tool_response>")
@@ -162,6 +162,36 @@ def test_structured_multi_call_rules():
     assert action_from_openai_message(msg, TOOLS, role="teacher") == ToolCall("get_weather", {"city": "Paris"})
     bad_first = {"role": "assistant", "tool_calls": [oa_call(arguments="{oops"), oa_call()]}
     assert "not valid JSON" in reason_of(action_from_openai_message(bad_first, TOOLS, role="teacher"))
+
+
+def test_parallel_calls_are_one_reply_in_evaluation_only():
+    # evaluation (native function calling): N structured calls, or N <tool_call> blocks in the
+    # content, are one ToolCalls in order; training's student rule still refuses them
+    msg = {"role": "assistant", "tool_calls": [oa_call(), oa_call("now", "{}", call_id="c1")]}
+    both = ToolCalls((ToolCall("get_weather", {"city": "Paris"}), ToolCall("now", {})))
+    assert action_from_openai_message(msg, TOOLS, role="student", parallel=True) == both
+    text = {"role": "assistant", "content": "<think>r</think>" + call_text() + "\n" + call_text("now", {})}
+    assert action_from_openai_message(text, TOOLS, role="student", parallel=True) == both
+    assert "more than one tool call" in reason_of(action_from_openai_message(text, TOOLS, role="student"))
+    assert "more than one tool call" in reason_of(parse_student(text["content"], TOOLS))
+    # one bad call makes the reply invalid, and says which
+    bad = {"role": "assistant", "tool_calls": [oa_call(), oa_call("nope", "{}", call_id="c1")]}
+    assert reason_of(action_from_openai_message(bad, TOOLS, role="student", parallel=True)).startswith(
+        "tool call 2 of 2: unknown tool 'nope'")
+    # one call stays a ToolCall
+    one = {"role": "assistant", "tool_calls": [oa_call()]}
+    assert action_from_openai_message(one, TOOLS, role="student", parallel=True) == ToolCall("get_weather",
+                                                                                               {"city": "Paris"})
+
+
+def test_calls_to_assistant_message_links_each_call_to_its_id():
+    calls = [ToolCall("get_weather", {"city": "Paris"}), ToolCall("now", {})]
+    msg = calls_to_assistant_message(calls, ["a", "b"])
+    assert [(c["id"], c["function"]["name"], json.loads(c["function"]["arguments"])) for c in msg["tool_calls"]] == [
+        ("a", "get_weather", {"city": "Paris"}), ("b", "now", {})]
+    for ids in (["a"], ["a", "a"], ["a", ""]):
+        with pytest.raises(ValueError, match="call id"):
+            calls_to_assistant_message(calls, ids)
 
 
 def test_structured_edge_cases():

@@ -59,10 +59,14 @@ def endpoint_agent(cfg: Config):
         # the collector's teacher client does (issue 34: they ended warm-start episodes). The
         # body is spelled for teacher.provider as the collector's is (a DeepSeek or OpenAI
         # endpoint gets no vLLM chat_template_kwargs; a setting it cannot take is refused here).
-        return EndpointAgent(t.base_url, t.model, api_key_env=t.api_key_env or None, temperature=t.temperature,
-                             max_tokens=t.max_tokens, timeout_s=t.timeout_s, retries=t.retries, retry_invalid=True,
-                             provider=t.provider or "openai", top_p=t.top_p, top_k=t.top_k or None,
-                             thinking=t.enable_thinking, reasoning_effort=t.reasoning_effort or None)
+        agent = EndpointAgent(t.base_url, t.model, api_key_env=t.api_key_env or None, temperature=t.temperature,
+                              max_tokens=t.max_tokens, timeout_s=t.timeout_s, retries=t.retries, retry_invalid=True,
+                              provider=t.provider or "openai", top_p=t.top_p, top_k=t.top_k or None,
+                              thinking=t.enable_thinking, reasoning_effort=t.reasoning_effort or None)
+        # KD's episodes are training targets: one action per decision (paper section 2), so a
+        # reply with several calls is invalid (and asked again) rather than run
+        agent.parallel_calls = False
+        return agent
     except UnsendableSetting as e:
         raise ConfigError(f"teacher.*: {e}") from None
     except ValueError as e:   # the key's variable is not set: say what to do, not where it failed

@@ -2,7 +2,8 @@
 
 Rules (paper section 2 and appendix A.2): reasoning (`<think>`) is never part of the action;
 a student reply with more than one tool call violates the single-action protocol (Invalid);
-a teacher reply keeps only its first tool call. A tool call needs a JSON object body with a
+a teacher reply keeps only its first tool call. Evaluation alone reads a reply the way the
+benchmarks' own runners do (`parallel=True`): N tool calls are one `ToolCalls`, all run. A tool call needs a JSON object body with a
 string `name` of a known tool and an object `arguments` satisfying that tool's schema.
 Model output is untrusted: it is only ever decoded as JSON (never evaluated), with bounds on
 nesting, and nothing it contains can raise out of these functions.
@@ -15,7 +16,7 @@ from typing import Any, Literal, Sequence
 
 from actionopd_jax.chat.reply import has_lone_surrogate, replace_lone_surrogates, split_reply
 from actionopd_jax.chat.schema import validate_arguments
-from actionopd_jax.types import Action, ChatMessage, Invalid, Message, ToolCall, ToolSchema
+from actionopd_jax.types import Action, ChatMessage, Invalid, Message, Reply, ToolCall, ToolCalls, ToolSchema
 
 Role = Literal["student", "teacher"]
 
@@ -135,12 +136,23 @@ def _call_from_body(body: str, tools: Sequence[ToolSchema] | None) -> Action:
     return check_tool_call(value["name"], value["arguments"], tools)
 
 
-def _parse(text: Any, tools: Sequence[ToolSchema] | None, role: Role) -> Action:
+def _all_calls(actions: list[Action]) -> Reply:
+    """One reply's several calls: all valid -> ToolCalls; else the first problem, numbered
+    (a reply is one answer: it is not run in part, as one bad call alone is not run)."""
+    for k, action in enumerate(actions):
+        if isinstance(action, Invalid):
+            return Invalid(f"tool call {k + 1} of {len(actions)}: {action.reason}")
+    return ToolCalls(calls=tuple(actions))  # type: ignore[arg-type]
+
+
+def _parse(text: Any, tools: Sequence[ToolSchema] | None, role: Role, parallel: bool = False) -> Reply:
     if not isinstance(text, str):
         return Invalid(f"reply must be text, got {type(text).__name__}")
-    parts = split_reply(text, max_calls=2 if role == "student" else 1)
+    parts = split_reply(text, max_calls=None if parallel else 2 if role == "student" else 1)
     if parts.error:
         return Invalid(parts.error)
+    if len(parts.call_bodies) > 1 and parallel:
+        return _all_calls([_call_from_body(body, tools) for body in parts.call_bodies])
     if len(parts.call_bodies) > 1:
         return Invalid("more than one tool call in one reply (the student must take a single action)")
     if parts.call_bodies:
@@ -178,10 +190,13 @@ def _message_text(content: Any) -> str | None:
     return None
 
 
-def action_from_openai_message(msg: Any, tools: Sequence[ToolSchema] | None, *, role: Role) -> Action:
+def action_from_openai_message(msg: Any, tools: Sequence[ToolSchema] | None, *, role: Role,
+                               parallel: bool = False) -> Reply:
     """Action of an OpenAI chat-completion message (dict, or an SDK object with model_dump).
     Structured `tool_calls` win; otherwise the content is parsed as text (servers without a
-    tool parser return `<tool_call>` blocks inside the content)."""
+    tool parser return `<tool_call>` blocks inside the content). `parallel` (evaluation
+    only, native function calling): a reply with N > 1 calls is one `ToolCalls`; without it
+    the student's single-action rule makes it Invalid."""
     if role not in ("student", "teacher"):
         raise ValueError(f"role must be 'student' or 'teacher', got {role!r}")
     if hasattr(msg, "model_dump") and not isinstance(msg, dict):
@@ -192,13 +207,15 @@ def action_from_openai_message(msg: Any, tools: Sequence[ToolSchema] | None, *, 
     if calls:
         if not isinstance(calls, list):
             return Invalid("tool_calls must be a list")
+        if len(calls) > 1 and parallel:
+            return _all_calls([_structured_call(call, tools) for call in calls])
         if role == "student" and len(calls) > 1:
             return Invalid("more than one tool call in one reply (the student must take a single action)")
         return _structured_call(calls[0], tools)
     text = _message_text(msg.get("content"))
     if text is None:
         return Invalid(f"message content must be text, got {type(msg.get('content')).__name__}")
-    return _parse(text, tools, role)
+    return _parse(text, tools, role, parallel)
 
 
 def _structured_call(call: Any, tools: Sequence[ToolSchema] | None) -> Action:
@@ -235,22 +252,30 @@ def _arguments_text(arguments: dict[str, Any]) -> str:
     return json.dumps(arguments, ensure_ascii=False, default=lambda o: f"<{type(o).__name__}>")
 
 
+def calls_to_assistant_message(calls: Sequence[ToolCall], call_ids: Sequence[str]) -> ChatMessage:
+    """The one assistant message of a reply that made `calls` (one or several, in order), the
+    i-th linked to its tool result by `call_ids[i]`."""
+    if len(calls) != len(call_ids) or not calls:
+        raise ValueError(f"need one call id per tool call, got {len(call_ids)} ids for {len(calls)} calls")
+    if len(set(call_ids)) != len(call_ids) or not all(isinstance(i, str) and i for i in call_ids):
+        raise ValueError("call ids must be distinct non-empty strings (each links one tool result to its call)")
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"id": call_id, "type": "function",
+             "function": {"name": call.name, "arguments": _arguments_text(call.arguments)}}
+            for call, call_id in zip(calls, call_ids)
+        ],
+    }
+
+
 def action_to_assistant_message(action: ToolCall | Message, *, call_id: str) -> ChatMessage:
     """The assistant message that records a committed action in the conversation history."""
     if isinstance(action, ToolCall):
         if not isinstance(call_id, str) or not call_id:
             raise ValueError("call_id must be a non-empty string (it links the tool result to the call)")
-        return {
-            "role": "assistant",
-            "content": "",
-            "tool_calls": [
-                {
-                    "id": call_id,
-                    "type": "function",
-                    "function": {"name": action.name, "arguments": _arguments_text(action.arguments)},
-                }
-            ],
-        }
+        return calls_to_assistant_message([action], [call_id])
     if isinstance(action, Message):
         return {"role": "assistant", "content": action.text}
     if isinstance(action, Invalid):

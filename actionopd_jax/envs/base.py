@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Protocol, runtime_checkable
 
 from actionopd_jax.chat.actions import action_to_assistant_message
-from actionopd_jax.types import Action, ChatMessage, Invalid, Message, Observation, Task, ToolCall
+from actionopd_jax.types import Action, ChatMessage, Invalid, Message, Observation, Task, ToolCall, ToolCalls
 
 
 class EnvError(RuntimeError):
@@ -59,16 +59,22 @@ def tool_message(call_id: str, name: str, content: str) -> ChatMessage:
     return {"role": "tool", "tool_call_id": call_id, "name": name, "content": content}
 
 
-def check_action(action: Any) -> Action:
+def check_action(action: Any, *, parallel: bool = False) -> Action:
+    if parallel and isinstance(action, ToolCalls):
+        if not action.calls or not all(isinstance(c, ToolCall) for c in action.calls):
+            raise TypeError("ToolCalls holds one or more ToolCall")
+        return action  # type: ignore[return-value]
     if not isinstance(action, (ToolCall, Message, Invalid)):
-        raise TypeError(f"step() takes a ToolCall, Message or Invalid, got {type(action).__name__}")
+        kinds = "a ToolCall, ToolCalls, Message or Invalid" if parallel else "a ToolCall, Message or Invalid"
+        raise TypeError(f"step() takes {kinds}, got {type(action).__name__}")
     return action
 
 
-def check_step(action: Any, *, started: bool, done: bool) -> Action:
+def check_step(action: Any, *, started: bool, done: bool, parallel: bool = False) -> Action:
     """The preconditions of `Environment.step`, one wording for every environment: a valid
-    action type, an episode begun by reset(task), and not yet over."""
-    check_action(action)
+    action type, an episode begun by reset(task), and not yet over. `parallel`: the
+    environment also runs a `ToolCalls` reply (`parallel_calls = True` on it: BFCL, tau2)."""
+    check_action(action, parallel=parallel)
     if not started:
         raise EnvError("call reset(task) before step()")
     if done:

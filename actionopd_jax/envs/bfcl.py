@@ -6,6 +6,9 @@ Protocol, following the package's own multi-turn inference loop:
   an undecodable reply does in BFCL); then the next turn begins;
 - in miss_func, held-out functions join the tool list at their turn, whose user message is
   the package's "more functions" prompt;
+- a reply with several tool calls (`ToolCalls`, native parallel function calling) is one
+  step: its calls run in order, each result goes back with its call id, and the step's call
+  strings are scored together, as the package's FC inference loop does;
 - per turn at most `max_steps_per_turn` tool-call steps: the step that exceeds it ends the
   whole episode (BFCL's force-quit), and the run then fails unless it was the last turn.
 A task whose payload sets `max_turns` is played and scored on its first user turns only.
@@ -21,11 +24,12 @@ import dataclasses
 from typing import Any
 
 from actionopd_jax.envs import bfcl_data
+from actionopd_jax.chat.actions import calls_to_assistant_message
 from actionopd_jax.envs.base import EnvError, assistant_message, check_step, tool_message
 from actionopd_jax.envs.bfcl_exec import BFCLInstances, call_string
 from actionopd_jax.envs.bfcl_score import score_bfcl
 from actionopd_jax.envs.tool_args import check_tool_call
-from actionopd_jax.types import Action, Observation, Task, ToolCall
+from actionopd_jax.types import Action, Observation, Reply, Task, ToolCall, ToolCalls
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,6 +59,7 @@ def turn_limit(task: Task) -> int:
 
 class BFCLEnv:
     name = "bfcl"
+    parallel_calls = True  # step() runs a ToolCalls reply (eval/runner.py)
 
     def __init__(self, config: BFCLConfig | None = None, **overrides: Any):
         self.config = dataclasses.replace(config or BFCLConfig(), **overrides)
@@ -93,10 +98,10 @@ class BFCLEnv:
         self._start_turn(0)
         return self._observation()
 
-    async def step(self, action: Action) -> tuple[Observation, bool]:
-        check_step(action, started=self._task is not None, done=self._done)
-        if isinstance(action, ToolCall):
-            self._tool_step(action)
+    async def step(self, action: Action | Reply) -> tuple[Observation, bool]:
+        check_step(action, started=self._task is not None, done=self._done, parallel=True)
+        if isinstance(action, (ToolCall, ToolCalls)):
+            self._tool_step(action.calls if isinstance(action, ToolCalls) else (action,))
         else:
             self._messages.append(assistant_message(action, call_id=""))
             self._finish_turn()
@@ -150,24 +155,32 @@ class BFCLEnv:
         self._decoded_bfcl_eval.append(self._turn_steps_bfcl_eval)
         self._turn_steps_bfcl_eval = []
 
-    def _tool_step(self, call: ToolCall) -> None:
-        call_id = f"call_{self._calls}"
-        self._calls += 1
-        self._messages.append(assistant_message(call, call_id))
-        problem = check_tool_call(call, self._tools, check_types=False)
-        if problem is None and not self._instances.has_method(call.name):
-            problem = f"Tool '{call.name}' cannot be executed in this environment."
-        if problem is None and self.config.strict_types:
-            problem = check_tool_call(call, self._tools)
-        if problem is None:
-            result = self._instances.execute(call.name, call.arguments)
-            self._turn_steps.append([call_string(call.name, call.arguments)])
-            self._turn_steps_bfcl_eval.append([call_string(call.name, call.arguments)])
-        else:
-            result = f"Error during execution: {problem}"
-            if call.name in self._offered_later() and self._instances.has_method(call.name):
-                self._turn_steps_bfcl_eval.append([call_string(call.name, call.arguments)])
-        self._messages.append(tool_message(call_id, call.name, result))
+    def _tool_step(self, calls: tuple[ToolCall, ...]) -> None:
+        """One reply's tool calls (one, or several run in order): one step of the turn."""
+        ids = [f"call_{self._calls + k}" for k in range(len(calls))]
+        self._calls += len(calls)
+        self._messages.append(calls_to_assistant_message(calls, ids))
+        step, step_bfcl_eval = [], []
+        for call, call_id in zip(calls, ids):
+            problem = check_tool_call(call, self._tools, check_types=False)
+            if problem is None and not self._instances.has_method(call.name):
+                problem = f"Tool '{call.name}' cannot be executed in this environment."
+            if problem is None and self.config.strict_types:
+                problem = check_tool_call(call, self._tools)
+            if problem is None:
+                result = self._instances.execute(call.name, call.arguments)
+                step.append(call_string(call.name, call.arguments))
+                step_bfcl_eval.append(call_string(call.name, call.arguments))
+            else:
+                result = f"Error during execution: {problem}"
+                if call.name in self._offered_later() and self._instances.has_method(call.name):
+                    step_bfcl_eval.append(call_string(call.name, call.arguments))
+            self._messages.append(tool_message(call_id, call.name, result))
+        # a step whose calls were all refused records nothing (as a refused single call did)
+        if step:
+            self._turn_steps.append(step)
+        if step_bfcl_eval:
+            self._turn_steps_bfcl_eval.append(step_bfcl_eval)
         self._steps_in_turn += 1
         if self._steps_in_turn > self.config.max_steps_per_turn:
             # BFCL force-quit: this turn is recorded, later turns never happen.

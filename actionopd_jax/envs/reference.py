@@ -144,7 +144,12 @@ class Tau2Reference:
                 if m.get("content") == user_action_request(action.name, action.arguments):
                     done += 1
                 continue
+            # one message may carry several calls (native parallel calls): each that is the
+            # next reference action, in order, counts
             for call in m.get("tool_calls") or []:
+                if done >= len(self.actions) or self.actions[done].requestor == "user":
+                    break
+                action = self.actions[done]
                 fn = call["function"]
                 try:
                     args = json.loads(fn["arguments"])
@@ -152,7 +157,6 @@ class Tau2Reference:
                     continue
                 if fn["name"] == action.name and args == action.arguments:
                     done += 1
-                    break
         return done
 
     def next_action(self, observation: Observation) -> ToolCall | Message:

@@ -2,7 +2,10 @@
 
 The episode follows the package's orchestrator: the agent greets, the simulated user answers
 (on telecom it may first act on its own device with user tools, unseen by the agent), then the
-agent either calls one tool or messages the user. The episode ends when the user sends a
+agent either calls tools or messages the user. A reply with several tool calls (`ToolCalls`,
+native parallel function calling) is one agent message whose calls run in order, each result
+returned with its call id, and counts as the package's orchestrator counts it (one message to
+the environment, one back; an error per failed call). The episode ends when the user sends a
 stop / transfer / out-of-scope signal, at the package's step and error budgets (200 messages,
 10 tool errors), at an optional agent-decision budget (training uses 20), or on a protocol
 failure (an unparsable agent reply, an unavailable simulator).
@@ -24,13 +27,14 @@ import copy
 import dataclasses
 from typing import Any
 
+from actionopd_jax.chat.actions import calls_to_assistant_message
 from actionopd_jax.envs.base import EnvError, assistant_message, check_step, tool_message
 from actionopd_jax.envs.protocol import TRANSFER_TOOL
 from actionopd_jax.envs.tau2_score import score_tau2
 from actionopd_jax.envs.tau2_tasks import DOMAINS, environment_constructor, env_name, tau2_task
 from actionopd_jax.envs.tool_args import check_tool_call
 from actionopd_jax.envs.user_sim import UserSimulator, UserSimUnavailable, build_user_system_prompt, has_signal
-from actionopd_jax.types import Action, Invalid, Observation, Task, ToolCall
+from actionopd_jax.types import Action, Invalid, Observation, Reply, Task, ToolCall, ToolCalls
 
 GREETING = "Hi! How can I help you today?"
 
@@ -55,6 +59,8 @@ class Tau2Config:
 
 
 class Tau2Env:
+    parallel_calls = True  # step() runs a ToolCalls reply (eval/runner.py)
+
     def __init__(self, domain: str, user_sim: UserSimulator | None = None, config: Tau2Config | None = None, **overrides: Any):
         if domain not in DOMAINS:
             raise ValueError(f"unknown tau2 domain '{domain}'; choose from {', '.join(DOMAINS)}")
@@ -92,11 +98,11 @@ class Tau2Env:
         await self._user_turn()
         return self._observation()
 
-    async def step(self, action: Action) -> tuple[Observation, bool]:
-        check_step(action, started=self._task is not None, done=self._done)
+    async def step(self, action: Action | Reply) -> tuple[Observation, bool]:
+        check_step(action, started=self._task is not None, done=self._done, parallel=True)
         self._decisions += 1
-        if isinstance(action, ToolCall):
-            self._agent_tool_call(action)
+        if isinstance(action, (ToolCall, ToolCalls)):
+            self._agent_tool_calls(action.calls if isinstance(action, ToolCalls) else (action,))
         elif isinstance(action, Invalid) or not action.text.strip():
             self._messages.append(assistant_message(action, call_id=""))
             self._terminate("agent_error", "invalid agent reply")
@@ -133,29 +139,35 @@ class Tau2Env:
 
     # --- agent side --------------------------------------------------------------------------
 
-    def _agent_tool_call(self, call: ToolCall) -> None:
+    def _agent_tool_calls(self, calls: tuple[ToolCall, ...]) -> None:
         from tau2.data_model.message import AssistantMessage
         from tau2.data_model.message import ToolCall as Tau2ToolCall
 
-        call_id = f"call_{self._calls}"
-        self._calls += 1
-        self._messages.append(assistant_message(call, call_id))
+        ids = [f"call_{self._calls + k}" for k in range(len(calls))]
+        self._calls += len(calls)
+        self._messages.append(calls_to_assistant_message(calls, ids))
         self._tick(to_env=True)
-        problem = check_tool_call(call, self._tools)
-        if problem is not None:
-            # Rejected before execution: it never touches the DB, so the hidden trajectory
-            # (which the evaluator replays) does not contain it.
-            content, error = f"Error: {problem}", True
-        else:
-            record = Tau2ToolCall(id=call_id, name=call.name, arguments=copy.deepcopy(call.arguments), requestor="assistant")
-            self._trajectory.append(AssistantMessage(role="assistant", content=None, tool_calls=[record]))
-            response = self._env.get_response(record.model_copy(deep=True))
-            self._trajectory.append(response)
-            content, error = response.content or "", response.error
-        self._messages.append(tool_message(call_id, call.name, content))
-        self._errors += int(error)
+        # Calls rejected before execution never touch the DB, so the hidden trajectory (which
+        # the evaluator replays) holds only the ones that ran, in one assistant message.
+        problems = [check_tool_call(call, self._tools) for call in calls]
+        records = [Tau2ToolCall(id=call_id, name=call.name, arguments=copy.deepcopy(call.arguments), requestor="assistant")
+                   for call, call_id, problem in zip(calls, ids, problems) if problem is None]
+        if records:
+            self._trajectory.append(AssistantMessage(role="assistant", content=None, tool_calls=records))
+        runs = iter(records)
+        transferred = False
+        for call, call_id, problem in zip(calls, ids, problems):
+            if problem is not None:
+                content, error = f"Error: {problem}", True
+            else:
+                response = self._env.get_response(next(runs).model_copy(deep=True))
+                self._trajectory.append(response)
+                content, error = response.content or "", response.error
+                transferred |= not error and call.name == TRANSFER_TOOL
+            self._messages.append(tool_message(call_id, call.name, content))
+            self._errors += int(error)
         self._tick(to_env=False)
-        if not self._done and not error and call.name == TRANSFER_TOOL and self.config.end_on_transfer:
+        if not self._done and transferred and self.config.end_on_transfer:
             self._terminate("agent_stop", "transfer")
 
     async def _agent_message(self, text: str) -> None:

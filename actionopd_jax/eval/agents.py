@@ -5,7 +5,11 @@
 - `BackendAgent`: one of our backends in process (a checkpoint on device), no HTTP.
 - `ReferenceAgent`: the privileged reference policy built from the dataset's ground truth;
   a check of the harness itself, never a baseline.
-Replies are read with the student's rules (one action per reply), whoever produced them.
+Replies are read with the student's rules, whoever produced them, except that with
+`parallel_calls` (the default: native function calling, as the paper evaluates and as BFCL's
+and tau2's own runners do) a reply with N tool calls is one `ToolCalls` reply that runs all N.
+KD's teacher agent turns it off: its episodes become training targets, and training keeps one
+action per decision.
 """
 
 from __future__ import annotations
@@ -40,6 +44,9 @@ class EndpointAgent:
     collector's teacher client does (teacher.retries); a student under evaluation does not (its
     invalid reply is its answer). A reply still without a choice is AgentUnavailable (the
     episode is not recorded, a resumed run plays it again)."""
+
+    # native parallel function calling (module docstring); False: N calls are one Invalid reply
+    parallel_calls = True
 
     def __init__(self, base_url: str, model: str, *, api_key_env: str | None = None, temperature: float | None = 0.0,
                  max_tokens: int = 1024, extra_body: dict[str, Any] | None = None, timeout_s: float = 300.0,
@@ -96,7 +103,8 @@ class EndpointAgent:
             return None
         message = r.choices[0].message
         reasoning = getattr(message, "reasoning_content", None) or (message.model_extra or {}).get("reasoning_content")
-        action = action_from_openai_message(message, obs.tools, role="student")
+        action = action_from_openai_message(message, obs.tools, role="student",
+                                            parallel=self.parallel_calls)
         return action, reasoning if isinstance(reasoning, str) else ""
 
 
@@ -119,6 +127,8 @@ async def backend_choice(backend: Any, model: str, obs: Observation, *, temperat
 class BackendAgent:
     """A backend (e.g. the model backend over a checkpoint) called in process."""
 
+    parallel_calls = True  # as EndpointAgent's
+
     def __init__(self, backend: Any, *, temperature: float = 0.0, max_tokens: int = 1024, top_p: float | None = None,
                  top_k: int | None = None):
         self._backend = backend
@@ -133,7 +143,9 @@ class BackendAgent:
         c = await backend_choice(self._backend, self.name, obs, temperature=self._temperature,
                                  max_tokens=self._max_tokens, seed=trial, top_p=self._top_p, top_k=self._top_k)
         message = {"role": "assistant", "content": c.content, "tool_calls": c.tool_calls}
-        return action_from_openai_message(message, obs.tools, role="student"), c.reasoning_content or ""
+        return (action_from_openai_message(message, obs.tools, role="student",
+                                           parallel=self.parallel_calls),
+                c.reasoning_content or "")
 
 
 class ReferenceAgent:

@@ -38,6 +38,10 @@ def summarize(records: list[dict[str, Any]], *, ks: Sequence[int] = (1, 2, 3, 4)
     for (env, group), recs in sorted(group_by(records, "env", "group").items()):
         row: dict[str, Any] = {"env": env, "group": group, "episodes": len(recs),
                                "reward": sum(r["score"]["reward"] for r in recs) / len(recs)}
+        if all("tool_calls" in r for r in recs):  # episodes recorded before calls were counted lack it
+            # replies (decisions) and tool calls apart: a reply with N parallel calls is 1 and N
+            row.update(replies=sum(r["actions"] for r in recs), tool_calls=sum(r["tool_calls"] for r in recs),
+                       parallel_replies=sum(r.get("parallel_replies", 0) for r in recs))
         if env == "bfcl":
             row["accuracy"] = sum(r["score"].get("official", r["score"]["reward"]) for r in recs) / len(recs)
             row["strict_accuracy"] = sum(r["score"].get("strict", 0.0) for r in recs) / len(recs)

@@ -10,6 +10,8 @@ NOTE = ("(percentages; BFCL accuracy is the official checker's verdict on the ca
         "strict adds its irrelevance check; bfcl_eval_accuracy is the checker's verdict on the calls "
         "bfcl_eval's executor would have run, which also runs calls to tools offered only in a later turn; "
         "success is the environment's verifier verdict (AWM) or every check function passed (EnvScaler))")
+# counts, not percentages: agent replies, the tool calls they made, replies with parallel calls
+COUNT_ORDER = ("replies", "tool_calls", "parallel_replies")
 METRIC_ORDER = ("accuracy", "strict_accuracy", "bfcl_eval_accuracy", "success", "pass^1", "pass^2", "pass^3", "pass^4", "reward")
 
 
@@ -17,11 +19,12 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "No episode has finished yet.\n"
     metrics = [m for m in METRIC_ORDER if any(m in r for r in rows)]
-    head = "| benchmark | group | episodes | " + " | ".join(metrics) + " |"
-    sep = "|---|---|---|" + "---|" * len(metrics)
+    counts = [c for c in COUNT_ORDER if any(c in r for r in rows)]
+    head = "| benchmark | group | episodes | " + " | ".join(metrics + [c.replace("_", " ") for c in counts]) + " |"
+    sep = "|---|---|---|" + "---|" * (len(metrics) + len(counts))
     lines = [head, sep]
     for r in rows:
-        cells = [f"{100 * r[m]:.1f}" if m in r else "" for m in metrics]
+        cells = [f"{100 * r[m]:.1f}" if m in r else "" for m in metrics] + [str(r.get(c, "")) for c in counts]
         lines.append(f"| {r['env']} | {r['group']} | {r['episodes']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n\n" + NOTE + "\n"
 

@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 
 from actionopd_jax.envs.base import Environment
 from actionopd_jax.eval.agents import Agent, AgentUnavailable, ContextTooLong
-from actionopd_jax.types import Action, Task
+from actionopd_jax.types import Reply, Task, ToolCall, ToolCalls
 
 EnvFactory = Callable[[Task], Environment]
 
@@ -58,7 +58,7 @@ def load_finished(path: Path) -> list[dict[str, Any]]:
     return records
 
 
-async def _act(agent: Agent, obs, task: Task, trial: int, detailed: bool) -> tuple[Action, str]:
+async def _act(agent: Agent, obs, task: Task, trial: int, detailed: bool) -> tuple[Reply, str]:
     """(action, reasoning). Reasoning only when asked for and the agent can report it
     (`act_detailed`); evaluation itself never needs it."""
     if detailed and hasattr(agent, "act_detailed"):
@@ -66,15 +66,34 @@ async def _act(agent: Agent, obs, task: Task, trial: int, detailed: bool) -> tup
     return await agent.act(obs, task=task, trial=trial), ""
 
 
+async def _step(env: Environment, action: Reply):
+    """Apply one reply. Native parallel calls (`ToolCalls`) go to an environment that runs
+    them as one message (`parallel_calls`: BFCL, tau2, as their own runners do); any other
+    environment gets them one by one, in order, each as its own step, until the episode ends."""
+    if not isinstance(action, ToolCalls) or getattr(env, "parallel_calls", False):
+        return await env.step(action)
+    for call in action.calls:
+        obs, done = await env.step(call)
+        if done:
+            break
+    return obs, done
+
+
+def _calls_in(action: Reply) -> int:
+    return len(action.calls) if isinstance(action, ToolCalls) else int(isinstance(action, ToolCall))
+
+
 async def run_episode(agent: Agent, env: Environment, task: Task, trial: int, *, max_actions: int,
                       record_conversation: bool = False) -> dict[str, Any]:
-    """One episode. With `record_conversation` the record also holds the final public
+    """One episode. `actions` counts the agent's replies (one decision each, bounded by
+    `max_actions`) and `tool_calls` the tool calls they made: a reply with N parallel calls is
+    one action and N calls. With `record_conversation` the record also holds the final public
     conversation (`messages`, the agent's reasoning as `reasoning_content` on its turns when
     the agent reports it), the final `tools`, and per agent turn (`turns`): the index of its
     assistant message, the tool list it saw (an index into `tool_sets`) and the action kind
     (KD builds its examples from these; paper B.4)."""
     t0 = time.perf_counter()
-    actions, end_reason = 0, ""
+    actions, calls, parallel_replies, end_reason = 0, 0, 0, ""
     try:
         obs = await env.reset(task)
     except Exception as err:
@@ -95,8 +114,10 @@ async def run_episode(agent: Agent, env: Environment, task: Task, trial: int, *,
             end_reason = "context_budget"
             break
         before, tools = len(obs.messages), obs.tools
+        calls += _calls_in(action)
+        parallel_replies += int(isinstance(action, ToolCalls))
         try:
-            obs, done = await env.step(action)
+            obs, done = await _step(env, action)
         except Exception as err:
             end_reason = _env_fault(err)  # the environment ended the episode on a fault, with its reason
             actions += 1
@@ -110,7 +131,8 @@ async def run_episode(agent: Agent, env: Environment, task: Task, trial: int, *,
                           "reasoning": reasoning})
     score = await asyncio.to_thread(env.score)
     record = {"task_id": task.task_id, "env": task.env, "split": task.split, "group": episode_group(task),
-              "trial": trial, "agent": agent.name, "actions": actions,
+              "trial": trial, "agent": agent.name, "actions": actions, "tool_calls": calls,
+              "parallel_replies": parallel_replies,
               "end_reason": end_reason or score.get("end_reason", ""), "seconds": round(time.perf_counter() - t0, 3),
               "score": score}
     if record_conversation:
