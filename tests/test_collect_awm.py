@@ -62,8 +62,10 @@ def test_training_draws_admitted_tasks_never_the_heldout_split_and_check_says_so
     stream = task_stream_from(cfg.env, per_step=64, seed=0)
     drawn = {t.task_id for _ in range(3) for t in stream.next_step()}
     assert drawn <= {t.task_id for t in tasks} and len(drawn) == 12  # 192 draws with replacement hit all 12
-    assert training_tasks_summary(cfg.env, needed_by="t") == \
-        "pools      awm 12 admitted (1/step), 3 held out for eval; drawn with replacement"
+    pools, warning = training_tasks_summary(cfg.env, needed_by="t").splitlines()
+    assert pools == "pools      awm 12 admitted (1/step), 3 held out for eval; drawn with replacement"
+    # an unscreened pool is never trained on without a word (issue 43 item 5)
+    assert warning.startswith("warning: training on tasks the paper's B.1 feasibility screen has not kept")
 
 
 def test_check_validates_the_awm_settings_and_prints_the_pool_sizes(manifest, tmp_path):
@@ -78,7 +80,8 @@ def test_check_validates_the_awm_settings_and_prints_the_pool_sizes(manifest, tm
             "teacher.base_url=http://127.0.0.1:9/v1", "matcher.kind=rules", "env.name=awm", f"env.awm_dir={AWM}"]
     cfg = load_config(None, base + [f"env.manifest={manifest}"])
     check_collection(cfg)
-    assert check_training_tasks(cfg) == "pools      awm 12 admitted (1/step), 3 held out for eval; drawn with replacement"
+    assert check_training_tasks(cfg).splitlines()[0] == \
+        "pools      awm 12 admitted (1/step), 3 held out for eval; drawn with replacement"
     other = tmp_path / "other.json"
     other.write_text(json.dumps({"pools": {"awm": {"admitted": ["library_loans_1/0", "e_commerce_33/4"]}}}))
     for bad, words in ((f"env.manifest={other}", "not in env.awm_dir"),

@@ -313,3 +313,67 @@ def test_apply_screening_is_idempotent_and_admits_only_current_feasible_verdicts
     apply_screening(entry)
     assert entry["admitted"] == ["a", "b"] and entry["heldout"] == ["a", "b"] and len(entry["funnel"]) == 2
     assert set(entry["dropped"]) == {"z", "c", "d", "e"}
+
+
+PAPER_RECIPE = Path(__file__).parents[1] / "configs" / "paper" / "qwen3_4b_tpu.yaml"
+
+
+def _paper_env(root: Path, manifest: Path, *extra: str):
+    from actionopd_jax.config.load import load_config
+
+    return load_config(PAPER_RECIPE, [f"env.awm_dir={root}", f"env.manifest={manifest}", "env.mixture=[awm:3]",
+                                      *extra]).env
+
+
+def test_a_paper_recipe_refuses_a_pool_without_current_screening_records(tmp_path, caplog):
+    """Issue 43 item 5: the paper's B.1 screen cannot be skipped by accident. A paper recipe
+    (env.require_screening: true) refuses a pool whose manifest holds audit records only, and
+    one whose records are stale (the task's source changed since the screen), naming `actionopd
+    envs screen`; env.require_screening=false trains with a warning every run; records judged
+    feasible on the current source let it train without one."""
+    from actionopd_jax.config import ConfigError
+    from actionopd_jax.envs.task_sets import task_stream_from, training_tasks_summary
+
+    root = tmp_path / "awm"
+    shutil.copytree(DATA / "awm_mini", root)
+    ids = ["library_loans_1/0", "recipe_box_2/0", "bike_rental_4/0"]
+    manifest = tmp_path / "m.json"
+    entry = {"pool": "awm", "dir": str(root), "admitted": ids, "heldout": []}
+    manifest.write_text(json.dumps({"pools": {"awm": entry}}))
+
+    env = _paper_env(root, manifest)
+    assert env.require_screening is True
+    for attempt in (lambda: training_tasks_summary(env, needed_by="x"),
+                    lambda: task_stream_from(env, per_step=3, seed=0)):
+        with pytest.raises(ConfigError, match=r"env.require_screening: pool 'awm': 3 of its 3 training tasks have no "
+                                              r"current B.1 feasibility-screen record .*3 not screened.*"
+                                              r"actionopd envs screen --env awm"):
+            attempt()
+
+    # the explicit way out: trains, and says so every run (the stream is built once per run)
+    off = _paper_env(root, manifest, "env.require_screening=false")
+    assert "warning: training on tasks the paper's B.1 feasibility screen has not kept (env.require_screening " \
+           "is false)" in training_tasks_summary(off, needed_by="x")
+    for _ in range(2):
+        caplog.clear()
+        task_stream_from(off, per_step=3, seed=0)
+        assert any("B.1 feasibility screen has not kept" in r.getMessage() for r in caplog.records)
+
+    # screened: every training task judged feasible on the source the pool holds today
+    data = load_awm(root)
+    sources = awm_sources(data, [t for t in data.tasks() if t.task_id in ids])
+    entry["screening"] = {"records": {t: {"verdict": "feasible", "reason": "ok", "source_hash": s.source_hash}
+                                      for t, s in sources.items()}}
+    manifest.write_text(json.dumps({"pools": {"awm": entry}}))
+    summary = training_tasks_summary(env, needed_by="x")
+    assert "warning" not in summary and "awm 3 admitted" in summary
+    caplog.clear()
+    task_stream_from(env, per_step=3, seed=0)
+    assert not [r for r in caplog.records if "B.1" in r.getMessage()]
+
+    # the pool changed under the manifest: that task's record is stale, the recipe refuses again
+    _edit_jsonl(root / "gen_tasks.jsonl", lambda r: {**r, "tasks": [r["tasks"][0] + " Today."] + r["tasks"][1:]}
+                if r["scenario"] == "recipe_box_2" else r)
+    with pytest.raises(ConfigError, match=r"1 of its 3 training tasks .*1 not screened since its source changed.*"
+                                          r"recipe_box_2/0"):
+        training_tasks_summary(env, needed_by="x")

@@ -51,11 +51,21 @@ def mini_manifest(tmp_path_factory):
     from actionopd_jax.envs.awm.layout import load_awm
     from actionopd_jax.envs.envscaler.layout import load_envscaler
 
-    awm = sorted(t.task_id for t in load_awm(DATA / "awm_mini").tasks())
-    es = sorted(t.task_id for t in load_envscaler(DATA / "envscaler_mini").tasks())
+    from actionopd_jax.envs.task_sources import awm_sources, envscaler_sources
+
+    awm_data, es_data = load_awm(DATA / "awm_mini"), load_envscaler(DATA / "envscaler_mini")
+    awm = sorted(t.task_id for t in awm_data.tasks())
+    es = sorted(t.task_id for t in es_data.tasks())
+
+    def screened(sources):  # the paper recipes train only on B.1-screened pools (issue 43 item 5)
+        return {"records": {t: {"verdict": "feasible", "reason": "ok", "source_hash": s.source_hash}
+                            for t, s in sources.items()}}
+
     path = tmp_path_factory.mktemp("pools") / "admitted.json"
-    path.write_text(json.dumps({"pools": {"awm": {"admitted": awm, "heldout": awm[:3]},
-                                          "envscaler": {"admitted": es, "heldout": es[:1]}}}))
+    path.write_text(json.dumps({"pools": {
+        "awm": {"admitted": awm, "heldout": awm[:3], "screening": screened(awm_sources(awm_data, awm_data.tasks()))},
+        "envscaler": {"admitted": es, "heldout": es[:1],
+                      "screening": screened(envscaler_sources(es_data, es_data.tasks()))}}}))
     return path, set(awm[:3]) | set(es[:1])
 
 

@@ -52,6 +52,10 @@ class EnvConfig:
     envscaler_dir: str = ""
     manifest: str = ""
     mixture: tuple[str, ...] = ()
+    # paper B.1: the pools' training tasks must carry current feasibility-screen records in
+    # env.manifest (`actionopd envs screen`). true: refuse to train otherwise (the paper recipes);
+    # false: the explicit way out, a warning every run; null (unset): the same warning
+    require_screening: bool | None = None
     # which EnvScaler scenarios are played with the user simulator (env.user_*): "all", "none", or
     # task ids (exactly those); empty: each record's own "conversational" mark, else conversational,
     # as the paper plays the pool (the published records carry no mode: envs/envscaler/mode.py)

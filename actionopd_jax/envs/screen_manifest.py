@@ -88,3 +88,45 @@ def funnel_table(entry: dict[str, Any], title: str) -> str:
         f.stage(row["stage"], int(row["kept"]), {}, row.get("note", ""))
         f.reasons[row["stage"]] = collections.Counter(row.get("reasons") or {})
     return f.table(title)
+
+
+def unscreened(entry: dict[str, Any] | None, current_hashes: dict[str, str]) -> dict[str, str]:
+    """Training task id -> why it lacks a current B.1 screening record in its pool's manifest
+    entry (`current_hashes`: every task the run may draw -> its source hash now, from the pool
+    directory as it is today); {} when every one was judged feasible on its present source."""
+    screening = (entry or {}).get("screening")
+    if not isinstance(screening, dict):
+        return {tid: "not screened" for tid in current_hashes}
+    records = screening.get("records") or {}
+    out = {}
+    for tid, now in current_hashes.items():
+        why = drop_reason(records.get(tid), now)
+        if why:
+            out[tid] = why.split(" (run ")[0]
+    return out
+
+
+def pool_source_hashes(pool: str, directory: str, tasks: list, entry: dict[str, Any] | None) -> dict[str, str]:
+    """Task id -> its source hash (envs/task_sources.py) read from the pool directory now: what
+    the screen's record must carry for the task to count as screened."""
+    from actionopd_jax.envs import task_sources
+
+    if pool == "awm":
+        from actionopd_jax.envs.awm.layout import load_awm
+
+        modes = dict((entry or {}).get("verifier_modes") or {})
+        sources = task_sources.awm_sources(load_awm(directory), tasks, modes)
+    else:
+        from actionopd_jax.envs.envscaler.layout import load_envscaler
+
+        sources = task_sources.envscaler_sources(load_envscaler(directory), tasks)
+    return {tid: s.source_hash for tid, s in sources.items()}
+
+
+def screening_message(pool: str, gaps: dict[str, str], n_tasks: int, manifest: str) -> str:
+    """What is missing, and the command that supplies it."""
+    kinds = collections.Counter(gaps.values())
+    what = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
+    return (f"pool {pool!r}: {len(gaps)} of its {n_tasks} training tasks have no current B.1 feasibility-screen "
+            f"record in env.manifest={manifest} ({what}; e.g. {sorted(gaps)[:3]}); run `actionopd envs screen "
+            f"--env {pool} --manifest {manifest} --judge-url U --judge-model J`")

@@ -4,12 +4,52 @@ the collector, the baselines and `train --check`."""
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from actionopd_jax.config import ConfigError, EnvConfig
 from actionopd_jax.envs.splits import check_eval_overlap, overlap_summary, select_task_ids
 from actionopd_jax.envs.mixture import POOLS, missing_pool_files, mixture_entries, mixture_stream_from, mixture_summary
 from actionopd_jax.envs.tasks import TaskSource, TaskStream, load_task_set
+
+log = logging.getLogger(__name__)
+
+
+def screening_check(env: EnvConfig, stream: Any) -> str:
+    """Paper B.1 for the pools a run draws from: "" when every training task of each pool has a
+    current feasibility-screen record (judged feasible on the source the pool holds today);
+    else, with env.require_screening, a ConfigError naming `actionopd envs screen` (issue 43
+    item 5: a paper recipe never trains on an unscreened pool), and without it the warning text
+    (the run logs it every time, `--check` prints it)."""
+    from actionopd_jax.envs.admission import read_manifest
+    from actionopd_jax.envs.screen_manifest import pool_source_hashes, screening_message, unscreened
+
+    pools = read_manifest(env.manifest)["pools"]
+    problems = []
+    for name, tasks, _ in stream.pools:
+        directory = env.awm_dir if name == "awm" else env.envscaler_dir
+        hashes = pool_source_hashes(name, directory, list(tasks), pools.get(name))
+        gaps = unscreened(pools.get(name), hashes)
+        if gaps:
+            problems.append(screening_message(name, gaps, len(tasks), env.manifest))
+    if not problems:
+        return ""
+    if env.require_screening:
+        raise ConfigError("env.require_screening: " + "; ".join(problems)
+                          + ". To train on it unscreened, set env.require_screening: false (a warning every run)")
+    how = ("env.require_screening is false" if env.require_screening is False
+           else "env.require_screening is not set")
+    return (f"warning: training on tasks the paper's B.1 feasibility screen has not kept ({how}): "
+            + "; ".join(problems))
+
+
+def _pool_stream(env: EnvConfig, *, per_step: int, seed: int, announce: bool) -> tuple[Any, str]:
+    """The pools' mixture stream and the screening warning ("" when none); `announce`: log it."""
+    stream = mixture_stream_from(env, per_step=per_step, seed=seed)
+    warning = screening_check(env, stream)
+    if warning and announce:
+        log.warning("%s", warning)
+    return stream, warning
 
 
 def task_set_names(env: EnvConfig, *, needed_by: str) -> list[tuple[str, str]]:
@@ -34,7 +74,7 @@ def training_task_sets(env: EnvConfig, *, needed_by: str) -> list[tuple[str, lis
     AWM / EnvScaler pools: each pool's admitted training tasks (the manifest's, without its
     held-out split), what their mixture draws from."""
     if env.name in POOLS:
-        stream = mixture_stream_from(env, per_step=sum(c for _, c in mixture_entries(env)), seed=0)
+        stream, _ = _pool_stream(env, per_step=sum(c for _, c in mixture_entries(env)), seed=0, announce=False)
         return [(f"{name}:admitted", list(tasks)) for name, tasks, _ in stream.pools]
     sets = [(f"{name}:{split}", _task_set(env, name, split)) for name, split in task_set_names(env, needed_by=needed_by)]
     every = select_task_ids([t for _, tasks in sets for t in tasks], env.task_ids)
@@ -59,7 +99,7 @@ def task_stream_from(env: EnvConfig, *, per_step: int, seed: int, needed_by: str
     EnvScaler pools (env.name awm / envscaler) give the with-replacement mixture instead
     (envs/mixture.py), drawn from the manifest's admitted tasks."""
     if env.name in POOLS:
-        return mixture_stream_from(env, per_step=per_step, seed=seed)
+        return _pool_stream(env, per_step=per_step, seed=seed, announce=True)[0]
     sets = training_task_sets(env, needed_by=needed_by)
     if per_step < len(sets):
         raise ConfigError(f"collect.task_starts_per_step={per_step} is smaller than the {len(sets)} task sources")
@@ -79,8 +119,8 @@ def training_tasks_summary(env: EnvConfig, *, needed_by: str) -> str:
             return (f"pools      not on this host ({', '.join(missing)}): the run loads them at start; "
                     "write the manifest with `actionopd envs audit`")
         per_step = sum(c for _, c in mixture_entries(env))
-        stream = mixture_stream_from(env, per_step=per_step, seed=0)
-        lines = [mixture_summary(stream)]
+        stream, warning = _pool_stream(env, per_step=per_step, seed=0, announce=False)
+        lines = [mixture_summary(stream)] + ([warning] if warning else [])
         for name, tasks, _ in stream.pools:
             if name == "envscaler":  # which scenarios the user simulator plays, and with which model
                 from actionopd_jax.envs.envscaler.factory import conversational_summary
