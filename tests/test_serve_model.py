@@ -112,23 +112,24 @@ def _post(server, body: bytes) -> tuple[int, dict]:
 
 
 def test_a_body_far_over_the_context_is_refused_before_it_is_tokenized(served, monkeypatch):
-    """Issue 34: bodies under the size limit were tokenized first (8 MB: ~30 s, +4.6 GB). Text
-    whose UTF-8 bytes exceed the context times the vocabulary's longest token cannot fit: 400
-    without rendering; text under that bound is rendered and measured exactly."""
+    """Issue 34: bodies under the size limit were tokenized first (8 MB: ~30 s, +4.6 GB). A
+    rendered prompt whose UTF-8 bytes exceed the context times the vocabulary's longest token
+    cannot fit: 400 without tokenizing (issue 46: the floor is taken over the rendered text,
+    so bulk in any field counts); a prompt under that bound is tokenized and measured exactly."""
     server, backend, _ = served
     client = _client(server)
     longest = max(len(k.encode()) for k in backend.tokenizer.get_vocab())
-    rendered = []
-    real = backend._render
-    monkeypatch.setattr(backend, "_render", lambda req: rendered.append(1) or real(req))
+    encoded = []
+    real = backend.tokenizer.encode
+    monkeypatch.setattr(backend.tokenizer, "encode", lambda text, **kw: encoded.append(len(text)) or real(text, **kw))
     huge = "w" * (longest * (backend.max_context + 1))
     with pytest.raises(openai.BadRequestError, match="the prompt has at least") as err:
         client.chat.completions.create(model="tiny-student", messages=[{"role": "user", "content": huge}])
-    assert err.value.body["code"] == "context_length_exceeded" and rendered == []
+    assert err.value.body["code"] == "context_length_exceeded" and encoded == []
     with pytest.raises(openai.BadRequestError, match="context too long: the prompt has [0-9]+ tokens"):
         client.chat.completions.create(model="tiny-student", messages=[{"role": "user", "content": "weather " *
                                                                          backend.max_context}])
-    assert rendered == [1]
+    assert len(encoded) == 1   # under the floor's bound: tokenized, then refused from its exact count
 
 
 def test_bad_requests_get_clean_4xx(served):

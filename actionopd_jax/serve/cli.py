@@ -53,7 +53,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--shutdown-grace", type=float, default=10.0,
                    help="seconds requests in flight get to finish after SIGTERM / Ctrl-C before they are cancelled")
     p.add_argument("--max-large-bodies", type=int, default=2,
-                   help="request bodies over 1 MiB read and parsed at once; more wait unread (default 2)")
+                   help="request bodies over 1 MiB read, parsed and tokenized at once; more wait unread "
+                        "(default 2)")
     p.add_argument("--batch-window-ms", type=float, default=5.0,
                    help="how long a request waits for others to share its device call")
     p.add_argument("--no-warmup", action="store_true",

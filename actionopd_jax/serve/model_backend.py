@@ -25,14 +25,15 @@ from typing import Any
 import jax
 import numpy as np
 
-from actionopd_jax.chat import render_ids
+from actionopd_jax.chat.template import render_text
 from actionopd_jax.sampling import Generation, Sampler
 from actionopd_jax.sampling.batching import Continue, MicroBatcher
 from actionopd_jax.serve.engine_backend import open_stream
-from actionopd_jax.serve.requests import ChatChoice, ChatRequest, RequestError
+from actionopd_jax.serve.requests import ChatChoice, ChatRequest, RequestError, release_body_slot
 from actionopd_jax.serve.reply_format import forced_call, forced_call_prefix, message_fields
 from actionopd_jax.serve.scoring import top_logprob_entries
 from actionopd_jax.serve.segments import SegmentedJob
+from actionopd_jax.serve.token_floor import TokenFloor
 
 
 def request_key(seed: int | None) -> jax.Array:
@@ -106,7 +107,7 @@ class ModelBackend:
         self.tokenizer = tokenizer
         self.model_name = model_name
         self.max_context = int(max_context or sampler.cfg.max_position_embeddings)
-        self._max_token_bytes: int | None = None     # _token_floor, measured at first use
+        self.token_floor = TokenFloor(tokenizer)   # tokens a rendered prompt has at least (_render)
         self.source: dict = {}      # what was loaded (serve/cli.py): /v1/models shows it
         if not 1 <= self.max_context <= sampler.cfg.max_position_embeddings:
             raise ValueError(f"max_context {self.max_context} must be between 1 and the model's context "
@@ -155,9 +156,21 @@ class ModelBackend:
         kwargs = req.raw.get("chat_template_kwargs") or {}
         thinking = kwargs.get("enable_thinking", self.enable_thinking) if isinstance(kwargs, dict) else self.enable_thinking
         try:
-            return render_ids(self.tokenizer, messages, req.tools, enable_thinking=bool(thinking))
-        except (ValueError, TypeError, KeyError) as e:
+            text = render_text(self.tokenizer, messages, req.tools, enable_thinking=bool(thinking))
+        except (ValueError, TypeError, KeyError, RecursionError) as e:
             raise RequestError(400, f"cannot render the conversation with the chat template: {e}") from e
+        # refused before tokenizing, from the rendered text's size: every field the model reads
+        # (content, tool-call arguments, tool schemas, ...) is in it, nothing it does not read is
+        floor = self.token_floor(text)
+        room = self.max_context - floor
+        if room <= 0 or (req.max_tokens is not None and req.max_tokens > room):
+            asked = f" + max_tokens {req.max_tokens}" if req.max_tokens is not None else ""
+            raise RequestError(400, f"context too long: the prompt has at least {floor:,} tokens{asked} (its "
+                                    f"{len(text):,} characters of messages, tool calls and tool schemas, at most "
+                                    f"{self.token_floor.max_token_bytes} bytes a token), the model's context is "
+                                    f"{self.max_context:,} tokens; shorten the conversation or the tools, or lower "
+                                    "max_tokens", code="context_length_exceeded")
+        return np.asarray(self.tokenizer.encode(text, add_special_tokens=False), np.int32)
 
     def _budget(self, req: ChatRequest, prompt_len: int) -> int:
         room = self.max_context - prompt_len
@@ -168,32 +181,10 @@ class ModelBackend:
                                code="context_length_exceeded")
         return min(room, req.max_tokens if req.max_tokens is not None else self.default_max_tokens)
 
-    def _token_floor(self, req: ChatRequest) -> int:
-        """Tokens the prompt has at least, from its text's UTF-8 bytes and the vocabulary's
-        longest token (no token covers more bytes): a body far over the context is refused
-        before it is tokenized, which for megabytes took ~30 s and gigabytes of memory."""
-        if self._max_token_bytes is None:
-            vocab = self.tokenizer.get_vocab() if hasattr(self.tokenizer, "get_vocab") else {}
-            # byte-level BPE keys: one character per byte; added tokens are ASCII
-            self._max_token_bytes = max((len(k.encode()) for k in vocab), default=0) or None
-            if self._max_token_bytes is None:
-                return 0
-        size = 0
-        for m in req.messages:
-            content = m.get("content")
-            parts = [content] if isinstance(content, str) else \
-                [p.get("text", "") for p in content if isinstance(p, dict)] if isinstance(content, list) else []
-            size += sum(len(p.encode()) for p in parts if isinstance(p, str))
-        return size // self._max_token_bytes
-
     async def _prepare(self, req: ChatRequest) -> tuple[np.ndarray, str | None, int, float, float]:
         """(prompt ids, forced tool name or None, token budget, temperature, top_p) of a request."""
-        floor = self._token_floor(req)
-        if floor > self.max_context:
-            raise RequestError(400, f"context too long: the prompt has at least {floor:,} tokens (its text's bytes over "
-                                    f"the longest token's), the model's context is {self.max_context} tokens; shorten "
-                                    "the conversation", code="context_length_exceeded")
         prompt_ids = await asyncio.to_thread(self._render, req)
+        release_body_slot()   # tokenized: the next large body may be read (OpenAIServer.max_large_bodies)
         forced = None
         if req.tool_choice == "required":
             forced = req.forced_tool or await self._likeliest_tool(req, prompt_ids)

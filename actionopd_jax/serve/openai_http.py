@@ -16,6 +16,7 @@ import asyncio
 import hmac
 import json
 import os
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable
@@ -23,21 +24,22 @@ from typing import Any, Awaitable, Callable
 from aiohttp import web
 
 # the protocol's types live in requests.py; they stay importable from here
+from actionopd_jax.serve.http_errors import error_response as _error_response
+from actionopd_jax.serve.http_errors import json_http_errors as _json_http_errors
 from actionopd_jax.serve.requests import (Backend, ChatChoice, ChatRequest, RequestError,  # noqa: F401
-                                          completion_body, requested_model)
+                                          completion_body, hold_body_slot, requested_model)
 
 # A body past this is refused (a JSON 413) before it is read: far above what any context the
 # server can hold needs (32,768 tokens of text and tool schemas are well under 1 MiB).
 MAX_BODY_BYTES = 8 * 1024 * 1024
-# bodies past this count against OpenAIServer.max_large_bodies (read and parsed a few at a time)
+# bodies past this count against OpenAIServer.max_large_bodies (read, parsed and tokenized a few
+# at a time)
 LARGE_BODY_BYTES = 1 << 20
 
 SHUTDOWN_GRACE_S = 10.0
 
 # Fault-injection hook: sees the decoded body; returns None to proceed, or (status, body, headers).
 Middleware = Callable[[Any], Awaitable["tuple[int, Any, dict[str, str]] | None"]]
-
-
 
 
 async def _send_cut(request: web.Request, status: int, cut: CutBody, headers: dict[str, str]) -> web.StreamResponse:
@@ -49,13 +51,6 @@ async def _send_cut(request: web.Request, status: int, cut: CutBody, headers: di
     if request.transport is not None:
         request.transport.close()
     return resp
-
-def _error_response(err: Exception) -> web.Response:
-    """A route's failure as an HTTP error: a RequestError with its own status, anything else
-    (a backend bug) as a 500 with a message, never a dropped connection."""
-    if not isinstance(err, RequestError):
-        err = RequestError(500, f"backend error: {type(err).__name__}: {err}", "server_error")
-    return web.json_response(err.body(), status=err.status)
 
 
 def _exit_now(why: str) -> None:
@@ -76,24 +71,6 @@ class CutBody:
     resets mid-reply does (serve/faults.py "reset_mid_body")."""
     data: bytes
     claimed: int
-
-
-@web.middleware
-async def _json_http_errors(request: web.Request, handler):
-    """aiohttp's own refusals (an unknown path: 404, a wrong method: 405) in OpenAI's error JSON,
-    like every other error of this server, not as plain text (issue 34)."""
-    try:
-        return await handler(request)
-    except web.HTTPException as e:
-        if e.status not in (404, 405):
-            raise
-        allowed = ", ".join(sorted(getattr(e, "allowed_methods", ()) or ()))
-        message = (f"no route {request.method} {request.path}; this server answers POST /v1/chat/completions, "
-                   "POST /v1/completions and GET /v1/models" if e.status == 404 else
-                   f"{request.method} is not allowed on {request.path}" + (f" (allowed: {allowed})" if allowed else ""))
-        code = "not_found" if e.status == 404 else "method_not_allowed"
-        return web.json_response(RequestError(e.status, message, code=code).body(), status=e.status,
-                                 headers={"Allow": allowed} if allowed else None)
 
 
 class OpenAIServer:
@@ -123,9 +100,10 @@ class OpenAIServer:
         self.middleware = middleware
         self.max_body_bytes = int(max_body_bytes)
         self.shutdown_grace_s = float(shutdown_grace_s)  # requests in flight at a stop get this long
-        # at most this many bodies over LARGE_BODY_BYTES (or of unknown size) are read and parsed
-        # at once; the others wait unread in their sockets, so a handful of clients sending
-        # near-limit bodies cannot multiply the server's memory (issue 34)
+        # at most this many bodies over LARGE_BODY_BYTES (or of unknown size) are read, parsed and
+        # (by a model backend) rendered and tokenized at once (requests.release_body_slot); the
+        # others wait unread in their sockets, so a handful of clients sending near-limit bodies
+        # cannot multiply the server's memory (issues 34, 46)
         self.max_large_bodies = max(1, int(max_large_bodies))
         self.large_bodies_waiting = 0
         self._large_bodies: asyncio.Semaphore | None = None  # made on the server's loop
@@ -178,10 +156,18 @@ class OpenAIServer:
             await self._large_bodies.acquire()
         finally:
             self.large_bodies_waiting -= 1
-        try:
-            return await self._read_json(request)
-        finally:
-            self._large_bodies.release()
+        slot, held = self._large_bodies, [True]
+
+        def release() -> None:   # once, whoever calls it first (the backend or the request's end)
+            if held:
+                held.clear()
+                slot.release()
+
+        hold_body_slot(release)   # held past the parse, until the backend has tokenized the prompt
+        body, rejected = await self._read_json(request)
+        if rejected is not None:
+            release()
+        return body, rejected
 
     async def _read_json(self, request: web.Request) -> tuple[Any, web.Response | None]:
         try:
@@ -192,6 +178,11 @@ class OpenAIServer:
             return (json.loads(raw) if len(raw) < 65536 else await asyncio.to_thread(json.loads, raw)), None
         except (ValueError, UnicodeDecodeError) as e:
             return None, web.json_response(RequestError(400, f"request body is not valid JSON: {e}").body(), status=400)
+        except RecursionError:   # e.g. 100,000 nested arrays: a 400 in JSON, not aiohttp's plain-text 500
+            return None, web.json_response(RequestError(
+                400, "request body nests arrays/objects too deeply to parse (Python's JSON parser stops near "
+                     f"{sys.getrecursionlimit():,} levels); send a flatter body", code="json_too_deep").body(),
+                status=400)
 
     async def _too_large(self, request: web.Request, size: int | None) -> web.Response:
         # a chunked upload has no Content-Length: what is known is that it passed the limit

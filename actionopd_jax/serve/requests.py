@@ -5,13 +5,35 @@ the server (openai_http.py) and the scoring route (scoring.py) do not import eac
 
 from __future__ import annotations
 
+import contextvars
 import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 log = logging.getLogger(__name__)
+
+
+# The server's slot for a large body (OpenAIServer.max_large_bodies), set in the request's
+# context: taken before the body is read and given back once the backend has tokenized its
+# prompt (or at the end of the request), so the bound covers the costly part. Given back after
+# the read alone, it let three 7.5 MB bodies tokenize at once (issue 46: +3.9 GB).
+_BODY_SLOT: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar("body_slot", default=None)
+
+
+def hold_body_slot(release: Callable[[], None]) -> None:
+    """The server: this request holds a large-body slot; `release` gives it back (once)."""
+    _BODY_SLOT.set(release)
+
+
+def release_body_slot() -> None:
+    """Give back the request's large-body slot, if it holds one: a backend calls this once the
+    prompt is tokenized; the server calls it again when the request ends (a no-op by then)."""
+    release = _BODY_SLOT.get()
+    if release is not None:
+        _BODY_SLOT.set(None)
+        release()
 
 
 class RequestError(Exception):
