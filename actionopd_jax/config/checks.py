@@ -162,6 +162,9 @@ def _validate_eval(cfg: Config) -> None:
 
     ev = cfg.eval
     problems = [f"eval.benchmarks: {p}" for p in map(spec_problem, ev.benchmarks) if p]
+    if ev.tau2_prompts not in ("tau2", "actionopd"):  # envs/tau2_prompts.PROMPTS
+        problems.append(f"eval.tau2_prompts must be 'tau2' (tau2's own harness prompts) or 'actionopd' (ours), "
+                        f"got {ev.tau2_prompts!r}")
     for key, v in (("eval.trials", ev.trials), ("eval.bfcl_trials", ev.bfcl_trials),
                    ("eval.bfcl_max_steps_per_turn", ev.bfcl_max_steps_per_turn),
                    ("eval.student.max_tokens", ev.student.max_tokens), ("eval.teacher.max_tokens", ev.teacher.max_tokens),

@@ -10,6 +10,7 @@ recipes name the benchmarks and splits they report.
   training user of `env.user_*` (Qwen3.8-27B, thinking off, T=0.7): table 8 separates them.
 - B.3: 4 trials per tau2 task (pass^1 and pass^4), BFCL's native 20 steps per turn with one
   trial, natural-language assertions off for every tau2 score (envs/tau2_score.py: always).
+- tau2 runs on tau2's own harness prompts (`tau2_prompts`, envs/tau2_prompts.py).
 
 A leaf of the config package, like config.schema that holds it.
 """
@@ -61,6 +62,9 @@ class EvalConfig:
     trials: int = 4  # B.3: four trials per tau2 task; also per EnvScaler / AWM task
     bfcl_trials: int = 1  # B.3: BFCL's 800 tasks are run once
     bfcl_max_steps_per_turn: int = 20  # B.3: BFCL's native per-turn step limit
+    # tau2's agent and user prompts: "tau2" (tau2's own harness prompts, as its leaderboard and
+    # the paper's tables are scored) or "actionopd" (ours, the prompts training uses)
+    tau2_prompts: str = "tau2"
     student: EvalStudentConfig = field(default_factory=EvalStudentConfig)
     teacher: EvalTeacherConfig = field(default_factory=EvalTeacherConfig)
     user: EvalUserConfig = field(default_factory=EvalUserConfig)

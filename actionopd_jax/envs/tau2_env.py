@@ -30,10 +30,11 @@ from typing import Any
 from actionopd_jax.chat.actions import calls_to_assistant_message
 from actionopd_jax.envs.base import EnvError, assistant_message, check_step, tool_message
 from actionopd_jax.envs.protocol import TRANSFER_TOOL
+from actionopd_jax.envs.tau2_prompts import check_prompts, tau2_agent_system_prompt, tau2_user_system_prompt
 from actionopd_jax.envs.tau2_score import score_tau2
 from actionopd_jax.envs.tau2_tasks import DOMAINS, environment_constructor, env_name, tau2_task
 from actionopd_jax.envs.tool_args import check_tool_call
-from actionopd_jax.envs.user_sim import UserSimulator, UserSimUnavailable, build_user_system_prompt, has_signal
+from actionopd_jax.envs.user_sim import UserSimulator, build_user_system_prompt, has_signal
 from actionopd_jax.types import Action, Invalid, Observation, Reply, Task, ToolCall, ToolCalls
 
 GREETING = "Hi! How can I help you today?"
@@ -56,6 +57,10 @@ class Tau2Config:
     max_user_tool_rounds: int = 10  # user tool calls in a row before the simulator is cut off
     end_on_transfer: bool = False
     user_seed: int | None = None  # passed to the simulator API when set
+    # the agent's system prompt and the user simulator's: "actionopd" (ours: training) or
+    # "tau2" (tau2's own harness prompts, read from the package: evaluation's default,
+    # eval.tau2_prompts); envs/tau2_prompts.py
+    prompts: str = "actionopd"
 
 
 class Tau2Env:
@@ -68,6 +73,7 @@ class Tau2Env:
         self.name = env_name(domain)
         self.user_sim = user_sim
         self.config = dataclasses.replace(config or Tau2Config(), **overrides)
+        check_prompts(self.config.prompts)
         self._task: Task | None = None
         self._done = False
 
@@ -86,9 +92,14 @@ class Tau2Env:
         self._env = await asyncio.to_thread(self._build_environment)
         self._tools = [t.openai_schema for t in self._env.get_tools()]
         self._user_tools = [t.openai_schema for t in self._env.get_user_tools()] if self._env.user_tools else None
-        self._user_prompt = build_user_system_prompt(self._tau2_task.user_scenario, with_tools=bool(self._user_tools))
+        if self.config.prompts == "tau2":
+            system = tau2_agent_system_prompt(self._env)
+            self._user_prompt = tau2_user_system_prompt(self._tau2_task, self._env)
+        else:
+            system = agent_system_prompt(self._env.get_policy())
+            self._user_prompt = build_user_system_prompt(self._tau2_task.user_scenario, with_tools=bool(self._user_tools))
         self._messages = [
-            {"role": "system", "content": agent_system_prompt(self._env.get_policy())},
+            {"role": "system", "content": system},
             {"role": "assistant", "content": GREETING},
         ]
         self._user_view = [{"role": "user", "content": GREETING}]  # the simulator's side, roles flipped
@@ -188,11 +199,10 @@ class Tau2Env:
         from tau2.data_model.message import UserMessage
 
         for _ in range(self.config.max_user_tool_rounds + 1):
-            try:
-                reply = await self.user_sim.reply(self._user_prompt, self._user_view, self._user_tools, seed=self.config.user_seed)
-            except UserSimUnavailable as exc:
-                self._terminate("user_error", f"user_sim_unavailable: {exc}")
-                return
+            # a UserSimUnavailable (the user's endpoint failed past its retries) propagates: the
+            # episode is no score and no finished episode (issue 43), never a user_error scored 0
+            reply = await self.user_sim.reply(self._user_prompt, self._user_view, self._user_tools,
+                                              seed=self.config.user_seed)
             if reply.tool_calls and self._user_tools:
                 self._user_tool_calls(reply.tool_calls)
                 if self._done:

@@ -63,6 +63,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--trials", type=int, help="trials per tau2 / EnvScaler / AWM task (default 4: pass^1..pass^4)")
     g.add_argument("--bfcl-trials", type=int, help="trials per BFCL task (default 1)")
     g.add_argument("--bfcl-max-steps", type=int, help="BFCL steps per turn (default 20, BFCL's own)")
+    g.add_argument("--tau2-prompts", choices=("tau2", "actionopd"),
+                   help="tau2's agent and user prompts: tau2's own harness prompts (default, eval.tau2_prompts) or "
+                        "actionopd's (those training uses)")
     g = p.add_argument_group("the tau2 user simulator (default: table 8's evaluation user: thinking, T=1, 8k)")
     g.add_argument("--user-sim-url", help="OpenAI-compatible endpoint of the tau2 user simulator")
     g.add_argument("--user-sim-model", help="user simulator model name (paper: Qwen3.5-9B)")
@@ -188,7 +191,9 @@ def env_factory(args: argparse.Namespace, settings: EvalSettings):
             if awm is None:
                 awm = awm_factory(args)
             return awm(task)
-        if task.env.startswith("tau2_") or (task.env == "envscaler" and task.payload.get("conversational")):
+        if task.env.startswith("tau2_"):
+            return make_environment(task.env, user_sim=simulator(), prompts=settings.tau2_prompts)
+        if task.env == "envscaler" and task.payload.get("conversational"):
             return make_environment(task.env, user_sim=simulator())
         if task.env == "bfcl":
             return make_environment("bfcl", max_steps_per_turn=settings.bfcl_max_steps_per_turn)

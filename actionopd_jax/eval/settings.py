@@ -65,6 +65,7 @@ class EvalSettings:
     model: ModelSettings
     user: UserSettings
     nl_assertions: str = "off"  # tau2: always off, as in every tau2 score of the paper (envs/tau2_score.py)
+    tau2_prompts: str = "tau2"  # tau2's own harness prompts, or "actionopd" (ours): envs/tau2_prompts.py
 
     def trials_for(self, task: Task) -> int:
         return self.bfcl_trials if task.env == "bfcl" else self.trials
@@ -95,7 +96,9 @@ class EvalSettings:
             + (f"; provider {u.provider}" if u.provider else ""),
             f"  trials   {self.trials} per tau2 / EnvScaler / AWM task (pass^1..pass^{self.trials}); "
             f"BFCL {self.bfcl_trials}, at most {self.bfcl_max_steps_per_turn} steps per turn",
-            f"  tau2     natural-language assertions {self.nl_assertions}",
+            f"  tau2     natural-language assertions {self.nl_assertions}; "
+            + ("tau2's own agent and user prompts" if self.tau2_prompts == "tau2"
+               else "actionopd's agent and user prompts (not tau2's: not comparable with its leaderboard)"),
         ]
 
 
@@ -128,7 +131,8 @@ def resolve(args: argparse.Namespace, section: EvalConfig, source: str) -> EvalS
     settings = EvalSettings(
         source=source, benchmarks=tuple(args.bench) if args.bench else section.benchmarks,
         trials=given("trials", section.trials), bfcl_trials=given("bfcl_trials", section.bfcl_trials),
-        bfcl_max_steps_per_turn=given("bfcl_max_steps", section.bfcl_max_steps_per_turn), model=model, user=user)
+        bfcl_max_steps_per_turn=given("bfcl_max_steps", section.bfcl_max_steps_per_turn), model=model, user=user,
+        tau2_prompts=getattr(args, "tau2_prompts", None) or section.tau2_prompts)
     problems = settings_problems(settings, endpoint=bool(args.endpoint))
     if problems:
         raise ValueError("the evaluation settings cannot run:\n" + "\n".join(f"  - {p}" for p in problems))
@@ -144,6 +148,8 @@ def settings_problems(s: EvalSettings, *, endpoint: bool) -> list[str]:
                    ("--max-new-tokens", s.model.max_tokens), ("--user-sim-max-tokens", s.user.max_tokens)):
         if v < 1:
             out.append(f"{key} must be >= 1, got {v}")
+    if s.tau2_prompts not in ("tau2", "actionopd"):
+        out.append(f"--tau2-prompts must be tau2 or actionopd, got {s.tau2_prompts!r}")
     if s.model.temperature is not None and s.model.temperature < 0:
         out.append(f"--temperature must be >= 0, got {s.model.temperature}")
     # an endpoint is sent its settings in its provider's spelling; one it has no field for
@@ -169,6 +175,8 @@ def settings_problems(s: EvalSettings, *, endpoint: bool) -> list[str]:
 # what may change between the runs that fill one output directory: which tasks and how many
 # trials (a resumed evaluation may add benchmarks or trials); how each episode is played may not
 _MAY_CHANGE = ("benchmarks", "trials", "bfcl_trials")
+# settings added after settings.json was first written, with the value every run had before
+_BEFORE_RECORDED = {"tau2_prompts": "actionopd"}
 
 
 def check_same_settings(out_dir: Path, settings: EvalSettings, *, has_episodes: bool) -> str:
@@ -181,6 +189,8 @@ def check_same_settings(out_dir: Path, settings: EvalSettings, *, has_episodes: 
     if path.is_file():
         # JSON round-trips the record as it was written (benchmarks, a list, may change anyway)
         theirs, now = flatten(json.loads(path.read_text())), flatten(json.loads(json.dumps(mine)))
+        for key, value in _BEFORE_RECORDED.items():
+            theirs.setdefault(key, value)
         changed = sorted(k for k in theirs.keys() | now.keys()
                          if not k.startswith(_MAY_CHANGE) and theirs.get(k) != now.get(k))
         if changed and has_episodes:
