@@ -148,3 +148,37 @@ def test_eval_cli_on_a_tiny_hf_student(tmp_path):
 def _opening(task):
     obs = asyncio.run(_make_env(task).reset(task))
     return obs.messages, obs.tools
+
+
+def test_check_measures_first_prompts_and_the_reply_against_the_models_context(tmp_path, capsys):
+    """Issue 43 items 2 and 9: `eval --check` read no model and measured no prompt, so a context
+    that could not hold a benchmark's prompts was found only by every episode ending before its
+    first action. It now reads the model's context from its config (no weights), measures each
+    benchmark's first prompts under its tokenizer, says where a reply will be fitted, and
+    refuses a benchmark whose prompts fill the whole context."""
+    import re
+
+    from actionopd_jax.sampling.loading import build_tiny_demo
+
+    model_dir, tok_dir = build_tiny_demo(tmp_path / "tiny", seed=3)
+    base = ["--hf", str(model_dir), "--tokenizer", str(tok_dir), "--check", "--limit", "2", "--bench", "bfcl:base",
+            "--bench", "tau2_airline"]
+    # the tiny demo holds 4,096 positions: BFCL's first base task and tau2's policy do not fit
+    assert eval_cli.main(base) == 2
+    err = capsys.readouterr().err
+    assert "bfcl:base: the first prompt of 1 of 2 task(s) fills the whole context (the model's 4,096 tokens" in err
+    assert "tau2_airline: the first prompt of 2 of 2 task(s) fills the whole context" in err
+    # the same weights with Qwen3's 40,960 positions (RoPE: no learned positions)
+    config = json.loads((model_dir / "config.json").read_text())
+    (model_dir / "config.json").write_text(json.dumps({**config, "max_position_embeddings": 40_960}))
+    assert eval_cli.main(base) == 0
+    out = capsys.readouterr().out
+    assert f"context    the model's 40,960 tokens ({model_dir}/config.json); 4,096 new tokens" in out, out
+    bfcl = re.search(r"bfcl:base +longest first prompt ([\d,]+) tokens \(bfcl multi_turn_base_0\): fits with 4,096", out)
+    tau2 = re.search(r"tau2_airline +longest first prompt at least ([\d,]+) tokens .*: fits with 4,096", out)
+    assert bfcl and tau2, out
+    # narrowed so that the reply no longer fits beside the prompts: said, with the reply they get
+    n = max(int(bfcl.group(1).replace(",", "")), int(tau2.group(1).replace(",", "")))
+    assert eval_cli.main([*base, "--engine-max-len", str(n + 100)]) == 0
+    out = capsys.readouterr().out
+    assert "leaves 100 tokens: its replies get at most that many, not 4,096" in out, out

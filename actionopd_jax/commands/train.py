@@ -98,6 +98,14 @@ def check(cfg: Config, devices: int = 0) -> int:
 
     tasks_line = check_training_tasks(cfg)  # the run's training tasks vs what eval scores
     room_line, first_prompts, source = prompt_room(cfg)      # their first prompts vs collect.max_prompt_tokens
+    if first_prompts is not None:  # the budget plus a reply vs the student's own context (issue 43 item 2)
+        from actionopd_jax.envs.prompt_room import context_problem
+
+        c = cfg.collect
+        problem = context_problem(c.max_prompt_tokens, c.max_response_tokens, qcfg.max_position_embeddings,
+                                  what="collect.max_prompt_tokens", reply_key="collect.max_response_tokens")
+        if problem:
+            raise ConfigError(problem)
     cost = cost_estimate.describe(cfg, cost_estimate.estimate(cfg, first_prompts), source)
     for line in (*([tasks_line] if tasks_line else []), *([room_line] if room_line else []), *notes, *where.notes,
                  *missing_secrets(cfg), *cost):
@@ -322,6 +330,21 @@ def _verify_smoke(trainer, *, trained: int) -> int:
     return 0
 
 
+def _refuse_compare_preset(path: str | None) -> None:
+    """A compare preset (a top-level compare: section) is `actionopd compare`'s; `train` said only
+    "unknown config key 'compare'" (issue 43 item 6)."""
+    import yaml
+
+    try:
+        raw = yaml.safe_load(Path(path).read_text()) if path and Path(path).is_file() else None
+    except yaml.YAMLError:
+        return  # the loader reports it
+    if isinstance(raw, dict) and "compare" in raw:
+        raise ConfigError(f"{path} is a compare preset (its compare: section is not a run-config section): check it "
+                          f"with `actionopd compare --config {path} --check` and run it with `actionopd compare "
+                          f"--config {path}`")
+
+
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     try:
@@ -329,6 +352,7 @@ def main(argv: list[str]) -> int:
             raise ConfigError(f"--resume takes a step number, got {args.resume!r}")
         # the user's overrides come last: `--smoke train.steps=2` trains two steps
         overrides = (list(SMOKE_OVERRIDES) if args.smoke else []) + list(args.overrides)
+        _refuse_compare_preset(args.config)
         cfg = load_config(args.config, overrides)
         if args.aot and not args.check:
             raise ConfigError("--aot is a mode of --check: actionopd train --check --aot ...")

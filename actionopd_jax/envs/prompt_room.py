@@ -78,4 +78,17 @@ def measure(task_sets: list[tuple[str, list[Task]]], tokenizer: Any, manifest_co
     return lengths, sorted(set(notes))
 
 
-__all__ = ["PromptLength", "bfcl_length", "measure", "tau2_floor"]
+def context_problem(prompt: int, reply: int, context: int, *, what: str, reply_key: str) -> str | None:
+    """None when a `prompt`-token prompt plus a `reply`-token reply fits the model's `context`
+    (its max_position_embeddings); else what does not fit, for a ConfigError (issue 43 item 2:
+    a budget the model cannot hold ends every episode before its first action)."""
+    if prompt + reply <= context:
+        return None
+    if prompt >= context:
+        return (f"{what} is {prompt:,} tokens, the model's whole context is {context:,}: nothing fits beside it; use a "
+                f"model with a longer context or lower the budget")
+    return (f"{what} of {prompt:,} tokens plus {reply_key}={reply:,} is {prompt + reply:,} tokens, over the model's "
+            f"{context:,}-token context: lower {reply_key} to at most {context - prompt:,} (or the prompt budget)")
+
+
+__all__ = ["PromptLength", "bfcl_length", "context_problem", "measure", "tau2_floor"]

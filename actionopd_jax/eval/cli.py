@@ -248,6 +248,20 @@ def check(args: argparse.Namespace, settings: EvalSettings) -> list[str]:
     return lines
 
 
+def check_context(args: argparse.Namespace, settings: EvalSettings) -> int:
+    """`--check`'s prompt room (eval/context_check.py): 2 when a benchmark holds a prompt the
+    model cannot fit at all, else 0."""
+    from actionopd_jax.eval.context_check import context_lines
+
+    sets = [(spec, select_tasks(spec, limit=args.limit, awm_dir=args.awm_dir, manifest=args.manifest))
+            for spec in settings.benchmarks]
+    lines, problems = context_lines(args, settings.model.max_tokens, sets)
+    print("\n".join(lines))
+    for problem in problems:
+        print(f"actionopd eval: {problem}", file=sys.stderr)
+    return 2 if problems else 0
+
+
 def evaluate(args: argparse.Namespace, settings: EvalSettings) -> dict[str, Any]:
     tasks = select_all(args, settings)
     from actionopd_jax.envs.splits import eval_overlap_warning
@@ -296,7 +310,7 @@ def main(argv: list[str], *, load_section: Callable[[str], EvalConfig] | None = 
         settings = resolve_settings(args, load_section)
         if args.check:
             print("\n".join(check(args, settings)))
-            return 0
+            return check_context(args, settings)
         if not (args.checkpoint or args.hf or args.endpoint or args.reference):
             parser.error("one of --checkpoint, --hf, --endpoint or --reference is required (or --check)")
         if not args.out:

@@ -104,6 +104,10 @@ def check_main_job(cfg: Config, devices: int = 0) -> int:
     from actionopd_jax.collect.source import check_training_tasks
 
     lines.append(check_training_tasks(plan_cfg))  # the phase's train/held-out split under the eval-overlap rule
+    from actionopd_jax.experiment.prompt_check import check_job_prompts
+
+    # the job's prompts under its tokenizer vs its budget and the student's context (issue 43 item 6)
+    lines += check_job_prompts(cfg, plan_cfg, split, qcfg.max_position_embeddings)
     print("\n".join(lines + notes))
     if not lower_if_gpu(plan_cfg, qcfg, target):
         print("config valid, but some program of the run does not lower for CUDA (see above)")

@@ -20,6 +20,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("overrides", nargs="*", help="compare.key=value (methods, seeds, updates, ...) or any "
                                                 "section.key=value of the run config")
     p.add_argument("--run-dir", help="run directory (default runs/<utc>-<compare.name>)")
+    p.add_argument("--check", action="store_true",
+                   help="validate the preset and print the plan (the main job's, with its prompt room, and the "
+                        "comparison's methods and budget); runs nothing, writes nothing")
+    p.add_argument("--devices", type=int, default=0, help="with --check: plan for this many devices")
     return p
 
 
@@ -29,6 +33,8 @@ def main(argv: list[str]) -> int:
         from actionopd_jax.experiment.compare_plan import load_compare
 
         cfg, settings = load_compare(args.config, args.overrides)
+        if args.check:
+            return check(cfg, settings, devices=args.devices)
         return compare(cfg, settings, args, command="actionopd compare " + shlex.join(argv))
     except ConfigError as e:
         print(f"actionopd compare: config error: {e}", file=sys.stderr)
@@ -36,6 +42,31 @@ def main(argv: list[str]) -> int:
     except FileNotFoundError as e:
         print(f"actionopd compare: {e}", file=sys.stderr)
         return 2
+
+
+def check(cfg, settings, *, devices: int = 0) -> int:
+    """`actionopd compare --check`: every run of the comparison starts from the main job's warm
+    start and trains on its split under its prompt budget (compare_runner.py), so the main
+    job's check (experiment/check.py: the plan, the tasks, the prompt room) is the runs' check;
+    then what the comparison adds."""
+    from actionopd_jax.experiment import teacher as teacher_lib
+    from actionopd_jax.experiment.check import check_main_job
+    from actionopd_jax.experiment.compare_plan import METHODS, eval_name, not_runnable
+
+    code = check_main_job(cfg, devices)  # load_compare holds experiment.enabled=true
+    privileged = teacher_lib.teacher_mode(cfg) == "reference"
+    skipped = {m: why for m in settings.methods if (why := not_runnable(METHODS[m], privileged_teacher=privileged))}
+    runs = [m for m in settings.methods if m not in skipped]
+    print(f"compare    {len(runs)} method(s) x {len(settings.seeds)} seed(s) = {len(runs) * len(settings.seeds)} "
+          f"run(s) of {settings.updates} update(s) each (at most {settings.step_cap} collection steps): "
+          f"{', '.join(runs) or 'none'}; held-out evaluations: "
+          f"{', '.join(eval_name(t) for t in settings.eval_user_turns)}")
+    for m, why in skipped.items():
+        print(f"compare    {m}: not run here: {why}")
+    if not runs:
+        print("config valid, but no method of compare.methods can run in this setting (see above)")
+        return 1
+    return code
 
 
 def compare(cfg, settings, args, *, command: str) -> int:
