@@ -19,6 +19,10 @@ is (nothing installed: the repository on PYTHONPATH and the jax already there).
    3. the train step at Qwen3-4B shapes (random weights, remat as the H200 recipe sets it),
       fused kernel then xla at 4,096 tokens, then the fused kernel at 16,384: compile s,
       step s, tokens/s, MFU, peak memory against `train --check`'s plan;
+      shapes that fit the device: device_check_shapes.py plans every train step and decode
+      workload from the GPU's memory (nvidia-smi; --memory-gib overrides) with the project's
+      plans, and the report names the figure (an H100 runs bfloat16 master weights, and the
+      static sampler's 256 rows in two calls);
    4. decode at Qwen3-4B shapes, 256 slots, prompts of 1,024-4,096 tokens, 256 new tokens:
       the engine, then the static sampler, against the HBM bound;
    5. the same at 64 slots, and at Qwen3-0.6B shapes;
@@ -52,36 +56,37 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT / "benchmarks") not in sys.path:
     sys.path.insert(0, str(ROOT / "benchmarks"))
 from device_check_report import apply_ceilings, markdown  # noqa: E402 - after the path above
+from device_check_shapes import DECODE, choose, gpu_memory_bytes  # noqa: E402
 
 EXTRA = {"gpu": "cuda", "tpu": "tpu"}
-FAST = {"gpu": "cudnn", "tpu": "splash"}  # the fused kernel timed against xla (as device_check_work.fast_kernel)
 STARTUP_LIMIT_S = 180.0  # the child's jax import and device start, before its first measurement
 EVENTS = "device_check_events.jsonl"
 SECTIONS = ("ceilings", "parity", "train_step", "decode")
-# the workloads of each mode: (preset, slots, samples per prompt, prompt lengths lo-hi, new tokens)
-DECODE = {"device": {"big": ("qwen3-4b", 256, 4, 1024, 4096, 256), "small": ("qwen3-4b", 64, 4, 1024, 4096, 256),
-                     "0.6b": ("qwen3-0.6b", 256, 4, 1024, 4096, 256)},
-          "dry-run": {"big": ("tiny", 8, 2, 16, 48, 8), "small": ("tiny", 4, 2, 16, 48, 8),
-                      "0.6b": ("tiny", 6, 2, 16, 48, 8)}}
-TRAIN = {"device": ("qwen3-4b", 4096, 16384, 512), "dry-run": ("tiny", 64, 128, 16)}  # preset, seq, long seq, resp
 
-
-def stages(mode: str, platform: str) -> list[tuple[str, str, float, dict]]:
+def stages(mode: str, platform: str, shapes: dict | None = None) -> list[tuple[str, str, float, dict]]:
     """(name, report section, time limit s, call) of every measurement, in the order they run:
-    the issue's order of value, so a budget that runs out trims the least valuable."""
-    fast = FAST.get(platform, "cpu") if mode == "device" else "cpu"
+    the issue's order of value, so a budget that runs out trims the least valuable. `shapes`:
+    device_check_shapes.choose's plan for the device's memory (None: the default shapes);
+    what it left out (no variant fits) is not run."""
     dev = mode == "device"
-    preset, seq, long_seq, resp = TRAIN[mode]
+    shapes = shapes or choose(mode, platform, None)
+    preset, resp = shapes["preset"], shapes["resp"]
+    dropped = {d["stage"] for d in shapes["dropped"]}
     plan = [("ceilings", "ceilings", 60.0, {"fn": "ceilings"}),
             ("attention parity", "parity", 60.0, {"fn": "attention"})]
-    for attention, s in dict.fromkeys(((fast, seq), ("xla", seq), (fast, long_seq))):
-        plan.append((f"train {preset} {attention} {s}", "train_step", 150.0 if dev else 60.0,
-                     {"fn": "train", "preset": preset, "attention": attention, "seq": s, "resp": resp, "own": dev}))
+    for t in shapes["train"]:
+        # named by its master weights where they are not the recipe's (float32): another step's plan
+        suffix = f" {t['param_dtype']} weights" if t["param_dtype"] else ""
+        plan.append((f"train {preset} {t['attention']} {t['seq']}{suffix}", "train_step", 150.0 if dev else 60.0,
+                     {"fn": "train", "preset": preset, "attention": t["attention"], "seq": t["seq"], "resp": resp,
+                      "param_dtype": t["param_dtype"], "own": dev}))
     for work in ("big", "small", "0.6b"):
-        wp, slots, samples, lo, hi, new = DECODE[mode][work]
-        for sampler in ("engine", "static"):
-            plan.append((f"decode {wp} {sampler} {slots}", "decode", 100.0 if dev else 60.0,
-                         {"fn": "decode", "sampler": sampler, "work": work, "own": dev}))
+        wp, slots, *_ = DECODE[mode][work]
+        plan += [(f"decode {wp} {sampler} {slots}", "decode", 100.0 if dev else 60.0,
+                  {"fn": "decode", "sampler": sampler, "work": work, "own": dev,
+                   "pool_pages": shapes["decode"][work]["pool_pages"] if sampler == "engine" else None,
+                   "token_budget": shapes["decode"][work]["static_token_budget"] if sampler == "static" else None})
+                 for sampler in ("engine", "static") if f"decode {wp} {sampler} {slots}" not in dropped]
     wp, slots, *_ = DECODE[mode]["small"]
     # torch: in its own process, after the jax one has exited (jax holds its share of the GPU
     # until then, and torch needs the rest)
@@ -120,16 +125,18 @@ def install(platform: str, dry_run: bool, skip: bool) -> dict:
     return info
 
 
-def child(mode: str, names: list[str], out_dir: Path) -> int:
+def child(mode: str, names: list[str], out_dir: Path, memory: int | None = None, source: str = "") -> int:
     """`--stage work`: run the named measurements in this interpreter, one event line each
-    (start, done) appended to DIR/device_check_events.jsonl for the parent to follow."""
+    (start, done) appended to DIR/device_check_events.jsonl for the parent to follow; `memory`
+    (bytes, from `source`): the figure the parent planned the shapes for (the same plan here)."""
     if mode == "dry-run":
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
     sys.path.insert(0, str(ROOT))
     sys.path.insert(0, str(ROOT / "benchmarks"))
     from actionopd_jax.aot.targets import USABLE_MEMORY_FRACTION
 
-    specs = {name: spec for name, _, _, spec in stages(mode, detect_platform())}
+    shapes = choose(mode, detect_platform(), memory, source)
+    specs = {name: spec for name, _, _, spec in stages(mode, detect_platform(), shapes)}
     if all(specs.get(n, {}).get("torch") for n in names):
         # torch's own measurement: jax only names the device, and must not take its memory
         os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
@@ -154,9 +161,10 @@ def child(mode: str, names: list[str], out_dir: Path) -> int:
     devices = jax.local_devices() if mode == "device" else jax.local_devices()[:1]
     platform = devices[0].platform if mode == "device" else "cpu"
     emit(event="devices", platform=platform, jax=jax.__version__,
-         devices=[{"kind": d.device_kind, "platform": d.platform} for d in devices])
+         devices=[{"kind": d.device_kind, "platform": d.platform,
+                   "bytes_limit": (d.memory_stats() or {}).get("bytes_limit")} for d in devices])
     dev = mode == "device"
-    calls = {name: spec for name, _, _, spec in stages(mode, platform)}
+    calls = {name: spec for name, _, _, spec in stages(mode, platform, shapes)}
 
     def call(spec):
         fn = spec["fn"]
@@ -168,13 +176,15 @@ def child(mode: str, names: list[str], out_dir: Path) -> int:
             return w.attention_parity(platform, **shape)
         if fn == "train":
             return w.train_step_timing(spec["preset"], spec["attention"], rows=len(devices), seq=spec["seq"],
-                                       resp=spec["resp"], reps=2 if dev else 1, devices=devices)
+                                       resp=spec["resp"], reps=2 if dev else 1, devices=devices,
+                                       param_dtype=spec["param_dtype"])
         if fn == "sampler parity":
             return w.sampler_parity(devices[0], bf16=dev)
         preset, slots, samples, lo, hi, new = DECODE[mode][spec["work"]]
         if fn == "decode":
             return dec.decode_timing(preset, slots=slots, samples=samples, lo=lo, hi=hi, max_new=new,
-                                     sampler=spec["sampler"])
+                                     sampler=spec["sampler"], pool_pages=spec["pool_pages"],
+                                     token_budget=spec["token_budget"])
         return dec.transformers_timing(preset, slots=slots, samples=samples, lo=lo, hi=hi, max_new=new)
 
     def note(what: str) -> None:
@@ -204,10 +214,11 @@ def child(mode: str, names: list[str], out_dir: Path) -> int:
 
 
 def run_stages(mode: str, platform: str, out_dir: Path, plan, deadline: float, stage_timeout: float | None,
-               on_record=lambda out: None) -> dict:
+               on_record=lambda out: None, shapes: dict | None = None) -> dict:
     """Every measurement of `plan` in child interpreters, each killed at its time limit or at
     `deadline`; what the deadline leaves unstarted is listed under "skipped". `on_record(out)`
-    runs after each measurement (the caller writes the report there)."""
+    runs after each measurement (the caller writes the report there); `shapes`: the memory
+    figure the plan was chosen for, passed on to each child."""
     out = {"platform": platform, "jax": "", "devices": [], **{sec: [] for sec in SECTIONS},
            "skipped": [], "timed_out": [], "errors": [], "stage_s": {}}
     section = {name: sec for name, sec, _, _ in plan}
@@ -237,7 +248,9 @@ def run_stages(mode: str, platform: str, out_dir: Path, plan, deadline: float, s
         batch = todo[:1] if todo[0] in alone else [n for n in todo[:next(
             (i for i, n in enumerate(todo) if n in alone), len(todo))]]
         cmd = [sys.executable, str(Path(__file__).resolve()), "--stage", "work", "--out", str(out_dir),
-               "--names", json.dumps(batch)] + (["--dry-run"] if mode == "dry-run" else [])
+               "--names", json.dumps(batch)] + (["--dry-run"] if mode == "dry-run" else []) + \
+            (["--memory-bytes", str(shapes["memory_bytes"]), "--memory-source", shapes["source"]]
+             if shapes and shapes["memory_bytes"] else [])
         proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True)  # its own group: killed whole
         started, current, began = time.time(), None, 0.0
         while True:
@@ -296,24 +309,40 @@ def main(argv=None) -> int:
     p.add_argument("--stage-timeout-s", type=float, default=None,
                    help="time limit of every measurement (default: each its own, STAGES)")
     p.add_argument("--only", default="", help="comma-separated measurement names to run, in that order (default: all)")
+    p.add_argument("--memory-gib", type=float, default=None,
+                   help="plan the shapes for a device of this many GiB (default: nvidia-smi's memory.total)")
     p.add_argument("--stage", choices=("all", "work"), default="all", help=argparse.SUPPRESS)
     p.add_argument("--names", default="[]", help=argparse.SUPPRESS)
+    p.add_argument("--memory-bytes", type=int, default=None, help=argparse.SUPPRESS)   # the parent's figure
+    p.add_argument("--memory-source", default="", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.out is None:
         p.error("--out DIR is required where $OUT is not set")
     mode = "dry-run" if args.dry_run else "device"
     if args.stage == "work":
-        return child(mode, json.loads(args.names), args.out)
+        return child(mode, json.loads(args.names), args.out, args.memory_bytes, args.memory_source)
     started = time.time()
     platform = detect_platform()
     if mode == "device" and platform == "cpu":
         print("device_check: no NVIDIA GPU (nvidia-smi) or TPU (/dev/accel*) on this host; "
               "--dry-run runs the same steps on the CPU", file=sys.stderr)
         return 2
-    plan = stages(mode, platform)
+    if args.memory_gib:
+        memory, source = int(args.memory_gib * 2 ** 30), "--memory-gib"
+    elif mode == "device" and platform == "gpu":
+        memory, source = gpu_memory_bytes(), "nvidia-smi memory.total"
+    else:
+        memory, source = None, ""
+    shapes = choose(mode, platform, memory, source)   # from the memory figure; this process never starts jax
+    plan = stages(mode, platform, shapes)
     if args.only:
         wanted = [n.strip() for n in args.only.split(",") if n.strip()]
         unknown = sorted(set(wanted) - {name for name, _, _, _ in plan})
+        left_out = [d for d in shapes["dropped"] if d["stage"] in unknown]
+        if left_out:
+            print("device_check: --only " + "; ".join(f"{d['stage']}: not planned on this device ({d['why']})"
+                                                     for d in left_out), file=sys.stderr)
+            return 2
         if unknown:
             print(f"device_check: --only {', '.join(unknown)}: no such measurement; the measurements are: "
                   f"{', '.join(name for name, _, _, _ in plan)}", file=sys.stderr)
@@ -322,17 +351,19 @@ def main(argv=None) -> int:
         plan = [by_name[n] for n in dict.fromkeys(wanted)]      # in the order given
     args.out.mkdir(parents=True, exist_ok=True)
     info = install(platform, args.dry_run, args.no_install)
-    rep = {"schema": 3, "mode": mode, "install": info}
+    rep = {"schema": 3, "mode": mode, "install": info, "shapes": shapes}
 
     def write(out: dict, final: bool = False) -> None:
         rep.update(out)
         rep["elapsed_s"] = round(time.time() - started, 1)
-        rep["ok"] = final and not rep["errors"] and not rep["skipped"] and all(r.get("ok") for key in SECTIONS for r in rep[key])
+        rep["ok"] = final and not rep["errors"] and not rep["skipped"] and not (shapes["dropped"] and not args.only) \
+            and all(r.get("ok") for key in SECTIONS for r in rep[key])
         apply_ceilings(rep)
         (args.out / "device_check.json").write_text(json.dumps(rep, indent=1))
         (args.out / "device_check.md").write_text(markdown(rep))
 
-    out = run_stages(mode, platform, args.out, plan, started + args.budget_s, args.stage_timeout_s, on_record=write)
+    out = run_stages(mode, platform, args.out, plan, started + args.budget_s, args.stage_timeout_s, on_record=write,
+                     shapes=shapes)
     write(out, final=True)
     print(markdown(rep))
     return 0 if rep["ok"] else 1

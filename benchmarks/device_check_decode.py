@@ -49,11 +49,12 @@ def step_bytes(cfg, prompts, samples: int, max_new: int) -> dict:
 
 
 def decode_timing(preset: str, *, slots: int, samples: int, lo: int, hi: int, max_new: int,
-                  sampler: str) -> dict:
+                  sampler: str, pool_pages: int | None = None, token_budget: int | None = None) -> dict:
     """Our decode on one device: sampler "engine" (paged, continuous batching, each prompt's
     pages shared by its samples) or "static" (one batched call, prompts padded to a bucket).
     The second call is timed (the first compiles). decode tokens/s = generated / decode s;
-    end-to-end tokens/s counts prefill too."""
+    end-to-end tokens/s counts prefill too. pool_pages: the engine's pool, token_budget: the
+    static sampler's (None: one call), as device_check_shapes planned them for the device's memory."""
     from flax import nnx
 
     from actionopd_jax.model import PRESETS, Qwen3, make_mesh
@@ -71,22 +72,26 @@ def decode_timing(preset: str, *, slots: int, samples: int, lo: int, hi: int, ma
     if sampler == "engine":
         from actionopd_jax.engine import Engine, EngineConfig
         from actionopd_jax.engine.requests import pages_needed
-        from actionopd_jax.engine.sizing import pool_pages
+        from actionopd_jax.engine.sizing import pool_pages as auto_pages
 
         shapes = EngineConfig(slots=rows, page_size=16, max_len=hi + max_new, chunk=min(512, hi), segment=16)
         # the pool this workload fills (every row at once, each prompt's pages shared by its
-        # samples) plus a quarter: "auto" takes 90% of what is free, which on the H200 left the
-        # decode segment's temporaries no room at 256 slots (run 1: out of memory)
-        need = sum(a + b + (samples - 1) * c for a, b, c in
-                   (pages_needed(len(p), max_new, samples, 0, shapes.page_size) for p in prompts))
-        extra["pool_pages"] = int(need * 1.25) + 1
-        extra["auto_pool_pages"] = pool_pages(cfg, shapes, mesh=mesh, dtype="bfloat16")
+        # samples) plus a quarter, within what the device holds (device_check_shapes): "auto"
+        # takes 90% of what is free, which on the H200 left the decode segment's temporaries
+        # no room at 256 slots (run 1: out of memory)
+        if pool_pages is None:
+            need = sum(a + b + (samples - 1) * c for a, b, c in
+                       (pages_needed(len(p), max_new, samples, 0, shapes.page_size) for p in prompts))
+            pool_pages = int(need * 1.25) + 1
+        extra["pool_pages"] = int(pool_pages)
+        extra["auto_pool_pages"] = auto_pages(cfg, shapes, mesh=mesh, dtype="bfloat16")
         shapes = dataclasses.replace(shapes, pages=extra["pool_pages"])
         s = Engine(model, eos_ids=[], config=shapes, mesh=mesh)
     else:
         from actionopd_jax.sampling import Sampler
 
-        s = Sampler(model, eos_ids=[], mesh=mesh, token_budget=None)
+        s = Sampler(model, eos_ids=[], mesh=mesh, token_budget=token_budget)
+        extra["token_budget"] = token_budget
     kw = dict(n=samples, max_new_tokens=max_new, temperature=1.0, top_p=1.0, top_k=0)
     progress(f"{sampler} built{' with ' + str(extra['pool_pages']) + ' pages' if 'pool_pages' in extra else ''}; "
              "first call (compiles)")

@@ -53,6 +53,23 @@ def _ratio(a, b):
     return "-" if not a or not b else f"{a / b:.2f}x"
 
 
+def _shapes_lines(sh: dict | None) -> list[str]:
+    """Which memory figure chose the shapes (device_check_shapes.choose), and what it left out."""
+    if not sh:
+        return []
+    gib = 1024 ** 3
+    if not sh.get("memory_bytes"):
+        return [f"shapes: {sh.get('source', 'the defaults')}"]
+    train = ", ".join(f"{t['attention']} {t['seq']}{' ' + t['param_dtype'] + ' weights' if t['param_dtype'] else ''} "
+                      f"{t['plan_bytes'] / gib:.1f}" for t in sh["train"])
+    calls = ", ".join(f"{d['work']} {d['static_calls']}" for d in sh["decode"].values() if d["static_calls"] > 1)
+    lines = [f"shapes planned for {sh['memory_bytes'] / gib:.1f} GiB ({sh['source']}), usable "
+             f"{sh['usable_bytes'] / gib:.1f} GiB: train plans (GiB) {train or '-'}; engine pools "
+             + ", ".join(f"{d['work']} {d['pool_pages']} pages" for d in sh["decode"].values())
+             + (f"; static calls {calls}" if calls else "")]
+    return lines + [f"not planned: {d['stage']}: {d['why']}" for d in sh.get("dropped", [])]
+
+
 def markdown(rep: dict) -> str:
     """The report as tables, shortest last-read parts at the end (a device call returns only
     the end of its output)."""
@@ -65,7 +82,8 @@ def markdown(rep: dict) -> str:
                          f"{c['matmul_flops_per_s'] / 1e12:.1f} TFLOP/s (n={c['matmul_n']})")
         else:
             lines.append(f"ceilings: FAILED: {c.get('error', '')}")
-    lines += [f"ratios against: {used.get('source', 'none')}", "", "| check | result | detail |", "| --- | --- | --- |"]
+    lines += [f"ratios against: {used.get('source', 'none')}", *_shapes_lines(rep.get("shapes")), "",
+              "| check | result | detail |", "| --- | --- | --- |"]
     for p in rep["parity"]:
         detail = (f"fwd rel err {_fmt(p.get('forward_rel_err'))}, grad {_fmt(p.get('grad_rel_err'))}"
                   if "forward_rel_err" in p else f"{p.get('rows_equal', '-')}/{p.get('rows', '-')} rows equal"
@@ -78,7 +96,8 @@ def markdown(rep: dict) -> str:
         if "step_s" not in t:
             lines.append(f"| {t['check']} | FAILED: {t.get('error', '')} | | | | | | | | |")
             continue
-        lines.append(f"| {t['model']} | {t['attention']} | {t['remat']} | {t['rows']} x {t['seq_len']} | "
+        remat = t["remat"] + (f", {t['param_dtype']} weights" if t.get("param_dtype", "float32") != "float32" else "")
+        lines.append(f"| {t['model']} | {t['attention']} | {remat} | {t['rows']} x {t['seq_len']} | "
                      f"{t['compile_s']} | {t['step_s']} | {t['tokens_per_s']:,.0f} | "
                      f"{_fmt(t.get('mfu'), '{:.1%}')} | {_fmt(t['peak_bytes'] and t['peak_bytes'] / gib, '{:.1f}')} | "
                      f"{t['plan_bytes'] / gib:.1f} |")

@@ -156,7 +156,9 @@ def sampler_parity(device, *, prompts: int = 4, max_new: int = 24, bf16: bool = 
 RECIPE = "configs/paper/qwen3_4b_h200.yaml"   # the train step is timed as this recipe sets it (remat, dtypes)
 
 
-def _train_config(preset: str, attention: str, rows: int, seq: int, resp: int, remat: str | None):
+def train_config(preset: str, attention: str, rows: int, seq: int, resp: int, remat: str | None,
+                 param_dtype: str | None = None):
+    """RECIPE at these shapes; `remat` / `param_dtype`: the recipe's where None."""
     from pathlib import Path
 
     from actionopd_jax.config.load import load_config
@@ -164,16 +166,17 @@ def _train_config(preset: str, attention: str, rows: int, seq: int, resp: int, r
     recipe = Path(__file__).resolve().parents[1] / RECIPE
     return load_config(recipe, [
         f"model.preset={preset}", "model.hf_path=", f"model.attention={attention}",
-        *([f"model.remat={remat}"] if remat else []),
+        *([f"model.remat={remat}"] if remat else []), *([f"model.param_dtype={param_dtype}"] if param_dtype else []),
         "mesh.target=", "mesh.fsdp=-1", "train.shared_prompt=false", f"train.microbatch_rows={rows}",
         f"train.max_seq_len={seq}", f"collect.max_response_tokens={resp}", "train.logits_chunk=512"])
 
 
 def train_step_timing(preset: str, attention: str, *, rows: int, seq: int, resp: int, reps: int,
-                      remat: str | None = None, devices: list | None = None) -> dict:
+                      remat: str | None = None, param_dtype: str | None = None, devices: list | None = None) -> dict:
     """One optimizer update of `preset` (random weights) over all local devices (FSDP), remat
     as RECIPE sets it unless `remat` is given: compile time, step time, tokens/s, the model
     FLOPs of the step (MFU is taken in device_check.py against the measured matmul ceiling);
+    `param_dtype`: the master weights' dtype where the recipe's does not fit (device_check_shapes);
     peak device memory against the analytic plan of `train --check`."""
     from actionopd_jax.model import make_mesh
     from actionopd_jax.train.aot_check import model_flops
@@ -182,7 +185,7 @@ def train_step_timing(preset: str, attention: str, *, rows: int, seq: int, resp:
     from actionopd_jax.train.setup import build_train_step, initial_params, model_config
 
     devices = devices or jax.local_devices()
-    cfg = _train_config(preset, attention, rows, seq, resp, remat)
+    cfg = train_config(preset, attention, rows, seq, resp, remat, param_dtype)
     qcfg = model_config(cfg)
     mesh = make_mesh({"fsdp": len(devices)}, devices=devices)
     step = build_train_step(cfg, qcfg, mesh)
@@ -211,7 +214,8 @@ def train_step_timing(preset: str, attention: str, *, rows: int, seq: int, resp:
     plan = estimate_memory(cfg, qcfg, {"data": 1, "fsdp": len(devices), "tensor": 1}, attention).total
     del state, batch
     return {"model": preset, "attention": attention, "devices": len(devices), "rows": rows, "seq_len": seq,
-            "resp_len": resp, "remat": cfg.model.remat, "compile_s": round(compile_s, 2), "step_s": float(f"{step_s:.6g}"),
+            "resp_len": resp, "remat": cfg.model.remat, "param_dtype": cfg.model.param_dtype,
+            "compile_s": round(compile_s, 2), "step_s": float(f"{step_s:.6g}"),
             "tokens_per_s": round(rows * seq / step_s, 1), "loss": loss, "model_flops": used,
             "peak_bytes": stats.get("peak_bytes_in_use"), "plan_bytes": plan,
             "ok": bool(np.isfinite(loss))}

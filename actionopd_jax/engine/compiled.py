@@ -38,20 +38,26 @@ class Programs:
         key = (kind, args[0], _signature(args[1:]), tuple(sorted(static.items())), self.backend)
         program = _PROGRAMS.get(key)
         if program is None:
-            t0 = time.perf_counter()
-            options = cpu_backend.compiler_options("decode" if kind.startswith("segment") else "prefill") \
-                if self.backend == "cpu" else ()
-            jitted = jax.jit(functools.partial(fn, **static), static_argnums=(0,), donate_argnums=donate)
-            mesh = self.mesh()
-            with set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
-                program = jitted.lower(*args).compile(compiler_options=dict(options))
-            took = time.perf_counter() - t0
-            self.stats.programs += 1
-            self.stats.seconds += took
-            self.stats.shapes.append((kind, round(took, 2)))
-            _PROGRAMS[key] = program
+            program = _PROGRAMS[key] = self.compile(kind, fn, args, static, donate=donate)
         self._local[kind] = (weights, program)
         return program(*args[1:])
+
+    def compile(self, kind: str, fn, args: tuple, static: dict, *, donate=()):
+        """fn(*args, **static) compiled as `run` compiles it (counted in `stats`); any of `args`
+        may be abstract (jax.ShapeDtypeStruct): nothing is allocated for them (the pool sizing
+        compiles against a pool not allocated yet, engine/pool_fit.py)."""
+        t0 = time.perf_counter()
+        options = cpu_backend.compiler_options("decode" if kind.startswith("segment") else "prefill") \
+            if self.backend == "cpu" else ()
+        jitted = jax.jit(functools.partial(fn, **static), static_argnums=(0,), donate_argnums=donate)
+        mesh = self.mesh()
+        with set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+            program = jitted.lower(*args).compile(compiler_options=dict(options))
+        took = time.perf_counter() - t0
+        self.stats.programs += 1
+        self.stats.seconds += took
+        self.stats.shapes.append((kind, round(took, 2)))
+        return program
 
 
 __all__ = ["Programs"]

@@ -33,6 +33,7 @@ from actionopd_jax.engine.admission import admit
 from actionopd_jax.engine.compiled import Programs
 from actionopd_jax.engine.groups import arrange, compact_rows
 from actionopd_jax.engine.pages import NULL_PAGE, PagePool, page_keys
+from actionopd_jax.engine.pool_fit import engine_needs
 from actionopd_jax.engine.requests import EngineStats, Request, pages_needed, validate
 from actionopd_jax.engine.sessions import Sessions
 from actionopd_jax.engine.slots import host_slots, start_samples
@@ -73,8 +74,7 @@ class Engine:
         # sized now, or (no model yet, "auto") at the first load_policy: with the rollout copy
         # resident and its mesh known, so the free memory measured is what the pool can take
         self.total_pages, self.pages = None, None
-        if model is not None or c.pages != "auto":
-            self._size_pool()
+        self.pool_needs: list = []    # XLA's memory analysis of the programs the "auto" pool was sized beside
         self.pool = None   # allocated at the first step (after the weights, so "auto" sizing saw them)
         self._policy: dict[str, tuple] | None = None
         self.stats = EngineStats()
@@ -90,10 +90,16 @@ class Engine:
         self._weights: tuple | None = None
         self._split: tuple | None = None
         self._checked: tuple[weakref.ref, Any] | None = None
+        if model is not None or c.pages != "auto":
+            self._size_pool()
 
     def _size_pool(self) -> None:
+        def needs_at(pages):   # the programs' own needs, before the pool is allocated (pool_fit.py)
+            self.pool_needs = engine_needs(self, pages)
+            return self.pool_needs
+
         self.total_pages = pool_pages(self.cfg, self.config, mesh=self.mesh, dtype=str(self.dtype),
-                                      reserve_bytes=self.reserve_bytes)
+                                      reserve_bytes=self.reserve_bytes, needs_at=needs_at)
         self.pages = PagePool(self.total_pages, self.config.page_size)
 
     # --- submission ------------------------------------------------------------------------

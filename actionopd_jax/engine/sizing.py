@@ -90,6 +90,27 @@ def pages_for(cfg, engine: EngineConfig, free_bytes_per_chip: float, *, shards: 
     return pages + 1
 
 
+def fit_pages(per_page: float, free_bytes: float, *, reserve_bytes: float, needs: list, min_pages: int,
+              safety: float = budget_lib.SAFETY) -> int:
+    """Pages (null page included) in `safety` of `free_bytes` less `reserve_bytes` less the
+    largest of the programs' `needs` (pool_fit.ProgramNeeds: XLA's memory analysis); a
+    ValueError with the numbers where that is under `min_pages` (one slot and the null page)."""
+    gib = 2 ** 30
+    beside = max((n.beside_arguments for n in needs), default=0)
+    pages = int(max(0.0, free_bytes - reserve_bytes - beside) * safety // per_page)
+    if pages + 1 < min_pages:
+        worst = max(needs, key=lambda n: n.beside_arguments) if needs else None
+        detail = (f"; the {worst.kind} program needs {beside / gib:.2f} GiB beside its arguments (XLA's memory "
+                  f"analysis: temporaries {worst.temp / gib:.2f}, generated code {worst.generated_code / gib:.2f}, "
+                  f"outputs not in place {max(0, worst.output - worst.alias) / gib:.2f})") if worst else ""
+        raise ValueError(f"the engine's page pool does not fit: {free_bytes / gib:.2f} GiB free per chip, "
+                         f"{reserve_bytes / gib:.2f} GiB of it kept for the trainer{detail}; {safety:.0%} of the rest "
+                         f"holds {pages} pages of {per_page / 2 ** 20:.2f} MiB, fewer than one slot's {min_pages - 1}: "
+                         "lower the engine's slots or max_len (collect.max_prompt_tokens + max_response_tokens; "
+                         "eval and serve: --engine-max-len) or free memory")
+    return pages + 1
+
+
 def pool_shards(mesh, kv_heads: int) -> int:
     """Chips one copy of the pool is spread over: the "tensor" axis where it divides the KV
     heads (programs.pool_sharding), else 1 (each device holds it whole)."""
@@ -116,13 +137,16 @@ def host_available_bytes() -> float | None:
     return None
 
 
-def pool_pages(cfg, engine: EngineConfig, *, mesh=None, dtype: str = "float32", reserve_bytes: float = 0) -> int:
+def pool_pages(cfg, engine: EngineConfig, *, mesh=None, dtype: str = "float32", reserve_bytes: float = 0,
+               needs_at=None) -> int:
     """Pages in the pool (null page included). An int `engine.pages`: that. "auto":
     `pages_for` what the mesh's devices can still allocate now (budget.free_bytes_per_chip:
     the parameters and a resident trainer's state are in use) less `reserve_bytes` per chip
     (what the trainer allocates later while the pool stays resident: an update's gradients
-    and activations). Where the platform reports no memory limit (CPU): every slot full plus
-    as much again for the prefix cache."""
+    and activations). `needs_at(pages)`: the engine's programs compiled against a pool of that
+    size, their XLA memory analyses (pool_fit.engine_needs); given, they are read at the
+    provisional size and the pool `fit_pages` beside the largest. Where the platform reports no
+    memory limit (CPU): every slot full plus as much again for the prefix cache."""
     if engine.pages != "auto":
         return int(engine.pages)
     free = budget_lib.free_bytes_per_chip(mesh)
@@ -135,8 +159,14 @@ def pool_pages(cfg, engine: EngineConfig, *, mesh=None, dtype: str = "float32", 
         # is far more than host memory for any real model: at most HOST_POOL_FRACTION of what
         # the host has free now, and at least one slot (pages_for refuses less, saying so)
         return min(wanted, pages_for(cfg, engine, host * HOST_POOL_FRACTION, dtype=dtype))
-    return pages_for(cfg, engine, free, shards=pool_shards(mesh, cfg.num_key_value_heads) if mesh is not None else 1,
-                     dtype=dtype, reserve_bytes=reserve_bytes)
+    shards = pool_shards(mesh, cfg.num_key_value_heads) if mesh is not None else 1
+    provisional = pages_for(cfg, engine, free, shards=shards, dtype=dtype, reserve_bytes=reserve_bytes)
+    needs = needs_at(provisional) if needs_at is not None else []
+    if not needs:   # the backend reports no memory analysis: SAFETY's margin is all the programs get
+        return provisional
+    per_page = budget_lib.cache_bytes_per_token(cfg, dtype) * engine.page_size / max(1, shards)
+    return fit_pages(per_page, free, reserve_bytes=reserve_bytes, needs=needs, min_pages=engine.pages_per_slot + 1)
 
 
-__all__ = ["EngineConfig", "engine_attention", "host_available_bytes", "pages_for", "pool_pages", "pool_shards"]
+__all__ = ["EngineConfig", "engine_attention", "fit_pages", "host_available_bytes", "pages_for", "pool_pages",
+           "pool_shards"]

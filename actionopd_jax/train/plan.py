@@ -170,8 +170,14 @@ def _engine_lines(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], coll: Co
                  f"{e.slots} slots full at once{', the rest prefix cache' if full > e.slots else ''})")
     peak = coll.resident + coll.rollout_copy + reserve + pages * per_page
     lines.append(f"  total (an update) {peak / GIB:9.2f} GiB  (params + AdamW + rollout copy + reserve + pool)")
+    lines.append("  programs' scratch  taken off the pool at start: XLA's memory analysis of the chunk and "
+                 "segment programs, read before the pool is allocated (engine/pool_fit.py)")
     if pages < e.pages_per_slot + 1:
-        lines.append("  the pool does not hold one slot: shorten collect.max_prompt_tokens or "
+        left = usable - coll.resident - coll.rollout_copy - reserve
+        lines.append(f"  the pool does not hold one slot: {usable / GIB:.2f} GiB usable - params + AdamW, rollout copy "
+                     f"and update reserve leaves {left / GIB:.2f} GiB, x {sb.SAFETY:.2f} = {pages:,} pages of "
+                     f"{per_page / 2 ** 20:.2f} MiB; one slot of {e.max_len:,} tokens needs {e.pages_per_slot:,} "
+                     f"({e.pages_per_slot * per_page / GIB:.2f} GiB): shorten collect.max_prompt_tokens or "
                      "collect.max_response_tokens, or free memory")
     return pages, peak, lines
 

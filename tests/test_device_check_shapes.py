@@ -1,0 +1,110 @@
+"""benchmarks/device_check_shapes.py: the device check's shapes come from the lent device's
+memory. An H100 (80 GB) and an H200 (141 GB) get different plans, every planned peak fits the
+usable memory, the report names the figure, and the parent that plans never starts a jax
+backend. Arithmetic only: no device, no compile."""
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import device_check as dc  # noqa: E402
+import device_check_report as report  # noqa: E402
+import device_check_shapes as shapes  # noqa: E402
+
+from actionopd_jax.sampling.budget import plan_chunks  # noqa: E402
+from actionopd_jax.sampling.buckets import Buckets  # noqa: E402
+
+MIB = 2 ** 20
+H100, H200 = 81559 * MIB, 143771 * MIB     # nvidia-smi's memory.total of each (MiB)
+
+
+def _planned_peaks(plan: dict) -> list[float]:
+    return [t["plan_bytes"] for t in plan["train"]] + \
+        [d[k] for d in plan["decode"].values() for k in ("engine_plan_bytes", "static_plan_bytes")]
+
+
+def test_an_h100_and_an_h200_get_different_shapes_each_within_its_memory():
+    h100 = shapes.choose("device", "gpu", H100, "nvidia-smi memory.total")
+    h200 = shapes.choose("device", "gpu", H200, "nvidia-smi memory.total")
+    for plan, mem in ((h100, H100), (h200, H200)):
+        assert plan["memory_bytes"] == mem and plan["usable_bytes"] == mem * 0.9 and not plan["dropped"]
+        assert all(0 < peak <= plan["usable_bytes"] for peak in _planned_peaks(plan)), plan
+    # the H200 runs the recipe's step (float32 master weights) as run 1 did, 16k included
+    assert [(t["attention"], t["seq"], t["param_dtype"]) for t in h200["train"]] == [
+        ("cudnn", 4096, None), ("xla", 4096, None), ("cudnn", 16384, None)]
+    # its float32 plans (85.0 / 93.8 / 89.9 GiB, as run 1's report) are over the H100's 71.7:
+    # the H100 is never asked for them, it runs the same steps with bfloat16 master weights
+    assert [round(t["plan_bytes"] / 2 ** 30, 1) for t in h200["train"]] == [85.0, 93.8, 89.9]
+    assert all(t["plan_bytes"] > h100["usable_bytes"] for t in h200["train"])
+    assert [(t["attention"], t["seq"], t["param_dtype"]) for t in h100["train"]] == [
+        ("cudnn", 4096, "bfloat16"), ("xla", 4096, "bfloat16"), ("cudnn", 16384, "bfloat16")]
+    # decode: the static sampler's 256 rows of Qwen3-4B plan 77.0 GiB in one call (run 2
+    # measured a 76.6 GiB peak): one call on the H200, two on the H100, by its own budget
+    big100, big200 = h100["decode"]["big"], h200["decode"]["big"]
+    assert big200["static_calls"] == 1 and big200["static_token_budget"] is None
+    assert abs(big200["static_plan_bytes"] / 2 ** 30 - 76.6) < 1.0
+    assert big100["static_calls"] == 2
+    lens = shapes.prompt_lengths(256, 4, 1024, 4096)
+    chunks = plan_chunks([4] * len(lens), lens, [256] * len(lens), Buckets(), big100["static_token_budget"])
+    assert [len(c) for c in chunks] == [32, 32]
+    # the engine's pool: what the workload fills plus a quarter, the same on both (it fits both)
+    assert big100["pool_pages"] == big200["pool_pages"] > big200["pool_pages_needed"]
+    names = [n for n, _, _, _ in dc.stages("device", "gpu", h100)]
+    assert "train qwen3-4b cudnn 16384" in [n for n, _, _, _ in dc.stages("device", "gpu", h200)]
+    assert "train qwen3-4b cudnn 16384" not in names and "train qwen3-4b cudnn 16384 bfloat16 weights" in names
+    spec = {n: s for n, _, _, s in dc.stages("device", "gpu", h100)}
+    assert spec["decode qwen3-4b static 256"]["token_budget"] == big100["static_token_budget"]
+    assert spec["decode qwen3-4b engine 256"]["pool_pages"] == big100["pool_pages"]
+    (line,) = report._shapes_lines(h100)
+    assert line.startswith("shapes planned for 79.6 GiB (nvidia-smi memory.total), usable 71.7 GiB") and \
+        "static calls big 2" in line
+
+
+def test_a_device_too_small_leaves_out_what_fits_no_variant_and_says_why():
+    small = shapes.choose("device", "gpu", 24 * 2 ** 30, "--memory-gib")
+    left = {d["stage"]: d["why"] for d in small["dropped"]}
+    assert set(left) >= {"train qwen3-4b cudnn 4096", "train qwen3-4b xla 4096", "train qwen3-4b cudnn 16384"}
+    assert "no plan fits the usable 21.6 GiB" in left["train qwen3-4b cudnn 4096"] and \
+        "4096 tokens bfloat16" in left["train qwen3-4b cudnn 4096"]
+    names = {n for n, _, _, _ in dc.stages("device", "gpu", small)}
+    assert not names & set(left) and not small["train"]
+    assert all(peak <= small["usable_bytes"] for peak in _planned_peaks(small) if peak)
+    lines = report._shapes_lines(small)
+    assert any(line.startswith("not planned: train qwen3-4b xla 4096: no plan fits") for line in lines)
+
+
+def test_without_a_memory_figure_the_shapes_are_the_defaults():
+    plan = shapes.choose("device", "tpu", None)
+    assert [(t["attention"], t["seq"]) for t in plan["train"]] == [("splash", 4096), ("xla", 4096), ("splash", 16384)]
+    assert plan["usable_bytes"] is None and not plan["dropped"]
+    assert all(d["pool_pages"] is None and d["static_token_budget"] is None for d in plan["decode"].values())
+    spec = {n: s for n, _, _, s in dc.stages("device", "tpu", plan)}
+    assert spec["decode qwen3-4b engine 256"]["pool_pages"] is None    # decode_timing's own rule
+    assert report._shapes_lines(plan) == ["shapes: none (the default shapes)"]
+
+
+def test_the_memory_figure_is_nvidia_smis_least_total_and_planning_starts_no_jax_backend(tmp_path):
+    """A stand-in `nvidia-smi` on PATH (no GPU here) answers as an 8-GPU host does, one line a
+    GPU in MiB; the plan is made in a fresh interpreter that then has no jax backend."""
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\nprintf '81559\\n81559\\n81557\\n'\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    probe = ("import sys; sys.path.insert(0, 'benchmarks')\n"
+             "import device_check as dc, device_check_shapes as sh, jax._src.xla_bridge as xb\n"
+             "m = sh.gpu_memory_bytes(); plan = dc.stages('device', 'gpu', sh.choose('device', 'gpu', m, 'x'))\n"
+             "print(m, len(plan), xb.backends_are_initialized())")
+    env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"}
+    res = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    memory, stages, started = res.stdout.split()
+    assert int(memory) == 81557 * MIB and int(stages) > 10 and started == "False"
+    fake.write_text("#!/bin/sh\necho 'NVIDIA-SMI has failed'\n")
+    bad = subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, 'benchmarks'); "
+                              "import device_check_shapes as sh; print(sh.gpu_memory_bytes())"],
+                             cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 0 and bad.stdout.strip() == "None", bad.stderr[-2000:]
