@@ -275,6 +275,45 @@ def test_reference_teacher_is_labelled_and_serves_training_tasks_only():
         endpoint.close()
 
 
+def test_an_explicit_judge_beside_the_reference_teacher_is_honoured(capsys):
+    """Issue 46 item 8: with the built-in reference teacher, matcher.kind=rules+llm naming a
+    judge was replaced by rules-only matching while `--check` said OK. The named judge is now
+    what the phase's matcher asks (a real request to a loopback judge), `--check` names it, a
+    half-named judge is refused, and rules+llm naming none (the default) says it is rules only."""
+    from actionopd_jax.commands import train as train_cli
+    from actionopd_jax.matching.build import build_matcher
+    from actionopd_jax.teacher.specs import judge_spec
+    from actionopd_jax.serve.scripted import ScriptedBackend, message_choice
+    from tests._teacher_fixtures import serve
+    from tests.test_matching_judge import PARIS, ROME
+
+    backend = ScriptedBackend("judge", lambda req: message_choice("VERDICT: NO_MATCH"))
+    with serve(backend) as server:
+        judge = ["matcher.kind=rules+llm", "matcher.model=judge", f"matcher.base_url={server.base_url}",
+                 "matcher.provider=vllm"]
+        cfg = load_config(None, judge)
+        split = job_tasks(cfg.experiment)
+        endpoint = teacher_lib.start_teacher(cfg, split.train[:2])
+        try:
+            phase = replace_keys(cfg, **teacher_lib.teacher_overrides(cfg, endpoint))
+        finally:
+            endpoint.close()
+        assert phase.teacher.base_url == endpoint.base_url and phase.matcher.kind == "rules+llm"
+        matcher = build_matcher(judge_spec(phase.matcher))
+        messages = [{"role": "user", "content": "the capital?"}]
+        assert asyncio.run(matcher.verdict(ROME, PARIS, messages=messages, tools=[])) == "no_match"
+        assert backend.requests and backend.requests[-1].raw["model"] == "judge"
+        assert train_cli.main(["--check", *judge]) == 0
+        out = capsys.readouterr().out
+        assert f"matching: matcher.kind=rules+llm, judge judge at {server.base_url}" in out, out
+    assert train_cli.main(["--check", "matcher.model=judge", "matcher.provider=vllm"]) == 2   # no URL: refused
+    assert "set both matcher.base_url and matcher.model" in capsys.readouterr().err
+    default = load_config(None)
+    assert teacher_lib.teacher_overrides(default, teacher_lib.TeacherEndpoint(
+        base_url="http://127.0.0.1:1/v1", model="m", api_key_env="", privileged=True, label=""))["matcher.kind"] == "rules"
+    assert "rules only: matcher.kind=rules+llm names no judge" in teacher_lib.matching_label(default, True)
+
+
 # --- --check on every shipped config, on a 1-device CPU ------------------------------------------
 
 def _one_device_env():

@@ -52,12 +52,12 @@ def check_main_job(cfg: Config, devices: int = 0) -> int:
     mode = teacher_lib.teacher_mode(cfg)
     if mode == "reference":
         teacher = (f"{teacher_lib.REFERENCE_LABEL} (embedded server on 127.0.0.1, reference policy of the "
-                   f"{len(split.train)} training tasks; rules-only matching)")
+                   f"{len(split.train)} training tasks); matching: {teacher_lib.matching_label(cfg, True)}")
     else:
         t = cfg.teacher
         teacher = f"remote {t.model} at {t.base_url} (key from ${t.api_key_env or '<none>'}), matcher {cfg.matcher.kind}"
-        notes += [f"warning: environment variable {name} is not set; the run will stop until it is exported"
-                  for name in teacher_lib.missing_secrets(cfg)]
+    notes += [f"warning: environment variable {name} is not set; the run will stop until it is exported"
+              for name in teacher_lib.missing_secrets(cfg)]
     qcfg, student = _student_config(cfg, notes)
     ctx = context_overrides(cfg)
     # the ActionOPD phase as it will run (experiment/phases.py derives the same keys)
@@ -68,7 +68,8 @@ def check_main_job(cfg: Config, devices: int = 0) -> int:
     if mode == "reference":
         from actionopd_jax.serve.reference_backend import MODEL_NAME
 
-        phase.update({**teacher_lib.REFERENCE_TEACHER_KEYS, "teacher.model": MODEL_NAME,
+        phase.update({**teacher_lib.REFERENCE_TEACHER_KEYS, **teacher_lib.reference_matcher_keys(cfg),
+                      "teacher.model": MODEL_NAME,
                       "teacher.base_url": "<embedded>"})
     plan_cfg = replace_keys(cfg, **phase)
     from actionopd_jax.train.gpu_lowering import gpu_target, lower_if_gpu

@@ -127,9 +127,7 @@ def _run_phases(cfg: Config, run_dir: Path, timings: dict[str, float], opened: l
     student_dir = assets.initial_student(cfg, tokenizer, run_dir / "student_init")
     endpoint = teacher_lib.start_teacher(cfg, split.train)
     opened.append(endpoint)
-    matching = ("rules only (same tool and canonically equal arguments, or a normalised-equal message); an LLM "
-                "judge would be the same privileged server, which cannot judge equivalence"
-                if endpoint.privileged else f"matcher.kind={cfg.matcher.kind}")
+    matching = teacher_lib.matching_label(cfg, endpoint.privileged)
     log.info("teacher: %s; matching: %s", endpoint.label, matching)
     log.info("tasks: %d training %s, %d held out %s", len(split.train), [t.task_id for t in split.train],
              len(split.heldout), [t.task_id for t in split.heldout])
