@@ -98,7 +98,8 @@ def check(cfg: Config, devices: int = 0) -> int:
 
     tasks_line = check_training_tasks(cfg)  # the run's training tasks vs what eval scores
     room_line, first_prompts, source = prompt_room(cfg)      # their first prompts vs collect.max_prompt_tokens
-    if first_prompts is not None:  # the budget plus a reply vs the student's own context (issue 43 item 2)
+    draws = cfg.collect.kind != "synthetic" and not (cfg.collect.kind == "kd" and cfg.kd.trajectories)
+    if draws:  # the budget plus a reply vs the student's own context (issue 43 item 2), measured or not
         from actionopd_jax.envs.prompt_room import context_problem
 
         c = cfg.collect
