@@ -27,7 +27,7 @@ import numpy as np
 from flax import nnx
 
 from actionopd_jax.sampling.buckets import bucket_length
-from actionopd_jax.serve.requests import RequestError, requested_model
+from actionopd_jax.serve.requests import RequestError, release_body_slot, requested_model
 from actionopd_jax.jax_compat import set_mesh
 
 POSITION_CHUNK = 128  # positions per LM-head chunk: [rows, chunk, vocab] logits at a time
@@ -201,7 +201,9 @@ async def handle_completion(body: Any, backends: dict[str, Any]) -> dict[str, An
         raise RequestError(400, f"model {req.model!r} cannot score tokens (it is not a model on device)")
     if len(req.prompt) < 2:
         raise RequestError(400, "'prompt' needs at least 2 tokens to score (the first has no context)")
-    logp, top_id, top_lp = await scorer(np.asarray(req.prompt, np.int32))
+    ids = np.asarray(req.prompt, np.int32)
+    release_body_slot()   # token ids need no tokenizing: a large body's slot is not held through scoring
+    logp, top_id, top_lp = await scorer(ids)
     return completion_body(req, logp, top_id, top_lp, getattr(backend, "tokenizer", None))
 
 
