@@ -20,6 +20,10 @@ def test_two_calls_are_both_returned():
     block = '<tool_call>\n{{"name": "{}", "arguments": {{}}}}\n</tool_call>'
     _, calls, _ = message_fields(block.format("a") + "\n" + block.format("b"), parse_tools=True)
     assert [c["function"]["name"] for c in calls] == ["a", "b"]
+    # OpenAI's layout for parallel calls (issue 43 item 3): one message, each call its own id
+    # (a client links each tool result to its call by it), type function, arguments a JSON string
+    assert len({c["id"] for c in calls}) == 2 and all(c["id"].startswith("call_") for c in calls)
+    assert all(c["type"] == "function" and json.loads(c["function"]["arguments"]) == {} for c in calls)
 
 
 def test_malformed_blocks_stay_in_content():
