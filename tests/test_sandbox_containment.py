@@ -177,3 +177,88 @@ def test_a_pooled_awm_servers_reset_ends_what_its_tools_started(tmp_path):
         asyncio.run(main())
     finally:
         make.close()
+
+
+DRIVER = '''
+import asyncio, json, sys
+from actionopd_jax.envs.mcp.sandbox import Sandbox
+from actionopd_jax.envs.sandbox import SubprocessSandbox
+
+READ = ("def f(paths):\\n    out = []\\n    for p in paths:\\n        try:\\n            out.append(open(p).read())\\n"
+        "        except OSError as e:\\n            out.append(type(e).__name__)\\n    return out\\n")
+
+
+async def server(script):
+    sandbox = Sandbox()
+    code, tail = await sandbox.run([sys.executable, script], workdir=sandbox.new_workdir(), timeout_s=60)
+    return code, tail
+
+
+code, tail = asyncio.run(server(sys.argv[1]))
+verifier = SubprocessSandbox().run_function(READ, "f", {"paths": json.loads(sys.argv[2])})
+print(json.dumps({"server_exit": code, "server": tail, "verifier": verifier.value, "error": verifier.error}))
+'''
+
+SERVER = '''
+import json, sys
+import probe_helper  # a module of the PYTHONPATH directory: shown to the server alone
+out = {"helper": probe_helper.VALUE}
+for p in %r:
+    try:
+        out[p] = open(p).read()
+    except OSError as e:
+        out[p] = type(e).__name__
+sys.stderr.write(json.dumps(out))
+'''
+
+
+def test_a_trainer_started_with_python_m_from_home_shows_neither_home_nor_pythonpath_files(tmp_path):
+    """Issue 46 item 11: every directory on the trainer's sys.path / PYTHONPATH used to be
+    mounted whole (its 0600 files included), and `python -m ...` started from HOME put HOME on
+    sys.path[0]. Started exactly that way, with a 0600 file in HOME and one in a PYTHONPATH
+    directory, neither a server nor a verifier can read either; the module the server imports
+    from that directory still loads."""
+    home, pp, code_dir = tmp_path / "home", tmp_path / "pp", tmp_path / "code"
+    for d in (home, pp, code_dir):
+        d.mkdir()
+    canary, secret = home / "canary.txt", pp / "secret.txt"
+    for f, text in ((canary, "home-canary"), (secret, "pythonpath-secret")):
+        f.write_text(text)
+        f.chmod(0o600)
+    (pp / "probe_driver.py").write_text(DRIVER)
+    (pp / "probe_helper.py").write_text("VALUE = 'helper loaded'\n")
+    targets = [str(canary), str(secret), str(pp / "probe_driver.py")]
+    script = code_dir / "server.py"
+    script.write_text(SERVER % (targets,))
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "HOME")}
+    env.update(HOME=str(home), PYTHONPATH=str(pp))
+    import subprocess
+
+    run = subprocess.run([sys.executable, "-m", "probe_driver", str(script), json.dumps(targets)], cwd=home, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["server_exit"] == 0, got
+    seen = json.loads(got["server"])
+    assert seen["helper"] == "helper loaded"  # what the server imports from PYTHONPATH is there
+    # HOME, the private file and the rest of the PYTHONPATH directory are not in its view
+    assert [seen[t] for t in targets] == ["FileNotFoundError"] * 3
+    assert got["verifier"] == ["FileNotFoundError"] * 3, got
+
+
+def test_only_the_modules_a_command_imports_come_from_pythonpath_followed_transitively(tmp_path, monkeypatch):
+    from actionopd_jax.envs.mcp.imports import outside_imports
+
+    pp = tmp_path / "pp"
+    (pp / "pkg_a").mkdir(parents=True)
+    (pp / "pkg_a" / "__init__.py").write_text("def f():\n    import mod_b\n")
+    (pp / "mod_b.py").write_text("import json\n")
+    (pp / "unrelated.py").write_text("")
+    script = tmp_path / "code" / "server.py"
+    script.parent.mkdir()
+    script.write_text("import os\ntry:\n    from pkg_a import f\nexcept ImportError:\n    pass\n")
+    monkeypatch.setenv("PYTHONPATH", str(pp))
+    got = outside_imports([sys.executable, str(script)], [])
+    assert sorted(got) == [str(pp / "mod_b.py"), str(pp / "pkg_a")]
+    assert outside_imports([sys.executable, "-m", "mod_b"], []) == [str(pp / "mod_b.py")]
+    assert outside_imports(["/bin/sh", str(script)], []) == []  # not a Python command

@@ -9,8 +9,13 @@ tester showed exactly that, issue 34). The view is the union of:
 - system files: the system's program and library trees, and the few /etc files an interpreter,
   the dynamic loader, name resolution and TLS read (not all of /etc: /etc/shadow, /etc/ssl/private
   and the like stay out);
-- the Python that runs the command: its prefixes, every directory on its `sys.path`, and the
-  directory holding this package (the AWM host and the verifier child are run from it);
+- the Python that runs the command: its prefixes (standard library, the venv's site-packages)
+  and the directory holding this package (the AWM host and the verifier child are run from it);
+  never a whole directory merely because it is on the trainer's `sys.path` or PYTHONPATH (that
+  may be HOME, for a trainer started as `python -m ...` from there, or a directory holding
+  private files: issue 46 item 11);
+- the modules the command imports from such directories, each alone: a module's file, a
+  package's directory (imports.py reads the code to find them);
 - the command's own code: each absolute path among its arguments (a file's directory, so a
   script's sibling modules come along) and the program the command names;
 - whatever the caller adds (`extra`): an environment's code and data directories.
@@ -25,6 +30,8 @@ import os
 import shutil
 import sys
 from pathlib import Path
+
+from actionopd_jax.envs.mcp.imports import interpreter_roots, outside_imports
 
 # Program and library trees (on merged-/usr systems most of these are symlinks into /usr: the
 # launcher recreates a symlink as a symlink).
@@ -45,13 +52,10 @@ def _exists(path: str) -> bool:
 
 
 def python_paths() -> list[str]:
-    """The running interpreter's files: its prefixes, the real location of its executable and
-    every existing `sys.path` directory (site-packages, PYTHONPATH entries)."""
-    out = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-           str(Path(os.path.realpath(sys.executable)).parent), str(PACKAGE_DIR)]
-    out += [p for p in sys.path if p and os.path.isdir(p)]
-    out += [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and os.path.isdir(p)]
-    return out
+    """The running interpreter's trees (its prefixes, the real location of its executable) and
+    this package's directory; the trainer's other `sys.path` / PYTHONPATH directories are not
+    among them (imports.outside_imports picks what a command needs from those)."""
+    return interpreter_roots() + [str(PACKAGE_DIR)]
 
 
 def command_paths(argv: list[str]) -> list[str]:
@@ -77,7 +81,8 @@ def read_only_paths(argv: list[str], extra: tuple[str, ...] | list[str] = ()) ->
     as /bin -> usr/bin are kept as they are (the launcher recreates them)."""
     wanted = [p for p in SYSTEM_TREES if _exists(p)]
     wanted += [f"/etc/{name}" for name in SYSTEM_ETC if _exists(f"/etc/{name}")]
-    for path in python_paths() + command_paths(argv) + [str(p) for p in extra]:
+    shown = python_paths() + [p for p in SYSTEM_TREES if _exists(p)] + [str(p) for p in extra]
+    for path in python_paths() + command_paths(argv) + outside_imports(argv, shown) + [str(p) for p in extra]:
         path = os.path.abspath(path)
         if not _exists(path):
             continue
