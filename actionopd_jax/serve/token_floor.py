@@ -13,10 +13,13 @@ fits is never refused. Rendering is cheap next to tokenizing (a 7.5 MB body: ~30
 
 It is a lower bound when (1) the text is first normalized as the tokenizer normalizes it
 (Qwen3's NFC can shrink decomposed text to a third of its bytes), (2) the pre-tokenizer drops
-no text, and (3) no token covers more bytes than the longest vocabulary entry's UTF-8 length
-(byte-level BPE: each character of an entry stands for one byte and is 1-2 bytes long; a BPE
-model that fuses runs of unknown characters into one token would break it). Where any of these
-cannot be established from the tokenizer, the floor is 0 and every prompt is tokenized.
+no text, and (3) no token covers more bytes than `max_token_bytes`: under a byte-level
+pre-tokenizer (Qwen3's) an entry's characters stand for one byte each, so its length in
+characters; otherwise its UTF-8 length, which is never less than what it covers (a
+sentencepiece "▁" is 3 bytes for a space; a byte-fallback "<0x41>" 6 for one byte); added
+tokens are literal text. A BPE model that fuses runs of unknown characters into one token
+would break it. Where any of these cannot be established from the tokenizer, the floor is 0
+and every prompt is tokenized.
 """
 
 from __future__ import annotations
@@ -49,6 +52,12 @@ def _forms(normalizer: dict | None) -> list[str] | None:
         parts = [_forms(n) for n in normalizer.get("normalizers", [])]
         return None if any(p is None for p in parts) else [f for p in parts for f in p]
     return None
+
+
+def _has(pre: dict | None, kind: str) -> bool:
+    if pre is None:
+        return False
+    return pre.get("type") == kind or any(_has(p, kind) for p in pre.get("pretokenizers", []))
 
 
 def _keeps_text(pre: dict | None) -> bool:
@@ -86,8 +95,10 @@ class TokenFloor:
             self.why_off = "its pre-tokenizer drops text"
         else:
             self.forms = forms
-            # byte-level BPE entries: one character per byte; added tokens are literal text
-            self.max_token_bytes = max((len(k.encode()) for k in self.tokenizer.get_vocab()), default=0)
+            byte_level = _has(_state(backend.pre_tokenizer), "ByteLevel")
+            added = {t.content for t in backend.get_added_tokens_decoder().values()}
+            self.max_token_bytes = max((len(k) if byte_level and k not in added else len(k.encode())
+                                        for k in self.tokenizer.get_vocab()), default=0)
 
     def __call__(self, text: str) -> int:
         with self._lock:
