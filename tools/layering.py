@@ -39,6 +39,7 @@ LAYERS: dict[str, int] = {
     "jax_compat": 0,  # the jax APIs whose names moved between releases
     "config": 0,  # the package __init__: re-exports schema + errors only
     "providers": 0,  # what each OpenAI-compatible vendor can be sent, and how
+    "paid_calls": 0,  # the ledger of paid calls and run.budget_* as a hard cap (every endpoint reserves on it)
     "config.schema": 0,  # `Config` and the resume comparison; the sections by topic below
     "config.learner": 0,  # model / mesh / train
     "config.sources": 0,  # collect / kd / teacher / matcher
@@ -60,6 +61,7 @@ LAYERS: dict[str, int] = {
     "sampling": 7,
     "engine": 7,  # the continuous-batching engine, beside the static sampler it reuses
     "teacher": 8,
+    "teacher.transport": 0,  # stdlib only: the one retry rule, shared by the user simulator (envs)
     "matching": 9,
     "screening": 9,  # the static feasibility screen's judge, prompt and verdict cache (B.1)
     "train": 10,  # the trainer as a library

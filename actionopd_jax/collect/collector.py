@@ -33,6 +33,7 @@ from typing import Any, Sequence
 import numpy as np
 
 import actionopd_jax.collect.keys as keys  # the module itself: collect/__init__ imports this one
+from actionopd_jax.paid_calls import BudgetReached
 from actionopd_jax.collect.config import CollectorConfig
 from actionopd_jax.collect.group import NO_COMMIT, GroupOutcome, build_group
 from actionopd_jax.collect.metrics import StepMetrics, TrajectoryRecord
@@ -117,6 +118,7 @@ class Collector:
         self.cfg = cfg
         self.judged_log = judged_log  # matching.judged_log.JudgedLog: every judged pair, for audit-matcher
         self.teacher = teacher
+        self.last_teacher_error = ""   # the last state the teacher never answered: its error class and message
         self.matcher = matcher
         self.sample_fn = sample_fn
         self.env_factory = env_factory or default_env_factory()
@@ -197,6 +199,11 @@ class Collector:
                        for _ in range(min(self.cfg.max_trajectories_in_flight, max(len(pending), 1)))]
             try:
                 await asyncio.gather(*runners)
+            except BudgetReached:
+                # run.budget_*: the requests in flight are paid for; let them finish, so their
+                # answers reach the teacher cache (each runner stops at its next reservation)
+                await asyncio.gather(*runners, return_exceptions=True)
+                raise
             except BaseException:
                 for r in runners:
                     r.cancel()
@@ -365,12 +372,19 @@ class Collector:
                 self.teacher.sample_detailed(prompt.messages, prompt.tools, self.cfg.k,
                                              key_info={"task_id": task.task_id, "env": task.env}),
                 self.cfg.teacher_timeout_s)
+            if batch.unanswered:   # every slot lost past the transport retries: say so, with what failed
+                self.last_teacher_error = batch.transport_error
+                log.warning("%s answered none of %d sample(s) on %s: %s", teacher_where(self.teacher),
+                            batch.requested, task.task_id, batch.transport_error)
             return batch, ""
         except asyncio.TimeoutError:
-            log.warning("teacher timed out after %ss on %s", self.cfg.teacher_timeout_s, task.task_id)
+            self.last_teacher_error = f"TimeoutError: no answer in collect.teacher_timeout_s={self.cfg.teacher_timeout_s}s"
+            log.warning("%s timed out after %ss on %s", teacher_where(self.teacher), self.cfg.teacher_timeout_s,
+                        task.task_id)
             return TeacherBatch(samples=[], requested=self.cfg.k), "teacher_timeout"
         except Exception as err:  # noqa: BLE001 - e.g. a permanent 4xx: no supervision here
-            log.warning("teacher failed on %s: %s: %s", task.task_id, type(err).__name__, err)
+            self.last_teacher_error = f"{type(err).__name__}: {err}"
+            log.warning("%s failed on %s: %s: %s", teacher_where(self.teacher), task.task_id, type(err).__name__, err)
             return TeacherBatch(samples=[], requested=self.cfg.k), "teacher_error"
         finally:
             rec.teacher_s += time.perf_counter() - t0
@@ -419,6 +433,18 @@ class Collector:
         from tqdm.auto import tqdm
 
         return tqdm(total=total, desc="collect", unit="traj", dynamic_ncols=True, leave=False)
+
+
+def teacher_where(teacher: Any) -> str:
+    """"teacher endpoint URL (model M)" of a teacher client (through its cache wrapper), for the
+    outage messages; the teacher's class name where it has no endpoint."""
+    t = teacher
+    while t is not None:
+        cfg = getattr(t, "cfg", None)
+        if getattr(cfg, "base_url", None):
+            return f"teacher endpoint {cfg.base_url} (model {getattr(cfg, 'model', '?')})"
+        t = getattr(t, "inner", None)
+    return f"teacher {type(teacher).__name__}"
 
 
 class _EnvFailure(Exception):

@@ -11,6 +11,11 @@ Sampling settings reach the endpoint through the provider table (actionopd_jax/p
 cannot take a configured one is refused when the simulator is built (paper table 8: the tau2
 user runs with T=0.7, p=0.8, k=20 and thinking off).
 
+Requests are retried as the teacher client retries them (teacher/transport.py: 429 / 5xx /
+timeouts / connection errors, and a 200 body that is no usable reply), then the simulator is
+UserSimUnavailable, naming its endpoint: the environment raises it, so the episode is neither a
+score nor a finished episode (eval reruns it on resume), never a user_error scored 0.
+
 The API key is read from the environment variable named in the config, at call time; it is
 never stored in logs, caches or checkpoints.
 """
@@ -21,11 +26,20 @@ import asyncio
 import dataclasses
 import json
 import os
+import random
 import re
 import threading
 from typing import Any
 
+from actionopd_jax import paid_calls
 from actionopd_jax.providers import cached_prompt_tokens, check_sendable, provider_traits, sampling_body
+from actionopd_jax.teacher.transport import (
+    MalformedResponse,
+    PermanentRequestError,
+    RetryPolicy,
+    TransportGaveUp,
+    call_with_retries,
+)
 
 STOP = "###STOP###"
 TRANSFER = "###TRANSFER###"
@@ -47,7 +61,8 @@ class UserSimConfig:
     provider: str = "openai"  # a key of actionopd_jax.providers.PROVIDERS
     max_tokens: int | None = 1024
     timeout_s: float = 120.0
-    max_retries: int = 2  # transport-level retries done by the openai client
+    max_retries: int = 5  # transport retries (the teacher's: 6 attempts in all), with the teacher's backoff
+    retry_base_delay_s: float = 1.0  # the first backoff (then doubled, jittered: teacher/transport.py)
     extra_body: dict[str, Any] | None = None  # sent as is, after the provider's own fields
 
 
@@ -87,7 +102,12 @@ USAGE = UserSimUsage()
 
 
 class UserSimUnavailable(RuntimeError):
-    """The simulator could not produce a usable reply (API failure or empty answer)."""
+    """The simulator could not produce a usable reply (API failure or empty answer after the
+    retries, or its key unset). `where` names its endpoint (URL and model)."""
+
+    def __init__(self, message: str, *, where: str = ""):
+        super().__init__(message)
+        self.where = where
 
 
 @dataclasses.dataclass
@@ -166,6 +186,10 @@ class UserSimulator:
         provider_traits(config.provider)  # unknown providers are refused here
         check_sendable(config.provider, top_k=config.top_k, thinking=config.thinking, who="user simulator")
         self.config = config
+        self.where = f"user simulator endpoint {config.base_url} (model {config.model})"
+        self._retry = RetryPolicy(max_attempts=max(0, int(config.max_retries)) + 1,
+                                  base_delay_s=config.retry_base_delay_s)
+        self._rng = random.Random()  # backoff jitter only
         # httpx connection pools belong to one event loop: keep one client, for the loop that
         # made it, and make a new one when called from another loop (compared by identity).
         self._client_loop: Any = None
@@ -181,12 +205,11 @@ class UserSimulator:
                 key = os.environ.get(self.config.api_key_env, "")
                 if not key:
                     raise UserSimUnavailable(
-                        f"environment variable {self.config.api_key_env} (user simulator API key) is not set"
-                    )
-            self._client_obj = AsyncOpenAI(
-                base_url=self.config.base_url, api_key=key,
-                timeout=self.config.timeout_s, max_retries=self.config.max_retries,
-            )
+                        f"{self.where}: environment variable {self.config.api_key_env} (user simulator API key) is "
+                        "not set", where=self.where)
+            # retries are call_with_retries' (the teacher's rule), not the client's
+            self._client_obj = AsyncOpenAI(base_url=self.config.base_url, api_key=key,
+                                           timeout=self.config.timeout_s, max_retries=0)
             self._client_loop = loop
         return self._client_obj
 
@@ -200,9 +223,8 @@ class UserSimulator:
         self, system_prompt: str, conversation: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None,
         *, seed: int | None = None,
     ) -> UserReply:
-        """One simulator turn. Raises UserSimUnavailable on API failure or an empty reply."""
-        import openai
-
+        """One simulator turn, retried as the teacher's requests are. Raises UserSimUnavailable
+        (naming the endpoint) when the retries run out or the request is refused."""
         c = self.config
         request: dict[str, Any] = {
             "model": c.model,
@@ -213,18 +235,33 @@ class UserSimulator:
         request.update(sampling_body(c.provider, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
                                      max_tokens=c.max_tokens, seed=seed, thinking=c.thinking,
                                      extra_body=c.extra_body, who="user simulator"))
+        client = self._client()
+        # its worst case is reserved against run.budget_* before it is sent (paid_calls.py)
+        with paid_calls.paid_request("user", request["messages"], tools, max_tokens=c.max_tokens):
+            try:
+                return await call_with_retries(lambda: self._attempt(client, request), self._retry, rng=self._rng)
+            except TransportGaveUp as exc:
+                raise UserSimUnavailable(f"{self.where}: {exc}", where=self.where) from None
+            except PermanentRequestError as exc:   # not retried (repeating a 4xx only costs)
+                kind = type(exc.__context__).__name__ if exc.__context__ is not None else "refused"  # the SDK's class
+                raise UserSimUnavailable(f"{self.where} refused the request ({kind}): {exc}", where=self.where) from None
+
+    async def _attempt(self, client: Any, request: dict[str, Any]) -> UserReply:
+        """One request; a reply with nothing usable is MalformedResponse (retried)."""
         USAGE.add(http_calls=1)
-        try:
-            response = await self._client().chat.completions.create(**request)
-        except openai.OpenAIError as exc:
-            raise UserSimUnavailable(f"user simulator request failed: {type(exc).__name__}: {exc}") from None
+        response = await client.chat.completions.create(**request)
         usage = getattr(response, "usage", None)
         if usage is not None:
             USAGE.add(prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0),
                       completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0),
                       cached_prompt_tokens=cached_prompt_tokens(usage))
-        if not response.choices:
-            raise UserSimUnavailable("user simulator returned no choices")
+        ledger = paid_calls.current()
+        if ledger is not None:
+            ledger.record("user", requests=1, prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0) if usage else 0,
+                          completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0) if usage else 0,
+                          cached_prompt_tokens=cached_prompt_tokens(usage) if usage else 0)
+        if not getattr(response, "choices", None) or response.choices[0].message is None:
+            raise MalformedResponse("user simulator returned no choices")
         message = response.choices[0].message
         calls = []
         for i, call in enumerate(message.tool_calls or []):
@@ -236,5 +273,5 @@ class UserSimulator:
             calls.append(UserToolRequest(call.id or f"user_call_{i}", call.function.name, args if isinstance(args, dict) else None, raw))
         text = _THINK.sub("", message.content or "").strip()
         if not calls and not text:
-            raise UserSimUnavailable("user simulator returned an empty message")
+            raise MalformedResponse("user simulator returned an empty message")
         return UserReply(text=text or None, tool_calls=calls)

@@ -17,6 +17,7 @@ import random
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar
 
+from actionopd_jax import paid_calls
 from actionopd_jax.providers import PROVIDERS, cached_prompt_tokens, check_sendable, sampling_body, token_count
 from actionopd_jax.teacher.base import UsageReport
 from actionopd_jax.teacher.transport import MalformedResponse, RetryPolicy, RetryStats, call_with_retries
@@ -112,6 +113,8 @@ class ChatEndpoint:
         self._api_key = read_api_key(cfg.api_key_env, who=who)
         self._rng = rng if rng is not None else random.Random()  # backoff jitter only
         self.usage = usage if usage is not None else UsageReport()
+        # the paid role whose budget its requests draw on (paid_calls.py); None: not a training role
+        self.role = {"teacher": "teacher", "judge": "matcher"}.get(who.split(" ", 1)[0])
         self._loop_resources: tuple[Any, openai.AsyncOpenAI, asyncio.Semaphore] | None = None
 
     def __repr__(self) -> str:
@@ -138,8 +141,10 @@ class ChatEndpoint:
             await self._loop_resources[1].close()
         self._loop_resources = None
 
-    def request_kwargs(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, n: int) -> dict[str, Any]:
-        """Keyword arguments of `chat.completions.create` (pure; tested offline)."""
+    def request_kwargs(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, n: int,
+                       seed: int | None = None) -> dict[str, Any]:
+        """Keyword arguments of `chat.completions.create` (pure; tested offline). `seed`: this
+        request's seed instead of the configured one (the eval agent seeds each trial)."""
         c = self.cfg
         kwargs: dict[str, Any] = {"model": c.model, "messages": messages}
         if tools:
@@ -147,29 +152,40 @@ class ChatEndpoint:
         if n > 1:
             kwargs["n"] = n
         kwargs.update(sampling_body(c.provider, temperature=c.temperature, top_p=c.top_p, top_k=c.top_k,
-                                    max_tokens=c.max_tokens, seed=c.seed, reasoning_effort=c.reasoning_effort,
+                                    max_tokens=c.max_tokens, seed=c.seed if seed is None else seed, reasoning_effort=c.reasoning_effort,
                                     thinking=c.thinking, extra_body=c.extra_body, who=self.who))
         return kwargs
 
-    async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, n: int = 1
-                       ) -> list[dict[str, Any]]:
+    async def complete(self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None, n: int = 1,
+                       seed: int | None = None) -> list[dict[str, Any]]:
         """Choices ({message, finish_reason}) of one logical request, after transport retries.
         Raises TransportGaveUp or PermanentRequestError."""
         client, sem = self._resources()
-        kwargs = self.request_kwargs(messages, tools, n)
+        kwargs = self.request_kwargs(messages, tools, n, seed)
 
         async def attempt() -> tuple[list[dict[str, Any]], int, int, int]:
             async with sem:
                 self.usage.http_calls += 1
                 raw = await client.chat.completions.with_raw_response.create(**kwargs)
+            try:
                 return parse_completion_body(raw.content)
+            except MalformedResponse:
+                self.usage.malformed_replies += 1   # counted apart: a provider's bad bodies show in the metrics
+                raise
 
         stats = RetryStats()
-        try:
-            choices, prompt_tokens, completion_tokens, cached = await call_with_retries(
-                attempt, self.cfg.retry, rng=self._rng, stats=stats)
-        finally:
-            self.usage.transport_retries += stats.retries
+        # its worst case is reserved against run.budget_* before anything is sent (paid_calls.py)
+        with paid_calls.paid_request(self.role, messages, tools, replies=n, max_tokens=self.cfg.max_tokens) as ledger:
+            try:
+                choices, prompt_tokens, completion_tokens, cached = await call_with_retries(
+                    attempt, self.cfg.retry, rng=self._rng, stats=stats)
+            finally:
+                self.usage.transport_retries += stats.retries
+                if ledger is not None:
+                    ledger.record(self.role, requests=stats.attempts)
+            if ledger is not None:
+                ledger.record(self.role, prompt_tokens=prompt_tokens, cached_prompt_tokens=cached,
+                              completion_tokens=completion_tokens)
         self.usage.prompt_tokens += prompt_tokens
         self.usage.completion_tokens += completion_tokens
         self.usage.cached_prompt_tokens += cached

@@ -11,6 +11,7 @@ uninterrupted one.
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 import signal
@@ -25,7 +26,9 @@ from tqdm import tqdm
 
 from actionopd_jax.config import Config, ConfigError
 from actionopd_jax.config.schema import experiment_changes
-from actionopd_jax.train.spend_report import ROLES as SPEND_ROLES, progress_fields
+from actionopd_jax import paid_calls
+from actionopd_jax.train import budget as run_budget
+from actionopd_jax.train.spend_report import progress_fields
 from actionopd_jax.train import distributed
 from actionopd_jax.train.advantages import assign_advantages
 from actionopd_jax.train.batching import (bucket_length, pack_minibatch, pack_shared_minibatch, plan_minibatches,
@@ -40,7 +43,7 @@ from actionopd_jax.train.sources import GroupSource, Policy, SourceContext
 log = logging.getLogger(__name__)
 
 SIGTERM_EXIT_CODE = 143  # 128 + SIGTERM: "stopped early, state saved"
-BUDGET_EXIT_CODE = 3     # run.budget_*: stopped before a step that could pass the cap, state saved
+BUDGET_EXIT_CODE = 3     # run.budget_*: the next request batch would pass the cap; state saved (train/budget.py)
 
 
 def host_scalar(x) -> float:
@@ -51,29 +54,6 @@ def host_scalar(x) -> float:
 
 
 SourceFactory = Callable[[SourceContext], GroupSource]
-
-
-def budget_stop(r: Any, figures: Any, step: int) -> str | None:
-    """Why step `step` must not start: the spend of every priced role (teacher, judge, user
-    simulator) or one role's tokens so far (every process's, resumes included) plus what the
-    last step took would pass a cap of `r` (the run section). `figures`: collect/spend.py's
-    budget_figures, summed over processes."""
-    spent, last = figures[0], figures[1]
-    how = (f"Saved at step {step}; raise the cap and rerun the command to go on from here (cached teacher "
-           "samples are reused)")
-    if r.budget_usd and spent + last > r.budget_usd:
-        return (f"budget: the paid models (teacher, judge, user simulator) have cost ${spent:,.4f} of "
-                f"run.budget_usd=${r.budget_usd:,.4f}, and the last "
-                f"step took ${last:,.4f}: step {step} could pass the cap, so the run stops before it. {how}")
-    # budget_figures lists each role's tokens in this order (collect/spend.ROLES is derived from it)
-    for i, (role, name) in enumerate(SPEND_ROLES):
-        cap = getattr(r, f"budget_{role}_tokens")
-        tokens, last_tokens = figures[2 + 2 * i], figures[3 + 2 * i]
-        if cap and tokens + last_tokens > cap:
-            return (f"budget: the {name} has used {tokens:,.0f} of run.budget_{role}_tokens={cap:,} tokens, and the "
-                    f"last step took {last_tokens:,.0f}: step {step} could pass the cap, so the run stops before it. "
-                    f"{how}")
-    return None
 
 
 class Trainer:
@@ -136,6 +116,9 @@ class Trainer:
         self.source = source if hasattr(source, "collect") else source(ctx)  # a source, or its factory
         if data_state is not None:
             self.source.load_state_dict(data_state)
+        # every paid call's ledger and run.budget_* as a hard cap (paid_calls.py, train/budget.py)
+        self.ledger = run_budget.ledger_from(cfg)
+        self._load_ledger(saved_meta)
         self.writer = MetricsWriter(self.run_dir, enabled=self.primary, tensorboard=cfg.run.tensorboard,
                                     wandb_project=cfg.run.wandb_project, run_name=self.run_dir.name,
                                     config=cfg.to_dict())
@@ -168,6 +151,17 @@ class Trainer:
             log.warning("resuming with --force despite config changes: %s", "; ".join(changes))
         return meta
 
+    def _load_ledger(self, meta: dict | None) -> None:
+        saved = (meta or {}).get("paid_calls") or []
+        if saved:
+            self.ledger.load(saved[jax.process_index() % len(saved)])
+        elif meta is not None and hasattr(self.source, "meters"):
+            # a checkpoint from before the ledger: the collector's meters held the spend
+            for role, m in self.source.meters.by_role.items():
+                t = self.ledger.totals[role]
+                t.requests, t.prompt_tokens, t.completion_tokens = m.requests, m.prompt_tokens, m.completion_tokens
+                t.cached_prompt_tokens, t.spend_usd = m.cached_prompt_tokens, m.spend_usd
+
     def _pick_data_state(self, states: list) -> dict | None:
         if not states:
             return None
@@ -187,17 +181,26 @@ class Trainer:
                    disable=not (self.primary and cfg.run.progress), dynamic_ncols=True)
         code = 0
         self.stop_message = ""   # why the run stopped early (run.budget_*), for the CLI
+        previous_ledger = paid_calls.install(self.ledger)
         try:
             while self.step < cfg.train.steps:
-                reason = self._budget_stop()
+                reason = run_budget.step_refusal(cfg, self.ledger, self.step,
+                                                 pays=run_budget.calls_paid_models(cfg))
                 if reason:
-                    self.save()
-                    self.stop_message = reason
-                    log.error("%s", reason)
-                    code = BUDGET_EXIT_CODE
+                    code = self._budget_stop(reason)
                     break
                 self.ckpt.record_finished()   # the last save's manifest, once it is final
-                metrics = self.train_step()
+                before = copy.deepcopy(self.source.state_dict())
+                try:
+                    metrics = self.train_step()
+                except paid_calls.BudgetReached as e:
+                    # the step is given up: the source goes back to where the step began (a resumed
+                    # run retraces it; the paid-for teacher samples come from the teacher cache)
+                    # and its meters count what the step's requests cost
+                    self.source.load_state_dict(before)
+                    self._meter_partial_step(before)
+                    code = self._budget_stop(str(e))
+                    break
                 if on_step is not None:
                     on_step(self.step, metrics)
                 every = cfg.checkpoint.every_steps
@@ -214,17 +217,25 @@ class Trainer:
                     code = SIGTERM_EXIT_CODE
                     break
         finally:
+            paid_calls.install(previous_ledger)
             bar.close()
             self.ckpt.wait()
             restore_handler()
         return code
 
-    def _budget_stop(self) -> str | None:
-        r = self.cfg.run
-        figures = getattr(self.source, "budget_figures", None)
-        if not (r.budget_usd or any(getattr(r, f"budget_{role}_tokens") for role, _ in SPEND_ROLES)) or figures is None:
-            return None
-        return budget_stop(r, distributed.allgather(np.asarray(figures(), np.float64)).sum(axis=0), self.step)
+    def _budget_stop(self, reason: str) -> int:
+        """Save, log the spend so far (metrics.jsonl: spend.md reads it) and say why."""
+        self.save()
+        self.stop_message = reason
+        self.writer.write(self.step, {"budget_stop": 1.0, **self._spend_metrics()})
+        log.error("%s", reason)
+        return BUDGET_EXIT_CODE
+
+    def _spend_metrics(self) -> dict[str, float]:
+        return run_budget.spend_metrics(self.source, self.ledger)
+
+    def _meter_partial_step(self, before: dict) -> None:
+        run_budget.meter_partial_step(self.source, self.ledger)
 
     def train_step(self) -> dict[str, float]:
         """One collection step and its updates; returns the step's metrics."""
@@ -245,6 +256,8 @@ class Trainer:
                "time_collect_s": t_collect, "time_update_s": t_update,
                "step_s": time.perf_counter() - t0}
         out["train_tokens_per_s"] = upd.get("real_tokens", 0.0) / max(t_update, 1e-9)
+        if not hasattr(self.source, "meters") and run_budget.calls_paid_models(self.cfg):
+            out.update(self._spend_metrics())   # KD / OPD: the ledger is their meter
         return out
 
     def update_epoch(self, step: int, rows) -> dict[str, float]:
@@ -338,6 +351,7 @@ class Trainer:
             "updates": int(host_scalar(self.state["step"])),
             "rng_key_data": np.asarray(jax.random.key_data(self.base_key)).tolist(),
             "data": distributed.allgather_json(self.source.state_dict()),
+            "paid_calls": distributed.allgather_json(self.ledger.state()),   # run.budget_* counts on after a resume
             "config": self.cfg.to_dict(),
             "model_config": self.qcfg.to_hf_dict(),
             "process_count": jax.process_count(),
