@@ -243,3 +243,23 @@ def test_kd_is_metered_and_stops_at_its_cap_with_spend_within_it(tmp_path, capsy
     assert last.get("budget_stop") == 1.0 and 0 < last["collect/spend_usd_total"] <= cap
     assert last["collect/teacher/requests_total"] == served > 0
     assert (tmp_path / "kd" / "spend.md").is_file() and "| teacher |" in (tmp_path / "kd" / "spend.md").read_text()
+
+
+def test_check_shows_the_cap_against_the_estimate_and_warns_when_it_buys_no_step():
+    """`--check` accepted a $0.001 cap: it now says how many steps the cap buys and warns when
+    it cannot buy the teacher's first request batch."""
+    from actionopd_jax.train.cost_estimate import describe, estimate
+
+    base = {"collect": {"kind": "actionopd", "teacher_samples": 3}, "model": {"preset": "tiny"},
+            "train": {"steps": 10},
+            "teacher": {"kind": "openai", "provider": "vllm", "model": "t", "base_url": "http://127.0.0.1:9/v1",
+                        "price": [1.0, 0.1, 2.0], "max_tokens": 256},
+            "env": {"name": "bfcl", "domains": ["base"], "allow_eval_overlap": True}}
+    tiny = from_dict({**base, "run": {"budget_usd": 0.001}})
+    lines = describe(tiny, estimate(tiny, None), "assumed")
+    budget = [line for line in lines if "budget:" in line or "WARNING" in line]
+    assert budget[0].startswith("  budget: run.budget_usd=$0.0010 against $") and "of 10 steps" in budget[0]
+    assert budget[1].startswith("  WARNING: run.budget_usd=$0.0010 buys 0 steps")
+    roomy = from_dict({**base, "run": {"budget_usd": 1000.0}})
+    lines = describe(roomy, estimate(roomy, None), "assumed")
+    assert any("buys 10 / 10 / 10 of 10 steps" in line for line in lines) and not any("WARNING" in x for x in lines)

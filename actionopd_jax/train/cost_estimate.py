@@ -214,7 +214,31 @@ def describe(cfg: Config, roles: list[RoleCost], prompt_source: str) -> list[str
                  f"{per_start.get(c.kind, '')}; 1 / {max(1, c.max_decisions // 2)} / {c.max_decisions} decisions each; "
                  "replies 10% / 50% / 100% of max_tokens; no cached input (train/cost_estimate.py)")
     lines += [f"  {r.role}: {note}" for r in roles for note in r.notes]
+    lines += _budget_lines(cfg, roles)
     return lines
+
+
+def _budget_lines(cfg: Config, roles: list[RoleCost]) -> list[str]:
+    """run.budget_usd against the estimate: how many steps it buys (low / typical / high
+    spend), and a warning when it cannot buy the first request batch (the run then stops
+    before step 0: train/budget.py)."""
+    cap = cfg.run.budget_usd
+    priced = [r.spend for r in roles if r.spend is not None]
+    if not cap or not priced:
+        return []
+    from actionopd_jax.train.budget import ledger_from, next_batch
+
+    steps = max(cfg.train.steps, 1)
+    per_step = [sum(sp[i] for sp in priced) / steps for i in range(3)]
+    bought = [min(steps, int(cap // p)) if p > 0 else steps for p in per_step]
+    _, first, _ = next_batch(cfg, ledger_from(cfg))
+    out = [f"  budget: run.budget_usd=${cap:,.4f} against ${sum(sp[1] for sp in priced):,.2f} typical for the run "
+           f"(${per_step[1]:,.4f} a step): buys {bought[2]} / {bought[1]} / {bought[0]} of {steps} steps at the high / "
+           f"typical / low spend; each request batch first reserves its worst case (paid_calls.py)"]
+    if cap < first:
+        out.append(f"  WARNING: run.budget_usd=${cap:,.4f} buys 0 steps: the teacher's smallest request batch reserves "
+                   f"${first:,.4f}, so the run stops before step 0; raise run.budget_usd")
+    return out
 
 
 def _why_unmeasured(cfg: Config) -> str:
