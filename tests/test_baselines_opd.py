@@ -12,6 +12,7 @@ from actionopd_jax.baselines.opd import EndpointScorer, LocalTeacherScorer
 from actionopd_jax.baselines.opd_source import OPDGroupSource, scorer_from_config
 from actionopd_jax.chat import build_tiny_tokenizer, load_tokenizer
 from actionopd_jax.config.load import replace_keys
+from actionopd_jax.engine import Engine
 from actionopd_jax.model import PRESETS, Qwen3
 from actionopd_jax.model.weights import save_hf
 from actionopd_jax.sampling import Buckets, Sampler
@@ -150,13 +151,16 @@ def test_opd_collects_student_trajectories_and_trains_on_sampled_token_reverse_k
     cfg = tiny_run_config(tok_dir, "collect.kind=opd", "train.loss=opd", "collect.num_candidates=2",
                           "collect.task_starts_per_step=2", "collect.max_decisions=3", "train.minibatch_rows=32",
                           "train.lr=1e-3", "model.init_seed=5", "run.seed=3", "teacher.kind=openai",
-                          f"teacher.base_url={teacher_server.base_url}", "teacher.model=teacher")
+                          f"teacher.base_url={teacher_server.base_url}", "teacher.model=teacher",
+                          "collect.engine_slots=4")   # the 4 trajectories of a step (fewer row programs on CPU)
     ctx = SourceContext(model_config=model_config(cfg), run_dir=str(tmp_path), tokenizer_path=str(tok_dir),
                         process_index=0, process_count=1, mesh=build_mesh(cfg))
     source = OPDGroupSource(cfg, ctx, stream=ListTaskStream(toy_tasks(4, "opd"), per_step=2),
                             env_factory=toy_env_factory, tokenizer=tok,
                             buckets=Buckets(prompt_len=(512,), prompts=(8,), samples=(1,), max_new=(32,), max_rows=8))
     assert isinstance(source.scorer, EndpointScorer)  # teacher.kind=openai -> echo scoring over HTTP
+    # the student's rollouts go the way ActionOPD's do (collect.sampler=auto: the engine on CPU)
+    assert source.sampler_kind == "engine" and isinstance(source.sampler, Engine)
     trainer = Trainer(cfg, run_dir=tmp_path / "run", source=source)
     try:
         before = jax.tree.map(np.asarray, trainer.state["params"])
@@ -179,5 +183,10 @@ def test_opd_collects_student_trajectories_and_trains_on_sampled_token_reverse_k
         m2 = trainer.train_step()
         assert np.isfinite(m2["loss"]) and m2["updates"] == 1
         assert source.stream.get_state() == {"next_index": 4}
+        # an explicit choice holds: the static sampler, with the buckets it is given
+        static = OPDGroupSource(replace_keys(cfg, **{"collect.sampler": "static"}), ctx, stream=source.stream,
+                                env_factory=toy_env_factory, tokenizer=tok, buckets=Buckets(max_rows=8))
+        assert static.sampler_kind == "static" and isinstance(static.sampler, Sampler)
+        assert static.sampler.buckets.max_rows == 8
     finally:
         trainer.close()

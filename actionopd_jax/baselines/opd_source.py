@@ -1,9 +1,10 @@
 """The trainer's group source for token-level OPD (`collect.kind=opd`, `train.loss=opd`).
 
 It reuses the collector's parts -- task stream, environment factory, prompt builder (context
-budget), candidate decoder, sampler worker (every ready state of every trajectory in one
-device call), behaviour-snapshot placement -- and adds only the OPD rollout (N independent
-trajectories per task start, one sample per state) and teacher scoring.
+budget), candidate decoder, the rollout path `collect.sampler` picks (the engine's worker, or
+the static sampler's: every ready state of every trajectory in one device call),
+behaviour-snapshot placement -- and adds only the OPD rollout (N independent trajectories per
+task start, one sample per state) and teacher scoring.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+import jax
 import numpy as np
 
 from actionopd_jax.baselines.opd import (EndpointScorer, LocalTeacherScorer, Scorer, StudentTrajectory,
@@ -74,7 +76,9 @@ class OPDGroupSource:
     def __init__(self, cfg: Config, ctx: SourceContext, *, scorer: Scorer | None = None, stream: Any = None,
                  env_factory: Any = None, tokenizer: Any = None, buckets: Any = None):
         from actionopd_jax.chat.prompt import CandidateDecoder, PromptBuilder
-        from actionopd_jax.collect.source import collector_config_from, tokenizer_from, train_task_stream
+        from actionopd_jax.collect.source import (build_engine, collector_config_from, tokenizer_from,
+                                                  train_task_stream)
+        from actionopd_jax.config.rollout import rollout_sampler
         from actionopd_jax.envs.registry import env_factory_from
         from actionopd_jax.envs.task_sets import stream_tasks
         from actionopd_jax.sampling import Sampler
@@ -94,28 +98,38 @@ class OPDGroupSource:
         self.env_factory = env_factory or env_factory_from(cfg.env)
         self.scorer = scorer if scorer is not None else scorer_from_config(cfg, ctx)
         eos = int(tokenizer.convert_tokens_to_ids("<|im_end|>"))
-        self.sampler = Sampler(None, ctx.model_config, eos_ids=[eos], buckets=buckets)
+        # the student's rollout path as ActionOPD's collector picks it (collect.sampler, config/rollout.py)
+        platform = ctx.mesh.devices.flat[0].platform if ctx.mesh is not None else jax.default_backend()
+        self.sampler_kind = rollout_sampler(cfg.collect.sampler, platform)
+        if self.sampler_kind == "engine":
+            self.sampler = build_engine(cfg, ctx.model_config, eos, mesh=ctx.mesh)
+        else:
+            self.sampler = Sampler(None, ctx.model_config, eos_ids=[eos], buckets=buckets)
         self.prompts = PromptBuilder(tokenizer, max_prompt_tokens=self.cfg.max_prompt_tokens,
                                      enable_thinking=self.cfg.enable_thinking)
         self.decoder = CandidateDecoder(tokenizer, eos_ids=[eos], truncated_is_invalid=self.cfg.truncated_is_invalid)
         self.last_trajectories: list[StudentTrajectory] = []
         self._last: dict[str, float] = {}
 
-    def _sample_fn(self):
-        from actionopd_jax.collect.sampler_worker import SamplingSettings, sampler_fn
+    def _worker(self):
+        """The async front of the sampler: the engine's worker, or the static sampler's (every
+        ready state of every trajectory in one device call)."""
+        from actionopd_jax.collect.engine_worker import EngineSampling, EngineWorker
+        from actionopd_jax.collect.sampler_worker import SamplerWorker, SamplingSettings, sampler_fn
 
         c = self.cfg
-        return sampler_fn(self.sampler, SamplingSettings(n=1, max_new_tokens=c.max_new_tokens,
-                                                         temperature=c.temperature, top_p=c.top_p, top_k=c.top_k))
+        settings = SamplingSettings(n=1, max_new_tokens=c.max_new_tokens, temperature=c.temperature, top_p=c.top_p,
+                                    top_k=c.top_k)
+        if self.sampler_kind == "engine":
+            return EngineWorker(EngineSampling(self.sampler, settings))
+        return SamplerWorker(sampler_fn(self.sampler, settings), max_states_per_call=c.max_states_per_call,
+                             max_queued=max(c.max_trajectories_in_flight, 1), coalesce_s=c.sampler_coalesce_s,
+                             max_wait_s=c.sampler_max_wait_s)
 
     async def _rollouts(self, starts, step: int) -> list[StudentTrajectory]:
-        from actionopd_jax.collect.sampler_worker import SamplerWorker
-
         c = self.cfg
         jobs = [(s, task, j) for s, task in starts for j in range(self.trajectories_per_start)]
-        async with SamplerWorker(self._sample_fn(), max_states_per_call=c.max_states_per_call,
-                                 max_queued=max(c.max_trajectories_in_flight, 1),
-                                 coalesce_s=c.sampler_coalesce_s, max_wait_s=c.sampler_max_wait_s) as worker:
+        async with self._worker() as worker:
             sem = asyncio.Semaphore(c.max_trajectories_in_flight)
 
             async def one(s, task, j):
