@@ -109,6 +109,23 @@ def test_appworld_output_tokens_are_budgeted_per_task_id_over_http():
         assert [c for c in both.choices] and limited.use["appworld/b"].output_tokens == 10 + 4 * 22
 
 
+def test_toolsandbox_messages_are_counted_per_task_id_over_http():
+    """30 messages a task (B.3): 29 get a reply (the 30th message); a 30-message conversation is
+    refused, and so is a shortened one of the same task once it has had its 30; another task id
+    has its own count."""
+    limited = TaskLimitedBackend(ScriptedBackend("student", lambda r: ChatChoice(content="ok")), max_messages=30)
+    talk = [{"role": "user" if i % 2 == 0 else "assistant", "content": f"m{i}"} for i in range(30)]
+    with OpenAIServer(limited) as srv:
+        client = openai.OpenAI(base_url=srv.base_url, api_key="EMPTY", max_retries=0)
+        ask = lambda task, n: client.chat.completions.create(model="student", messages=talk[:n], user=task)
+        assert ask("toolsandbox/s1/0", 29).choices[0].message.content == "ok"
+        for n in (30, 2):
+            with pytest.raises(openai.BadRequestError, match="limit of 30 messages.*holds 30"):
+                ask("toolsandbox/s1/0", n)
+        assert ask("toolsandbox/s1/1", 2).choices[0].message.content == "ok"
+    assert limited.use["toolsandbox/s1/0"].messages == 30 and limited.use["toolsandbox/s1/1"].messages == 3
+
+
 def test_replies_in_flight_hold_their_allowance():
     """Two concurrent requests of one task cannot both take the whole budget."""
     limited = TaskLimitedBackend(_counted_backend(), max_output_tokens=100)

@@ -7,8 +7,9 @@ The server cannot tell one task's requests from another's by itself, so each req
 task in the OpenAI body's `user` field (a string the API already carries to the server and
 that every client library can set: `user="toolsandbox/<scenario>/<trial>"`). Per task id:
 
-- messages: a request whose conversation already holds `max_messages` messages has no room
-  for the reply (it would be message max_messages + 1): refused, 400 `task_message_limit`;
+- messages: a request whose task's conversation already holds `max_messages` messages (this
+  request's, or the longest the task had with its reply) has no room for the reply (it would
+  be message max_messages + 1): refused, 400 `task_message_limit`;
 - output tokens: each reply's max_tokens is cut to what the task has left (replies in flight
   hold their whole allowance until they end), so the completion tokens a task was given never
   pass `max_output_tokens`; once nothing is left, 400 `task_token_budget_exhausted`.
@@ -69,11 +70,14 @@ class TaskLimitedBackend:
     async def complete(self, req: ChatRequest) -> tuple[list[ChatChoice], int]:
         task = self._task(req)
         use = self.use.setdefault(task, TaskUse())
-        if self.max_messages is not None and len(req.messages) >= self.max_messages:
-            log.info("task %s: refused at %d messages (limit %d)", task, len(req.messages), self.max_messages)
+        # the task's count, not only this request's: a client that resends a shortened history
+        # does not get a task's conversation past the limit
+        held = max(len(req.messages), use.messages)
+        if self.max_messages is not None and held >= self.max_messages:
+            log.info("task %s: refused at %d messages (limit %d)", task, held, self.max_messages)
             raise RequestError(400, f"task {task!r} reached its limit of {self.max_messages} messages (paper B.3): "
-                                    f"the conversation holds {len(req.messages)}, the reply would pass it; end the "
-                                    "episode", code="task_message_limit")
+                                    f"its conversation holds {held}, a reply would pass it; end the episode",
+                               code="task_message_limit")
         allowance = None
         if self.max_output_tokens is not None:
             left = self.max_output_tokens - use.output_tokens - use.reserved
