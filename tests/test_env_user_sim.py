@@ -1,6 +1,6 @@
 """The tau2 user simulator against our real OpenAI-compatible server (scripted backends, real
 `openai` client): prompt construction, role flipping, stop / transfer / out-of-scope signals,
-API keys from the environment, and failures that end the episode cleanly."""
+API keys from the environment, and endpoint failures that are retried, then unavailable."""
 
 from __future__ import annotations
 
@@ -118,7 +118,7 @@ def test_api_key_comes_from_the_named_environment_variable(monkeypatch):
         monkeypatch.setenv("ACTIONOPD_TEST_USER_KEY", "s3cret-key")
         assert run(ask("ACTIONOPD_TEST_USER_KEY")).text == "hello"
         monkeypatch.setenv("ACTIONOPD_TEST_USER_KEY", "wrong")
-        with pytest.raises(UserSimUnavailable, match="AuthenticationError"):
+        with pytest.raises(UserSimUnavailable, match=r"AuthenticationError\): HTTP 401"):
             run(ask("ACTIONOPD_TEST_USER_KEY"))
         monkeypatch.delenv("ACTIONOPD_TEST_USER_KEY")
         with pytest.raises(UserSimUnavailable, match="ACTIONOPD_TEST_USER_KEY.*not set") as info:
@@ -128,35 +128,45 @@ def test_api_key_comes_from_the_named_environment_variable(monkeypatch):
         server.stop()
 
 
-def test_simulator_failures_end_the_episode_as_user_error():
+def test_simulator_failures_are_retried_then_unavailable_never_a_scored_end():
+    """Issue 43 item 1: a user endpoint that fails is retried as the teacher's requests are
+    (teacher/transport.py), then the episode raises UserSimUnavailable naming the endpoint: it
+    was a finished episode with termination user_error and reward 0."""
     calls = {"n": 0}
 
-    async def fail_after_first(body):
-        calls["n"] += body.get("model") == USER_MODEL
-        if calls["n"] > 1 and body.get("model") == USER_MODEL:
+    async def flaky(body):
+        if body.get("model") != USER_MODEL:
+            return None
+        calls["n"] += 1
+        if calls["n"] == 2 or calls["n"] >= 4:   # the 2nd request fails once; from the 4th on, always
             return 500, {"error": {"message": "boom", "type": "server_error", "code": None}}, {}
         return None
 
     backend = ScriptedBackend(USER_MODEL, lambda req: message_choice("I need help with a booking."))
-    server = OpenAIServer(backend, middleware=fail_after_first)
+    server = OpenAIServer(backend, middleware=flaky)
     server.start()
     try:
-        sim = UserSimulator(UserSimConfig(base_url=server.base_url, model=USER_MODEL, max_retries=0))
+        sim = UserSimulator(UserSimConfig(base_url=server.base_url, model=USER_MODEL, max_retries=2,
+                                          retry_base_delay_s=0.0))
 
         async def main():
             env = Tau2Env("airline", user_sim=sim)
-            obs = await env.reset(_airline_task())
-            assert not obs.done
-            obs, done = await env.step(Message("Sure, what is your user id?"))
-            return obs, done, env.score()
+            obs = await env.reset(_airline_task())                        # request 1
+            obs, done = await env.step(Message("Sure, what is your user id?"))   # 2 fails, 3 answers
+            assert not done and obs.messages[-1]["content"] == "I need help with a booking."
+            await env.step(Message("And your booking code?"))             # 4, 5, 6 fail
 
-        obs, done, score = run(main())
-        assert done and obs.info["end_reason"].startswith("user_sim_unavailable") and "InternalServerError" in obs.info["end_reason"]
-        assert score["termination"] == "user_error" and score["reward"] == 0.0
-        # Unknown model: a 404 from the server, same clean ending.
-        wrong = UserSimulator(UserSimConfig(base_url=server.base_url, model="nope", max_retries=0))
-        obs = run(Tau2Env("airline", user_sim=wrong).reset(_airline_task()))
-        assert obs.done and "NotFoundError" in obs.info["end_reason"]
+        with pytest.raises(UserSimUnavailable) as err:
+            run(main())
+        assert calls["n"] == 6
+        text = str(err.value)
+        assert server.base_url in text and USER_MODEL in text and "InternalServerError" in text and "3 attempt" in text
+        assert err.value.where == f"user simulator endpoint {server.base_url} (model {USER_MODEL})"
+        # Unknown model: a 404 is not retried (repeating it only costs), and is no scored end either.
+        wrong = UserSimulator(UserSimConfig(base_url=server.base_url, model="nope", max_retries=2,
+                                            retry_base_delay_s=0.0))
+        with pytest.raises(UserSimUnavailable, match="HTTP 404"):
+            run(Tau2Env("airline", user_sim=wrong).reset(_airline_task()))
     finally:
         server.stop()
 

@@ -72,8 +72,9 @@ def test_unavailable_endpoint_is_not_recorded_and_resume_runs_only_missing(tmp_p
     tasks = select_tasks("bfcl:base", limit=3)
     out = tmp_path / "ep.jsonl"
     # A dead endpoint: no episode is written, each is reported as an error.
-    dead = EndpointAgent("http://127.0.0.1:9/v1", "nobody", timeout_s=2)
-    dead._client = dead._client.with_options(max_retries=0)
+    from actionopd_jax.teacher.transport import RetryPolicy
+
+    dead = EndpointAgent("http://127.0.0.1:9/v1", "nobody", timeout_s=2, retry=RetryPolicy(max_attempts=1))
     records, errors = asyncio.run(run_eval(dead, tasks, _make_env, out, progress=False))
     assert records == [] and len(errors) == 3 and not load_finished(out)
 

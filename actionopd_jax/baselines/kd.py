@@ -66,14 +66,16 @@ def is_successful(record: dict[str, Any], min_reward: float = 1.0) -> bool:
 async def teacher_trajectories(agent: Any, tasks: Sequence[Task], make_env: Any, *, trials: int = 1,
                                concurrency: int = 8, keep_successful: bool = True, min_reward: float = 1.0,
                                max_actions: int = 200, out_jsonl: str | Path | None = None,
-                               progress: bool = False) -> list[dict[str, Any]]:
+                               progress: bool = False, unavailable: list[str] | None = None) -> list[dict[str, Any]]:
     """Run `agent` on every (task, trial) and return the episode records with their public
     conversations (`messages`, `tools`, `tool_sets`, `turns`; see `eval.runner.run_episode`),
     in task order then trial order. With `keep_successful`, only episodes whose
     score reward >= `min_reward` (paper: successful ones) are returned.
 
     `out_jsonl`: keep the records there (resumable: finished episodes are not rerun);
-    default a temporary file. Episodes whose agent became unavailable are logged and skipped.
+    default a temporary file. Episodes whose agent or user endpoint became unavailable are not
+    recorded (a rerun plays them): they are logged, counted apart, and appended to `unavailable`
+    (eval.runner.EpisodeFailure lines naming the endpoint) for the caller's outage decision.
     """
     from actionopd_jax.eval.runner import run_eval
 
@@ -85,6 +87,8 @@ async def teacher_trajectories(agent: Any, tasks: Sequence[Task], make_env: Any,
                                          max_actions=max_actions, progress=progress, record_conversation=True)
     for e in errors:
         log.warning("teacher episode not finished: %s", e)
+    if unavailable is not None:
+        unavailable.extend(errors)
     wanted = {(t.task_id, t.env): i for i, t in enumerate(tasks)}
     records = [r for r in records if (r["task_id"], r["env"]) in wanted]
     missing = [r["task_id"] for r in records if "messages" not in r]
@@ -92,8 +96,18 @@ async def teacher_trajectories(agent: Any, tasks: Sequence[Task], make_env: Any,
         raise ValueError(f"{out_jsonl} holds episodes recorded without their conversation ({missing[:3]} ...); "
                          "use a fresh file for teacher trajectories")
     records.sort(key=lambda r: (wanted[(r["task_id"], r["env"])], r["trial"]))
+    successful = sum(1 for r in records if is_successful(r, min_reward))
     kept = [r for r in records if is_successful(r, min_reward)] if keep_successful else records
-    log.info("teacher trajectories: %d episodes, %d kept (reward >= %s)", len(records), len(kept), min_reward)
+    # one line whose counts agree with any later stop (issue 46 item 4 read "13 episodes, 13 kept",
+    # then "none succeeded": every finished episode was "kept" when the caller filters itself)
+    from actionopd_jax.eval.runner import unavailable_summary
+
+    usage = getattr(agent, "usage", None) or getattr(getattr(agent, "inner", None), "usage", None)
+    log.info("teacher trajectories: %d finished, %d successful (reward >= %s), %d returned; %d not finished%s%s",
+             len(records), successful, min_reward, len(kept), len(errors),
+             f" ({unavailable_summary(errors)})" if unavailable_summary(errors) else "",
+             f"; the endpoint: {usage.http_calls} request(s), {usage.transport_retries} retried, "
+             f"{usage.malformed_replies} malformed bod(ies)" if usage is not None else "")
     return kept
 
 
@@ -300,8 +314,12 @@ def run_kd(cfg: Config, examples: Sequence[KDExample], *, run_dir: str | Path, s
     trainer = Trainer(kcfg, run_dir=run_dir, source=source)
     try:
         code = trainer.run(on_step)
-        if code != 0:
-            raise RuntimeError(f"the KD trainer stopped early (exit code {code})")
+        if code != 0:   # SIGTERM / preemption or a budget stop: its state is saved, no traceback
+            from actionopd_jax.train.sources import StoppedEarly
+
+            why = getattr(trainer, "stop_message", "") or "SIGTERM / preemption"
+            raise StoppedEarly(f"the KD trainer in {run_dir} stopped early at step {trainer.step} ({why}); its state "
+                               "is saved there", code)
         result = KDResult(steps=trainer.step, metrics=history, params=trainer.state["params"],
                           graphdef=trainer.graphdef, model_config=trainer.qcfg, run_dir=Path(run_dir),
                           checkpoint_step=trainer.step, updates=int(host_scalar(trainer.state["step"])))

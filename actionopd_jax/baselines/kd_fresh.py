@@ -85,7 +85,7 @@ class FreshKDSource:
     def __init__(self, make_agent: Callable[[], Any], stream: Any, make_env: Any, tokenizer: Any, *,
                  out_dir: str | Path, trials: int = 4, min_reward: float = 1.0, max_prompt_tokens: int,
                  enable_thinking: bool = False, concurrency: int = 8, max_actions: int = 200,
-                 process_index: int = 0, process_count: int = 1):
+                 process_index: int = 0, process_count: int = 1, max_outage_steps: int = 2):
         if trials < 1:
             raise ValueError(f"kd.trials must be >= 1 (fresh teacher episodes per task start), got {trials}")
         self.make_agent, self.stream, self.make_env, self.tokenizer = make_agent, stream, make_env, tokenizer
@@ -95,6 +95,9 @@ class FreshKDSource:
         self.concurrency, self.max_actions = int(concurrency), int(max_actions)
         self.process_index, self.process_count = process_index, process_count
         self.next_step = 0
+        self.max_outage_steps = int(max_outage_steps)   # collect.max_outage_steps, as ActionOPD's collector
+        self._outage_steps = 0   # consecutive steps in which the teacher finished no episode
+        self.last_unavailable: list[str] = []
         self.teacher_samples = 0  # over the run, this process
         self.episodes = 0
         self._last: dict[str, float] = {}
@@ -103,13 +106,14 @@ class FreshKDSource:
     def episodes_of(self, step: int, starts: Sequence[Task]) -> list[dict[str, Any]]:
         """Every fresh teacher episode of `step` (successful or not)."""
         records: list[dict[str, Any]] = []
+        self.last_unavailable = []
         for r, tasks in enumerate(rounds_of(starts)):
             offset = (step * len(rounds_of(starts)) + r) * self.trials
             agent = SeededTrials(self.make_agent(), offset)
             path = self.out_dir / f"step-{step:05d}-p{self.process_index}-r{r}.jsonl"
             records += asyncio.run(teacher_trajectories(
                 agent, tasks, self.make_env, trials=self.trials, concurrency=self.concurrency, keep_successful=False,
-                max_actions=self.max_actions, out_jsonl=path))
+                max_actions=self.max_actions, out_jsonl=path, unavailable=self.last_unavailable))
         return records
 
     def collect(self, step: int, policy: Any = None) -> list[StateGroup]:
@@ -123,13 +127,43 @@ class FreshKDSource:
         self.episodes += len(records)
         self.last_records = records
         self.next_step = step + 1
+        self._watch_teacher(step, len(starts), len(records))
         self._last = {"kd/task_starts": float(len(starts)), "kd/episodes": float(len(records)),
+                      "kd/episodes_unavailable": float(len(self.last_unavailable)),
                       "kd/episodes_kept": float(len(kept)), "kd/examples": float(len(examples)),
                       "kd/teacher_samples": float(samples),
                       "kd/target_tokens": float(sum(e.target_ids.size for e in examples))}
         log.info("KD step %d: %d task starts x %d fresh teacher episodes, %d successful -> %d examples",
                  step, len(starts), self.trials, len(kept), len(examples))
         return [example_group(e) for e in examples]
+
+    def _watch_teacher(self, step: int, starts: int, finished: int) -> None:
+        """Episodes the teacher (or a user endpoint) could not finish are said loudly with their
+        endpoint and counts; a step in which none finished is an outage step, and after
+        collect.max_outage_steps of them in a row the run stops, as ActionOPD's collector does
+        (issue 46 item 5: a KD run whose teacher never answered exited 0 after "update skipped")."""
+        from actionopd_jax.eval.runner import unavailable_summary
+        from actionopd_jax.train.sources import RunStop
+
+        lost = self.last_unavailable
+        if not lost:
+            self._outage_steps = 0
+            return
+        summary = unavailable_summary(lost) or f"{len(lost)} episode(s) not finished"
+        detail = f"{summary}; last error: {lost[-1]}"
+        if finished or not starts:
+            self._outage_steps = 0
+            log.error("KD step %d: %s (they rerun if the step is collected again)", step, detail)
+            return
+        self._outage_steps += 1
+        limit = self.max_outage_steps
+        log.error("KD step %d: no teacher episode finished: %s; the step trains nothing (%d such step(s) in a row%s)",
+                  step, detail, self._outage_steps, f"; the run stops at {limit}" if limit else "")
+        if limit and self._outage_steps >= limit:
+            raise RunStop(f"KD: no teacher episode finished in {self._outage_steps} steps in a row (last: step "
+                          f"{step}, {starts} task starts; {detail}): the endpoint is down, or teacher.base_url / "
+                          "teacher.model / its API key are wrong. Fix it and rerun the command: the run resumes from "
+                          "its last checkpoint (collect.max_outage_steps sets the patience)")
 
     def state_dict(self) -> dict[str, Any]:
         return {"next_step": self.next_step, "stream": self.stream.get_state(),

@@ -62,7 +62,8 @@ def endpoint_agent(cfg: Config):
         agent = EndpointAgent(t.base_url, t.model, api_key_env=t.api_key_env or None, temperature=t.temperature,
                               max_tokens=t.max_tokens, timeout_s=t.timeout_s, retries=t.retries, retry_invalid=True,
                               provider=t.provider or "openai", top_p=t.top_p, top_k=t.top_k or None,
-                              thinking=t.enable_thinking, reasoning_effort=t.reasoning_effort or None)
+                              thinking=t.enable_thinking, reasoning_effort=t.reasoning_effort or None,
+                              role="teacher")   # its outages name the teacher endpoint
         # KD's episodes are training targets: one action per decision (paper section 2), so a
         # reply with several calls is invalid (and asked again) rather than run
         agent.parallel_calls = False
@@ -100,7 +101,8 @@ def build_kd_source(cfg: Config, ctx: SourceContext, *, tokenizer: Any = None, m
                              out_dir=Path(ctx.run_dir) / "kd", trials=k.trials, min_reward=k.min_reward,
                              max_prompt_tokens=cfg.collect.max_prompt_tokens,
                              enable_thinking=cfg.collect.enable_thinking, concurrency=cfg.teacher.concurrency,
-                             process_index=ctx.process_index, process_count=ctx.process_count)
+                             process_index=ctx.process_index, process_count=ctx.process_count,
+                             max_outage_steps=cfg.collect.max_outage_steps)
     records = load_trajectories(k.trajectories, min_reward=k.min_reward)
     examples = kd_examples(records, tokenizer, max_prompt_tokens=cfg.collect.max_prompt_tokens,
                            enable_thinking=cfg.collect.enable_thinking)

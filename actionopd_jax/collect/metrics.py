@@ -20,6 +20,9 @@ from actionopd_jax.types import Invalid, StateGroup
 
 # Trajectory end reasons whose last state produced no group (no valid teacher sample).
 NO_GROUP_REASONS = ("no_supervision", "teacher_timeout", "teacher_error")
+# ... of which the teacher never answered (transport failures past the retries, a refused
+# request, a timeout): unavailable supervision, as a masked group is (issue 46 item 5)
+UNANSWERED_REASONS = ("teacher_timeout", "teacher_error")
 
 
 @dataclass
@@ -118,9 +121,18 @@ class StepMetrics:
         return self.verdict_counts["unavailable"] / total if total else 0.0
 
     @property
+    def unavailable_states(self) -> int:
+        """Decision points whose supervision was unavailable: groups masked by an unavailable
+        verdict, and states the teacher never answered (they have no group at all)."""
+        return self.groups_dropped["unavailable"] + sum(self.groups_dropped[r] for r in UNANSWERED_REASONS)
+
+    @property
     def unavailable_group_rate(self) -> float:
-        """Share of the recorded groups masked because a verdict was unavailable."""
-        return self.groups_dropped["unavailable"] / self.groups if self.groups else 0.0
+        """Share of the step's decision points (recorded groups, and states that got no group)
+        whose supervision was unavailable (`unavailable_states`). Before issue 46 a teacher
+        outage read 0.0 here: its states have no group, so they were in neither count."""
+        decisions = self.groups + sum(self.groups_dropped[r] for r in NO_GROUP_REASONS)
+        return self.unavailable_states / decisions if decisions else 0.0
 
     @property
     def invalid_rate(self) -> float:
@@ -148,6 +160,7 @@ class StepMetrics:
             "collect/truncated_in_reasoning": self.truncated_in_reasoning,
             "collect/unavailable_pair_rate": self.unavailable_pair_rate,
             "collect/unavailable_group_rate": self.unavailable_group_rate,
+            "collect/unavailable_states": self.unavailable_states,
             "collect/sampler_calls": self.sampler_calls,
             "collect/sampler_states_per_call": self.sampler_states / self.sampler_calls if self.sampler_calls else 0.0,
             "collect/sampler_busy_fraction": self.sampler_busy_fraction,

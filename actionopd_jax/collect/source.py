@@ -336,14 +336,22 @@ class ActionOPDGroupSource:
             return
         self._outage_steps += 1
         limit = self.max_outage_steps
-        log.error("step %d: none of %d task starts got a teacher answer (teacher errors or timeouts, after the "
-                  "client's retries): the step trains nothing (%d such step(s) in a row%s)", step, starts,
-                  self._outage_steps, f"; the run stops at {limit}" if limit else "")
+        from actionopd_jax.collect.collector import teacher_where
+
+        # the endpoint, the error class and the counts (issue 46 item 5: the stop named none of them)
+        where = teacher_where(self.collector.teacher)
+        usage = self.last.metrics.teacher
+        counts = (f"{usage.http_calls} request(s) this step, {usage.transport_failures} sample(s) lost past the "
+                  f"transport retries, {usage.malformed_replies} malformed repl(ies); last error: "
+                  f"{self.collector.last_teacher_error or 'none recorded'}")
+        log.error("step %d: none of %d task starts got an answer from %s (%s): the step trains nothing (%d such "
+                  "step(s) in a row%s)", step, starts, where, counts, self._outage_steps,
+                  f"; the run stops at {limit}" if limit else "")
         if limit and self._outage_steps >= limit:
-            raise RunStop(f"the teacher answered none of the task starts of {self._outage_steps} steps in a row "
-                          f"(last: step {step}, {starts} starts): it is down, or teacher.base_url / teacher.model "
-                          f"/ its API key are wrong (the log names each failure). Fix it and rerun the command: "
-                          "the run resumes from its last checkpoint (collect.max_outage_steps sets the patience)")
+            raise RunStop(f"the {where} answered none of the task starts of {self._outage_steps} steps in a row "
+                          f"(last: step {step}, {starts} starts; {counts}): it is down, or teacher.base_url / "
+                          f"teacher.model / its API key are wrong. Fix it and rerun the command: the run resumes "
+                          "from its last checkpoint (collect.max_outage_steps sets the patience)")
 
     def _prefetch_next(self) -> None:
         """The next step's draws are known before it (envs/mixture.py): have the environment

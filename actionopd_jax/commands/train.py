@@ -25,7 +25,7 @@ from pathlib import Path
 from actionopd_jax.aot.targets import USABLE_MEMORY_FRACTION
 from actionopd_jax.config import Config, ConfigError
 from actionopd_jax.config.load import load_config, replace_keys
-from actionopd_jax.train.sources import RunStop
+from actionopd_jax.train.sources import RunStop, StoppedEarly
 
 log = logging.getLogger("actionopd_jax.train")
 
@@ -375,6 +375,9 @@ def main(argv: list[str]) -> int:
     except RunStop as e:
         print(f"actionopd train: stopped: {e}", file=sys.stderr)
         return 1
+    except StoppedEarly as e:   # a phase's trainer stopped on SIGTERM / its budget, state saved
+        print(f"actionopd train: {e}", file=sys.stderr)
+        return e.code
     except FileNotFoundError as e:
         print(f"actionopd train: {e}", file=sys.stderr)
         return 2

@@ -20,6 +20,8 @@ from typing import Any, Protocol
 from actionopd_jax.chat import action_from_openai_message
 from actionopd_jax.providers import sampling_body
 from actionopd_jax.serve.requests import ChatRequest, RequestError
+from actionopd_jax.teacher.base import UsageReport
+from actionopd_jax.teacher.transport import PermanentRequestError, RetryPolicy, TransportGaveUp
 from actionopd_jax.types import Action, Invalid, Observation, Task
 
 
@@ -29,7 +31,12 @@ class ContextTooLong(Exception):
 
 class AgentUnavailable(Exception):
     """The agent could not answer (API down, rate limited past all retries). The episode is
-    not recorded as finished, so a resumed evaluation runs it again."""
+    not recorded as finished, so a resumed evaluation runs it again. `where` names the
+    endpoint (URL and model) for the outage message."""
+
+    def __init__(self, message: str, *, where: str = ""):
+        super().__init__(message)
+        self.where = where
 
 
 class Agent(Protocol):
@@ -39,11 +46,16 @@ class Agent(Protocol):
 
 
 class EndpointAgent:
-    """A model behind an OpenAI-compatible endpoint. `retries`: extra requests for a reply with
-    no choice, or (`retry_invalid`) whose action does not parse: a teacher gets them, as the
-    collector's teacher client does (teacher.retries); a student under evaluation does not (its
-    invalid reply is its answer). A reply still without a choice is AgentUnavailable (the
-    episode is not recorded, a resumed run plays it again)."""
+    """A model behind an OpenAI-compatible endpoint, through the collector's teacher client
+    (`teacher.endpoint.ChatEndpoint`): the same transport retries (429 / 5xx / timeouts /
+    connection errors, and HTTP 200 bodies that are no usable completion), the same provider
+    spelling, the same counts (`usage`: requests, retries, malformed bodies, tokens).
+
+    `retries`: extra requests for a reply whose action does not parse (`retry_invalid`): a
+    teacher gets them, as the collector's teacher client does (teacher.retries); a student
+    under evaluation does not (its invalid reply is its answer). When the transport retries run
+    out the agent is AgentUnavailable, naming the endpoint (URL, model), the error class and the
+    attempts: the episode is not recorded, a resumed run plays it again."""
 
     # native parallel function calling (module docstring); False: N calls are one Invalid reply
     parallel_calls = True
@@ -51,21 +63,31 @@ class EndpointAgent:
     def __init__(self, base_url: str, model: str, *, api_key_env: str | None = None, temperature: float | None = 0.0,
                  max_tokens: int = 1024, extra_body: dict[str, Any] | None = None, timeout_s: float = 300.0,
                  retries: int = 0, retry_invalid: bool = False, provider: str = "openai", top_p: float | None = None,
-                 top_k: int | None = None, thinking: bool | None = None, reasoning_effort: str | None = None):
-        import openai
+                 top_k: int | None = None, thinking: bool | None = None, reasoning_effort: str | None = None,
+                 retry: RetryPolicy | None = None, role: str = "agent"):
+        from actionopd_jax.teacher.endpoint import ChatEndpoint, EndpointSettings
 
         # the body's sampling fields, spelled for `provider` (providers.py); a setting the
         # provider has no field for is refused here (UnsendableSetting), before any request
-        self._sampling = sampling_body(provider, temperature=temperature, top_p=top_p, top_k=top_k,
-                                       max_tokens=max_tokens, reasoning_effort=reasoning_effort or None,
-                                       thinking=thinking, extra_body=extra_body, who="evaluated endpoint")
-        key = os.environ.get(api_key_env, "") if api_key_env else "unused"
-        if api_key_env and not key:
+        sampling_body(provider, temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens,
+                      reasoning_effort=reasoning_effort or None, thinking=thinking, extra_body=extra_body,
+                      who="evaluated endpoint")
+        if api_key_env and not os.environ.get(api_key_env, ""):
             raise ValueError(f"environment variable {api_key_env} (the endpoint's API key) is not set")
-        self._client = openai.AsyncOpenAI(base_url=base_url, api_key=key, timeout=timeout_s, max_retries=4)
+        settings = EndpointSettings(model=model, base_url=base_url, provider=provider, api_key_env=api_key_env or None,
+                                    thinking=thinking, reasoning_effort=reasoning_effort or None,
+                                    temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens,
+                                    extra_body=dict(extra_body or {}), request_timeout_s=timeout_s,
+                                    retry=retry or RetryPolicy(), max_concurrency=1 << 16)
+        self.endpoint = ChatEndpoint(settings, who=f"{role} {model} at {base_url}")
         self.name = model
-        self._model = model
+        self.where = f"{role} endpoint {base_url} (model {model})"   # what an outage message names
         self._retries, self._retry_invalid = max(0, int(retries)), retry_invalid
+
+    @property
+    def usage(self) -> UsageReport:
+        """Requests, transport retries, malformed bodies and tokens of this agent so far."""
+        return self.endpoint.usage
 
     async def act(self, obs: Observation, *, task: Task, trial: int) -> Action:
         return (await self.act_detailed(obs, task=task, trial=trial))[0]
@@ -74,35 +96,26 @@ class EndpointAgent:
         """(action, the reply's reasoning_content or ""): KD imitates the reasoning too."""
         for attempt in range(self._retries + 1):
             # a retry asks with another seed: a seeded server would repeat the same reply
-            got = await self._ask(obs, trial if attempt == 0 else trial + 1_000_003 * attempt)
-            last = attempt == self._retries
-            if got is None:
-                if last:
-                    raise AgentUnavailable(f"endpoint returned no choices ({self._retries + 1} request(s))")
-                continue
-            action, reasoning = got
-            if isinstance(action, Invalid) and self._retry_invalid and not last:
+            action, reasoning = await self._ask(obs, trial if attempt == 0 else trial + 1_000_003 * attempt)
+            if isinstance(action, Invalid) and self._retry_invalid and attempt < self._retries:
                 continue
             return action, reasoning
         raise AssertionError("unreachable")
 
-    async def _ask(self, obs: Observation, seed: int) -> tuple[Action, str] | None:
-        import openai
-
+    async def _ask(self, obs: Observation, seed: int) -> tuple[Action, str]:
         try:
-            r = await self._client.chat.completions.create(
-                model=self._model, messages=obs.messages, tools=obs.tools or openai.omit, seed=seed,
-                **self._sampling)
-        except openai.BadRequestError as e:
+            choices = await self.endpoint.complete(obs.messages, obs.tools or None, 1, seed=seed)
+        except PermanentRequestError as e:
             if "context" in str(e).lower():
                 raise ContextTooLong(str(e)) from e
-            raise AgentUnavailable(f"endpoint rejected the request: {e}") from e
-        except openai.APIError as e:
-            raise AgentUnavailable(f"endpoint failed: {type(e).__name__}: {e}") from e
-        if not r.choices or r.choices[0].message is None:
-            return None
-        message = r.choices[0].message
-        reasoning = getattr(message, "reasoning_content", None) or (message.model_extra or {}).get("reasoning_content")
+            kind = type(e.__context__).__name__ if e.__context__ is not None else "refused"  # the SDK's class
+            raise AgentUnavailable(f"{self.where} refused the request ({kind}): {e}", where=self.where) from e
+        except TransportGaveUp as e:
+            u = self.usage
+            raise AgentUnavailable(f"{self.where}: {e} ({u.http_calls} request(s) by this agent so far, "
+                                   f"{u.malformed_replies} malformed repl(ies))", where=self.where) from e
+        message = choices[0]["message"]
+        reasoning = message.get("reasoning_content") or message.get("reasoning")
         action = action_from_openai_message(message, obs.tools, role="student",
                                             parallel=self.parallel_calls)
         return action, reasoning if isinstance(reasoning, str) else ""

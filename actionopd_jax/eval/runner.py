@@ -1,8 +1,10 @@
 """Run (task, trial) episodes concurrently and append each finished one to a JSONL file.
 
 Resumable: episodes already in the file are skipped, so an interrupted evaluation picks up
-where it stopped. An episode whose agent became unavailable is not written (it reruns next
-time); one whose prompt outgrew the context ends there and is scored as it stands.
+where it stopped. An episode whose agent or user simulator became unavailable (its endpoint
+failed past the transport retries) is not written: it is no score and no finished episode, it
+is left out of every metric and reruns next time. One whose prompt outgrew the context ends
+there and is scored as it stands.
 """
 
 from __future__ import annotations
@@ -17,10 +19,36 @@ from typing import Any, Callable
 from tqdm.auto import tqdm
 
 from actionopd_jax.envs.base import Environment
+from actionopd_jax.envs.user_sim import UserSimUnavailable
 from actionopd_jax.eval.agents import Agent, AgentUnavailable, ContextTooLong
 from actionopd_jax.types import Reply, Task, ToolCall, ToolCalls
 
 EnvFactory = Callable[[Task], Environment]
+
+
+class EpisodeFailure(str):
+    """The error line of an episode that did not finish. `where` names the endpoint that failed
+    (the agent's or the user simulator's URL and model); "" for an environment error."""
+
+    where: str = ""
+
+
+def _failure(text: str, where: str = "") -> EpisodeFailure:
+    out = EpisodeFailure(text)
+    out.where = where
+    return out
+
+
+def unavailable_summary(errors: list[str]) -> str:
+    """"N episode(s) unavailable: <endpoint> xK; ..." over the endpoint failures of `errors`
+    (what `actionopd eval` and KD print when they stop); "" when there are none."""
+    from collections import Counter
+
+    by_where = Counter(e.where for e in errors if isinstance(e, EpisodeFailure) and e.where)
+    if not by_where:
+        return ""
+    return (f"{sum(by_where.values())} episode(s) unavailable: "
+            + "; ".join(f"{where} x{n}" for where, n in by_where.most_common()))
 
 
 def episode_group(task: Task) -> str:
@@ -243,10 +271,13 @@ async def run_eval(agent: Agent, tasks: list[Task], make_env: EnvFactory, out_js
                         if not record_conversation:
                             rec = {k: v for k, v in rec.items() if k not in CONVERSATION_KEYS}
                 except AgentUnavailable as e:
-                    errors.append(f"{task.task_id} trial {trial}: {e}")
+                    errors.append(_failure(f"{task.task_id} trial {trial}: {e}", e.where or f"agent {agent.name}"))
+                    return
+                except UserSimUnavailable as e:   # the user's endpoint failed: no score, rerun on resume
+                    errors.append(_failure(f"{task.task_id} trial {trial}: {e}", e.where or "user simulator"))
                     return
                 except Exception as e:  # an environment bug ends that episode only
-                    errors.append(f"{task.task_id} trial {trial}: {type(e).__name__}: {e}")
+                    errors.append(_failure(f"{task.task_id} trial {trial}: {type(e).__name__}: {e}"))
                     return
                 finally:
                     bar.update(1)

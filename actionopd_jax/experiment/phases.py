@@ -194,8 +194,12 @@ def actionopd_phase(pcfg: Config, *, train_tasks: list[Task], run_dir: Path, pro
     trainer = Trainer(pcfg, run_dir=run_dir, source=source)
     try:
         code = trainer.run()
-        if code != 0:
-            raise RuntimeError(f"the ActionOPD trainer stopped early (exit code {code})")
+        if code != 0:   # SIGTERM / preemption or a budget stop: its state is saved, no traceback
+            from actionopd_jax.train.sources import StoppedEarly
+
+            why = getattr(trainer, "stop_message", "") or "SIGTERM / preemption"
+            raise StoppedEarly(f"the ActionOPD trainer in {run_dir} stopped early at step {trainer.step} ({why}); "
+                               "its state is saved there", code)
         final = Policy(trainer.graphdef, trainer.state["params"], trainer.qcfg, trainer.step,
                        key=jax.random.fold_in(trainer.base_key, trainer.step))
         source.collect(trainer.step, final)  # measurement only: no update follows

@@ -79,14 +79,25 @@ def warm_start(cfg: Config, *, agent: Any, tasks: list[Task], tokenizer: Any, to
 
     exp = cfg.experiment
     run_dir.mkdir(parents=True, exist_ok=True)
+    from actionopd_jax.train.sources import RunStop
+
+    unavailable: list[str] = []
     records = asyncio.run(teacher_trajectories(
         agent, tasks, lambda task: make_environment(task.env), concurrency=exp.eval_concurrency,
-        keep_successful=False, out_jsonl=run_dir / "teacher_trajectories.jsonl", progress=progress))
+        keep_successful=False, out_jsonl=run_dir / "teacher_trajectories.jsonl", progress=progress,
+        unavailable=unavailable))
+    if unavailable:
+        # an episode the endpoint could not finish is neither a demonstration nor a failure: stop,
+        # naming it, rather than imitate what is left (issue 46 items 4-5: 8 of 13 were lost silently)
+        from actionopd_jax.eval.runner import unavailable_summary
+
+        raise RunStop(f"warm start: {unavailable_summary(unavailable) or f'{len(unavailable)} episode(s) not finished'}"
+                      f" of {len(records) + len(unavailable)} teacher episodes (last error: {unavailable[-1]}). The "
+                      f"{len(records)} finished ones are kept in {run_dir / 'teacher_trajectories.jsonl'}: fix the "
+                      "endpoint and rerun the command, only the unfinished episodes are asked again")
     kept = [r for r in records if float(r["score"].get("reward", 0.0)) >= 1.0]
     if not kept:
         from collections import Counter
-
-        from actionopd_jax.train.sources import RunStop
 
         ends = Counter(str(r.get("end_reason") or "?") for r in records)
         raise RunStop(f"warm start: none of the {len(records)} teacher trajectories succeeded (their ends: "

@@ -27,6 +27,7 @@ class UsageReport:
     http_calls: int = 0          # HTTP attempts sent (successful or not)
     transport_retries: int = 0   # attempts repeated after 429 / 5xx / timeout / bad body
     transport_failures: int = 0  # slots lost because the retry budget ran out
+    malformed_replies: int = 0   # HTTP 200 bodies that were no usable completion (each retried as a transport fault)
     cache_hits: int = 0
     cache_misses: int = 0
     single_flight_joins: int = 0  # requests answered by an identical request already in flight
@@ -53,6 +54,7 @@ class TeacherBatch:
     invalid_replies: int = 0
     regenerations: int = 0
     invalid_reasons: list[str] = field(default_factory=list)
+    transport_error: str = ""     # the last slot's transport failure (error class and message), for the outage log
 
     @property
     def unanswered(self) -> bool:
@@ -122,6 +124,7 @@ async def sample_with_regeneration(
         for slot, reply in zip(pending, replies):
             if isinstance(reply, BaseException):
                 batch.transport_failures += 1
+                batch.transport_error = f"{type(reply).__name__}: {reply}"
             elif isinstance(reply.action, Invalid):
                 batch.invalid_replies += 1
                 batch.invalid_reasons.append(reply.action.reason)

@@ -84,4 +84,5 @@ def _copy_batch(batch: TeacherBatch) -> TeacherBatch:
     # Joiners get their own sample objects, so a caller mutating one cannot affect another.
     return TeacherBatch(samples=[copy.copy(s) for s in batch.samples], requested=batch.requested,
                         transport_failures=batch.transport_failures, invalid_replies=batch.invalid_replies,
-                        regenerations=batch.regenerations, invalid_reasons=list(batch.invalid_reasons))
+                        regenerations=batch.regenerations, invalid_reasons=list(batch.invalid_reasons),
+                        transport_error=batch.transport_error)

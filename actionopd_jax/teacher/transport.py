@@ -1,5 +1,6 @@
 """Transport retries for OpenAI-compatible calls: exponential backoff with jitter, Retry-After,
-bounded attempts and bounded total time. Shared by teacher providers and the LLM judge.
+bounded attempts and bounded total time. Shared by teacher providers, the LLM judge, the eval
+agent and the tau2 user simulator.
 
 Retried: 429, 408, 409, 5xx, timeouts, connection errors, and replies whose body is not a
 valid completion (malformed JSON). Not retried: other 4xx (bad request, auth, not found):
@@ -107,9 +108,10 @@ def classify(err: BaseException) -> tuple[bool, float | None]:
 
 
 def describe(err: BaseException) -> str:
-    """A short, secret-free description of a failed attempt."""
+    """A short, secret-free description of a failed attempt, naming its error class (an outage
+    message says what kind of failure it was: a closed port, a timeout, a 5xx)."""
     if _openai_error(err, "APIStatusError"):
-        return f"HTTP {err.status_code}: {str(err.message)[:300]}"
+        return f"{type(err).__name__} HTTP {err.status_code}: {str(err.message)[:300]}"
     return f"{type(err).__name__}: {str(err)[:300]}"
 
 

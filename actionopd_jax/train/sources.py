@@ -41,6 +41,17 @@ class RunStop(Exception):
     prints it and exits 1. The steps finished before it are checkpointed as usual."""
 
 
+class StoppedEarly(Exception):
+    """A phase's trainer (the KD warm start, the main job's ActionOPD phase, a KD run) stopped
+    before its last step with its state saved: SIGTERM / preemption, or a run.budget_* stop.
+    `actionopd train` prints the message and exits with `code`, the trainer's own exit code
+    (train.loop.SIGTERM_EXIT_CODE / BUDGET_EXIT_CODE), with no traceback (issue 46 item 8)."""
+
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.code = int(code)
+
+
 @dataclass
 class SourceContext:
     """What a source may need to build itself."""

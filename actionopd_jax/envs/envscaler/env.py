@@ -207,8 +207,10 @@ class EnvScalerEnvironment:
         try:
             reply = await self.user_sim.reply(self._user_prompt, self._user_view, None, seed=self.config.user_seed)
         except UserSimUnavailable as exc:
-            self._finish(f"user_sim_unavailable: {exc}")
-            return
+            # the user's endpoint failed past its retries: no score and no finished episode (issue
+            # 43; eval reruns it on resume), so the instance ends unscored and the error goes on
+            self._finish(f"user_sim_unavailable: {exc}", fault=str(exc))
+            raise
         text = reply.text or ""
         if not text:
             self._finish("user_sim_unavailable: the simulator called tools instead of replying")
