@@ -261,4 +261,5 @@ def test_only_the_modules_a_command_imports_come_from_pythonpath_followed_transi
     got = outside_imports([sys.executable, str(script)], [])
     assert sorted(got) == [str(pp / "mod_b.py"), str(pp / "pkg_a")]
     assert outside_imports([sys.executable, "-m", "mod_b"], []) == [str(pp / "mod_b.py")]
+    assert outside_imports([sys.executable, "-W", "ignore", "-u", str(script)], []) == got
     assert outside_imports(["/bin/sh", str(script)], []) == []  # not a Python command

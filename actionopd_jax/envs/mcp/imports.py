@@ -70,6 +70,9 @@ def _command_sources(argv: list[str]) -> tuple[list[str], set[str], str | None]:
         if a == "-m" and i + 1 < len(args):
             names.add(args[i + 1].split(".")[0])
             break
+        if a in ("-W", "-X"):  # options whose value is the next argument
+            i += 2
+            continue
         if not a.startswith("-"):
             if a.endswith(".py") and os.path.isfile(a):
                 script_dir = script_dir or os.path.dirname(os.path.abspath(a))
