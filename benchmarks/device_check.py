@@ -327,6 +327,10 @@ def main(argv=None) -> int:
         print("device_check: no NVIDIA GPU (nvidia-smi) or TPU (/dev/accel*) on this host; "
               "--dry-run runs the same steps on the CPU", file=sys.stderr)
         return 2
+    args.out.mkdir(parents=True, exist_ok=True)
+    # before the plan: planning imports the project's memory plans (jax among them), which a
+    # host without its jax installed yet only has after this
+    info = install(platform, args.dry_run, args.no_install)
     if args.memory_gib:
         memory, source = int(args.memory_gib * 2 ** 30), "--memory-gib"
     elif mode == "device" and platform == "gpu":
@@ -349,8 +353,6 @@ def main(argv=None) -> int:
             return 2
         by_name = {row[0]: row for row in plan}
         plan = [by_name[n] for n in dict.fromkeys(wanted)]      # in the order given
-    args.out.mkdir(parents=True, exist_ok=True)
-    info = install(platform, args.dry_run, args.no_install)
     rep = {"schema": 3, "mode": mode, "install": info, "shapes": shapes}
 
     def write(out: dict, final: bool = False) -> None:
