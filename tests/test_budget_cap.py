@@ -263,3 +263,77 @@ def test_check_shows_the_cap_against_the_estimate_and_warns_when_it_buys_no_step
     roomy = from_dict({**base, "run": {"budget_usd": 1000.0}})
     lines = describe(roomy, estimate(roomy, None), "assumed")
     assert any("buys 10 / 10 / 10 of 10 steps" in line for line in lines) and not any("WARNING" in x for x in lines)
+
+
+def test_the_warm_starts_teacher_episodes_are_metered_capped_and_carried_into_the_job(tmp_path):
+    """The main job's warm start asked the teacher unmetered. Its episodes (the real endpoint
+    agent against a loopback teacher) now draw on run.budget_*: with a cap that buys some of
+    them, the phase stops as StoppedEarly with exit code 3, spend <= cap, the totals kept in
+    paid_calls.json (a rerun counts on) and the server counted what the ledger did; the job's
+    ActionOPD trainer starts from those totals."""
+    import asyncio
+    import json
+
+    from actionopd_jax.baselines.kd import teacher_trajectories
+    from actionopd_jax.eval.agents import EndpointAgent
+    from actionopd_jax.serve.openai_http import OpenAIServer
+    from actionopd_jax.train.budget import PHASE_FILE, carry_phase_spend, ledger_from, phase_ledger
+    from actionopd_jax.train.sources import StoppedEarly
+    from tests._baselines_fixtures import toy_env_factory, toy_teacher_backend, toy_tasks
+
+    def episodes(cap, name):
+        cfg = replace_keys(_cfg(tmp_path, name), **{"run.budget_usd": cap, "teacher.max_tokens": 32})
+        backend = toy_teacher_backend()
+        with OpenAIServer(backend) as srv:
+            agent = EndpointAgent(srv.base_url, "toy-teacher", max_tokens=32, role="teacher")
+            with phase_ledger(cfg, tmp_path / name, "warm start (teacher trajectories)") as ledger:
+                asyncio.run(teacher_trajectories(agent, toy_tasks(6), toy_env_factory, concurrency=1,
+                                                 keep_successful=False, out_jsonl=tmp_path / name / "t.jsonl"))
+        return ledger, len(backend.requests), cfg
+
+    free, served_free, _ = episodes(0.0, "free")   # unlimited: what all the episodes cost
+    assert served_free == free.totals["teacher"].requests > 2 and free.spend_usd > 0
+    cap = free.largest["usd"] + free.spend_usd / 2   # the largest reservation plus half the real cost
+    with pytest.raises(StoppedEarly) as stop:
+        episodes(cap, "capped")
+    assert stop.value.code == 3 and str(stop.value).startswith("warm start (teacher trajectories): budget: ")
+    saved = json.loads((tmp_path / "capped" / PHASE_FILE).read_text())
+    spent = sum(t["spend_usd"] for t in saved["totals"].values())
+    assert 0 < spent <= cap and 0 < saved["totals"]["teacher"]["requests"] < served_free
+    job = ledger_from(_cfg(tmp_path, "job"))
+    carry_phase_spend(job, tmp_path / "capped")
+    assert job.spend_usd == pytest.approx(spent)
+
+
+def test_opd_echo_scoring_reserves_its_exact_prompt_and_records_usage():
+    """The OPD baseline's teacher scoring (/v1/completions, token ids, echo) was unmetered."""
+    from actionopd_jax.baselines.opd import EndpointScorer
+    from actionopd_jax.serve.openai_http import OpenAIServer
+    from actionopd_jax.serve.scripted import ScriptedBackend, message_choice
+
+    import openai
+
+    backend = ScriptedBackend("scorer", lambda req: message_choice("x"))
+    ledger = Ledger({"usd": 1.0}, {"teacher": PRICE}, {"teacher": 8192})
+    ledger.begin_step(0, 0.0, {})
+    prompts, responses = [np.arange(5, 25, dtype=np.int32)], [np.arange(30, 35, dtype=np.int32)]
+    with OpenAIServer(backend) as srv:
+        scorer = EndpointScorer(srv.base_url, "scorer")
+        paid_calls.install(ledger)
+        try:
+            with pytest.raises(openai.BadRequestError, match="cannot score tokens"):
+                scorer.score(prompts, responses)   # a scripted model cannot score; the request was reserved
+        finally:
+            paid_calls.install(None)
+    # the reservation was the exact prompt (20 + 5 token ids) plus one output token; a refused
+    # request (HTTP 400) is not billed, so nothing is recorded as spent
+    assert ledger.largest == {"usd": pytest.approx(26 / 1000), "tokens": 26, "role": "teacher"}
+    assert ledger.spend_usd == 0.0 and ledger.totals["teacher"].requests == 0
+    tight = Ledger({"usd": 0.02}, {"teacher": PRICE}, {"teacher": 8192})
+    tight.begin_step(0, 0.0, {})
+    paid_calls.install(tight)
+    try:
+        with pytest.raises(BudgetReached, match="reserves up to \\$0.0260"):
+            EndpointScorer("http://127.0.0.1:9/v1", "scorer").score(prompts, responses)   # refused before sending
+    finally:
+        paid_calls.install(None)

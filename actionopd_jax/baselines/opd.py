@@ -16,6 +16,7 @@ Teacher log-probabilities come from a `Scorer`:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from typing import Any, Protocol, Sequence
 import jax
 import numpy as np
 
+from actionopd_jax import paid_calls
 from actionopd_jax.collect import keys
 from actionopd_jax.types import Action, Candidate, StateGroup, Task
 
@@ -78,9 +80,18 @@ class EndpointScorer:
 
         async def one(prompt: np.ndarray, response: np.ndarray) -> np.ndarray:
             ids = [int(t) for t in np.concatenate([prompt, response])]
+            ledger = paid_calls.current()
             async with sem:
-                r = await client.completions.create(model=self.model, prompt=ids, max_tokens=0, echo=True,
-                                                    logprobs=1, temperature=1.0)
+                # run.budget_* (paid_calls.py): the prompt is token ids, so its size is known exactly;
+                # one output token is held in case the server generates one despite max_tokens=0
+                with ledger.holding("teacher", len(ids), replies=1, max_tokens=1) if ledger else contextlib.nullcontext():
+                    r = await client.completions.create(model=self.model, prompt=ids, max_tokens=0, echo=True,
+                                                        logprobs=1, temperature=1.0)
+                    if ledger is not None:
+                        used = getattr(r, "usage", None)
+                        ledger.record("teacher", requests=1,
+                                      prompt_tokens=int(getattr(used, "prompt_tokens", 0) or 0) or len(ids),
+                                      completion_tokens=int(getattr(used, "completion_tokens", 0) or 0))
             lps = (r.choices[0].logprobs.token_logprobs if r.choices and r.choices[0].logprobs else None) or []
             if len(lps) < len(ids):
                 raise RuntimeError(f"scoring endpoint returned {len(lps)} prompt logprobs for {len(ids)} tokens "

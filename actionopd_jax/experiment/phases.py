@@ -192,6 +192,9 @@ def actionopd_phase(pcfg: Config, *, train_tasks: list[Task], run_dir: Path, pro
 
     source = actionopd_source(pcfg, tasks=train_tasks, run_dir=run_dir, name="bfcl:job-train")
     trainer = Trainer(pcfg, run_dir=run_dir, source=source)
+    from actionopd_jax.train.budget import carry_phase_spend
+
+    carry_phase_spend(trainer.ledger, run_dir / "warm_start")   # its teacher episodes count against run.budget_*
     try:
         code = trainer.run()
         if code != 0:   # SIGTERM / preemption or a budget stop: its state is saved, no traceback

@@ -81,11 +81,16 @@ def warm_start(cfg: Config, *, agent: Any, tasks: list[Task], tokenizer: Any, to
     run_dir.mkdir(parents=True, exist_ok=True)
     from actionopd_jax.train.sources import RunStop
 
+    from actionopd_jax.train.budget import phase_ledger
+
     unavailable: list[str] = []
-    records = asyncio.run(teacher_trajectories(
-        agent, tasks, lambda task: make_environment(task.env), concurrency=exp.eval_concurrency,
-        keep_successful=False, out_jsonl=run_dir / "teacher_trajectories.jsonl", progress=progress,
-        unavailable=unavailable))
+    # the teacher's episodes are paid: metered and capped by run.budget_* (train/budget.py); the
+    # job's ActionOPD trainer counts on from these totals
+    with phase_ledger(cfg, run_dir, "warm start (teacher trajectories)"):
+        records = asyncio.run(teacher_trajectories(
+            agent, tasks, lambda task: make_environment(task.env), concurrency=exp.eval_concurrency,
+            keep_successful=False, out_jsonl=run_dir / "teacher_trajectories.jsonl", progress=progress,
+            unavailable=unavailable))
     if unavailable:
         # an episode the endpoint could not finish is neither a demonstration nor a failure: stop,
         # naming it, rather than imitate what is left (issue 46 items 4-5: 8 of 13 were lost silently)

@@ -12,12 +12,19 @@ before that step; the paid-for teacher samples are in the teacher cache).
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import json
+import logging
+from pathlib import Path
+from typing import Any, Iterator
 
 import numpy as np
 
-from actionopd_jax.paid_calls import PROMPT_ALLOWANCE_TOKENS, ROLES, Ledger
+from actionopd_jax.paid_calls import PROMPT_ALLOWANCE_TOKENS, ROLES, BudgetReached, Ledger, install
 from actionopd_jax.train import distributed
+
+log = logging.getLogger(__name__)
+BUDGET_EXIT_CODE = 3     # run.budget_*: the next request batch would pass the cap; state saved
 
 
 def caps_of(cfg: Any) -> dict[str, float]:
@@ -52,6 +59,9 @@ def next_batch(cfg: Any, ledger: Ledger) -> tuple[str, float, int]:
     (module docstring), else the teacher's smallest batch."""
     if ledger.largest["role"]:
         return ledger.largest["role"], float(ledger.largest["usd"]), int(ledger.largest["tokens"])
+    if cfg.collect.kind == "opd":   # echo scoring: token ids in, no reply (baselines/opd.py)
+        usd, tokens = ledger.worst_case("teacher", 1, replies=1, max_tokens=1)
+        return "teacher", usd, tokens
     k = teacher_replies(cfg)
     usd, tokens = ledger.worst_case("teacher", PROMPT_ALLOWANCE_TOKENS, replies=k, requests=k)
     return "teacher", usd, tokens
@@ -73,6 +83,52 @@ def _process_count() -> int:
     import jax
 
     return jax.process_count()
+
+
+PHASE_FILE = "paid_calls.json"   # a phase outside the trainer (the warm start): its ledger's totals
+
+
+@contextlib.contextmanager
+def phase_ledger(cfg: Any, run_dir: Path, what: str) -> Iterator[Ledger]:
+    """The ledger of paid calls made outside a trainer (the main job's warm start asks the
+    teacher for its trajectories before any training): run.budget_* caps them as one step,
+    checked before the first request; the totals are kept in `run_dir`/paid_calls.json (a rerun
+    counts on; the job's ActionOPD trainer starts from them). A reservation past the cap ends
+    the phase as StoppedEarly with exit code 3 (finished episodes stay in their file)."""
+    from actionopd_jax.train.sources import StoppedEarly
+
+    path = Path(run_dir) / PHASE_FILE
+    ledger = ledger_from(cfg)
+    if path.is_file():
+        ledger.load(json.loads(path.read_text()))
+    ledger.begin_step(0, ledger.spend_usd, {r: float(ledger.totals[r].tokens) for r in ROLES}, 1)
+    if ledger.capped:
+        # the phase's batches are the endpoint agent's: one reply per request
+        role, usd, tokens = (ledger.largest["role"], ledger.largest["usd"], ledger.largest["tokens"]) \
+            if ledger.largest["role"] else ("teacher", *ledger.worst_case("teacher", PROMPT_ALLOWANCE_TOKENS, 1))
+        why = ledger.refusal(role, usd, tokens, spent_usd=ledger.spend_usd,
+                             spent_tokens={r: float(ledger.totals[r].tokens) for r in ROLES}, before_step=0)
+        if why:
+            raise StoppedEarly(f"{what}: {why}", BUDGET_EXIT_CODE)
+    previous = install(ledger)
+    try:
+        yield ledger
+    except BudgetReached as e:
+        raise StoppedEarly(f"{what}: {e}", BUDGET_EXIT_CODE) from None
+    finally:
+        install(previous)
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(ledger.state()))
+        if ledger.totals["teacher"].requests:
+            log.info("%s: the paid models cost $%.4f so far (%s)", what, ledger.spend_usd, path)
+
+
+def carry_phase_spend(ledger: Ledger, phase_dir: Path) -> None:
+    """A fresh trainer's ledger starts from a phase's totals (the warm start's teacher episodes
+    count against the same run.budget_*)."""
+    path = Path(phase_dir) / PHASE_FILE
+    if path.is_file() and not any(t.requests for t in ledger.totals.values()):
+        ledger.load(json.loads(path.read_text()))
 
 
 def calls_paid_models(cfg: Any) -> bool:
@@ -123,5 +179,5 @@ def meter_partial_step(source: Any, ledger: Ledger) -> None:
     meters.add(usage)
 
 
-__all__ = ["meter_partial_step", "spend_metrics", "calls_paid_models", "caps_of", "global_totals", "ledger_from", "next_batch", "step_refusal",
+__all__ = ["BUDGET_EXIT_CODE", "PHASE_FILE", "carry_phase_spend", "phase_ledger", "meter_partial_step", "spend_metrics", "calls_paid_models", "caps_of", "global_totals", "ledger_from", "next_batch", "step_refusal",
            "teacher_replies"]

@@ -43,7 +43,7 @@ from actionopd_jax.train.sources import GroupSource, Policy, SourceContext
 log = logging.getLogger(__name__)
 
 SIGTERM_EXIT_CODE = 143  # 128 + SIGTERM: "stopped early, state saved"
-BUDGET_EXIT_CODE = 3     # run.budget_*: the next request batch would pass the cap; state saved (train/budget.py)
+BUDGET_EXIT_CODE = run_budget.BUDGET_EXIT_CODE   # run.budget_*: the next request batch would pass the cap; saved
 
 
 def host_scalar(x) -> float:
