@@ -62,8 +62,10 @@ def context_lines(args: argparse.Namespace, reply: int, task_sets: list[tuple[st
 
     got = model_context(args)
     if got is None:
-        return ["context    not measured: an endpoint's context is its server's (its replies that do not fit "
-                "are refused there)" if args.endpoint else "context    not measured (the reference policy)"], []
+        why = ("an endpoint's context is its server's (what does not fit is refused there)" if args.endpoint else
+               "the reference policy generates nothing" if args.reference else
+               "no model named: give --checkpoint or --hf to measure the prompts against its context")
+        return [f"context    not measured: {why}"], []
     context, tokenizer, what = got
     how = f"the model's {context:,} tokens ({what})"
     if args.engine_max_len and args.engine_max_len < context and getattr(args, "sampler", "auto") != "static":
