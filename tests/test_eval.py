@@ -163,7 +163,8 @@ def test_check_measures_first_prompts_and_the_reply_against_the_models_context(t
 
     model_dir, tok_dir = build_tiny_demo(tmp_path / "tiny", seed=3)
     base = ["--hf", str(model_dir), "--tokenizer", str(tok_dir), "--check", "--limit", "2", "--bench", "bfcl:base",
-            "--bench", "tau2_airline"]
+            "--bench", "tau2_airline",   # tau2 needs a user simulator, or --check fails for want of it
+            "--user-sim-url", "http://127.0.0.1:9/v1", "--user-sim-model", "u", "--user-sim-provider", "vllm"]
     # the tiny demo holds 4,096 positions: BFCL's first base task and tau2's policy do not fit
     assert eval_cli.main(base) == 2
     err = capsys.readouterr().err

@@ -238,14 +238,22 @@ def select_all(args: argparse.Namespace, settings: EvalSettings) -> list[Task]:
 
 
 def check(args: argparse.Namespace, settings: EvalSettings) -> list[str]:
-    """`--check`: the settings, and each benchmark's task and episode counts (no model loaded,
-    no endpoint called)."""
+    """`--check`: the settings, each benchmark's task and episode counts, and each endpoint the
+    run calls with its key's state (no model loaded, no endpoint called)."""
+    from actionopd_jax.eval.keys_check import endpoint_lines
+
     lines = settings.lines() + ["benchmarks"]
+    every: list[Task] = []
     for spec in settings.benchmarks:
         tasks = select_tasks(spec, limit=args.limit, awm_dir=args.awm_dir, manifest=args.manifest)
+        every += tasks
         trials = settings.trials_for(tasks[0]) if tasks else 0
         lines.append(f"  {spec:<22} {len(tasks):>4} tasks x {trials} trial(s) = {len(tasks) * trials:,} episodes")
-    return lines
+    endpoints, problems, unset = endpoint_lines(args, settings, every)
+    # an unset key is named, as train --check names it (a planning host need not hold secrets); the
+    # run refuses without it. An endpoint the run needs and lacks fails the check (MISSING)
+    return (lines + endpoints + [f"secrets    {k} is not set in this environment: the run refuses without it"
+                                 for k in unset] + [f"MISSING: {p}" for p in problems])
 
 
 def check_context(args: argparse.Namespace, settings: EvalSettings) -> int:
@@ -264,6 +272,13 @@ def check_context(args: argparse.Namespace, settings: EvalSettings) -> int:
 
 def evaluate(args: argparse.Namespace, settings: EvalSettings) -> dict[str, Any]:
     tasks = select_all(args, settings)
+    from actionopd_jax.eval.keys_check import endpoint_lines
+
+    _, problems, unset = endpoint_lines(args, settings, tasks)
+    if problems or unset:   # refused before anything runs: every episode needing it would be unavailable
+        raise ValueError("; ".join(problems + [f"{k} is not set: export it (secrets come from the environment only)"
+                                               for k in unset])
+                         + " (`actionopd eval ... --check` lists every endpoint and key)")
     from actionopd_jax.envs.splits import eval_overlap_warning
 
     warning = eval_overlap_warning(args.checkpoint or args.hf, tasks)  # from the run's train_tasks.json
@@ -309,8 +324,10 @@ def main(argv: list[str], *, load_section: Callable[[str], EvalConfig] | None = 
     try:
         settings = resolve_settings(args, load_section)
         if args.check:
-            print("\n".join(check(args, settings)))
-            return check_context(args, settings)
+            lines = check(args, settings)
+            print("\n".join(lines))
+            context = check_context(args, settings)
+            return 2 if any(line.startswith("MISSING: ") for line in lines) else context
         if not (args.checkpoint or args.hf or args.endpoint or args.reference):
             parser.error("one of --checkpoint, --hf, --endpoint or --reference is required (or --check)")
         if not args.out:
@@ -327,6 +344,12 @@ def main(argv: list[str], *, load_section: Callable[[str], EvalConfig] | None = 
         print(result["unplayed"], file=sys.stderr)
         return 1
     if result["errors"]:
-        print(f"{len(result['errors'])} episode(s) did not finish; rerun the same command to resume them")
+        from actionopd_jax.eval.runner import unavailable_summary
+
+        # endpoint failures name the endpoint and the count; such episodes are no score, in no metric
+        lost = unavailable_summary(result["errors"])
+        print(f"actionopd eval: {len(result['errors'])} episode(s) did not finish{': ' + lost if lost else ''} "
+              f"(last: {result['errors'][-1]}); they are in no score: rerun the same command to resume them",
+              file=sys.stderr)
         return 1
     return 0
