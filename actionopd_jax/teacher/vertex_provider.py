@@ -20,6 +20,7 @@ import random
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from actionopd_jax import paid_calls
 from actionopd_jax.teacher.base import MAX_REGENERATIONS, RegeneratingSampler, UsageReport, batched_or_single_replies
 from actionopd_jax.teacher.endpoint import read_api_key
 from actionopd_jax.teacher.openai_provider import reply_text
@@ -238,6 +239,11 @@ class VertexTeacher(RegeneratingSampler):
         self._usage.completion_tokens += completion_tokens
         # Gemini's implicit and explicit context caches bill cached input at a lower rate
         self._usage.cached_prompt_tokens += min(int(getattr(meta, "cached_content_token_count", 0) or 0), prompt_tokens)
+        ledger = paid_calls.current()   # run.budget_* (paid_calls.py): what this request cost
+        if ledger is not None:
+            ledger.record("teacher", requests=stats.attempts, prompt_tokens=prompt_tokens,
+                          cached_prompt_tokens=int(getattr(meta, "cached_content_token_count", 0) or 0),
+                          completion_tokens=completion_tokens)
         samples = []
         for i, cand in enumerate(getattr(response, "candidates", None) or []):
             message, reasoning, truncated = candidate_message(cand)
@@ -248,5 +254,12 @@ class VertexTeacher(RegeneratingSampler):
         return samples
 
     async def _generate(self, messages, tools, m: int) -> list[TeacherSample | BaseException]:
-        return await batched_or_single_replies(lambda n: self._request(messages, tools, n), m,
-                                               batched=self.cfg.use_candidate_count)
+        ledger = paid_calls.current()
+        if ledger is None:
+            return await batched_or_single_replies(lambda n: self._request(messages, tools, n), m,
+                                                   batched=self.cfg.use_candidate_count)
+        # the state's m replies reserved together before any is sent, as the OpenAI teacher's
+        with ledger.holding("teacher", paid_calls.prompt_token_bound(messages, tools), replies=m, requests=m,
+                            max_tokens=self.cfg.max_output_tokens):
+            return await batched_or_single_replies(lambda n: self._request(messages, tools, n), m,
+                                                   batched=self.cfg.use_candidate_count)
