@@ -50,9 +50,60 @@ def test_privileged_context_is_the_summary_and_the_evaluation_criteria_not_the_r
     assert raw.task_instructions not in text and raw.reason_for_call not in text
     telecom = Task(TELECOM_0, "tau2_telecom", payload={"domain": "telecom", "tau2_id": TELECOM_0.split("/", 1)[1]})
     t_text = privileged_context(telecom, summaries)
-    # a device operation is the instruction the agent gives, not user-tool syntax
-    assert "- ask the user: Please do this on your device: toggle_airplane_mode. Tell me when it is done." in t_text
-    assert "[user]" not in t_text and "toggle_airplane_mode()" not in t_text
+    # a device operation is the instruction the agent gives in words, not user-tool syntax (B.5)
+    assert "- ask the user to toggle airplane mode on their phone" in t_text
+    assert "[user]" not in t_text and "toggle_airplane_mode" not in t_text
+
+
+def test_privileged_context_holds_everything_b5_gives_the_teacher_about_the_targets():
+    """Issue 43 item 7: B.5's privileged input is the reviewed summary, the reference tool names
+    and arguments, the customer-side operations, the TARGET STATES and the REQUIRED MESSAGES from
+    the evaluation criteria. The target states (tau2's env_assertions: every telecom task) and the
+    outcome assertions (nl_assertions: every airline task) were left out. Each element of each
+    shipped training task's criteria now appears, device-side ones in words."""
+    summaries = load_summaries((CONFIGS / RECIPE).parent / "self_actionopd_tau2_summaries.jsonl")
+    for task_id in summaries:
+        domain, tau2_id = task_id.split("/", 1)
+        text = privileged_context(Task(task_id, f"tau2_{domain}", payload={"domain": domain, "tau2_id": tau2_id}),
+                                  summaries)
+        criteria = tau2_task(domain, tau2_id).evaluation_criteria
+        assert summaries[task_id] in text
+        for a in criteria.actions or []:
+            words = a.name.replace("_", " ")
+            assert (f"ask the user to {words} on their phone" if a.requestor == "user" else f"- {a.name}(") in text
+        for x in criteria.env_assertions or []:
+            assert x.func_name.removeprefix("assert_").replace("_", " ") in text and "assert_" not in text
+        for x in criteria.communicate_info or []:
+            assert str(x) in text
+        for x in criteria.nl_assertions or []:
+            assert f"- {x}" in text, (task_id, x)
+    telecom = Task(TELECOM_0, "tau2_telecom", payload={"domain": "telecom", "tau2_id": TELECOM_0.split("/", 1)[1]})
+    t_text = privileged_context(telecom, summaries)
+    assert "Target states (checked when the conversation ends):" in t_text
+    assert "- the user's phone: can send mms (expected status: on) must hold" in t_text, t_text
+    airline = Task("airline/0", "tau2_airline", payload={"domain": "airline", "tau2_id": "0"})
+    assert "Required messages and outcomes:\n- Agent should refuse to proceed with the cancellation." in \
+        privileged_context(airline, summaries)
+
+
+def test_a_summary_line_counts_as_reviewed_only_when_it_says_so(tmp_path, capsys):
+    """Issue 43 item 7: a summaries line with no "reviewed" key counted as reviewed; only
+    `"reviewed": true` does now, and --check names such lines and what to do."""
+    from actionopd_jax.baselines.summary_file import read_summary_file
+
+    f = tmp_path / "s.jsonl"
+    f.write_text("\n".join(json.dumps(x) for x in (
+        {"task_id": "airline/0", "summary": "checked", "reviewed": True},
+        {"task_id": "airline/1", "summary": "nobody said", "model": "m"},
+        {"task_id": "airline/3", "summary": "a draft", "reviewed": False})) + "\n")
+    read = read_summary_file(f)
+    assert read.reviewed == {"airline/0": "checked"} and read.unmarked == {"airline/1"}
+    assert set(read.unreviewed) == {"airline/1", "airline/3"} and set(load_summaries(f)) == {"airline/0"}
+    code = train_cli.main(["--config", str(CONFIGS / RECIPE), "--check", f"teacher.privileged_summaries={f}",
+                           "env.task_ids=[airline/0,airline/1]"])
+    err = capsys.readouterr().err
+    assert code == 2 and "1 training task(s) have a summary line in" in err, err
+    assert "that does not say \"reviewed\": true (first: ['airline/1'])" in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("line, error", [
@@ -65,7 +116,7 @@ def test_privileged_context_is_the_summary_and_the_evaluation_criteria_not_the_r
 ])
 def test_a_bad_summaries_file_names_the_line_and_the_fault(tmp_path, line, error):
     f = tmp_path / "s.jsonl"
-    f.write_text(json.dumps({"task_id": "airline/0", "summary": "first"}) + "\n" + line + "\n")
+    f.write_text(json.dumps({"task_id": "airline/0", "summary": "first", "reviewed": True}) + "\n" + line + "\n")
     with pytest.raises(ValueError, match=error):
         load_summaries(f)
     with pytest.raises(FileNotFoundError, match="does not exist"):

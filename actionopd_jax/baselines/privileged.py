@@ -4,12 +4,17 @@ or the matcher.
 - An explicit `payload["privileged_context"]` is used as it is.
 - BFCL: the reference calls of every user turn (BFCL's user requests are public; the private
   part is the solution).
-- tau2: a PREPARED SUMMARY of the user's private goals, constraints, preferences and
-  known/unknown information (paper: written offline and reviewed), read from the summaries
-  file that `teacher.privileged_summaries` names, never the simulator's raw instructions; then,
-  from the evaluation criteria, the reference actions (the user's own device operations
-  written as the instruction the agent gives, not as user-tool syntax) and the information the
-  user must be told.
+- tau2: everything paper B.5 gives the teacher about the task's targets. A PREPARED SUMMARY
+  of the user's private goals, constraints, preferences and known/unknown information (paper:
+  written offline and reviewed), read from the summaries file that
+  `teacher.privileged_summaries` names, never the simulator's raw instructions; then, from the
+  evaluation criteria: the reference tool names and arguments, the customer-side operations
+  (the user's own device operations, written as a user-facing instruction in words, not as
+  user-tool syntax), the target states the run is checked against (`env_assertions`: the
+  user's device and the back-end records at the end), and the required messages and outcomes
+  (`communicate_info`, the information the user must be told; `nl_assertions`, what the agent
+  must say or do). Issue 43 item 7: the target states and the outcome assertions were left
+  out, and device operations were shown as tool syntax.
 
 The summaries file (docs/formats.md, "Privileged summaries"; read by `summary_file.py`): JSON
 lines, one object per task, `{"task_id": "<domain>/<tau2 id>", "summary": "<text>"}`, the task
@@ -54,8 +59,36 @@ def _bfcl_context(task: Task) -> str:
     return "\n".join(lines)
 
 
+def _words(name: str) -> str:
+    """A tool or check name as words ("toggle_airplane_mode" -> "toggle airplane mode")."""
+    return name.replace("_", " ").strip()
+
+
+def _arguments_in_words(arguments: Mapping) -> str:
+    """Arguments as "key: value" words ("app name: messaging, permission: sms"), no JSON."""
+    def value(v) -> str:
+        return ("on" if v else "off") if isinstance(v, bool) else str(v).replace("_", " ")
+
+    return ", ".join(f"{_words(str(k))}: {value(v)}" for k, v in sorted(arguments.items()))
+
+
+def device_instruction(name: str, arguments: Mapping) -> str:
+    """A customer-side operation as the user-facing instruction the agent gives (paper B.5: not
+    user-tool syntax; the words add no fact beyond the operation and its arguments)."""
+    args = _arguments_in_words(arguments)
+    return f"ask the user to {_words(name)} on their phone" + (f" ({args})" if args else "")
+
+
+def target_state(assertion) -> str:
+    """One `env_assertions` entry as a target state in words: whose state, what must hold."""
+    owner = "the user's phone" if getattr(assertion, "env_type", "") == "user" else "the back-end records"
+    what = _words(assertion.func_name.removeprefix("assert_"))
+    args = _arguments_in_words(getattr(assertion, "arguments", None) or {})
+    holds = "must hold" if getattr(assertion, "assert_value", True) else "must NOT hold"
+    return f"{owner}: {what}" + (f" ({args})" if args else "") + f" {holds}"
+
+
 def _tau2_context(task: Task, summary: str) -> str:
-    from actionopd_jax.envs.reference import user_action_request
     from actionopd_jax.envs.tau2_tasks import tau2_task
 
     domain, tau2_id = task.payload.get("domain"), task.payload.get("tau2_id")
@@ -68,13 +101,21 @@ def _tau2_context(task: Task, summary: str) -> str:
     if actions:
         lines.append("Reference actions (in order):")
         for a in actions:
-            if a.requestor == "user":  # a device operation: what the agent asks the user to do
-                lines.append(f"- ask the user: {user_action_request(a.name, a.arguments)}")
+            if a.requestor == "user":  # a customer-side device operation: what the agent asks the user to do
+                lines.append(f"- {device_instruction(a.name, a.arguments or {})}")
             else:
                 lines.append(f"- {a.name}({json.dumps(a.arguments, sort_keys=True)})")
+    states = list(getattr(criteria, "env_assertions", None) or [])
+    if states:
+        lines.append("Target states (checked when the conversation ends):")
+        lines += [f"- {target_state(x)}" for x in states]
     info = list(getattr(criteria, "communicate_info", None) or [])
     if info:
         lines.append("Information the user must be told: " + "; ".join(str(x) for x in info))
+    outcomes = list(getattr(criteria, "nl_assertions", None) or [])
+    if outcomes:
+        lines.append("Required messages and outcomes:")
+        lines += [f"- {x}" for x in outcomes]
     return "\n".join(lines)
 
 

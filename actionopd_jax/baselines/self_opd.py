@@ -9,8 +9,9 @@ task information the student never sees.
   self-teacher cache at each collection step); the identity names the step ("self@step-N").
 - Privileged context (teacher-only) = guidance + the task's private information
   (baselines/privileged.py: an explicit `payload["privileged_context"]`, BFCL reference calls
-  per turn, or for tau2 the prepared summary from `teacher.privileged_summaries` plus the
-  reference actions and required information). It goes into the teacher's copy of the
+  per turn, or for tau2 the reviewed summary from `teacher.privileged_summaries` plus, from the
+  evaluation criteria, the reference actions, customer-side operations, target states and
+  required messages and outcomes). It goes into the teacher's copy of the
   system message (LocalTeacher); the student's prompt, the matcher and the training rows never
   contain it. The teacher's prompt budget is the student's plus `TEACHER_EXTRA_TOKENS`.
 - Generation (paper table 8, "Self Teacher"): T 0.6, p 0.95, k 20, thinking on, a 4,096-token

@@ -4,11 +4,13 @@ line, read into what training may use (reviewed summaries), what still waits for
 
 Three kinds of line (docs/formats.md, "Privileged summaries"):
 
-- a reviewed summary: `{"task_id", "summary"}`, optionally with `"reviewed": true` and the
-  `model` / `drafted_at` it was drafted with (hand-written lines have neither);
-- a drafted summary: the same with `"reviewed": false` (what `actionopd tau2 summaries`
-  writes). Training never uses it: a human reads it, edits it if needed and sets
-  `"reviewed": true` (the paper's summaries were reviewed before training);
+- a reviewed summary: `{"task_id", "summary", "reviewed": true}`, optionally with the `model` /
+  `drafted_at` it was drafted with (hand-written lines have neither). Only a line that SAYS
+  `"reviewed": true` is one (issue 43 item 7: a line without the key counted as reviewed, so a
+  draft that lost its flag, or a line nobody checked, trained the teacher);
+- a summary not (yet) reviewed: the same with `"reviewed": false` (what `actionopd tau2
+  summaries` writes) or without the key. Training never uses it: a human reads it, edits it if
+  needed and sets `"reviewed": true` (the paper's summaries were reviewed before training);
 - an error line: `{"task_id", "error", ...}`, a task whose drafts were all garbled or empty.
   It holds no summary; a later summary line for the same task supersedes it.
 
@@ -31,7 +33,8 @@ class SummaryFile:
     """A summaries file, by task id."""
 
     reviewed: dict[str, str] = dataclasses.field(default_factory=dict)
-    unreviewed: dict[str, str] = dataclasses.field(default_factory=dict)
+    unreviewed: dict[str, str] = dataclasses.field(default_factory=dict)   # "reviewed": false, or no key
+    unmarked: set[str] = dataclasses.field(default_factory=set)   # of those, the lines without the key
     failed: dict[str, str] = dataclasses.field(default_factory=dict)  # task -> its last draft error
 
     def has_summary(self, task_id: str) -> bool:
@@ -87,8 +90,10 @@ def sort_lines(lines: list[str], path: Path) -> SummaryFile:
         if out.has_summary(task):
             raise ValueError(f"{where}: task {task!r} has a second summary; give each task one")
         out.failed.pop(task, None)
-        bucket = out.reviewed if row.get("reviewed", True) else out.unreviewed
+        bucket = out.reviewed if row.get("reviewed") is True else out.unreviewed
         bucket[task] = row["summary"].strip()
+        if "reviewed" not in row:
+            out.unmarked.add(task)
     return out
 
 

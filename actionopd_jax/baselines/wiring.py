@@ -205,8 +205,14 @@ def check_self_teacher(cfg: Config) -> None:
     missing = missing_summaries(tasks_from_env(cfg), file.reviewed)
     if not missing:
         return
-    drafts = [t for t in missing if t in file.unreviewed]
+    unmarked = [t for t in missing if t in file.unmarked]
+    drafts = [t for t in missing if t in file.unreviewed and t not in file.unmarked]
     failed = [t for t in missing if t in file.failed]
+    if unmarked:
+        raise ConfigError(f"Self-ActionOPD: {len(unmarked)} training task(s) have a summary line in {path} that does "
+                          f"not say \"reviewed\": true (first: {unmarked[:3]}); only a reviewed summary reaches the "
+                          "teacher: read each such line, correct it if it is wrong or leaks the solution, and add "
+                          "\"reviewed\": true (docs/formats.md, 'Privileged summaries'), or narrow env.task_ids")
     if drafts:
         raise ConfigError(f"Self-ActionOPD: {len(drafts)} training task(s) have only an unreviewed drafted summary in "
                           f"{path} (first: {drafts[:3]}); read each such line, correct it if it is wrong or leaks "
