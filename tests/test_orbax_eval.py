@@ -189,8 +189,12 @@ def test_readmes_evaluate_command_scores_every_episode_of_a_4096_position_studen
     episode ended with context_budget before its first action, and the command exited 1. The
     budget is now fitted to the context each prompt leaves, and the scores' settings say so."""
     out = tmp_path / "readme"
-    code = eval_cli.main(["--checkpoint", str(run["run"]), "--bench", "bfcl:base", "--limit", "3", "--no-progress",
-                          "--out", str(out)])
+    readme = ["--checkpoint", str(run["run"]), "--bench", "bfcl:base", "--limit", "3"]
+    # --check reads the step's context and the run's tokenizer (no weights) and says what replies get
+    assert eval_cli.main([*readme, "--check"]) == 0
+    said = capsys.readouterr().out
+    assert "context    the model's 4,096 tokens (step 2 of" in said and "its replies get at most" in said, said
+    code = eval_cli.main([*readme, "--no-progress", "--out", str(out)])
     err = capsys.readouterr().err
     assert code == 0, err
     episodes = [json.loads(x) for x in (out / "episodes.jsonl").read_text().splitlines()]
