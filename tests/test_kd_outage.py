@@ -107,3 +107,19 @@ def test_sigterm_in_a_kd_phase_is_a_clean_stop_with_the_trainers_exit_code(tmp_p
     assert cli.main(["experiment.enabled=false", "--run-dir", str(tmp_path / "run")]) == SIGTERM_EXIT_CODE
     err = capsys.readouterr().err
     assert "stopped early at step 1" in err and "Traceback" not in err
+
+
+def test_an_opd_scoring_outage_stops_the_run_naming_the_endpoint():
+    """OPD's teacher scores the student's tokens over /v1/completions: a dead endpoint ended the
+    run in an APIConnectionError traceback; it is a RunStop (exit 1) naming URL, model and class."""
+    import numpy as np
+
+    from actionopd_jax.baselines.opd import EndpointScorer
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+        with pytest.raises(RunStop) as stop:
+            EndpointScorer(url, "opd-teacher", max_retries=0).score([np.arange(3)], [np.arange(2)])
+    text = str(stop.value)
+    assert f"endpoint {url} (model opd-teacher)" in text and "APIConnectionError" in text

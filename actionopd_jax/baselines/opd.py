@@ -103,6 +103,14 @@ class EndpointScorer:
 
         try:
             return list(await asyncio.gather(*(one(p, r) for p, r in zip(prompts, responses))))
+        except openai.APIError as e:   # past the client's own retries: an outage stops the run, named
+            from actionopd_jax.train.sources import RunStop
+
+            raise RunStop(f"OPD: the teacher scoring endpoint {self.base_url} (model {self.model}) failed: "
+                          f"{type(e).__name__}: {str(e)[:300]} (one of {len(prompts)} scoring request(s) of this "
+                          f"step, after {self.max_retries} retries each). It is down, or teacher.base_url / "
+                          "teacher.model / its API key are wrong. Fix it and rerun the command: the run resumes "
+                          "from its last checkpoint") from None
         finally:
             await client.close()
 
