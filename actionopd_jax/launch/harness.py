@@ -40,19 +40,14 @@ BENCH_LIMITS = {"toolsandbox": ["--task-max-messages", str(TOOLSANDBOX["max_mess
 
 def serve_argv(model_args: list[str], *, port: int, model_name: str, reply_limit: int,
                bench: str | None = None) -> list[str]:
-    """`actionopd serve` with the student's evaluation settings as server-side defaults, the
-    model's whole context for the engine (its default there is 8,192: ToolSandbox and AppWorld
-    prompts over ~4k tokens could not get a 4k reply), and `bench`'s B.3 limit."""
+    """`actionopd serve` with the student's evaluation settings as server-side defaults and
+    `bench`'s B.3 limit. Its context is the model's own (serve's default; it was 8,192, where
+    ToolSandbox and AppWorld prompts over ~4k tokens could not get a 4k reply)."""
     return [sys.executable, "-m", "actionopd_jax.serve.cli", *model_args, "--port", str(port),
             "--model-name", model_name, "--enable-thinking",
             "--default-temperature", str(STUDENT_EVAL["temperature"]),
             "--default-max-tokens", str(reply_limit), "--max-tokens-cap", str(reply_limit),
-            "--engine-max-len", str(MODEL_CONTEXT), *BENCH_LIMITS.get(bench or "", [])]
-
-
-# larger than any Qwen3's max_position_embeddings (40,960): serve takes the least of this and
-# the model's own context
-MODEL_CONTEXT = 1 << 20
+            *BENCH_LIMITS.get(bench or "", [])]
 
 
 def harness_text(base_url: str, model_name: str) -> str:

@@ -63,8 +63,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="engine (default): continuous batching, requests join and leave between segments and "
                         "stream token by token; static: batched calls of the static sampler, streamed at the end")
     p.add_argument("--engine-slots", type=int, default=8, help="requests' samples the engine decodes together")
-    p.add_argument("--engine-max-len", type=int, default=8192,
-                   help="prompt + reply tokens one engine slot holds (sizes the page pool; caps --max-context)")
+    p.add_argument("--engine-max-len", type=int,
+                   help="prompt + reply tokens one engine slot holds (sizes the page pool; caps --max-context); "
+                        "default: the model's own context (max_position_embeddings)")
     p.add_argument("--segment-tokens", type=int,
                    help="new tokens per device call (default 16 with the engine, 256 static): a disconnected "
                         "client's request stops within one segment, new requests join between segments, and "
@@ -100,7 +101,10 @@ def _sampler(args: argparse.Namespace, cfg, model, tokenizer, mesh):
         return Sampler(model, cfg, eos_ids=end_token_ids(tokenizer), mesh=mesh, lm_head=args.lm_head)
     from actionopd_jax.engine import Engine, EngineConfig
 
-    max_len = min(args.engine_max_len, args.max_context or cfg.max_position_embeddings, cfg.max_position_embeddings)
+    # the model's own context unless narrowed (issue 43 item 2: a fixed 8,192 left ToolSandbox and
+    # AppWorld prompts over ~4k without table 8's 4k reply); a CPU pool is bounded by host memory
+    max_len = min(args.engine_max_len or cfg.max_position_embeddings, args.max_context or cfg.max_position_embeddings,
+                  cfg.max_position_embeddings)
     if args.engine_slots < 1 or max_len < 1 or (args.segment_tokens is not None and args.segment_tokens < 1):
         raise ValueError("--engine-slots, --engine-max-len and --segment-tokens must be >= 1")
     shapes = EngineConfig(slots=args.engine_slots, max_len=max_len, chunk=min(256, max_len),
