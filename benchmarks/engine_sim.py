@@ -35,6 +35,9 @@ Workload (64 task starts, N=4 candidates per state; lognormal = median, sigma of
   recipe's pool holds ~1.8M tokens, 64 trajectories x 24,576 = 1.57M, so nothing is evicted).
 Static calls take every ready state up to the sampler's token budget (budget.py: 1.25 x
 padded prompt + N x 4,096 per state; 38 x 24,576-token states with the trainer resident).
+
+benchmarks/engine_sim_async.py replays 100 steps of this engine with the update in between and
+a staleness bound eta (collect.max_staleness, issue 44).
 """
 
 from __future__ import annotations
@@ -233,8 +236,9 @@ def run_engine(work, args) -> dict:
             "saved": c.prefill_all - c.prefill_tokens, "busy": c.busy / c.end}
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def build_parser(description: str = __doc__) -> argparse.ArgumentParser:
+    """The workload and device-cost options (shared with engine_sim_async.py's staleness replay)."""
+    ap = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--runs", type=int, default=5, help="workloads drawn (seeds seed .. seed + runs - 1)")
     ap.add_argument("--static-ratio", type=float, default=1.53, help="today's decode step / its bandwidth bound")
@@ -248,7 +252,11 @@ def main() -> None:
     ap.add_argument("--mean-decisions", type=float, default=10.0)
     ap.add_argument("--reply-median", type=float, default=700.0)
     ap.add_argument("--teacher-median", type=float, default=12.0)
-    args = ap.parse_args()
+    return ap
+
+
+def main() -> None:
+    args = build_parser().parse_args()
     res = {"static": [], "engine": []}
     for s in range(args.seed, args.seed + args.runs):
         work = draw_workload(np.random.default_rng(s), args)
