@@ -123,3 +123,54 @@ def test_an_opd_scoring_outage_stops_the_run_naming_the_endpoint():
             EndpointScorer(url, "opd-teacher", max_retries=0).score([np.arange(3)], [np.arange(2)])
     text = str(stop.value)
     assert f"endpoint {url} (model opd-teacher)" in text and "APIConnectionError" in text
+
+
+def test_malformed_teacher_replies_are_retried_and_the_counts_agree(tmp_path, caplog):
+    """Issue 46 item 4: at 3% malformed 200 bodies, 8 of 13 warm-start episodes were lost and the
+    log said "13 episodes, 13 kept" before "none succeeded". Here 30% of the reference teacher's
+    bodies are malformed (serve/faults.py): every episode still finishes, the malformed bodies are
+    counted, and the log's counts are the episodes' own."""
+    import asyncio
+
+    from actionopd_jax.baselines.kd import teacher_trajectories
+    from actionopd_jax.envs.registry import make_environment
+    from actionopd_jax.eval.tasks import select_tasks
+    from actionopd_jax.serve.faults import FaultInjector, FaultRates
+    from actionopd_jax.serve.reference_backend import ReferenceBackend
+
+    tasks = select_tasks("bfcl:base", limit=3)
+    server = OpenAIServer(ReferenceBackend(tasks), middleware=FaultInjector(FaultRates(malformed=0.3), seed=0))
+    server.start()
+    try:
+        agent = EndpointAgent(server.base_url, "reference-teacher-privileged", role="teacher",
+                              retry=RetryPolicy(max_attempts=10, base_delay_s=0.0))
+        with caplog.at_level(logging.INFO, logger="actionopd_jax.baselines.kd"):
+            kept = asyncio.run(teacher_trajectories(agent, tasks, lambda t: make_environment(t.env),
+                                                    keep_successful=False, out_jsonl=tmp_path / "t.jsonl"))
+    finally:
+        server.stop()
+    assert len(kept) == 3 and all(r["score"]["reward"] == 1.0 for r in kept)
+    assert agent.usage.malformed_replies > 0
+    assert (f"teacher trajectories: 3 finished, 3 successful (reward >= 1.0), 3 returned; 0 not finished; the "
+            f"endpoint: {agent.usage.http_calls} request(s), {agent.usage.transport_retries} retried, "
+            f"{agent.usage.malformed_replies} malformed bod(ies)") in caplog.text
+
+
+def test_the_warm_start_stops_naming_the_endpoint_when_episodes_are_unavailable(tmp_path):
+    """The warm start imitated whatever finished; an unavailable episode now stops it (exit 1)
+    with the endpoint and the counts, and the finished ones stay for the rerun."""
+    from actionopd_jax.config.load import load_config
+    from actionopd_jax.eval.tasks import select_tasks
+    from actionopd_jax.experiment.warm_start import warm_start
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/v1"
+        agent = EndpointAgent(url, "warm-teacher", role="teacher", retry=FAST)
+        with pytest.raises(RunStop) as stop:
+            warm_start(load_config(None, []), agent=agent, tasks=select_tasks("bfcl:base", limit=2), tokenizer=None,
+                       tokenizer_dir=tmp_path, student_dir=tmp_path, run_dir=tmp_path / "ws", progress=False)
+    text = str(stop.value)
+    assert text.startswith(f"warm start: 2 episode(s) unavailable: teacher endpoint {url} (model warm-teacher) x2 "
+                           "of 2 teacher episodes")
+    assert "APIConnectionError" in text and "The 0 finished ones are kept" in text
