@@ -102,6 +102,7 @@ class Ledger:
         # this step's room: what is left of each cap for this process (begin_step)
         self._room: dict[str, float] = {}
         self._step_start_usd, self._step_start_tokens = 0.0, {r: 0 for r in ROLES}
+        self._step_start_role_usd = {r: 0.0 for r in ROLES}
         self.step_label = 0
         self._closed = ""   # the first refusal of the step: every later reservation of the step is refused
 
@@ -122,6 +123,7 @@ class Ledger:
             self._closed = ""
             self._step_start_usd = self.spend_usd
             self._step_start_tokens = {r: self.totals[r].tokens for r in ROLES}
+            self._step_start_role_usd = {r: self.totals[r].spend_usd for r in ROLES}
             p = max(int(processes), 1)
             self._room = {}
             if "usd" in self.caps:
@@ -263,6 +265,7 @@ class Ledger:
                         f"{r}/cache_hits_total": 0.0})
             if self.prices.get(r):
                 out[f"{r}/spend_usd_total"] = t.spend_usd
+                out[f"{r}/spend_usd"] = t.spend_usd - self._step_start_role_usd[r]   # since the step began
         if any(self.prices.values()):
             out["spend_usd_total"] = self.spend_usd
         return out

@@ -241,6 +241,8 @@ def test_kd_is_metered_and_stops_at_its_cap_with_spend_within_it(tmp_path, capsy
     rows = [json.loads(line) for line in (tmp_path / "kd" / "metrics.jsonl").read_text().splitlines()]
     last = rows[-1]
     assert last.get("budget_stop") == 1.0 and 0 < last["collect/spend_usd_total"] <= cap
+    steps = [r for r in rows if "loss" in r or "rows" in r]   # the finished steps' lines carry the meter too
+    assert steps and all("collect/teacher/spend_usd" in r and "collect/teacher/requests_total" in r for r in steps)
     assert last["collect/teacher/requests_total"] == served > 0
     assert (tmp_path / "kd" / "spend.md").is_file() and "| teacher |" in (tmp_path / "kd" / "spend.md").read_text()
 
