@@ -315,6 +315,8 @@ def test_opd_echo_scoring_reserves_its_exact_prompt_and_records_usage():
 
     import openai
 
+    from actionopd_jax.train.sources import RunStop
+
     backend = ScriptedBackend("scorer", lambda req: message_choice("x"))
     ledger = Ledger({"usd": 1.0}, {"teacher": PRICE}, {"teacher": 8192})
     ledger.begin_step(0, 0.0, {})
@@ -323,7 +325,7 @@ def test_opd_echo_scoring_reserves_its_exact_prompt_and_records_usage():
         scorer = EndpointScorer(srv.base_url, "scorer")
         paid_calls.install(ledger)
         try:
-            with pytest.raises(openai.BadRequestError, match="cannot score tokens"):
+            with pytest.raises((openai.BadRequestError, RunStop), match="cannot score tokens"):
                 scorer.score(prompts, responses)   # a scripted model cannot score; the request was reserved
         finally:
             paid_calls.install(None)
