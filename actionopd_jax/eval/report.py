@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from decimal import ROUND_HALF_UP, Decimal
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,13 @@ COUNT_ORDER = ("replies", "tool_calls", "parallel_replies")
 METRIC_ORDER = ("accuracy", "strict_accuracy", "bfcl_eval_accuracy", "success", "pass^1", "pass^2", "pass^3", "pass^4", "reward")
 
 
+def percent(fraction: float) -> str:
+    """A score as the paper prints it (B.3): percent, one decimal, rounded half up. Python's
+    own formatting rounds a binary float's exact value (6.25 -> "6.2"), so the value is first
+    taken to 9 decimals (what a ratio of task counts can hold) and then rounded as a decimal."""
+    return str(Decimal(repr(round(100 * fraction, 9))).quantize(Decimal("0.1"), rounding=ROUND_HALF_UP))
+
+
 def markdown_table(rows: list[dict[str, Any]]) -> str:
     if not rows:
         return "No episode has finished yet.\n"
@@ -24,7 +32,7 @@ def markdown_table(rows: list[dict[str, Any]]) -> str:
     sep = "|---|---|---|" + "---|" * (len(metrics) + len(counts))
     lines = [head, sep]
     for r in rows:
-        cells = [f"{100 * r[m]:.1f}" if m in r else "" for m in metrics] + [str(r.get(c, "")) for c in counts]
+        cells = [percent(r[m]) if m in r else "" for m in metrics] + [str(r.get(c, "")) for c in counts]
         lines.append(f"| {r['env']} | {r['group']} | {r['episodes']} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n\n" + NOTE + "\n"
 
