@@ -1,7 +1,8 @@
 """The spend meters of the remote models a run pays for: the teacher, the matcher's LLM judge
 and the user simulator. Each counts its role's requests, cache hits and tokens per step and for
 the run, and money where the role has a price; the totals travel in the checkpoint (the group
-source's state), so a resumed run counts on from where it stopped.
+source's state), so a resumed run counts on from where it stopped. run.budget_* is not read from
+these: every request reserves its worst case on the paid-call ledger first (paid_calls.py).
 
 Money needs a price (`teacher.price`, `matcher.price`, `env.user_price`: USD per million
 [input, cached input, output] tokens); tokens are counted either way. Prompt tokens the vendor
@@ -20,7 +21,7 @@ from actionopd_jax.teacher.base import UsageReport
 from actionopd_jax.train.spend_report import ROLES as REPORTED_ROLES
 
 # metric prefixes: teacher/..., matcher/..., user/...; one order with the report's and the
-# budget check's (train/loop.budget_stop reads budget_figures in it)
+# paid-call ledger's (paid_calls.ROLES)
 ROLES = tuple(role for role, _ in REPORTED_ROLES)
 
 
@@ -34,7 +35,7 @@ class SpendMeter:
     completion_tokens: int = 0
     cached_prompt_tokens: int = 0    # of prompt_tokens, read from the vendor's prompt cache
     spend_usd: float = 0.0
-    last_step_usd: float = 0.0       # what the last step took: the budget check's forecast
+    last_step_usd: float = 0.0       # what the last step took (the cap itself is paid_calls.py's ledger)
     last_step_tokens: int = 0
 
     def add(self, step: UsageReport) -> dict[str, float]:
@@ -105,8 +106,8 @@ class SpendMeters:
 
     def budget_figures(self) -> list[float]:
         """[spent USD (every priced role), the last step's USD, then for each of ROLES its
-        tokens and its last step's tokens] (train/loop.py's budget check sums them over
-        processes)."""
+        tokens and its last step's tokens]. Figures only: run.budget_* is held by the paid-call
+        ledger's reservations (paid_calls.py, train/budget.py), not forecast from these."""
         out = [self.spend_usd, sum(m.last_step_usd for m in self.by_role.values())]
         for role in ROLES:
             m = self.by_role[role]
