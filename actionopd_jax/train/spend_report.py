@@ -103,8 +103,9 @@ def write_spend_report(run_dir: str | Path) -> dict[str, Any]:
     md, png = run / "spend.md", run / "spend.png"
     plot_spend(history, png)
     md.write_text(f"# What the remote models cost: {run.name}\n\nTotals over {len(history)} logged step(s) "
-                  f"(resumes included). Prompt tokens are priced as uncached input (the clients do not report "
-                  f"cached ones); cache hits are our own caches: never paid.\n\n{table}\n\n![spend](spend.png)\n")
+                  f"(resumes included). Prompt tokens the vendor read from its prompt cache are priced at the cached rate "
+                  f"(shown in brackets), the rest as input; cache hits are our own caches: never paid. run.budget_* "
+                  f"is a hard cap: each request batch reserved its worst case first (paid_calls.py).\n\n{table}\n\n![spend](spend.png)\n")
     return {"table": table, "markdown": md, "png": png}
 
 
