@@ -81,12 +81,21 @@ def clipped_surrogate_sums(
     *,
     clip_eps: float = 0.2,
     dual_clip: float = 3.0,
+    logp_behav: jax.Array | None = None,
+    weight_cap: float = 2.0,
 ) -> LossSums:
     """Sums of -h_dual(rho, A) over active tokens, rho = exp(logp_new - logp_old).
 
     `advantages` is [rows] (one scalar per candidate, broadcast to all its tokens — the
     ActionOPD case) or [rows, tokens] (token-level advantages, used by OPD). `logp_old`
     is treated as a constant (no gradient flows into the behaviour policy).
+
+    `logp_behav` (asynchronous collection, issue 44): the log-probs recorded when the tokens
+    were sampled by a policy up to eta updates older. Then `logp_old` is the proximal policy
+    (the trainer's recomputation with the weights being updated), the clip and the dual clip
+    stay centred on it, and each token's h_dual is weighted by min(pi_old / pi_behav,
+    weight_cap) (`offpolicy_weights`). For a fresh group pass logp_behav = logp_old: every
+    weight is exp(0) = 1 and the sums are today's, bit for bit.
     """
     logp_old = jax.lax.stop_gradient(logp_old.astype(jnp.float32))
     advantages = jax.lax.stop_gradient(advantages.astype(jnp.float32))
@@ -99,6 +108,8 @@ def clipped_surrogate_sums(
     log_ratio = jnp.where(mask > 0, logp_new.astype(jnp.float32) - logp_old, 0.0)
     ratio = jnp.exp(log_ratio)
     objective = dual_clip_objective(ratio, advantages, clip_eps, dual_clip)
+    if logp_behav is not None:
+        objective = offpolicy_weights(logp_old, logp_behav, mask, weight_cap) * objective
     neg = advantages < 0
     pos = advantages > 0
     f = lambda b: jnp.sum(b.astype(jnp.float32) * mask)  # noqa: E731
@@ -113,12 +124,28 @@ def clipped_surrogate_sums(
     )
 
 
-def actionopd_sums(logp_new, logp_old, advantages, mask, *, clip_eps=0.2, dual_clip=3.0) -> LossSums:
+def offpolicy_weights(logp_prox: jax.Array, logp_behav: jax.Array, mask: jax.Array,
+                      cap: float) -> jax.Array:
+    """Per-token importance weight from the behaviour policy that sampled a token to the
+    proximal policy, min(pi_prox / pi_behav, cap), constant in the update. Truncation (not
+    dropping the token, as a mask above the cap would) keeps every token's sign of update and
+    bounds the variance a stale, unlikely token would add. Padding gets weight 1 (it is
+    masked anyway; exp() of garbage must not make nan)."""
+    if cap < 1.0:
+        raise ValueError(f"weight_cap must be >= 1 (a fresh token's weight is 1), got {cap}")
+    log_w = jnp.where(mask > 0, logp_prox.astype(jnp.float32) - logp_behav.astype(jnp.float32), 0.0)
+    return jax.lax.stop_gradient(jnp.minimum(jnp.exp(log_w), cap))
+
+
+def actionopd_sums(logp_new, logp_old, advantages, mask, *, clip_eps=0.2, dual_clip=3.0,
+                   logp_behav=None, weight_cap=2.0) -> LossSums:
     """ActionOPD surrogate (paper eq. 9 with the dual clip of eq. 17): one advantage per
     candidate [rows], applied to every generated token of that candidate. No KL term, no
-    entropy bonus."""
+    entropy bonus. `logp_behav`: the decoupled correction for stale groups
+    (clipped_surrogate_sums)."""
     return clipped_surrogate_sums(
-        logp_new, logp_old, advantages, mask, clip_eps=clip_eps, dual_clip=dual_clip
+        logp_new, logp_old, advantages, mask, clip_eps=clip_eps, dual_clip=dual_clip,
+        logp_behav=logp_behav, weight_cap=weight_cap,
     )
 
 
