@@ -195,6 +195,26 @@ def test_stream_yields_chunks_that_assemble_to_the_message():
             client.chat.completions.create(model="m", messages=USER, n=0, stream=True)
 
 
+def test_parallel_tool_calls_false_keeps_the_first_call():
+    """OpenAI's `parallel_tool_calls: false`: at most one call a reply (the first, as vLLM keeps
+    it), plain and streamed; true or absent returns every call; a non-boolean is a 400."""
+    calls = [{"id": f"call_{k}", "type": "function", "function": {"name": name, "arguments": "{}"}}
+             for k, name in enumerate(("get_weather", "get_time"))]
+    with OpenAIServer(ScriptedBackend("m", lambda req: ChatChoice(content=None, tool_calls=list(calls)))) as srv:
+        client = openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0)
+        for parallel, names in ((None, ["get_weather", "get_time"]), (True, ["get_weather", "get_time"]),
+                                (False, ["get_weather"])):
+            extra = {} if parallel is None else {"parallel_tool_calls": parallel}
+            plain = client.chat.completions.create(model="m", messages=USER, tools=TOOLS, **extra)
+            assert [c.function.name for c in plain.choices[0].message.tool_calls] == names, parallel
+            assert plain.choices[0].finish_reason == "tool_calls"
+            streamed = _assemble(client.chat.completions.create(model="m", messages=USER, tools=TOOLS, stream=True,
+                                                                **extra))
+            assert [c["name"] for _, c in sorted(streamed[0]["calls"].items())] == names, parallel
+        with pytest.raises(openai.BadRequestError, match="parallel_tool_calls"):
+            client.chat.completions.create(model="m", messages=USER, tools=TOOLS, parallel_tool_calls="no")
+
+
 def test_stream_sse_framing_and_done_marker(server):
     srv, _ = server
     body = json.dumps({"model": "scripted", "messages": USER, "tools": TOOLS, "stream": True}).encode()

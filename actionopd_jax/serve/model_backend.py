@@ -29,7 +29,7 @@ from actionopd_jax.chat.template import render_text
 from actionopd_jax.sampling import Generation, Sampler
 from actionopd_jax.sampling.batching import Continue, MicroBatcher
 from actionopd_jax.serve.engine_backend import open_stream
-from actionopd_jax.serve.requests import ChatChoice, ChatRequest, RequestError, release_body_slot
+from actionopd_jax.serve.requests import ChatChoice, ChatRequest, RequestError, release_body_slot, serial_calls
 from actionopd_jax.serve.reply_format import forced_call, forced_call_prefix, message_fields
 from actionopd_jax.serve.scoring import top_logprob_entries
 from actionopd_jax.serve.segments import SegmentedJob
@@ -304,6 +304,7 @@ class ModelBackend:
             offered = {t["function"]["name"] for t in req.tools or []}
             content, tool_calls, reasoning = message_fields(
                 text, parse_tools=req.tool_choice != "none" and bool(offered), offered=offered)
+            tool_calls = serial_calls(req, tool_calls)
         token_logprobs = None
         if req.logprobs:
             token_logprobs = []

@@ -69,6 +69,9 @@ class ChatRequest:
     top_logprobs: int = 0
     stream: bool = False
     include_usage: bool = False  # stream_options.include_usage: a final usage-only chunk
+    # OpenAI's `parallel_tool_calls`: false = at most one call a reply (the first is kept, as
+    # vLLM does; the paper's single-action protocol, A.3, reads a reply the same way)
+    parallel_tool_calls: bool = True
     raw: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
@@ -114,6 +117,9 @@ class ChatRequest:
         if options is not None and not stream:
             raise RequestError(400, "'stream_options' is only allowed with 'stream': true")
         _refuse_unapplied(body)
+        parallel = body.get("parallel_tool_calls", True)
+        if not isinstance(parallel, bool) and parallel is not None:
+            raise RequestError(400, "'parallel_tool_calls' must be true or false")
         top_logprobs = _number(body, "top_logprobs", int, 0, lo=0, hi=20)
         if top_logprobs and not body.get("logprobs"):
             raise RequestError(400, "'top_logprobs' needs 'logprobs': true")
@@ -136,6 +142,7 @@ class ChatRequest:
             top_logprobs=top_logprobs,
             stream=stream,
             include_usage=bool((options or {}).get("include_usage")),
+            parallel_tool_calls=parallel is not False,
             raw=body,
         )
 
@@ -168,9 +175,10 @@ def _tool_choice(value: Any, tools: list[dict] | None) -> tuple[str | None, str 
 KNOWN_FIELDS = frozenset((
     "model", "messages", "tools", "tool_choice", "n", "temperature", "top_p", "top_k", "max_tokens",
     "max_completion_tokens", "seed", "stop", "logprobs", "top_logprobs", "stream", "stream_options",
-    "frequency_penalty", "presence_penalty", "response_format", "chat_template_kwargs",
-    # sent by SDKs and harnesses; nothing to apply
-    "user", "metadata", "store", "parallel_tool_calls"))
+    "frequency_penalty", "presence_penalty", "response_format", "chat_template_kwargs", "parallel_tool_calls",
+    # sent by SDKs and harnesses; nothing to apply here (`user` names the task for serve's
+    # per-task limits, serve/task_limits.py)
+    "user", "metadata", "store"))
 _IGNORED_SEEN: set[str] = set()
 
 
@@ -237,12 +245,18 @@ class Backend(Protocol):
         ...
 
 
+def serial_calls(req: ChatRequest, calls: list[dict[str, Any]] | None) -> list[dict[str, Any]] | None:
+    """The tool calls a reply may return: all of them, or only the first where the request
+    said `parallel_tool_calls: false`."""
+    return calls[:1] if calls and not req.parallel_tool_calls else calls
+
+
 def completion_body(req: ChatRequest, choices: list[ChatChoice], prompt_tokens: int) -> dict[str, Any]:
     out = []
     for i, ch in enumerate(choices):
         message: dict[str, Any] = {"role": "assistant", "content": ch.content}
         if ch.tool_calls:
-            message["tool_calls"] = ch.tool_calls
+            message["tool_calls"] = serial_calls(req, ch.tool_calls)
         if ch.reasoning_content:
             message["reasoning_content"] = ch.reasoning_content
         finish = "tool_calls" if ch.tool_calls and ch.finish_reason == "stop" else ch.finish_reason
