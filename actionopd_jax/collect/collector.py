@@ -251,7 +251,7 @@ class Collector:
                 prompt = self.next_prompt(obs, env, limit, rec)
                 if prompt is None:
                     break
-                decision = await self._decide(task, start, step, rec.decisions, prompt, worker, rec)
+                decision = await self._decide(task, start, step, rec.decisions, prompt, worker, rec, env=env)
                 rec.decisions += 1
                 outcome = decision.outcome
                 if outcome is not None and outcome.group is not None:
@@ -314,7 +314,7 @@ class Collector:
     # --- one decision point ----------------------------------------------------------------------
 
     async def _decide(self, task: Task, start: int, step: int, decision: int, prompt: Prompt,
-                      worker: SamplerWorker, rec: TrajectoryRecord) -> _Decision:
+                      worker: SamplerWorker, rec: TrajectoryRecord, env: Any = None) -> _Decision:
         cfg = self.cfg
         t_state = time.perf_counter()
         student_key = keys.student_key(cfg.seed, step, start, decision)
@@ -333,13 +333,14 @@ class Collector:
             teacher_call.cancel()
             student_call.cancel()
             raise
-        outcome = await self.group_outcome(task, start, step, decision, prompt, generations, batch, rec)
+        outcome = await self.group_outcome(task, start, step, decision, prompt, generations, batch, rec, env=env)
         rec.state_s += time.perf_counter() - t_state
         end = outcome.drop_reason if outcome.committed == NO_COMMIT else ""
         return _Decision(outcome=outcome, end_reason=end)
 
     async def group_outcome(self, task: Task, start: int, step: int, decision: int, prompt: Prompt,
-                            generations: Sequence[Any], batch: TeacherBatch, rec: TrajectoryRecord) -> GroupOutcome:
+                            generations: Sequence[Any], batch: TeacherBatch, rec: TrajectoryRecord,
+                            env: Any = None) -> GroupOutcome:
         """Parse the student's generations into candidates, match them against the teacher
         samples and build the group (rewards, retention, seeded commit). Shared with the
         sequential baseline so both schedules produce the same groups."""
@@ -351,7 +352,9 @@ class Collector:
             candidates.append(Candidate(token_ids=np.asarray(gen.token_ids, np.int32),
                                         logprobs=np.asarray(gen.logprobs, np.float32), text=text,
                                         action=action, finish_reason=gen.finish_reason))
-        verdicts = await self._verdicts(candidates, batch, prompt, rec, evidence_scope(task))
+        # the matcher's execution stage forks the live state (envs/fork.py) where the env can
+        fork = getattr(env, "fork_point", None) if env is not None else None
+        verdicts = await self._verdicts(candidates, batch, prompt, rec, evidence_scope(task), fork=fork)
         if self.judged_log is not None:
             self.judged_log.record(step=step, task_start=start, task_id=task.task_id, env=task.env, decision=decision,
                                    messages=prompt.messages, tools=prompt.tools,
@@ -397,12 +400,13 @@ class Collector:
             rec.sampler_wait_s += time.perf_counter() - t0
 
     async def _verdicts(self, candidates: list[Candidate], batch: TeacherBatch, prompt: Prompt,
-                        rec: TrajectoryRecord, env: str) -> list[list[Verdict]]:
+                        rec: TrajectoryRecord, env: str, fork: Any = None) -> list[list[Verdict]]:
         t0 = time.perf_counter()
+        extra = {"fork": fork} if fork is not None else {}  # matchers without an execution stage take none
         try:
             return await asyncio.wait_for(
                 self.matcher.match_group([c.action for c in candidates], [s.action for s in batch.samples],
-                                         messages=prompt.messages, tools=prompt.tools, env=env),
+                                         messages=prompt.messages, tools=prompt.tools, env=env, **extra),
                 self.cfg.matcher_timeout_s)
         except asyncio.TimeoutError:
             log.warning("matcher timed out after %ss: group masked", self.cfg.matcher_timeout_s)

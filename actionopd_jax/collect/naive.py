@@ -49,7 +49,7 @@ async def collect_sequential(collector: Collector, starts: Sequence[tuple[int, T
             metrics.sampler_calls += 1
             metrics.sampler_states += 1
             rec.sampler_wait_s += busy
-            outcome = await collector.group_outcome(task, start, step, decision, prompt, generations, batch, rec)
+            outcome = await collector.group_outcome(task, start, step, decision, prompt, generations, batch, rec, env=env)
             if outcome.group is not None:
                 outcomes.append((start, outcome.group, outcome.score.counts))
                 rec.groups += 1

@@ -271,7 +271,8 @@ class ActionOPDGroupSource:
             cache_dir = Path(cfg.matcher.cache_dir or run_dir / "cache" / "matcher")
             cache_dir.mkdir(parents=True, exist_ok=True)
             matcher = build_matcher(judge_spec(cfg.matcher), cache=cache_dir / f"verdicts-p{ctx.process_index}.sqlite",
-                                    evidence_by_env=tool_evidence_from(cfg.matcher, tasks, env_factory))
+                                    evidence_by_env=tool_evidence_from(cfg.matcher, tasks, env_factory),
+                                    execution=cfg.matcher.execution)
         # servers of a pool that can prefetch start for each step's own draws (_prefetch_next);
         # others start now, so no episode (nor a device step) waits for a cold one
         prefetches = callable(getattr(self.stream, "peek_step", None)) and callable(getattr(env_factory, "prefetch", None))

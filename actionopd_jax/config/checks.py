@@ -46,6 +46,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "collect.engine_attention": tuple(a for a in PAGED_IMPLEMENTATIONS if a != "ragged_tpu"),
     "teacher.kind": TEACHER_KINDS,
     "matcher.kind": MATCHER_KINDS,
+    "matcher.execution": ("auto", "off"),  # owner: matching/execution.py (issue 45)
     "run.distributed.mode": DISTRIBUTED_MODES,
 }
 

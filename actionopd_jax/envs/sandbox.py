@@ -125,6 +125,9 @@ for line in sys.stdin:
     try:
         if msg["op"] == "state":
             _reply({"ok": True, "value": _public(inst)})
+        elif msg["op"] == "state_is_json":
+            s = _public(inst)
+            _reply({"ok": True, "value": json.loads(json.dumps(s)) == s})
         elif msg["op"] == "call":
             name = msg["method"]
             if name.startswith("_") or not callable(getattr(inst, name, None)):
@@ -297,6 +300,12 @@ class _SubprocessSession:
 
     def state(self) -> dict[str, Any]:
         return self._ask({"op": "state"})
+
+    def state_is_json(self) -> bool:
+        """Whether `state()` is the whole public state exactly: it survives a strict JSON round
+        trip (no set, tuple, datetime or non-string key that `state()` would turn into something
+        else). A fork of the episode (envs/envscaler/fork.py) is faithful only then."""
+        return self._ask({"op": "state_is_json"}) is True
 
     def close(self) -> None:
         if self._proc is not None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from actionopd_jax.config import MatcherConfig
+from actionopd_jax.matching.execution import ExecutionStage
 from actionopd_jax.matching.judge import JudgeConfig, LLMJudge
 from actionopd_jax.matching.matcher import Matcher
 from actionopd_jax.teacher.cache import PersistentCache
@@ -16,13 +17,19 @@ from actionopd_jax.teacher.factory import make_from_spec
 
 def build_matcher(judge_spec: Mapping[str, Any] | None, *, cache: PersistentCache | str | Path | None = None,
                   evidence: dict[str, str] | None = None,
-                  evidence_by_env: Mapping[str, Mapping[str, str]] | None = None) -> Matcher:
+                  evidence_by_env: Mapping[str, Mapping[str, str]] | None = None,
+                  execution: str = "off") -> Matcher:
     """A Matcher with an LLM judge (or rules only when `judge_spec` is None). `evidence_by_env`:
     per environment, each tool's implementation evidence; the judge then needs it (a judged
-    tool-call pair of such an environment without evidence for its tool is unavailable)."""
+    tool-call pair of such an environment without evidence for its tool is unavailable).
+    `execution` (matcher.execution): "auto" adds the execution stage (matching/execution.py),
+    which acts wherever the episode's environment offers forks of its state."""
     judge = LLMJudge(make_from_spec(JudgeConfig, judge_spec, section="judge")) if judge_spec is not None else None
     store = cache if (cache is None or isinstance(cache, PersistentCache)) else PersistentCache(cache)
-    return Matcher(judge, cache=store, evidence=evidence, evidence_by_env=evidence_by_env)
+    if execution not in ("auto", "off"):
+        raise ValueError(f"matcher.execution must be 'auto' or 'off', got {execution!r}")
+    stage = ExecutionStage() if execution == "auto" else None
+    return Matcher(judge, cache=store, evidence=evidence, evidence_by_env=evidence_by_env, execution=stage)
 
 
 def tool_evidence_from(m: MatcherConfig, tasks: list | None, env_factory: Any = None) -> dict[str, dict[str, str]] | None:

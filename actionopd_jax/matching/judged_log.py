@@ -21,6 +21,7 @@ decision). A line cut off by a crash is skipped and counted.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import re
@@ -28,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from actionopd_jax.matching.matcher import rules_decision
+from actionopd_jax.matching.matcher import Matcher, rules_decision
 from actionopd_jax.teacher.cache import action_from_json, action_to_json, stable_digest
 from actionopd_jax.types import Action, ChatMessage, ToolCall, ToolSchema, Verdict
 
@@ -80,6 +81,8 @@ class JudgedLog:
         if self._lines is None or self._lines.closed:
             self._lines, self._blob_file = _append(self.path), _append(self.blobs)
         stage_of = getattr(matcher, "stage", None) or (lambda a, b: rules_decision(a, b).stage)
+        if isinstance(matcher, Matcher):  # it knows the pairs its execution stage decided at this state
+            stage_of = functools.partial(matcher.stage, messages=messages)
         stages = [[stage_of(c, t) for t in teacher] for c in candidates]
         evidence: dict[str, str] = {}
         evidence_for = getattr(matcher, "evidence_for", None)

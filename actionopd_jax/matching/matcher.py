@@ -4,7 +4,10 @@ Order of decisions (paper 2.2, A.3):
 1. an Invalid on either side never matches; a tool call never matches a message (cross-kind);
 2. tool calls: different names never match; canonically equal arguments match (canonical.py);
    messages: a normalized exact match matches (messages.py);
-3. what remains goes to the LLM judge: same-name calls with differing arguments, and
+3. execution (matching/execution.py, issue 45): where the environment can fork its state and
+   the matcher has an `ExecutionStage`, a same-name call pair is run on forks and decided by its
+   effects; a pair execution cannot settle goes on to the judge;
+4. what remains goes to the LLM judge: same-name calls with differing arguments, and
    non-identical messages. Without a judge ("rules only" mode) the remainder is no_match.
 
 Every teacher sample is compared separately (repeated samples each count), but identical
@@ -21,14 +24,19 @@ same-name tool-call pair that needs the judge but whose tool has no evidence is 
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections import OrderedDict, deque
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol, Sequence
 
 from actionopd_jax.matching.canonical import canonical_value, compare_tool_calls
+from actionopd_jax.matching.execution import ExecutionRecord, ExecutionStage, call_key
 from actionopd_jax.matching.judge import JudgeOutcome
 from actionopd_jax.matching.messages import messages_equal
 from actionopd_jax.teacher.cache import PROTOCOL_VERSION, PersistentCache, action_to_json, stable_digest
 from actionopd_jax.types import Action, ChatMessage, Invalid, Message, ToolCall, ToolSchema, Verdict
+
+log = logging.getLogger(__name__)
 
 
 class Judge(Protocol):
@@ -58,6 +66,11 @@ class MatcherStats:
     judge_format_retries: int = 0  # extra judge requests after a reply outside the format
     judge_context_truncated: int = 0  # judge calls whose conversation was cut to the judge's budget
     rules_only_no_match: int = 0
+    execution_match: int = 0     # pairs the execution stage decided (no judge asked): match
+    execution_no_match: int = 0  # ... and no_match
+    execution_abstain: int = 0   # pairs it ran but could not settle (they went on to the judge)
+    execution_forks: int = 0     # fork runs (each a sandboxed call on a copy of the state)
+    judge_calls_saved: int = 0   # distinct judge questions execution answered instead (per state group)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -96,7 +109,8 @@ def rules_decision(student: Action, teacher: Action) -> RulesDecision:
 class Matcher:
     def __init__(self, judge: Judge | None, *, cache: PersistentCache | None = None,
                  evidence: dict[str, str] | None = None,
-                 evidence_by_env: dict[str, dict[str, str]] | None = None):
+                 evidence_by_env: dict[str, dict[str, str]] | None = None,
+                 execution: ExecutionStage | None = None):
         """`evidence` maps a tool name to implementation evidence shown to the judge (never
         to the teacher); `evidence_by_env` the same per environment, where it is required (see
         the module docstring). Evidence is part of the verdict cache key."""
@@ -107,6 +121,9 @@ class Matcher:
         self.stats = MatcherStats()
         self._memo: dict[str, Verdict] = {}
         self._in_flight: dict[str, asyncio.Future[Verdict]] = {}
+        self.execution = execution
+        self.fork_latencies_s: deque[float] = deque(maxlen=100_000)  # per fork run, for benchmarks
+        self._decided_by: OrderedDict[str, str] = OrderedDict()  # pair-at-state digest -> "execution"
 
     def evidence_for(self, name: str, env: str | None) -> tuple[str | None, bool]:
         """(evidence for tool `name` in `env`, whether the judge requires it there)."""
@@ -114,14 +131,24 @@ class Matcher:
             return self.evidence_by_env[env].get(name), True
         return self.evidence.get(name), False
 
-    def stage(self, student: Action, teacher: Action) -> str:
-        """Which stage decides this pair (`rules_decision`'s stage), "rules_only" where the
-        judge would decide but this matcher has none. The judged-pair log records it."""
+    def stage(self, student: Action, teacher: Action, messages: list[ChatMessage] | None = None) -> str:
+        """Which stage decides this pair (`rules_decision`'s stage), "execution" where forks of
+        the state decided it at this state (`messages`: the state's conversation), "rules_only"
+        where the judge would decide but this matcher has none. The judged-pair log records it."""
         stage = rules_decision(student, teacher).stage
+        if stage == "judge" and messages is not None and self._decided_by.get(
+                self._state_pair(student, teacher, messages)) == "execution":
+            return "execution"
         return "rules_only" if stage == "judge" and self.judge is None else stage
 
+    @staticmethod
+    def _state_pair(student: Action, teacher: Action, messages: list[ChatMessage]) -> str:
+        return stable_digest({"s": canonical_value(action_to_json(student)),
+                              "t": canonical_value(action_to_json(teacher)), "m": messages})
+
     async def verdict(self, student: Action, teacher: Action, *, messages: list[ChatMessage],
-                      tools: list[ToolSchema], env: str | None = None) -> Verdict:
+                      tools: list[ToolSchema], env: str | None = None,
+                      executed: ExecutionRecord | None = None) -> Verdict:
         self.stats.pairs += 1
         rules = rules_decision(student, teacher)
         if rules.stage == "invalid":
@@ -133,6 +160,14 @@ class Matcher:
         if rules.stage == "rules_match":
             self.stats.programmatic_match += 1
             return "match"
+        if executed is not None and isinstance(student, ToolCall):
+            pair = (call_key(student), call_key(teacher))  # type: ignore[arg-type]
+            if pair in executed.verdicts:
+                verdict = executed.verdicts[pair]
+                self.stats.execution_match += verdict == "match"
+                self.stats.execution_no_match += verdict == "no_match"
+                return verdict
+            self.stats.execution_abstain += pair in executed.abstained
         if self.judge is None:
             self.stats.rules_only_no_match += 1
             return "no_match"
@@ -147,13 +182,53 @@ class Matcher:
 
     async def match_group(self, candidates: Sequence[Action], teacher_actions: Sequence[Action], *,
                           messages: list[ChatMessage], tools: list[ToolSchema],
-                          env: str | None = None) -> list[list[Verdict]]:
+                          env: str | None = None, fork: Any = None) -> list[list[Verdict]]:
         """verdicts[i][k] for every candidate i and teacher sample k, all pairs concurrently;
-        `env` (the task's environment) selects the tool evidence."""
-        flat = await asyncio.gather(*(self.verdict(c, t, messages=messages, tools=tools, env=env)
+        `env` (the task's environment) selects the tool evidence. `fork`: an async callable
+        giving the episode's `ForkPoint` (envs/fork.py) or None; asked only when this matcher
+        has an execution stage and some tool-call pair needs more than the rules."""
+        executed = await self._execute(candidates, teacher_actions, messages, fork)
+        flat = await asyncio.gather(*(self.verdict(c, t, messages=messages, tools=tools, env=env, executed=executed)
                                       for c in candidates for t in teacher_actions))
         width = len(teacher_actions)
         return [list(flat[i * width:(i + 1) * width]) for i in range(len(candidates))]
+
+    async def _execute(self, candidates: Sequence[Action], teacher_actions: Sequence[Action],
+                       messages: list[ChatMessage], fork: Any) -> ExecutionRecord | None:
+        """The execution stage's record for this group, or None (no stage, nothing forkable, or
+        it failed: then every pair goes on as without it, never with a verdict it did not reach)."""
+        if self.execution is None or fork is None:
+            return None
+        pairs = [(c, t) for c in candidates for t in teacher_actions
+                 if isinstance(c, ToolCall) and rules_decision(c, t).stage == "judge"]
+        if not pairs:
+            return None
+        point = None
+        try:
+            point = await fork()
+            if point is None:
+                return None
+            executed = await self.execution.decide(point, pairs)
+        except asyncio.CancelledError:
+            raise
+        except Exception as err:  # noqa: BLE001 - the stage is an optimisation: the judge still decides
+            log.warning("execution stage failed (%s: %s): its pairs go to the judge", type(err).__name__, err)
+            return None
+        finally:
+            if point is not None:
+                try:
+                    point.close()
+                except Exception:  # noqa: BLE001
+                    pass
+        self.stats.execution_forks += len(executed.fork_s)
+        self.fork_latencies_s.extend(executed.fork_s)
+        self.stats.judge_calls_saved += len(executed.verdicts)
+        for c, t in pairs:
+            if (call_key(c), call_key(t)) in executed.verdicts:  # type: ignore[arg-type]
+                self._decided_by[self._state_pair(c, t, messages)] = "execution"
+        while len(self._decided_by) > 50_000:
+            self._decided_by.popitem(last=False)
+        return executed
 
     def pair_key(self, student: Action, teacher: Action, messages: list[ChatMessage], tools: list[ToolSchema],
                  evidence: str | None = None) -> str:

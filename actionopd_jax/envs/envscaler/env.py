@@ -150,6 +150,28 @@ class EnvScalerEnvironment:
             await _off_loop(self._score_now)  # check functions run off the event loop
         return self._observation(), self._done
 
+    async def fork_point(self):
+        """The live state as a fork point for the matcher's execution stage (envs/fork.py,
+        envscaler/fork.py), or None when there is nothing to fork (no episode running, or it
+        ended). Reading the state is the only thing it asks of the live instance."""
+        if self._task is None or self._done or self._session is None:
+            return None
+        from actionopd_jax.envs.envscaler.fork import ClassForkPoint
+        from actionopd_jax.envs.fork import FixedEffects, tool_effects_of
+
+        faithful = getattr(self._session, "state_is_json", None)
+        if not callable(faithful):
+            return None  # a sandbox that cannot say whether its state copies exactly: no forks
+        try:
+            if not await _off_loop(faithful):
+                return None  # a set, tuple, datetime or int key would not survive the copy
+            before = await _off_loop(self._session.state)
+        except SandboxError:
+            return None  # the live process is in trouble: the episode's own next step will say so
+        return ClassForkPoint(self.sandbox, self._task.payload["class_code"], self._scenario.class_name, before,
+                              self._tools, FixedEffects(tool_effects_of(self._task)),
+                              timeout_s=self.config.call_timeout_s, run_off_loop=_off_loop)
+
     def end(self, reason: str) -> Observation:
         if self._task is None:
             raise EnvError("call reset(task) before end()")

@@ -1,0 +1,194 @@
+"""The matcher's execution stage (issue 45): between the rules and the LLM judge, a same-name
+tool-call pair that the rules cannot settle is decided by running both calls on separate forks
+of the episode's current state (envs/fork.py) and comparing their effects.
+
+How it decides one pair (student call s, teacher call t):
+- either tool declared external (it sends mail, calls out): cannot settle;
+- each distinct call runs once on its own fork; a fork error, or a tool answer that reports a
+  failure ("Error: ...", `success: false`), on either side: cannot settle (the judge decides, as
+  without this stage);
+- both effects are normalised: the values under the tool's declared volatile fields that were
+  not in the state before the call (fresh ids, timestamps) are masked wherever they appear (a
+  key, a value, inside the tool's text), on both sides alike;
+- equal final states (the forks start from one state, so equal changes) and equal observations:
+  **match**. A read-only pair leaves both states as they were and so compares observations;
+- otherwise each call runs a second time on a fresh fork: if either call's two runs differ
+  after normalising, its effect is not a function of the state (an undeclared clock or random
+  id): cannot settle. If both reproduce, the effects really differ: **no_match**, no judge call.
+
+"Cannot settle" (None) always falls through to the judge; execution never guesses.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import json
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from actionopd_jax.envs.fork import ForkPoint, ForkResult
+from actionopd_jax.matching.canonical import canonical_value
+from actionopd_jax.teacher.cache import action_to_json, stable_digest
+from actionopd_jax.types import Action, ToolCall, Verdict
+
+MASK = "<volatile>"
+
+
+def call_key(call: ToolCall) -> str:
+    return stable_digest(canonical_value(action_to_json(call)))
+
+
+def _structured(text: str) -> Any:
+    """The tool's text as a value where it is JSON or a Python literal (EnvScaler shows str()
+    of a dict), so that volatile keys inside it can be found; else the text itself."""
+    for parse in (json.loads, ast.literal_eval):
+        try:
+            return parse(text)
+        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
+            continue
+    return text
+
+
+def _values_at(value: Any, keys: frozenset[str], out: set[str]) -> set[str]:
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if k in keys and _scalar(v):
+                out.add(str(v))
+            _values_at(v, keys, out)
+    elif isinstance(value, (list, tuple)):
+        for v in value:
+            _values_at(v, keys, out)
+    return out
+
+
+def _mask(value: Any, fresh: set[str], keys: frozenset[str]) -> Any:
+    """`value` with the fresh volatile values masked: at the declared keys whatever their type,
+    and elsewhere (a dict key, a reference in another record, a mention in a text) only as strings
+    of four or more characters, so that a small number that happens to equal a fresh id is
+    never hidden."""
+    if isinstance(value, dict):
+        out = {}
+        for k, v in value.items():
+            key = MASK if _long(str(k), fresh) else k
+            masked = MASK if (k in keys and _scalar(v) and str(v) in fresh) else _mask(v, fresh, keys)
+            out[key] = masked
+        return out
+    if isinstance(value, (list, tuple)):
+        return [_mask(v, fresh, keys) for v in value]
+    if isinstance(value, str):
+        if _long(value, fresh):
+            return MASK
+        for f in sorted(fresh, key=len, reverse=True):  # longest first: one id inside another stays whole
+            if len(f) >= 4 and f in value:
+                value = value.replace(f, MASK)
+    return value
+
+
+def _scalar(v: Any) -> bool:
+    return isinstance(v, (str, int, float)) and not isinstance(v, bool)
+
+
+def _long(text: str, fresh: set[str]) -> bool:
+    return len(text) >= 4 and text in fresh
+
+
+def effect(result: ForkResult, before: Any, volatile: Sequence[str]) -> tuple[Any, Any]:
+    """(state, observation) of one fork run, the fresh volatile values masked."""
+    obs = _structured(result.observation)
+    if not volatile:
+        return result.state, obs
+    keys = frozenset(volatile)
+    fresh = _values_at(result.state, keys, set()) | _values_at(obs, keys, set())
+    fresh -= _values_at(before, keys, set())
+    return _mask(result.state, fresh, keys), _mask(obs, fresh, keys)
+
+
+def _failed(result: ForkResult) -> bool:
+    """A fork error, or a tool answer that reports a failure: "Error..." text, or a mapping with
+    `success: false` or an `error` entry (how generated environment classes report one). Two
+    failures that look alike say nothing about whether the two attempts meant the same."""
+    if result.error or result.observation.lstrip().startswith("Error"):
+        return True
+    obs = _structured(result.observation)
+    return isinstance(obs, dict) and (obs.get("success") is False or bool(obs.get("error")))
+
+
+@dataclass
+class ExecutionRecord:
+    """What the stage did for one state group: verdicts by (student key, teacher key), the pairs
+    it could not settle with why, and each fork's wall time."""
+
+    verdicts: dict[tuple[str, str], Verdict] = field(default_factory=dict)
+    abstained: dict[tuple[str, str], str] = field(default_factory=dict)
+    fork_s: list[float] = field(default_factory=list)
+
+
+class ExecutionStage:
+    """Decides same-name tool-call pairs of one state group on forks of `point`. `max_forks`
+    bounds the forks running at once per group (each is a sandboxed process)."""
+
+    def __init__(self, max_forks: int = 4):
+        self.max_forks = max_forks
+
+    async def decide(self, point: ForkPoint, pairs: Sequence[tuple[Action, Action]]) -> ExecutionRecord:
+        rec = ExecutionRecord()
+        gate = asyncio.Semaphore(self.max_forks)
+        runs: dict[str, list[ForkResult]] = {}
+        calls: dict[str, ToolCall] = {}
+
+        async def run(key: str) -> None:
+            async with gate:
+                result = await point.run(calls[key])
+            rec.fork_s.append(result.wall_s)
+            runs.setdefault(key, []).append(result)
+
+        todo: list[tuple[str, str]] = []
+        for s, t in pairs:
+            if not (isinstance(s, ToolCall) and isinstance(t, ToolCall)) or s.name != t.name:
+                continue
+            ks, kt = call_key(s), call_key(t)
+            if (ks, kt) in rec.verdicts or (ks, kt) in rec.abstained or (ks, kt) in todo:
+                continue
+            if point.effects(s.name).external:
+                rec.abstained[(ks, kt)] = f"tool {s.name} is declared external"
+                continue
+            calls[ks], calls[kt] = s, t
+            todo.append((ks, kt))
+        await asyncio.gather(*(run(k) for k in {k for pair in todo for k in pair}))
+        unequal: list[tuple[str, str]] = []
+        for ks, kt in todo:
+            verdict, why = self._compare(point, calls[ks].name, runs[ks][0], runs[kt][0])
+            if verdict == "match":
+                rec.verdicts[(ks, kt)] = "match"
+            elif verdict is None:
+                rec.abstained[(ks, kt)] = why
+            else:
+                unequal.append((ks, kt))
+        # replicas: an unequal-looking pair is no_match only if both calls reproduce their effect
+        await asyncio.gather(*(run(k) for k in {k for pair in unequal for k in pair}))
+        for ks, kt in unequal:
+            name = calls[ks].name
+            stable = [self._reproduces(point, name, runs[k]) for k in (ks, kt)]
+            if all(stable):
+                rec.verdicts[(ks, kt)] = "no_match"
+            else:
+                rec.abstained[(ks, kt)] = "an effect does not reproduce on a second fork (undeclared volatile field)"
+        return rec
+
+    @staticmethod
+    def _compare(point: ForkPoint, name: str, a: ForkResult, b: ForkResult) -> tuple[Verdict | None, str]:
+        if _failed(a) or _failed(b):
+            return None, "a fork failed or the tool answered an error: " + (a.error or b.error or "Error")
+        volatile = point.effects(name).volatile
+        if effect(a, point.before, volatile) == effect(b, point.before, volatile):
+            return "match", ""
+        return "no_match", ""
+
+    @staticmethod
+    def _reproduces(point: ForkPoint, name: str, results: list[ForkResult]) -> bool:
+        if len(results) < 2 or any(_failed(r) for r in results):
+            return False
+        volatile = point.effects(name).volatile
+        first = effect(results[0], point.before, volatile)
+        return all(effect(r, point.before, volatile) == first for r in results[1:])

@@ -1,0 +1,196 @@
+"""The matcher's execution stage (issue 45): same-name tool-call pairs decided by running both
+calls on forks of the live EnvScaler episode (real sandboxed processes, our own planted
+scenarios in tests/data/execution_match_planted.json), abstaining wherever execution cannot
+settle a pair; the rest goes to a real judge over HTTP. The planted set is also
+benchmarks/execution_match.py's table."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from actionopd_jax.config import Config
+from actionopd_jax.envs.envscaler.env import EnvScalerEnvironment
+from actionopd_jax.envs.fork import ToolEffects, tool_effects_of
+from actionopd_jax.envs.sandbox import SubprocessSandbox
+from actionopd_jax.matching.build import build_matcher
+from actionopd_jax.matching.execution import ExecutionStage, call_key
+from actionopd_jax.matching.judged_log import JudgedLog, read_judged
+from actionopd_jax.matching.matcher import Matcher
+from actionopd_jax.serve.scripted import ScriptedBackend, message_choice
+from actionopd_jax.types import Message, Task, ToolCall
+from tests._teacher_fixtures import serve
+from tests.test_matching_judge import make_judge
+
+ROOT = Path(__file__).resolve().parent.parent
+_spec = importlib.util.spec_from_file_location("execution_match", ROOT / "benchmarks" / "execution_match.py")
+bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(bench)
+DATA = json.loads(bench.PLANTED.read_text())
+TASKS = bench.planted_tasks(DATA)
+
+
+@pytest.fixture(scope="module")
+def sandbox():
+    return SubprocessSandbox()
+
+
+def test_planted_set_has_no_wrong_verdict_and_abstains_where_execution_cannot_settle(sandbox):
+    rows, fork_s = asyncio.run(bench.run_planted(sandbox=sandbox))  # also asserts the live state is untouched
+    assert len(rows) >= 100
+    assert {r["kind"] for r in rows} >= {"same_intent_rewritten", "one_argument_off", "same_effect_other_call",
+                                         "reads_different_rows", "volatile_ids", "failing_call"}
+    assert all(r["rules"] == "judge" for r in rows)  # every pair gets past the rules: execution is asked
+    wrong = [r for r in rows if r["verdict"] is not None and r["verdict"] != r["label"]]
+    assert wrong == []
+    # what the design must decide it decides; what it must leave to the judge it leaves
+    assert [r for r in rows if (r["verdict"] is not None) != (r["expect"] == "decide")] == []
+    assert {r["verdict"] for r in rows if r["expect"] == "decide"} == {"match", "no_match"}
+    reasons = {r["kind"]: r["why"] for r in rows if r["verdict"] is None}
+    assert "external" in reasons["external"] and "reproduce" in reasons["undeclared_time"]
+    assert "failed" in reasons["failing_call"]
+    assert len(fork_s) > len(rows)  # replicas ran for the unequal-looking pairs
+
+
+def _state_of(task: Task, setup=()):
+    async def go():
+        env = EnvScalerEnvironment(SubprocessSandbox())
+        await env.reset(task)
+        for call in setup:
+            await env.step(call)
+        return env
+    return go
+
+
+def test_generated_ids_without_a_volatile_declaration_abstain_never_no_match(sandbox):
+    task = copy.deepcopy(TASKS["shop"])
+    task.payload["tool_effects"] = {}  # nobody said order ids and times are fresh on every run
+    pairs = [(ToolCall("create_order", {"customer_id": "C1", "sku": "APL-1", "quantity": 2}),
+              ToolCall("create_order", {"customer_id": "c1", "sku": "apl-1", "quantity": 2})),
+             (ToolCall("create_order", {"customer_id": "C1", "sku": "APL-1", "quantity": 2}),
+              ToolCall("create_order", {"customer_id": "C1", "sku": "APL-1", "quantity": 3}))]
+
+    async def go():
+        env = EnvScalerEnvironment(sandbox)
+        await env.reset(task)
+        return await ExecutionStage().decide(await env.fork_point(), pairs)
+
+    record = asyncio.run(go())
+    assert record.verdicts == {}  # the effects differ run to run: execution cannot tell the pairs apart
+    assert all("reproduce" in why for why in record.abstained.values()) and len(record.abstained) == 2
+
+
+def test_a_state_that_does_not_copy_exactly_offers_no_fork(sandbox):
+    task = copy.deepcopy(TASKS["clinic"])
+    task.payload["class_code"] += "\n\nclass Tagged(ClinicBook):\n    def __init__(self, config=None):\n" \
+                                  "        super().__init__(config)\n        self.tags = {'vip'}\n"
+    task.payload["class_name"] = "Tagged"
+
+    async def go():
+        env = EnvScalerEnvironment(sandbox)
+        await env.reset(task)
+        point = await env.fork_point()
+        obs, done = await env.step(ToolCall("find_patient", {"name": "Lee Park"}))  # the episode goes on
+        return point, obs, done
+
+    point, obs, done = asyncio.run(go())
+    assert point is None  # a set would come back as its str(): forks would not be the episode's state
+    assert not done and "A4" in obs.messages[-1]["content"]
+
+
+def _judge_backend():
+    """A judge that says MATCH only when both calls name slot S1 (and counts what it is asked)."""
+    def reply(req):
+        prompt = req.messages[-1]["content"]
+        return message_choice("VERDICT: MATCH" if prompt.count('"S1"') >= 2 else "VERDICT: NO_MATCH")
+    return ScriptedBackend("judge", reply)
+
+
+def test_matcher_decides_by_execution_and_asks_the_judge_only_what_execution_cannot_settle(sandbox, tmp_path):
+    task = TASKS["clinic"]
+    book = ToolCall("book", {"patient": "Ada Lin", "slot_id": "S1"})
+    book_rewritten = ToolCall("book", {"patient": "ada  lin", "slot_id": "s1"})
+    book_other = ToolCall("book", {"patient": "Ada Lin", "slot_id": "S3"})
+    taken = ToolCall("book", {"patient": "Ada Lin", "slot_id": "S2"})  # fails: the judge decides
+    candidates = [book_rewritten, book_other, taken, Message("hi")]
+    teacher = [book, book, ToolCall("book", {"patient": "Ada Lin", "slot_id": "s2"})]
+
+    async def go(matcher):
+        env = EnvScalerEnvironment(sandbox)
+        obs = await env.reset(task)
+        verdicts = await matcher.match_group(candidates, teacher, messages=obs.messages, tools=obs.tools,
+                                             env="envscaler", fork=env.fork_point)
+        after = await env.fork_point()
+        return obs, verdicts, after.before
+
+    with serve(_judge_backend()) as server:
+        m = Matcher(make_judge(server), execution=ExecutionStage())
+        obs, verdicts, live_after = asyncio.run(go(m))
+        assert verdicts == [["match", "match", "no_match"], ["no_match", "no_match", "no_match"],
+                            ["no_match", "no_match", "no_match"], ["no_match"] * 3]
+        # execution settled (rewritten, book), (other, book); the judge got the failing pairs only:
+        # (rewritten, s2), (other, s2), (taken, book), (taken, s2)
+        assert server.request_count == 4 and m.stats.judge_calls == 4
+        assert (m.stats.execution_match, m.stats.execution_no_match) == (2, 2)  # each twice: K has book twice
+        # abstained pairs: those four, (taken, book) twice (one judge call, reused)
+        assert m.stats.judge_calls_saved == 2 and m.stats.execution_abstain == 5 and m.stats.judge_reused == 1
+        assert m.stats.execution_forks >= 4 and len(m.fork_latencies_s) == m.stats.execution_forks
+        assert live_after == task.payload["init_config"]  # nothing reached the live episode
+        # the judged-pair log says which stage decided each pair
+        log = JudgedLog(tmp_path, 0)
+        log.record(step=0, task_start=0, task_id=task.task_id, env="envscaler", decision=0, messages=obs.messages,
+                   tools=obs.tools, candidates=candidates, teacher=teacher, verdicts=verdicts, matcher=m)
+        log.close()
+        stages = read_judged(tmp_path)[0][0].stages
+        assert stages[0] == ["execution", "execution", "judge"] and stages[1][:2] == ["execution", "execution"]
+        assert stages[2] == ["judge", "judge", "judge"] and stages[3] == ["invalid"] * 3
+        # matcher.execution: off -> the judge decides every same-name pair, as before
+        off = Matcher(make_judge(server))
+        asyncio.run(go(off))
+        assert off.stats.judge_calls == 6 and off.stats.execution_forks == 0
+
+
+class _BrokenPoint:
+    """A fork point whose forks all fail (the process died): the stage must abstain."""
+
+    before = {}
+
+    def effects(self, tool):
+        return ToolEffects()
+
+    async def run(self, call):
+        from actionopd_jax.envs.fork import ForkResult
+        return ForkResult(error="fork process failed: the environment process died")
+
+    def close(self):
+        self.closed = True
+
+
+def test_failed_forks_give_no_verdict_and_a_raising_fork_point_leaves_the_rules_and_judge(sandbox):
+    a, b = ToolCall("book", {"patient": "A", "slot_id": "S1"}), ToolCall("book", {"patient": "B", "slot_id": "S1"})
+    record = asyncio.run(ExecutionStage().decide(_BrokenPoint(), [(a, b)]))
+    assert record.verdicts == {} and "died" in record.abstained[(call_key(a), call_key(b))]
+
+    async def broken():
+        raise RuntimeError("no fork today")
+
+    m = Matcher(None, execution=ExecutionStage())  # rules only: the undecided pair stays no_match
+    assert asyncio.run(m.match_group([a], [b], messages=[], tools=[], fork=broken)) == [["no_match"]]
+    assert m.stats.rules_only_no_match == 1 and m.stats.execution_forks == 0
+
+
+def test_config_execution_key_and_tool_effect_declarations():
+    assert Config().matcher.execution == "auto"
+    assert build_matcher(None, execution="auto").execution is not None
+    assert build_matcher(None, execution="off").execution is None
+    with pytest.raises(ValueError, match="auto' or 'off'"):
+        build_matcher(None, execution="sometimes")
+    assert tool_effects_of(TASKS["shop"])["create_order"] == ToolEffects(volatile=("order_id", "created_at"))
+    bad = Task(task_id="t", env="envscaler", payload={"tool_effects": {"x": {"volatile": "id"}}})
+    with pytest.raises(ValueError, match="list of field names"):
+        tool_effects_of(bad)
