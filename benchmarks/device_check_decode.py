@@ -87,6 +87,7 @@ def decode_timing(preset: str, *, slots: int, samples: int, lo: int, hi: int, ma
         extra["auto_pool_pages"] = auto_pages(cfg, shapes, mesh=mesh, dtype="bfloat16")
         shapes = dataclasses.replace(shapes, pages=extra["pool_pages"])
         s = Engine(model, eos_ids=[], config=shapes, mesh=mesh)
+        pool_check(s, extra)
     else:
         from actionopd_jax.sampling import Sampler
 
@@ -114,6 +115,32 @@ def decode_timing(preset: str, *, slots: int, samples: int, lo: int, hi: int, ma
             "tokens_per_s": round(tokens / res.decode_s, 1), "end_to_end_tokens_per_s": round(tokens / wall, 1),
             **step_bytes(cfg, prompts, samples, max_new), **extra,
             "ok": tokens == rows * max_new and res.decode_steps == max_new}
+
+
+def pool_check(engine, extra: dict) -> None:
+    """On a device that reports its memory, before the pool is allocated: the engine's programs
+    compiled against it (kept for the run: nothing compiles twice), XLA's memory analysis of
+    each in `extra["pool_needs"]`, and a pool that would not fit beside them refused with the
+    numbers rather than run out of memory (engine/pool_fit.py, as an "auto" pool is sized)."""
+    from actionopd_jax.engine.pool_fit import engine_needs
+    from actionopd_jax.sampling.budget import cache_bytes_per_token, free_bytes_per_chip
+
+    gib = 2 ** 30
+    free = free_bytes_per_chip(engine.mesh)
+    if free is None:   # the CPU (a dry run): no limit to check against, and its segments run at other row counts
+        return
+    needs = engine_needs(engine, engine.total_pages)
+    extra["pool_needs"] = {n.kind: {"temp": round(n.temp / gib, 3), "generated_code": round(n.generated_code / gib, 3),
+                                    "output_not_aliased": round(max(0, n.output - n.alias) / gib, 3),
+                                    "argument": round(n.argument / gib, 3)} for n in needs}
+    pool = engine.total_pages * engine.config.page_size * cache_bytes_per_token(engine.cfg, str(engine.dtype))
+    beside = max((n.beside_arguments for n in needs), default=0)
+    progress(f"pool {pool / gib:.2f} GiB + programs {beside / gib:.2f} GiB beside their arguments; "
+             f"free {free / gib:.2f} GiB")
+    if pool + beside > free:
+        raise RuntimeError(f"the planned pool ({engine.total_pages} pages, {pool / gib:.2f} GiB) and the programs' "
+                           f"needs beside their arguments ({beside / gib:.2f} GiB, XLA's memory analysis) exceed the "
+                           f"free {free / gib:.2f} GiB")
 
 
 def program_memory(sampler) -> dict:

@@ -108,3 +108,26 @@ def test_the_memory_figure_is_nvidia_smis_least_total_and_planning_starts_no_jax
                               "import device_check_shapes as sh; print(sh.gpu_memory_bytes())"],
                              cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
     assert bad.returncode == 0 and bad.stdout.strip() == "None", bad.stderr[-2000:]
+
+
+def test_the_engine_stage_checks_its_pool_beside_the_programs_before_allocating(monkeypatch):
+    """device_check_decode.pool_check on a device's free-memory figure (stated: the CPU reports
+    none): XLA's memory analysis of the programs goes in the row, and a pool that would not fit
+    beside them is refused with the numbers instead of running out of memory."""
+    import pytest
+
+    import actionopd_jax.sampling.budget as budget_lib
+    import device_check_decode as dec
+    from _engine_fixtures import engine
+
+    eng = engine()
+    extra = {}
+    monkeypatch.setattr(budget_lib, "free_bytes_per_chip", lambda mesh=None: 2 ** 30)
+    dec.pool_check(eng, extra)
+    assert set(extra["pool_needs"]) == {"prefill chunk", "decode segment"} and eng.pool is None
+    assert all(set(v) == {"temp", "generated_code", "output_not_aliased", "argument"}   # GiB (tiny: ~0)
+               for v in extra["pool_needs"].values())
+    monkeypatch.setattr(budget_lib, "free_bytes_per_chip", lambda mesh=None: 2 ** 16)
+    with pytest.raises(RuntimeError, match=r"the planned pool \(48 pages, .* GiB\) and the programs' needs beside "
+                                           r"their arguments .* exceed the free 0\.00 GiB"):
+        dec.pool_check(eng, {})

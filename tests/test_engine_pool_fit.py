@@ -10,9 +10,12 @@ import re
 
 import pytest
 
+import jax
+import numpy as np
+
 import actionopd_jax.sampling.budget as budget_lib
-from _engine_fixtures import engine
-from actionopd_jax.engine.pool_fit import ProgramNeeds
+from _engine_fixtures import assert_same, engine, reference
+from actionopd_jax.engine.pool_fit import ProgramNeeds, engine_needs
 from actionopd_jax.engine.sizing import fit_pages, pages_for
 from actionopd_jax.sampling.budget import SAFETY, cache_bytes_per_token
 
@@ -33,6 +36,15 @@ def test_an_auto_pool_leaves_the_programs_their_own_memory_and_refuses_what_cann
     assert pages * page + beside <= free and pages * page <= (free - beside) * SAFETY < (pages + 1) * page
     old = pages_for(eng.cfg, eng.config, free, dtype=str(eng.dtype)) - 1   # the fixed fraction alone
     assert old - pages >= int(beside * SAFETY // page) - 1 > 0
+    # the fitted pool runs: the prefill chunk compiled against an abstract pool of its size is
+    # the one the run finds (not compiled again), and the tokens are the static sampler's
+    engine_needs(eng, eng.total_pages)
+    rng = np.random.default_rng(7)
+    prompts = [rng.integers(0, 256, size=n).astype(np.int32) for n in (9, 21)]
+    settings = dict(n=[2, 2], max_new_tokens=[6, 6], temperature=[0.8] * 2, top_p=[1.0] * 2, top_k=[0] * 2)
+    keys = [jax.random.key(40 + i) for i in range(2)]
+    assert_same(eng.sample(prompts, key=keys, **settings).generations, reference(prompts, keys, **settings))
+    assert [k for k, _ in eng.compile_stats.shapes].count("chunk") == 2      # sizing at 2 pool sizes, none after
     # a device whose free memory holds one slot by the fixed fraction but not beside the
     # programs: refused at sizing, with the numbers (XLA's figures named), not out of memory later
     one_slot = eng.config.pages_per_slot

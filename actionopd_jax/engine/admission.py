@@ -22,7 +22,8 @@ def admit(waiting: list[Request], free_slots: list[int], pages: PagePool, page_s
         req = waiting[0]
         if req.n > len(free_slots):
             break
-        keys = page_keys(req.prompt, page_size, (req.prompt.size - 1) // page_size)   # the last token is always prefilled
+        # the last token is always prefilled
+        keys = page_keys(req.prompt, page_size, (req.prompt.size - 1) // page_size)
         hits = pages.index.lookup(keys)
         pages.hold(hits)
         new_prompt, extra0, extra = pages_needed(req.prompt.size, req.max_new, req.n, len(hits), page_size)

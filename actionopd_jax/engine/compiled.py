@@ -35,17 +35,19 @@ class Programs:
         mine = self._local.get(kind)
         if mine is not None and mine[0] == weights:
             return mine[1](*args[1:])
-        key = (kind, args[0], _signature(args[1:]), tuple(sorted(static.items())), self.backend)
-        program = _PROGRAMS.get(key)
-        if program is None:
-            program = _PROGRAMS[key] = self.compile(kind, fn, args, static, donate=donate)
+        program = self.compile(kind, fn, args, static, donate=donate)
         self._local[kind] = (weights, program)
         return program(*args[1:])
 
     def compile(self, kind: str, fn, args: tuple, static: dict, *, donate=()):
-        """fn(*args, **static) compiled as `run` compiles it (counted in `stats`); any of `args`
-        may be abstract (jax.ShapeDtypeStruct): nothing is allocated for them (the pool sizing
-        compiles against a pool not allocated yet, engine/pool_fit.py)."""
+        """fn(*args, **static) compiled once per process (counted in `stats` when compiled);
+        any of `args` may be abstract (jax.ShapeDtypeStruct, nothing allocated for it: the pool
+        sizing compiles against a pool not allocated yet, engine/pool_fit.py), and a later
+        `run` with concrete arguments of the same shapes, dtypes and placement finds it."""
+        key = (kind, args[0], _signature(args[1:]), tuple(sorted(static.items())), self.backend)
+        program = _PROGRAMS.get(key)
+        if program is not None:
+            return program
         t0 = time.perf_counter()
         options = cpu_backend.compiler_options("decode" if kind.startswith("segment") else "prefill") \
             if self.backend == "cpu" else ()
@@ -57,6 +59,7 @@ class Programs:
         self.stats.programs += 1
         self.stats.seconds += took
         self.stats.shapes.append((kind, round(took, 2)))
+        _PROGRAMS[key] = program
         return program
 
 

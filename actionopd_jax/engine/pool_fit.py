@@ -57,9 +57,11 @@ def program_needs(kind: str, compiled) -> ProgramNeeds | None:
 
 
 def abstract_pool(engine, pages: int) -> programs.Pool:
-    """The engine's pool of `pages` as abstract arrays, placed where empty_pool puts it."""
+    """The engine's pool of `pages` as abstract arrays, placed where empty_pool puts it (so a
+    pool of the same size allocated later runs the program compiled against this one)."""
     shapes = jax.eval_shape(lambda: programs.empty_pool(engine.cfg, pages, engine.config.page_size, engine.dtype))
-    sharding = programs.pool_sharding(engine.mesh, engine.cfg.num_key_value_heads)
+    sharding = programs.pool_sharding(engine.mesh, engine.cfg.num_key_value_heads) or \
+        jax.sharding.SingleDeviceSharding(jax.local_devices()[0])     # no mesh: the default device
     return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding), shapes)
 
 
