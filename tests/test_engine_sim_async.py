@@ -31,6 +31,7 @@ def test_eta_zero_is_the_synchronous_replay():
     r = A.run_async(steps, 0, 3, args)
     assert r["wall"] == pytest.approx(A.synchronous_wall(steps, 3, args), rel=1e-12)
     assert r["dropped"] == 0
+    assert r["waited"] == pytest.approx(r["wall"] - r["update_s"], rel=1e-12)  # each collection
     assert r["staleness"] == {0: sum(t.decisions for s in steps[:3] for t in s)}
     # only the trained steps' states were asked of the teacher: nothing ran ahead
     assert r["asked"] == r["trained"]
