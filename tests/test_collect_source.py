@@ -196,7 +196,7 @@ def test_the_spend_meter_prices_tokens_and_adds_up():
     assert second["teacher/spend_usd_total"] == pytest.approx(0.008) and second["teacher/requests_total"] == 6
     assert meter.state() == {"requests": 6, "cache_hits": 2, "prompt_tokens": 2000, "completion_tokens": 400,
                              "cached_prompt_tokens": 0, "spend_usd": pytest.approx(0.008), "last_step_usd": pytest.approx(0.004),
-                             "last_step_tokens": 1200}
+                             "last_step_tokens": 1200, "saved_calls": 0}
 
 
 def test_the_meters_price_each_role_add_up_for_the_budget_and_read_older_state():

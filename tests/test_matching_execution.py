@@ -194,3 +194,33 @@ def test_config_execution_key_and_tool_effect_declarations():
     bad = Task(task_id="t", env="envscaler", payload={"tool_effects": {"x": {"volatile": "id"}}})
     with pytest.raises(ValueError, match="list of field names"):
         tool_effects_of(bad)
+
+
+def test_the_spend_meter_counts_judge_calls_saved_and_keeps_them_across_a_resume():
+    from actionopd_jax.collect.spend import SpendMeters
+    from actionopd_jax.teacher.base import UsageReport
+
+    meters = SpendMeters({"matcher": (1.0, 0.0, 4.0)})
+    out = meters.add({"matcher": UsageReport(http_calls=2, prompt_tokens=100)}, saved={"matcher": 5})
+    out = meters.add({"matcher": UsageReport(http_calls=1, prompt_tokens=100)}, saved={"matcher": 3})
+    assert out["matcher/saved_calls_total"] == 8.0 and out["matcher/requests_total"] == 3.0
+    assert out["teacher/saved_calls_total"] == 0.0
+    resumed = SpendMeters({"matcher": (1.0, 0.0, 4.0)})
+    resumed.load(meters.state())
+    assert resumed.by_role["matcher"].saved_calls == 8
+
+
+def test_train_check_says_which_pools_the_execution_stage_forks():
+    import dataclasses
+
+    from actionopd_jax.train.plan import _execution_line
+
+    def cfg(execution="auto", **env):  # unchecked: the pools' directories are not needed for this line
+        c = Config()
+        return dataclasses.replace(c, env=dataclasses.replace(c.env, **env),
+                                   matcher=dataclasses.replace(c.matcher, execution=execution))
+
+    line = _execution_line(cfg(name="envscaler", mixture=("awm:3", "envscaler:1")))
+    assert "envscaler: forks" in line and "awm: no forks, rules then judge" in line
+    assert "bfcl: no forks" in _execution_line(cfg(name="bfcl"))
+    assert "off" in _execution_line(cfg("off", name="envscaler"))

@@ -314,7 +314,8 @@ class ActionOPDGroupSource:
         self.last = self.collector.collect(tasks, step=step, process_index=self.ctx.process_index,
                                            process_count=self.ctx.process_count)
         m = self.last.metrics
-        self._meter_step = self.meters.add({"teacher": m.teacher, "matcher": m.judge, "user": m.user})
+        self._meter_step = self.meters.add({"teacher": m.teacher, "matcher": m.judge, "user": m.user},
+                                           saved={"matcher": int(m.matcher.get("judge_calls_saved", 0))})
         ends = step_ends(self.last)
         if self.ctx.process_count > 1:    # one decision on every process (they stop together)
             from actionopd_jax.train import distributed

@@ -37,14 +37,17 @@ class SpendMeter:
     spend_usd: float = 0.0
     last_step_usd: float = 0.0       # what the last step took (the cap itself is paid_calls.py's ledger)
     last_step_tokens: int = 0
+    saved_calls: int = 0             # requests never sent: answered otherwise (the judge's: by execution, issue 45)
 
-    def add(self, step: UsageReport) -> dict[str, float]:
-        """Count one step's usage; returns its figures and the totals, as metrics."""
+    def add(self, step: UsageReport, saved: int = 0) -> dict[str, float]:
+        """Count one step's usage (`saved`: the step's requests answered without the endpoint);
+        returns its figures and the totals, as metrics."""
         cached = min(step.cached_prompt_tokens, step.prompt_tokens)
         spend = (((step.prompt_tokens - cached) * float(self.price[0]) + cached * float(self.price[1])
                   + step.completion_tokens * float(self.price[2])) / 1e6 if self.price else 0.0)
         self.requests += step.http_calls
         self.cache_hits += step.cache_hits
+        self.saved_calls += int(saved)
         self.prompt_tokens += step.prompt_tokens
         self.completion_tokens += step.completion_tokens
         self.cached_prompt_tokens += cached
@@ -54,7 +57,7 @@ class SpendMeter:
         out = {f"{r}/requests_total": float(self.requests), f"{r}/prompt_tokens_total": float(self.prompt_tokens),
                f"{r}/completion_tokens_total": float(self.completion_tokens),
                f"{r}/cached_prompt_tokens_total": float(self.cached_prompt_tokens),
-               f"{r}/cache_hits_total": float(self.cache_hits)}
+               f"{r}/cache_hits_total": float(self.cache_hits), f"{r}/saved_calls_total": float(self.saved_calls)}
         if self.price:
             out.update({f"{r}/spend_usd": spend, f"{r}/spend_usd_total": self.spend_usd})
         return out
@@ -65,7 +68,7 @@ class SpendMeter:
     def load(self, state: dict[str, Any]) -> None:
         for k, v in state.items():
             if k in ("requests", "cache_hits", "prompt_tokens", "completion_tokens", "cached_prompt_tokens",
-                     "last_step_tokens"):
+                     "last_step_tokens", "saved_calls"):
                 setattr(self, k, int(v))
             elif k in ("spend_usd", "last_step_usd"):
                 setattr(self, k, float(v))
@@ -82,10 +85,10 @@ class SpendMeters:
     def teacher(self) -> SpendMeter:
         return self.by_role["teacher"]
 
-    def add(self, usage: dict[str, UsageReport]) -> dict[str, float]:
+    def add(self, usage: dict[str, UsageReport], saved: dict[str, int] | None = None) -> dict[str, float]:
         out: dict[str, float] = {}
         for role, meter in self.by_role.items():
-            out.update(meter.add(usage.get(role, UsageReport())))
+            out.update(meter.add(usage.get(role, UsageReport()), (saved or {}).get(role, 0)))
         if any(m.price for m in self.by_role.values()):
             out["spend_usd_total"] = self.spend_usd
         return out

@@ -27,6 +27,29 @@ from typing import Any, Protocol, runtime_checkable
 from actionopd_jax.types import Task, ToolCall
 
 
+# Environments whose episodes offer `fork_point()` (the matcher's execution stage acts there);
+# the rest are decided by the rules and the judge as before.
+FORKABLE_ENVS = ("envscaler",)
+NOT_FORKABLE_WHY = {
+    "awm": "its state is a database behind a running server: a fork needs a server of its own (not built yet)",
+    "bfcl": "not built yet (its instances could be deep-copied)",
+    "tau2": "not built yet",
+    "mcp": "a generic MCP server's state is not ours to copy",
+}
+
+
+def execution_support(pools: list[str]) -> list[str]:
+    """One line per pool (environment name) of the run: whether the execution stage forks it."""
+    out = []
+    for pool in pools:
+        family = "tau2" if pool.startswith("tau2") else pool
+        if family in FORKABLE_ENVS:
+            out.append(f"{pool}: forks (matcher.execution acts)")
+        else:
+            out.append(f"{pool}: no forks, rules then judge ({NOT_FORKABLE_WHY.get(family, 'not forkable')})")
+    return out
+
+
 @dataclass(frozen=True)
 class ToolEffects:
     volatile: tuple[str, ...] = ()
