@@ -10,7 +10,8 @@ trains on as many state groups as that step has, so every eta trains the same nu
   the next step. It equals the one-step replay (run_engine) plus the update, step after step.
 - eta >= 1: episodes keep running across updates. Admission control: task starts are admitted
   while started <= (v + eta + 1) x 64, and a state enters the slots only while groups in flight
-  plus groups accepted and not yet trained stay within the next eta + 1 updates' groups.
+  plus groups accepted and not yet trained stay within the next eta + 1 updates' groups (the
+  task-start cap already implies it while nothing is dropped; the check is the guarantee).
 - A group carries the policy version that was current when its rows entered the slots (a row
   that runs on across a weight swap keeps the older stamp: the conservative one). An update of
   version v trains a group only if v - stamp <= eta; older groups are dropped and counted (their
@@ -80,6 +81,7 @@ def run_async(steps_work: list[list], eta: int, updates: int, args) -> dict:
     now, v, started, in_flight, seq = 0.0, 0, 0, 0, 0
     busy = update_time = waited = teacher_s = 0.0
     last_update_end = 0.0
+    peak_load = 0.0         # the most (in flight + accepted) groups seen, as a share of the cap
     decode_slot_steps = active_slot_steps = 0
     dropped, asked_total = 0, 0
     staleness = collections.Counter()
@@ -132,6 +134,7 @@ def run_async(steps_work: list[list], eta: int, updates: int, args) -> dict:
                 live_tokens += plen
             rows_left[t] = (N, asked, v)
             in_flight += 1
+            peak_load = max(peak_load, (in_flight + len(queue)) / cap)
         if not live:
             now += t_prefill
             busy += t_prefill
@@ -170,7 +173,7 @@ def run_async(steps_work: list[list], eta: int, updates: int, args) -> dict:
     return {"wall": now, "util": active_slot_steps / max(decode_slot_steps, 1), "busy": busy / now,
             "update_s": update_time, "dropped": dropped, "trained": sum(staleness.values()),
             "staleness": dict(sorted(staleness.items())), "asked": asked_total, "waited": waited,
-            "teacher_in_flight": teacher_s / now}
+            "teacher_in_flight": teacher_s / now, "peak_load": peak_load}
 
 
 def synchronous_wall(steps_work: list[list], updates: int, args) -> float:

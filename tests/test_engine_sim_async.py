@@ -35,6 +35,7 @@ def test_eta_zero_is_the_synchronous_replay():
     assert r["staleness"] == {0: sum(t.decisions for s in steps[:3] for t in s)}
     # only the trained steps' states were asked of the teacher: nothing ran ahead
     assert r["asked"] == r["trained"]
+    assert r["peak_load"] == 1.0            # the whole step in flight or accepted: the cap
 
 
 @pytest.mark.parametrize("eta", [1, 2])
@@ -47,6 +48,9 @@ def test_no_group_older_than_eta_is_trained(eta):
     assert r["dropped"] > 0
     assert r["trained"] == sum(t.decisions for s in steps[:4] for t in s)   # same work as eta=0
     assert max(r["staleness"]) == eta                                         # and eta was used
+    # admission control: in flight plus accepted work stayed within eta + 1 updates' groups
+    # (the task-start cap implies it: every group not yet trained belongs to those steps)
+    assert 0.0 < r["peak_load"] <= 1.0
 
 
 def test_async_is_faster_than_sync_and_needs_enough_steps():
