@@ -11,7 +11,7 @@ trains on as many state groups as that step has, so every eta trains the same nu
 - eta >= 1: episodes keep running across updates. Admission control: task starts are admitted
   while started <= (v + eta + 1) x 64, and a state enters the slots only while groups in flight
   plus groups accepted and not yet trained stay within the next eta + 1 updates' groups (the
-  task-start cap already implies it while nothing is dropped; the check is the guarantee).
+  task-start cap already implies it, drops only lowering the count; the check is the guarantee).
 - A group carries the policy version that was current when its rows entered the slots (a row
   that runs on across a weight swap keeps the older stamp: the conservative one). An update of
   version v trains a group only if v - stamp <= eta; older groups are dropped and counted (their
