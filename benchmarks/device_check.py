@@ -21,8 +21,8 @@ is (nothing installed: the repository on PYTHONPATH and the jax already there).
       step s, tokens/s, MFU, peak memory against `train --check`'s plan;
       shapes that fit the device: device_check_shapes.py plans every train step and decode
       workload from the GPU's memory (nvidia-smi; --memory-gib overrides) with the project's
-      plans, and the report names the figure (an H100 runs bfloat16 master weights, and the
-      static sampler's 256 rows in two calls);
+      plans, and the report names the figure (a step whose plan does not fit runs with
+      bfloat16 master weights; an H100 runs the static sampler's 256 rows in two calls);
    4. decode at Qwen3-4B shapes, 256 slots, prompts of 1,024-4,096 tokens, 256 new tokens:
       the engine, then the static sampler, against the HBM bound;
    5. the same at 64 slots, and at Qwen3-0.6B shapes;

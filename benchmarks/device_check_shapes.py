@@ -14,8 +14,9 @@ before any of them runs:
   budget.SAFETY of it); the static sampler's one call is planned with the prefill peak the
   H200 measured (GPU_PREFILL_FACTOR) and split into power-of-two prompt groups (its own token
   budget, sampling/budget.plan_chunks) where one call would not fit.
-An H100 (80 GB) is so never asked for the H200's float32 16k step or a 256-row static call
-that ran at 76.6 GiB. Without a memory figure (a dry run, a TPU host) the shapes are the
+An H100 (80 GB) is so never asked for a step its plan does not fit (the H200's float32 16k
+step where it plans over the H100's 71.7 usable GiB) or a 256-row static call that ran at
+76.6 GiB. Without a memory figure (a dry run, a TPU host) the shapes are the
 defaults (DECODE, TRAIN) as they were, and nothing is planned (the engine's pool is then
 device_check_decode's: the workload's pages plus a quarter).
 """

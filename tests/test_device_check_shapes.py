@@ -28,21 +28,36 @@ def _planned_peaks(plan: dict) -> list[float]:
         [d[k] for d in plan["decode"].values() for k in ("engine_plan_bytes", "static_plan_bytes")]
 
 
+def _expected_train(usable: float) -> list[tuple]:
+    """What the choice must be by train --check's plan, whatever its current figures: per step
+    the first variant that fits, in the order recipe (float32 master weights) then bfloat16,
+    the long step at its length then half."""
+    out = []
+    for attention, seq in (("cudnn", 4096), ("xla", 4096), ("cudnn", 16384)):
+        variants = [(s, d) for s in ((seq, seq // 2) if seq == 16384 else (seq,)) for d in (None, "bfloat16")]
+        fits = [(attention, s, d) for s, d in variants if shapes._train_plan("qwen3-4b", attention, s, 512, d) <= usable]
+        out += fits[:1]
+    return out
+
+
 def test_an_h100_and_an_h200_get_different_shapes_each_within_its_memory():
     h100 = shapes.choose("device", "gpu", H100, "nvidia-smi memory.total")
     h200 = shapes.choose("device", "gpu", H200, "nvidia-smi memory.total")
     for plan, mem in ((h100, H100), (h200, H200)):
         assert plan["memory_bytes"] == mem and plan["usable_bytes"] == mem * 0.9 and not plan["dropped"]
         assert all(0 < peak <= plan["usable_bytes"] for peak in _planned_peaks(plan)), plan
-    # the H200 runs the recipe's step (float32 master weights) as run 1 did, 16k included
+        # each step is the first variant train --check's plan fits: the recipe's step where it
+        # fits (the H200's float32 16k step only where its plan fits this device), else lighter
+        assert [(t["attention"], t["seq"], t["param_dtype"]) for t in plan["train"]] == \
+            _expected_train(plan["usable_bytes"])
     assert [(t["attention"], t["seq"], t["param_dtype"]) for t in h200["train"]] == [
         ("cudnn", 4096, None), ("xla", 4096, None), ("cudnn", 16384, None)]
-    # its float32 plans (85.0 / 93.8 / 89.9 GiB, as run 1's report) are over the H100's 71.7:
-    # the H100 is never asked for them, it runs the same steps with bfloat16 master weights
-    assert [round(t["plan_bytes"] / 2 ** 30, 1) for t in h200["train"]] == [85.0, 93.8, 89.9]
-    assert all(t["plan_bytes"] > h100["usable_bytes"] for t in h200["train"])
-    assert [(t["attention"], t["seq"], t["param_dtype"]) for t in h100["train"]] == [
-        ("cudnn", 4096, "bfloat16"), ("xla", 4096, "bfloat16"), ("cudnn", 16384, "bfloat16")]
+    # a device whose usable memory is under the recipe's 4,096-token plan gets the lighter variant
+    recipe = shapes._train_plan("qwen3-4b", "cudnn", 4096, 512, None)
+    light = shapes._train_plan("qwen3-4b", "cudnn", 4096, 512, "bfloat16")
+    assert light < recipe
+    between = shapes.choose("device", "gpu", int((light + recipe) / 2 / 0.9), "--memory-gib")
+    assert between["train"][0] == {"attention": "cudnn", "seq": 4096, "param_dtype": "bfloat16", "plan_bytes": light}
     # decode: the static sampler's 256 rows of Qwen3-4B plan 77.0 GiB in one call (run 2
     # measured a 76.6 GiB peak): one call on the H200, two on the H100, by its own budget
     big100, big200 = h100["decode"]["big"], h200["decode"]["big"]
@@ -54,15 +69,15 @@ def test_an_h100_and_an_h200_get_different_shapes_each_within_its_memory():
     assert [len(c) for c in chunks] == [32, 32]
     # the engine's pool: what the workload fills plus a quarter, the same on both (it fits both)
     assert big100["pool_pages"] == big200["pool_pages"] > big200["pool_pages_needed"]
-    names = [n for n, _, _, _ in dc.stages("device", "gpu", h100)]
-    assert "train qwen3-4b cudnn 16384" in [n for n, _, _, _ in dc.stages("device", "gpu", h200)]
-    assert "train qwen3-4b cudnn 16384" not in names and "train qwen3-4b cudnn 16384 bfloat16 weights" in names
     spec = {n: s for n, _, _, s in dc.stages("device", "gpu", h100)}
     assert spec["decode qwen3-4b static 256"]["token_budget"] == big100["static_token_budget"]
     assert spec["decode qwen3-4b engine 256"]["pool_pages"] == big100["pool_pages"]
+    assert {n: s for n, _, _, s in dc.stages("device", "gpu", h200)}["decode qwen3-4b static 256"]["token_budget"] is None
     (line,) = report._shapes_lines(h100)
     assert line.startswith("shapes planned for 79.6 GiB (nvidia-smi memory.total), usable 71.7 GiB") and \
         "static calls big 2" in line
+    names = [n for n, _, _, _ in dc.stages("device", "gpu", between)]
+    assert "train qwen3-4b cudnn 4096 bfloat16 weights" in names and "train qwen3-4b cudnn 4096" not in names
 
 
 def test_a_device_too_small_leaves_out_what_fits_no_variant_and_says_why():
