@@ -341,3 +341,39 @@ def test_opd_echo_scoring_reserves_its_exact_prompt_and_records_usage():
             EndpointScorer("http://127.0.0.1:9/v1", "scorer").score(prompts, responses)   # refused before sending
     finally:
         paid_calls.install(None)
+
+
+def test_the_jobs_final_measurement_collection_draws_on_the_same_ledger(tmp_path, caplog):
+    """The main job's last collection (the final policy, no update) ran after the trainer had
+    given its ledger back: its teacher calls escaped the cap. Now it runs on the trainer's
+    ledger; a cap it would pass skips it with a warning. The source here is a stand-in whose
+    collect makes one real reservation on the installed ledger (what a teacher batch does)."""
+    import logging
+    import types
+
+    from actionopd_jax.experiment.phases import measure_within_budget
+    from actionopd_jax.train.budget import ledger_from
+
+    class OneBatchSource:
+        calls = 0
+
+        def collect(self, step, policy):
+            self.calls += 1
+            with paid_calls.paid_request("teacher", [{"role": "user", "content": "x" * 100}], replies=3) as ledger:
+                ledger.record("teacher", requests=1, prompt_tokens=30, completion_tokens=3)
+            return []
+
+    def measure(cap):
+        cfg = replace_keys(_cfg(tmp_path, "job"), **{"run.budget_usd": cap})
+        trainer = types.SimpleNamespace(ledger=ledger_from(cfg), step=3)
+        source = OneBatchSource()
+        measure_within_budget(cfg, trainer, source, None)
+        return trainer.ledger, source.calls
+
+    ledger, calls = measure(100.0)
+    assert calls == 1 and ledger.totals["teacher"].requests == 1 and ledger.spend_usd == pytest.approx(0.033)
+    assert paid_calls.current() is None                       # given back afterwards
+    with caplog.at_level(logging.WARNING, logger="actionopd_jax.experiment.phases"):
+        ledger, calls = measure(0.0005)
+    assert calls == 0 and ledger.spend_usd == 0.0
+    assert "final policy's measurement collection is skipped (the curve ends at step 3): budget: " in caplog.text

@@ -211,6 +211,8 @@ class KDGroupSource(StepIndexedSource):
     run retraces an uninterrupted one. Each process takes every process_count-th example of
     the step. An example is a one-candidate group whose candidate is the demonstration."""
 
+    pays = False   # fixed examples: no paid call, so run.budget_* has nothing to check (train/budget.py)
+
     def __init__(self, examples: Sequence[KDExample], *, examples_per_step: int, seed: int,
                  process_index: int = 0, process_count: int = 1):
         if not examples:

@@ -145,6 +145,11 @@ class JobSource:
                  step, stats["reward_mean"], stats["match_rate"], stats["invalid_rate"], int(stats["candidates"]))
         return groups
 
+    @property
+    def meters(self) -> Any:
+        """The collector's spend meters (the trainer's budget stop counts a given-up step on them)."""
+        return getattr(self.inner, "meters", None)
+
     def state_dict(self) -> dict[str, Any]:
         return self.inner.state_dict()
 
@@ -205,12 +210,33 @@ def actionopd_phase(pcfg: Config, *, train_tasks: list[Task], run_dir: Path, pro
                                "its state is saved there", code)
         final = Policy(trainer.graphdef, trainer.state["params"], trainer.qcfg, trainer.step,
                        key=jax.random.fold_in(trainer.base_key, trainer.step))
-        source.collect(trainer.step, final)  # measurement only: no update follows
+        measure_within_budget(pcfg, trainer, source, final)  # measurement only: no update follows
         return {"history": source.history, "checkpoint_step": trainer.step,
                 "checkpoint_dir": str(trainer.ckpt.directory)}
     finally:
         trainer.close()
         source.close()
+
+
+def measure_within_budget(pcfg: Config, trainer: Any, source: Any, final: Any) -> None:
+    """The collection with the final policy, its teacher and judge calls on the run's ledger
+    like every step's (run.budget_*, train/budget.py); a cap it would pass ends the curve at the
+    last training step instead (the trained student is saved either way)."""
+    from actionopd_jax import paid_calls
+    from actionopd_jax.train import budget as run_budget
+
+    why = run_budget.step_refusal(pcfg, trainer.ledger, trainer.step, pays=True)
+    previous = paid_calls.install(trainer.ledger)
+    try:
+        if why is None:
+            source.collect(trainer.step, final)
+    except paid_calls.BudgetReached as e:
+        why = str(e)
+    finally:
+        paid_calls.install(previous)
+    if why:
+        log.warning("the final policy's measurement collection is skipped (the curve ends at step %d): %s",
+                    trainer.step, why)
 
 
 def export_final_student(run_dir: Path, step: int, out_dir: Path, tokenizer_dir: Path) -> Path:

@@ -155,7 +155,7 @@ class Trainer:
         saved = (meta or {}).get("paid_calls") or []
         if saved:
             self.ledger.load(saved[jax.process_index() % len(saved)])
-        elif meta is not None and hasattr(self.source, "meters"):
+        elif meta is not None and getattr(self.source, "meters", None) is not None:
             # a checkpoint from before the ledger: the collector's meters held the spend
             for role, m in self.source.meters.by_role.items():
                 t = self.ledger.totals[role]
@@ -184,8 +184,7 @@ class Trainer:
         previous_ledger = paid_calls.install(self.ledger)
         try:
             while self.step < cfg.train.steps:
-                reason = run_budget.step_refusal(cfg, self.ledger, self.step,
-                                                 pays=run_budget.calls_paid_models(cfg))
+                reason = run_budget.step_refusal(cfg, self.ledger, self.step, pays=self._pays())
                 if reason:
                     code = self._budget_stop(reason)
                     break
@@ -231,6 +230,10 @@ class Trainer:
         log.error("%s", reason)
         return BUDGET_EXIT_CODE
 
+    def _pays(self) -> bool:
+        """Whether this run's source asks a paid model (KD on fixed examples does not)."""
+        return run_budget.calls_paid_models(self.cfg) and getattr(self.source, "pays", True)
+
     def _spend_metrics(self) -> dict[str, float]:
         return run_budget.spend_metrics(self.source, self.ledger)
 
@@ -256,7 +259,7 @@ class Trainer:
                "time_collect_s": t_collect, "time_update_s": t_update,
                "step_s": time.perf_counter() - t0}
         out["train_tokens_per_s"] = upd.get("real_tokens", 0.0) / max(t_update, 1e-9)
-        if not hasattr(self.source, "meters") and run_budget.calls_paid_models(self.cfg):
+        if getattr(self.source, "meters", None) is None and self._pays():
             out.update(self._spend_metrics())   # KD / OPD: the ledger is their meter
         return out
 
