@@ -35,7 +35,8 @@ def _expected_train(usable: float) -> list[tuple]:
     out = []
     for attention, seq in (("cudnn", 4096), ("xla", 4096), ("cudnn", 16384)):
         variants = [(s, d) for s in ((seq, seq // 2) if seq == 16384 else (seq,)) for d in (None, "bfloat16")]
-        fits = [(attention, s, d) for s, d in variants if shapes._train_plan("qwen3-4b", attention, s, 512, d) <= usable]
+        fits = [(attention, s, d) for s, d in variants
+                if shapes._train_plan("qwen3-4b", attention, s, 512, d) <= usable]
         out += fits[:1]
     return out
 
@@ -72,7 +73,8 @@ def test_an_h100_and_an_h200_get_different_shapes_each_within_its_memory():
     spec = {n: s for n, _, _, s in dc.stages("device", "gpu", h100)}
     assert spec["decode qwen3-4b static 256"]["token_budget"] == big100["static_token_budget"]
     assert spec["decode qwen3-4b engine 256"]["pool_pages"] == big100["pool_pages"]
-    assert {n: s for n, _, _, s in dc.stages("device", "gpu", h200)}["decode qwen3-4b static 256"]["token_budget"] is None
+    spec200 = {n: s for n, _, _, s in dc.stages("device", "gpu", h200)}
+    assert spec200["decode qwen3-4b static 256"]["token_budget"] is None
     (line,) = report._shapes_lines(h100)
     assert line.startswith("shapes planned for 79.6 GiB (nvidia-smi memory.total), usable 71.7 GiB") and \
         "static calls big 2" in line
