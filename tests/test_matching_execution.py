@@ -224,3 +224,22 @@ def test_train_check_says_which_pools_the_execution_stage_forks():
     assert "envscaler: forks" in line and "awm: no forks, rules then judge" in line
     assert "bfcl: no forks" in _execution_line(cfg(name="bfcl"))
     assert "off" in _execution_line(cfg("off", name="envscaler"))
+
+
+def test_the_matcher_audit_reports_execution_beside_rules_and_judge():
+    from actionopd_jax.matching.audit import evaluate, population, stratified_sample, summary
+    from actionopd_jax.matching.judged_log import JudgedState
+
+    a, b, c = (ToolCall("book", {"patient": p, "slot_id": "S1"}) for p in ("Ada", "ada", "Bo"))
+    st = JudgedState(step=0, task_start=0, task_id="t", env="envscaler", decision=0, candidates=[a, c],
+                     teacher=[b, b], stages=[["execution", "execution"], ["execution", "judge"]],
+                     verdicts=[["match", "match"], ["no_match", "no_match"]], refs={}, blobs_file="")
+    strata, definite = population([st])
+    assert {s: len(r) for s, r in strata.items()} == {"execution/match/tool_call": 2, "execution/no_match/tool_call": 1,
+                                                      "judge/no_match/tool_call": 1}
+    sample = stratified_sample(strata, 10, seed=0)
+    second = {ref: "match" for refs in sample.values() for ref in refs}  # the audit judge: all match
+    result = evaluate([st], strata, definite, sample, second)
+    ex = summary([st], result, second, sample)["execution"]
+    assert ex["pairs"] == 3 and ex["audit_no_match_where_execution_match"] == 0.0
+    assert ex["audit_match_where_execution_no_match"] == 1.0 and ex["disagreement"] == pytest.approx(1 / 3)

@@ -12,6 +12,9 @@ into strata by who decided them, the verdict and the action type:
         normalized messages): the audit judge answering NO_MATCH is a judge error
     rules/no_match/tool_call
         two calls of different tools: the audit judge answering MATCH is a judge error
+    execution/match/tool_call   execution/no_match/tool_call
+        decided by running both calls on forks of the state (matching/execution.py, issue 45):
+        the audit judge's answers measure execution's agreement with a judge
 
 Pairs with an Invalid side or a tool call against a message are decided by the rules and
 cannot be posed to the judge; they count in the population (with no possible flip).
@@ -49,7 +52,8 @@ from actionopd_jax.types import Message, ToolCall
 
 DEFINITE = ("match", "no_match")
 STRATA = ("judge/match/tool_call", "judge/no_match/tool_call", "judge/match/message", "judge/no_match/message",
-          "rules/match/tool_call", "rules/match/message", "rules/no_match/tool_call")
+          "rules/match/tool_call", "rules/match/message", "rules/no_match/tool_call",
+          "execution/match/tool_call", "execution/no_match/tool_call")
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,7 @@ def stratum_of(state: JudgedState, i: int, k: int) -> str | None:
         return None
     cand = state.candidates[i]
     kind = "tool_call" if isinstance(cand, ToolCall) else "message" if isinstance(cand, Message) else None
-    who = {"judge": "judge", "rules_match": "rules", "name_mismatch": "rules"}.get(stage)
+    who = {"judge": "judge", "rules_match": "rules", "name_mismatch": "rules", "execution": "execution"}.get(stage)
     if kind is None or who is None:
         return None
     return f"{who}/{verdict}/{kind}"
@@ -282,6 +286,12 @@ def summary(states: Sequence[JudgedState], result: AuditResult, second: dict[Pai
         "rules": {
             "judge_no_match_where_rules_match": result.weighted_rate(["rules/match/tool_call", "rules/match/message"]),
             "judge_match_where_rules_no_match": result.weighted_rate(["rules/no_match/tool_call"]),
+        },
+        "execution": {  # pairs decided on forks (issue 45), against the audit judge
+            "pairs": sum(r.population for n, r in result.strata.items() if n.startswith("execution/")),
+            "disagreement": result.weighted_rate(["execution/match/tool_call", "execution/no_match/tool_call"]),
+            "audit_no_match_where_execution_match": result.weighted_rate(["execution/match/tool_call"]),
+            "audit_match_where_execution_no_match": result.weighted_rate(["execution/no_match/tool_call"]),
         },
         "flips": flip_estimates(states, result),
         "patterns": [{"pattern": p, "count": n, "examples": [example(states, d) for d in ex]}

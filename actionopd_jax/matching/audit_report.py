@@ -49,7 +49,7 @@ def _action(a: dict[str, Any]) -> str:
 
 def render_markdown(doc: dict[str, Any]) -> str:
     s = doc["summary"]
-    jj, rules, flips = s["judge_vs_judge"], s["rules"], s["flips"]
+    jj, rules, flips, ex = s["judge_vs_judge"], s["rules"], s["flips"], s.get("execution", {})
     log, ask = doc["log"], doc["audit_judge"]["requests"]
     md = ["# Matcher audit", "",
           f"Run's judge: {doc['run_judge']}. Audit judge: `{doc['audit_judge']['model']}` at "
@@ -83,6 +83,11 @@ def render_markdown(doc: dict[str, Any]) -> str:
            f"- judge no_match where the rules match: {_pct(rules['judge_no_match_where_rules_match'])}",
            "- judge match where the rules say no match (different tools): "
            f"{_pct(rules['judge_match_where_rules_no_match'])}",
+           "", "## Execution against the audit judge", "",
+           f"- pairs decided by running both calls on forks of the state: {ex.get('pairs', 0)}; the audit judge "
+           f"disagrees on {_pct(ex.get('disagreement'))} of them (population estimate)",
+           f"- execution match, audit judge no_match: {_pct(ex.get('audit_no_match_where_execution_match'))}; "
+           f"execution no_match, audit judge match: {_pct(ex.get('audit_match_where_execution_no_match'))}",
            "", "## Rewards that would flip", "",
            f"- pair verdicts: {_pct(flips['pair_verdicts'])} of all {s['definite_pairs']} definite pair verdicts",
            f"- candidate rewards: {_pct(flips['candidate_rewards'])} of {flips['candidates']} candidates in groups "
