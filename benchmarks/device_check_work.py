@@ -167,7 +167,10 @@ def train_config(preset: str, attention: str, rows: int, seq: int, resp: int, re
     return load_config(recipe, [
         f"model.preset={preset}", "model.hf_path=", f"model.attention={attention}",
         *([f"model.remat={remat}"] if remat else []), *([f"model.param_dtype={param_dtype}"] if param_dtype else []),
+        # one microbatch, as train_step_timing packs it: the plan then counts one gradient
+        # buffer, not the accumulator of the recipe's 256-row minibatch beside it
         "mesh.target=", "mesh.fsdp=-1", "train.shared_prompt=false", f"train.microbatch_rows={rows}",
+        f"train.minibatch_rows={rows}",
         f"train.max_seq_len={seq}", f"collect.max_response_tokens={resp}", "train.logits_chunk=512"])
 
 

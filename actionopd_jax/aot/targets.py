@@ -52,6 +52,7 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
     # v6e (Trillium): 32 GB HBM, 918 TFLOP/s bf16, 1,640 GB/s
     _tpu("v6e-8", "v6e:2x4", 8, 2, 31.25, 918, 1640),
     # NVIDIA Hopper, per GPU (dense bf16): H100 SXM 80 GB / 3.35 TB/s, H200 141 GB / 4.8 TB/s
+    Target("h100x1", "gpu", "", 1, 80e9, 989e12, 3.35e12),   # one GPU: train --check's single-H100 plans
     Target("h100x8", "gpu", "", 8, 80e9, 989e12, 3.35e12),
     Target("h200x1", "gpu", "", 1, 141e9, 989e12, 4.8e12),
     Target("h200x8", "gpu", "", 8, 141e9, 989e12, 4.8e12),

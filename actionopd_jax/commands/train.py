@@ -87,12 +87,15 @@ def check(cfg: Config, devices: int = 0) -> int:
     notes: list[str] = []
     cfg, qcfg = plan_model_config(cfg, notes)
     sizes = mesh_sizes(cfg, where.devices)
+    cfg, remat_line = _resolve_remat(cfg, qcfg, sizes, where)
     check_run(cfg, qcfg, sizes, device_count=where.devices, processes=where.processes, platform=where.platform)
     check_collection(cfg)
     text, fits = describe(cfg, qcfg, sizes, device_memory_gb=where.memory_gib, device_kind=where.device_kind,
                           platform=where.platform, usable_fraction=where.usable_fraction,
                           chips_per_host=where.devices_per_process)
     print(text)
+    if remat_line:
+        print(remat_line)
     from actionopd_jax.collect.source import check_training_tasks, prompt_room
     from actionopd_jax.train import cost_estimate
 
@@ -119,6 +122,16 @@ def check(cfg: Config, devices: int = 0) -> int:
         return 1
     print("config OK")
     return 0
+
+
+def _resolve_remat(cfg: Config, qcfg, sizes: dict[str, int], where) -> tuple[Config, str | None]:
+    """model.remat=auto -> the cheapest policy whose plan fits `where`'s usable memory
+    (train/remat_choice.py); the same call at --check and at the run's start-up."""
+    from actionopd_jax.train.plan import GIB
+    from actionopd_jax.train.remat_choice import resolve_remat
+
+    usable = where.memory_gib * where.usable_fraction * GIB if where.memory_gib else None
+    return resolve_remat(cfg, qcfg, sizes, platform=where.platform, usable_bytes=usable)
 
 
 def missing_secrets(cfg: Config) -> list[str]:
@@ -196,6 +209,13 @@ def train(cfg: Config, args) -> int:
     from actionopd_jax.train.reporting import setup_logging, write_config
 
     distributed.initialize(cfg.run.distributed)
+    if cfg.model.remat == "auto":  # chosen as --check chose it, from this host's devices
+        from actionopd_jax.train.preflight import mesh_sizes, placement
+        from actionopd_jax.train.setup import plan_model_config
+
+        where = placement(cfg)
+        cfg, remat_line = _resolve_remat(cfg, plan_model_config(cfg, [])[1], mesh_sizes(cfg, where.devices), where)
+        print(remat_line, flush=True)
     run_dir = _run_dir(cfg, args)
     primary = distributed.is_primary()
     before = _entries(run_dir)

@@ -19,7 +19,10 @@ from typing import Any
 from actionopd_jax.model.attention.dispatch import IMPLEMENTATIONS
 
 DTYPES = ("float32", "bfloat16")
-REMAT = ("none", "full", "dots", "attn", "offload")  # policies: model/qwen3.py _REMAT_POLICIES
+POLICIES = ("none", "full", "dots", "attn", "offload")  # model/qwen3.py _REMAT_POLICIES
+# the config's model.remat: a policy, or "auto": the cheapest that fits the device's memory,
+# resolved before the model is built (train/remat_choice.py); RuntimeOptions holds a policy
+REMAT = POLICIES + ("auto",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,8 +37,11 @@ class RuntimeOptions:
     def __post_init__(self):
         if self.dtype not in DTYPES:
             raise ValueError(f"RuntimeOptions.dtype={self.dtype!r}; expected one of {DTYPES}")
-        if self.remat not in REMAT:
-            raise ValueError(f"RuntimeOptions.remat={self.remat!r}; expected one of {REMAT}")
+        if self.remat == "auto":
+            raise ValueError("RuntimeOptions.remat='auto' is a config setting, resolved from the device's memory "
+                             "before the model is built (train/remat_choice.resolve_remat); pass the chosen policy")
+        if self.remat not in POLICIES:
+            raise ValueError(f"RuntimeOptions.remat={self.remat!r}; expected one of {POLICIES}")
         if self.attention not in IMPLEMENTATIONS:
             raise ValueError(f"RuntimeOptions.attention={self.attention!r}; expected one of {IMPLEMENTATIONS}")
         if int(self.scan_unroll) < 0:

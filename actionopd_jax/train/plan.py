@@ -23,9 +23,11 @@ from actionopd_jax.config.rollout import rollout_sampler
 from actionopd_jax.engine.aot import engine_shapes
 from actionopd_jax.model import Qwen3Config, count_params
 from actionopd_jax.model.attention import FUSED as FUSED_ATTENTION
+from actionopd_jax.model.runtime import POLICIES
 
 _BYTES = {"float32": 4, "bfloat16": 2}
 GIB = 1024**3
+TRANSIENT_MARGIN = 1.10
 
 
 @dataclass
@@ -38,25 +40,43 @@ class MemoryEstimate:
     logits: float
 
     @property
+    def resident(self) -> float:
+        """Buffers allocated once at their exact size: parameters, gradients, AdamW moments."""
+        return self.params + self.grads + self.optimizer
+
+    @property
+    def transient(self) -> float:
+        """What the step allocates and frees layer by layer: activations and logits."""
+        return self.activations + self.logits
+
+    @property
     def total(self) -> float:
-        # +10% for XLA temporaries, fragmentation and the batch itself
-        return 1.10 * (self.params + self.grads + self.optimizer + self.activations + self.logits)
+        # +10% of the transient part only, for XLA's temporaries and the fragmentation of
+        # buffers freed and reallocated every layer. The resident state is exact: a margin on it
+        # (1.10 x everything before issue 42) put the plan 1.36-1.42x over run 1's peaks.
+        return self.resident + TRANSIENT_MARGIN * self.transient
 
 
-def estimate_memory(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], attention: str = "cpu"
-                    ) -> MemoryEstimate:
+def estimate_memory(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], attention: str = "cpu",
+                    remat: str | None = None) -> MemoryEstimate:
     """Bytes per device for one update of `cfg` on a mesh {"data", "fsdp", "tensor"};
-    `attention`: the implementation the target runs (model/attention.resolve)."""
+    `attention`: the implementation the target runs (model/attention.resolve); `remat`: a
+    policy in place of cfg.model.remat (the chooser, train/remat_choice.py)."""
     n = count_params(qcfg)["total"]
     tp = mesh.get("tensor", 1)
     shards = mesh.get("fsdp", 1) * tp
     pbytes, abytes = _BYTES[qcfg.param_dtype], _BYTES[cfg.model.dtype]
     params = n * pbytes / shards
-    # f32 accumulator carried through the microbatch scan + one microbatch's gradient
-    grads = n * (4 + pbytes) / shards
+    # The step scans over microbatches with an f32 accumulator (train/step.py). With more than
+    # one, the accumulator and one microbatch's gradient are both live. With one (as the
+    # device check times the step), XLA inlines the one-trip scan and folds `zeros + g`: the f32
+    # gradient is the only buffer -- with float32 parameters, the gradient itself; with bf16
+    # ones, its f32 cast beside it (not measured; counted).
+    t = cfg.train
+    microbatches = max(1, t.minibatch_rows // max(1, t.microbatch_rows))
+    grads = n * (4 + (pbytes if microbatches > 1 or pbytes != 4 else 0)) / shards
     optimizer = 2 * n * pbytes / shards  # AdamW mu, nu (stored like the parameters)
 
-    t = cfg.train
     rows = math.ceil(t.microbatch_rows / (mesh.get("data", 1) * mesh.get("fsdp", 1)))
     seq = t.max_seq_len
     if t.shared_prompt:  # packed rows: one prompt, then N response regions
@@ -65,21 +85,30 @@ def estimate_memory(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], attent
     d, i, h, kv, dh, layers = (qcfg.hidden_size, qcfg.intermediate_size, qcfg.num_attention_heads,
                                qcfg.num_key_value_heads, qcfg.head_dim, qcfg.num_hidden_layers)
     tokens = rows * seq
-    # values a layer keeps for its backward pass, per token
+    # values a layer keeps for its backward pass, per token: norm inputs/outputs, q, k, v, the
+    # attention output, gate, up and their product
     per_token_layer = (4 * d + (2 * h * dh + 2 * kv * dh + 3 * i) / tp) * abytes
-    # dense attention at the backward peak of one layer: f32 scores, f32 softmax, probs in the
-    # compute dtype, and their gradients (probs-grad in the compute dtype, scores-grad in f32)
+    # what "dots" keeps: the outputs of the weight matmuls only (q, k, v, o, gate, up, down)
+    per_token_dots = (2 * d + (h * dh + 2 * kv * dh + 2 * i) / tp) * abytes
+    # dense attention at the backward peak of one layer: the recomputed probabilities and their
+    # gradient in the compute dtype, the scores' gradient in f32. The f32 scores and softmax of
+    # the forward are consumed by the fused softmax before the backward starts, so they are not
+    # live beside these (run 1, H200, xla at 4,096: 8.5 bytes per score element over cuDNN's peak)
     score_elems = rows * (h / tp) * seq * seq
-    scores_peak = score_elems * (4 + 4 + abytes + abytes + 4)
+    scores_peak = score_elems * (abytes + abytes + 4)
     if attention in FUSED_ATTENTION:  # flash kernels: output and log-sum-exp, never the scores
         score_elems, scores_peak = 0, rows * (h / tp) * seq * (dh * abytes + 4)
-    if cfg.model.remat == "full":  # only layer inputs are kept; one layer is recomputed at a time
+    remat = cfg.model.remat if remat is None else remat
+    if remat not in POLICIES:
+        raise ValueError(f"estimate_memory: remat {remat!r} is not a policy ({', '.join(POLICIES)}); "
+                         "resolve model.remat=auto first (train/remat_choice.resolve_remat)")
+    if remat == "full":  # only layer inputs are kept; one layer is recomputed at a time
         activations = layers * tokens * d * abytes + 2 * tokens * per_token_layer + scores_peak
-    elif cfg.model.remat in ("attn", "offload"):  # layer inputs + attention residuals (host if offload)
-        kept = 0 if cfg.model.remat == "offload" else layers * tokens * (h / tp) * (dh * abytes + 4)
+    elif remat in ("attn", "offload"):  # layer inputs + attention residuals (host if offload)
+        kept = 0 if remat == "offload" else layers * tokens * (h / tp) * (dh * abytes + 4)
         activations = layers * tokens * d * abytes + kept + 2 * tokens * per_token_layer + scores_peak
-    elif cfg.model.remat == "dots":  # matmul outputs kept, attention/elementwise recomputed
-        activations = layers * tokens * per_token_layer + scores_peak
+    elif remat == "dots":  # matmul outputs kept; one layer's attention/elementwise recomputed at a time
+        activations = layers * tokens * per_token_dots + tokens * per_token_layer + scores_peak
     else:  # everything kept, including every layer's attention probabilities
         activations = layers * (tokens * per_token_layer + score_elems * abytes) + scores_peak
     resp = t.logits_chunk if t.logits_chunk > 0 and t.vocab_chunk == 0 else cfg.collect.max_response_tokens
@@ -248,7 +277,7 @@ def describe(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *, device_mem
         f"  activations        {est.activations / GIB:8.2f} GiB  (rows of train.max_seq_len; attention scores: "
         f"{est.attention_scores / GIB:.2f} GiB)",
         f"  response logits    {est.logits / GIB:8.2f} GiB",
-        f"  total (+10%)       {est.total / GIB:8.2f} GiB",
+        f"  total (+10%)       {est.total / GIB:8.2f} GiB  (+10% of activations and logits: XLA temporaries)",
     ]
     engine_pages, engine_peak = None, 0.0
     if coll is not None and sampler == "engine":

@@ -1,0 +1,82 @@
+"""`model.remat: auto`: the cheapest rematerialisation policy whose planned train step fits.
+
+Policies are tried in the order of the work their backward pass repeats (model/qwen3.py):
+
+  none  keeps every activation: no recompute;
+  dots  keeps the weight matmuls' outputs, recomputes attention and the elementwise work;
+  attn  keeps each layer's input and attention output, recomputes the matmuls but not attention;
+  full  keeps each layer's input only: the whole forward runs twice.
+
+The first whose plan (train/plan.estimate_memory, calibrated on run 1's measured peaks) fits the
+usable device memory is chosen. "offload" (attention outputs in pinned host memory) is never
+chosen: its host transfers are unmeasured on GPU, and the plan counts them as free, so choosing
+it by memory alone would pick the policy whose time is least known; set it explicitly to use it.
+
+A per-layer mix (some layers "none", the rest "full") would fill the gap between two adjacent
+policies, but the layers run as one scan over stacked parameters under one checkpoint policy;
+a mix needs a second scan body (twice the layer program to compile) over a slice of the
+stacked weights. Not built: on the plans of issue 42 the step between adjacent policies is a
+few GiB, and no row measured yet is limited by it.
+
+`resolve_remat` is called by `actionopd train` at start-up and by `--check`, with the same
+device memory, so the run uses the policy `--check` printed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from actionopd_jax.config import Config, ConfigError
+from actionopd_jax.model import Qwen3Config
+from actionopd_jax.train.plan import GIB, MemoryEstimate, estimate_memory
+
+ORDER = ("none", "dots", "attn", "full")  # least recompute first
+
+
+@dataclass(frozen=True)
+class RematChoice:
+    policy: str
+    estimate: MemoryEstimate
+    usable_bytes: float
+    tried: tuple[tuple[str, float], ...]  # (policy, planned bytes) in ORDER, up to the choice
+
+    def line(self) -> str:
+        over = ", ".join(f"{p} {b / GIB:.2f} GiB" for p, b in self.tried[:-1])
+        return (f"remat      auto -> {self.policy}: planned peak {self.estimate.total / GIB:.2f} GiB of "
+                f"{self.usable_bytes / GIB:.2f} usable" + (f" (over it: {over})" if over else ""))
+
+
+def choose_remat(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], attention: str,
+                 usable_bytes: float) -> RematChoice:
+    """The first policy of ORDER whose planned train step fits `usable_bytes` per device;
+    ConfigError with every policy's plan when none does."""
+    tried = []
+    for policy in ORDER:
+        est = estimate_memory(cfg, qcfg, mesh, attention, remat=policy)
+        tried.append((policy, est.total))
+        if est.total <= usable_bytes:
+            return RematChoice(policy, est, usable_bytes, tuple(tried))
+    full = estimate_memory(cfg, qcfg, mesh, attention, remat="full")
+    plans = ", ".join(f"{p} {b / GIB:.2f} GiB" for p, b in tried)
+    raise ConfigError(
+        f"model.remat=auto: no remat policy fits {usable_bytes / GIB:.2f} GiB usable per device ({plans}); "
+        f"even full remat needs {full.resident / GIB:.2f} GiB of parameters, gradients and AdamW moments "
+        f"plus {full.transient / GIB:.2f} GiB of activations and logits. Put more devices on mesh.fsdp, "
+        "use bfloat16 master weights (model.param_dtype), or fewer train.microbatch_rows / a shorter "
+        "train.max_seq_len")
+
+
+def resolve_remat(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *, platform: str,
+                  usable_bytes: float | None) -> tuple[Config, str | None]:
+    """(cfg with model.remat a policy, the line saying what auto chose; None when the config
+    named a policy). Without a known device memory auto cannot choose: ConfigError."""
+    if cfg.model.remat != "auto":
+        return cfg, None
+    if not usable_bytes:
+        raise ConfigError("model.remat=auto chooses by the device's memory, which is unknown here: set "
+                          "mesh.device_memory_gb or mesh.target, or name a policy (none, dots, attn, full)")
+    from actionopd_jax.model.attention import resolve
+
+    choice = choose_remat(cfg, qcfg, mesh, resolve(cfg.model.attention, platform), usable_bytes)
+    return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat=choice.policy)), choice.line()
