@@ -230,6 +230,22 @@ class Trainer:
         log.error("%s", reason)
         return BUDGET_EXIT_CODE
 
+    def _collect_within_budget(self, step: int, policy: Policy):
+        """The step's collection; when any process's next request batch would pass its share of
+        run.budget_*, every process gives the step up together (none goes on into the update's
+        collectives alone)."""
+        refused = None
+        try:
+            groups = self.source.collect(step, policy)
+        except paid_calls.BudgetReached as e:
+            refused = e
+        if self.ledger.capped and distributed.any_process(refused is not None):
+            raise refused or paid_calls.BudgetReached(
+                f"budget: another process's next request batch would pass its share of run.budget_*, so the run "
+                f"stops within step {step}. Saved at step {step}; raise the cap and rerun the same command",
+                role="teacher", spent_usd=self.ledger.spend_usd, reserve_usd=0.0)
+        return groups
+
     def _pays(self) -> bool:
         """Whether this run's source asks a paid model (KD on fixed examples does not)."""
         return run_budget.calls_paid_models(self.cfg) and getattr(self.source, "pays", True)
@@ -246,7 +262,7 @@ class Trainer:
         t0 = time.perf_counter()
         policy = Policy(self.graphdef, self.state["params"], self.qcfg, step,
                         key=jax.random.fold_in(self.base_key, step))
-        groups = self.source.collect(step, policy)
+        groups = self._collect_within_budget(step, policy)
         t_collect = time.perf_counter() - t0
         adv_stats = assign_advantages(groups, loss=self.cfg.train.loss)
         rows = rows_from_groups(groups, need_teacher_logp=self.cfg.train.loss == "opd")
