@@ -15,6 +15,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 import device_check as dc  # noqa: E402
 import device_check_report as report  # noqa: E402
 import device_check_shapes as shapes  # noqa: E402
+from test_device_check import _device_image_env  # noqa: E402
 
 from actionopd_jax.sampling.budget import plan_chunks  # noqa: E402
 from actionopd_jax.sampling.buckets import Buckets  # noqa: E402
@@ -107,7 +108,8 @@ def test_without_a_memory_figure_the_shapes_are_the_defaults():
 
 def test_the_memory_figure_is_nvidia_smis_least_total_and_planning_starts_no_jax_backend(tmp_path):
     """A stand-in `nvidia-smi` on PATH (no GPU here) answers as an 8-GPU host does, one line a
-    GPU in MiB; the plan is made in a fresh interpreter that then has no jax backend."""
+    GPU in MiB; the plan is made in a fresh interpreter with only the device image's packages,
+    which then has no jax backend."""
     fake = tmp_path / "nvidia-smi"
     fake.write_text("#!/bin/sh\nprintf '81559\\n81559\\n81557\\n'\n")
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
@@ -115,7 +117,10 @@ def test_the_memory_figure_is_nvidia_smis_least_total_and_planning_starts_no_jax
              "import device_check as dc, device_check_shapes as sh, jax._src.xla_bridge as xb\n"
              "m = sh.gpu_memory_bytes(); plan = dc.stages('device', 'gpu', sh.choose('device', 'gpu', m, 'x'))\n"
              "print(m, len(plan), xb.backends_are_initialized())")
-    env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"}
+    # as on the H200's image (test_device_check: every package it lacks hidden), so the parent's
+    # planning imports nothing the device host does not have
+    image = _device_image_env()
+    env = {**image, "PATH": f"{tmp_path}{os.pathsep}{image['PATH']}"}
     res = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     memory, stages, started = res.stdout.split()
