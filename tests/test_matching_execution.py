@@ -243,3 +243,50 @@ def test_the_matcher_audit_reports_execution_beside_rules_and_judge():
     ex = summary([st], result, second, sample)["execution"]
     assert ex["pairs"] == 3 and ex["audit_no_match_where_execution_match"] == 0.0
     assert ex["audit_match_where_execution_no_match"] == 1.0 and ex["disagreement"] == pytest.approx(1 / 3)
+
+
+_KILLED_CHILD = r"""
+import asyncio, os, sys, threading, time
+sys.path.insert(0, {root!r})
+from actionopd_jax.envs.envscaler.env import EnvScalerEnvironment
+from actionopd_jax.envs.sandbox import SubprocessSandbox
+from actionopd_jax.types import Task, ToolCall
+code = "import time\nclass Slow:\n    def __init__(self, config=None):\n        self.n = 0\n    def hang(self):\n        time.sleep(600)\n"
+tools = [{{"type": "function", "function": {{"name": "hang", "parameters": {{"type": "object", "properties": {{}}}}}}}}]
+task = Task(task_id="slow", env="envscaler", payload={{"env_id": "slow", "task": "t", "conversational": False, "tools": tools,
+            "intro": "", "class_name": "Slow", "class_code": code, "init_config": {{"n": 0}}, "checks": []}})
+async def go():
+    env = EnvScalerEnvironment(SubprocessSandbox())
+    await env.reset(task)
+    point = await env.fork_point()
+    return await point.run(ToolCall("hang", {{}}))
+threading.Thread(target=lambda: asyncio.run(go()), daemon=True).start()
+mine = os.path.join({root_tmp!r}, "actionopd-forks", str(os.getpid()))
+while not (os.path.isdir(mine) and os.listdir(mine)):
+    time.sleep(0.05)
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_forks_left_by_a_killed_trainer_are_swept_at_the_next_start(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from actionopd_jax.envs.fork import fork_workdir_parent
+
+    script = _KILLED_CHILD.format(root=str(ROOT), root_tmp=str(tmp_path))
+    child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
+                             env={**os.environ, "TMPDIR": str(tmp_path)})
+    try:
+        assert child.stdout.readline().strip() == "ready"  # its fork is running, its directory made
+        left = tmp_path / "actionopd-forks" / str(child.pid)
+        assert any(left.iterdir())
+    finally:
+        child.send_signal(signal.SIGKILL)
+        child.wait()
+    assert left.is_dir()  # kill -9: nothing of the trainer's removed it
+    mine = fork_workdir_parent(tmp_path / "actionopd-forks")  # the next start
+    assert not left.exists() and mine.name == str(os.getpid()) and mine.is_dir()

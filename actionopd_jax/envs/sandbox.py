@@ -222,8 +222,10 @@ class SubprocessSandbox:
         return SandboxResult(True, value=reply.get("value"), wall_s=wall, stderr_tail=err)
 
     def open_class(self, code: str, class_name: str, init_config: dict[str, Any], *,
-                   timeout_s: float = 30.0) -> "_SubprocessSession":
-        return _SubprocessSession(self, code, class_name, init_config, timeout_s)
+                   timeout_s: float = 30.0, workdir_parent: str | None = None) -> "_SubprocessSession":
+        """`workdir_parent`: where the session's private directory is made (default: the system's
+        temp dir); the matcher's forks put theirs where a later start sweeps them (envs/fork.py)."""
+        return _SubprocessSession(self, code, class_name, init_config, timeout_s, workdir_parent)
 
 
 @dataclass
@@ -233,12 +235,13 @@ class _SubprocessSession:
     class_name: str
     init_config: dict[str, Any]
     timeout_s: float
+    workdir_parent: str | None = None
     _proc: subprocess.Popen | None = field(default=None, init=False, repr=False)
     _dir: tempfile.TemporaryDirectory | None = field(default=None, init=False, repr=False)
     _unread: bytes = field(default=b"", init=False, repr=False)  # bytes after the last reply line
 
     def __post_init__(self) -> None:
-        self._dir = tempfile.TemporaryDirectory(prefix="sandbox-")
+        self._dir = tempfile.TemporaryDirectory(prefix="sandbox-", dir=self.workdir_parent)
         self._proc = self.sandbox._spawn(self._dir.name)
         try:
             self._ask({"kind": "class", "code": self.code, "entry": self.class_name, "kwargs": self.init_config})

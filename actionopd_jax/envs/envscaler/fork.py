@@ -12,10 +12,11 @@ pair goes to the judge instead of being decided on a state that is not the episo
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 from typing import Any, Callable
 
-from actionopd_jax.envs.fork import ForkResult, ToolEffects
+from actionopd_jax.envs.fork import ForkResult, ToolEffects, fork_workdir_parent
 from actionopd_jax.envs.sandbox import Sandbox, SandboxError
 from actionopd_jax.envs.tool_args import check_tool_call
 from actionopd_jax.types import ToolCall
@@ -50,7 +51,8 @@ class ClassForkPoint:
         if problem is not None:  # the episode would answer the schema error without running anything
             return ForkResult(observation=f"Error: {problem}", state=self.before, wall_s=time.perf_counter() - t0)
         try:
-            session = self.sandbox.open_class(self.code, self.class_name, self.before, timeout_s=self.timeout_s)
+            session = self.sandbox.open_class(self.code, self.class_name, self.before, timeout_s=self.timeout_s,
+                                              **self._where())
         except SandboxError as err:
             return ForkResult(error=f"fork did not start: {err}", wall_s=time.perf_counter() - t0)
         try:
@@ -68,6 +70,15 @@ class ClassForkPoint:
             return ForkResult(error=f"fork process failed: {err}", wall_s=time.perf_counter() - t0)
         finally:
             session.close()
+
+    def _where(self) -> dict[str, Any]:
+        """The fork's directory under this process's sweepable fork root (envs/fork.py), where
+        the sandbox lets us choose it."""
+        try:
+            params = inspect.signature(self.sandbox.open_class).parameters
+        except (TypeError, ValueError):
+            return {}
+        return {"workdir_parent": str(fork_workdir_parent())} if "workdir_parent" in params else {}
 
     def close(self) -> None:
         """Nothing to release: every fork's process ends with its call."""
