@@ -46,7 +46,7 @@ def test_overrides_are_typed_and_applied_after_the_file(tmp_path):
     ("train.lr=fast", "train.lr: expected a number, got 'fast'"),
     ("train.steps=1.5", "train.steps: expected an integer, got 1.5"),
     ("run.tensorboard=1", "run.tensorboard: expected true/false, got 1"),
-    ("model.remat=some", "model.remat='some'; expected one of ('none', 'full', 'dots', 'attn', 'offload')"),
+    ("model.remat=some", "model.remat='some'; expected one of ('none', 'full', 'dots', 'attn', 'offload', 'auto')"),
     ("train.minibatch_rows=12", "must be a multiple of train.microbatch_rows=8"),
     ("train.dual_clip=1.0", "train.dual_clip must be > 1"),
     ("collect.temperature=0", "collect.temperature must be > 0"),
