@@ -222,7 +222,8 @@ def test_train_check_says_which_pools_the_execution_stage_forks():
 
     line = _execution_line(cfg(name="envscaler", mixture=("awm:3", "envscaler:1")))
     assert "envscaler: forks" in line and "awm: no forks, rules then judge" in line
-    assert "bfcl: no forks" in _execution_line(cfg(name="bfcl"))
+    assert "bfcl: forks" in _execution_line(cfg(name="bfcl"))
+    assert "tau2: no forks" in _execution_line(cfg(name="tau2", mixture=()))
     assert "off" in _execution_line(cfg("off", name="envscaler"))
 
 

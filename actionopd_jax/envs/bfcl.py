@@ -111,6 +111,15 @@ class BFCLEnv:
                 self._done, self._end_reason = True, "completed"
         return self._observation(), self._done
 
+    async def fork_point(self):
+        """The episode's instances as a fork point for the matcher's execution stage
+        (envs/bfcl_fork.py), or None when no episode is running."""
+        if self._task is None or self._done:
+            return None
+        from actionopd_jax.envs.bfcl_fork import InstanceForkPoint, refusal
+
+        return InstanceForkPoint(self._instances, refusal(self._tools, self._instances, self.config.strict_types))
+
     def end(self, reason: str) -> Observation:
         if self._task is None:
             raise EnvError("call reset(task) before end()")

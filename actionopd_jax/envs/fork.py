@@ -34,11 +34,10 @@ from actionopd_jax.types import Task, ToolCall
 
 # Environments whose episodes offer `fork_point()` (the matcher's execution stage acts there);
 # the rest are decided by the rules and the judge as before.
-FORKABLE_ENVS = ("envscaler",)
+FORKABLE_ENVS = ("envscaler", "bfcl")
 NOT_FORKABLE_WHY = {
     "awm": "its state is a database behind a running server: a fork needs a server of its own (not built yet)",
-    "bfcl": "not built yet (its instances could be deep-copied)",
-    "tau2": "not built yet",
+    "tau2": "not built yet (its domain database could be deep-copied)",
     "mcp": "a generic MCP server's state is not ours to copy",
 }
 

@@ -1,0 +1,93 @@
+"""Forks of a live BFCL episode (envs/fork.py) for the matcher's execution stage: the episode's
+class instances are plain Python objects in this process (bfcl_exec.BFCLInstances, run there
+by the episode's own steps too), so a fork is a deep copy of them, taken once at the decision
+point and copied again for each call, which runs through the same checks as an episode step.
+
+The state compared is a structural snapshot of the instances: every attribute, recursively,
+with sets sorted, tuples tagged, a back-reference to an enclosing object (a directory's parent)
+written as a marker, and a random generator by its internal state, so that two forks compare
+equal exactly when their instances hold the same values.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+import time
+from typing import Any
+
+from actionopd_jax.envs.fork import ForkResult, ToolEffects
+from actionopd_jax.envs.tool_args import check_tool_call
+from actionopd_jax.teacher.cache import stable_digest
+from actionopd_jax.types import ToolCall
+
+_MAX_DEPTH = 64
+
+
+def snapshot(value: Any, _stack: frozenset[int] = frozenset(), _depth: int = 0) -> Any:
+    """A JSON-comparable picture of `value` (see the module docstring)."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if _depth > _MAX_DEPTH:
+        raise ValueError("state nested too deep to compare")
+    if id(value) in _stack:
+        return {"<back-reference>": type(value).__name__}
+    inner = _stack | {id(value)}
+    if isinstance(value, dict):
+        return {"<dict>": [[snapshot(k, inner, _depth + 1), snapshot(v, inner, _depth + 1)] for k, v in value.items()]}
+    if isinstance(value, list):
+        return [snapshot(v, inner, _depth + 1) for v in value]
+    if isinstance(value, tuple):
+        return {"<tuple>": [snapshot(v, inner, _depth + 1) for v in value]}
+    if isinstance(value, (set, frozenset)):
+        items = [snapshot(v, inner, _depth + 1) for v in value]
+        return {"<set>": sorted(items, key=stable_digest)}
+    if isinstance(value, random.Random):
+        return {"<random>": stable_digest(repr(value.getstate()))}
+    if hasattr(value, "__dict__") and not callable(value):
+        return {"<object>": type(value).__qualname__,
+                "attrs": {k: snapshot(v, inner, _depth + 1) for k, v in sorted(vars(value).items())}}
+    return {"<value>": type(value).__qualname__, "repr": repr(value)}
+
+
+class InstanceForkPoint:
+    """The BFCL episode's instances at one decision point. `check(call)` is the episode's own
+    refusal rule (schema, executable here, strict types): a refused call is answered as the
+    episode would answer it, without running."""
+
+    def __init__(self, instances: Any, check, effects=None):
+        self._frozen = copy.deepcopy(instances)
+        self._check = check
+        self._effects = effects or (lambda tool: ToolEffects())
+        self.before = snapshot(self._frozen.instances)
+
+    def effects(self, tool: str) -> ToolEffects:
+        return self._effects(tool)
+
+    async def run(self, call: ToolCall) -> ForkResult:
+        t0 = time.perf_counter()
+        try:
+            problem = self._check(call)
+            if problem is not None:
+                return ForkResult(observation=f"Error during execution: {problem}", state=self.before,
+                                  wall_s=time.perf_counter() - t0)
+            fork = copy.deepcopy(self._frozen)
+            text = fork.execute(call.name, call.arguments)
+            return ForkResult(observation=text, state=snapshot(fork.instances), wall_s=time.perf_counter() - t0)
+        except Exception as err:  # noqa: BLE001 - a fork's failure is "cannot settle", never the episode's
+            return ForkResult(error=f"fork failed: {type(err).__name__}: {err}", wall_s=time.perf_counter() - t0)
+
+    def close(self) -> None:
+        self._frozen = None
+
+
+def refusal(tools: list, instances: Any, strict_types: bool):
+    """The episode's refusal rule for one call (BFCLEnv._tool_step), as a function."""
+    def check(call: ToolCall) -> str | None:
+        problem = check_tool_call(call, tools, check_types=False)
+        if problem is None and not instances.has_method(call.name):
+            problem = f"Tool '{call.name}' cannot be executed in this environment."
+        if problem is None and strict_types:
+            problem = check_tool_call(call, tools)
+        return problem
+    return check
