@@ -12,16 +12,21 @@ equal exactly when their instances hold the same values.
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import random
 import time
 from typing import Any
 
 from actionopd_jax.envs.fork import ForkResult, ToolEffects
 from actionopd_jax.envs.tool_args import check_tool_call
-from actionopd_jax.teacher.cache import stable_digest
 from actionopd_jax.types import ToolCall
 
 _MAX_DEPTH = 64
+
+
+def _digest(value: Any) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=repr).encode()).hexdigest()
 
 
 def snapshot(value: Any, _stack: frozenset[int] = frozenset(), _depth: int = 0) -> Any:
@@ -41,9 +46,9 @@ def snapshot(value: Any, _stack: frozenset[int] = frozenset(), _depth: int = 0) 
         return {"<tuple>": [snapshot(v, inner, _depth + 1) for v in value]}
     if isinstance(value, (set, frozenset)):
         items = [snapshot(v, inner, _depth + 1) for v in value]
-        return {"<set>": sorted(items, key=stable_digest)}
+        return {"<set>": sorted(items, key=_digest)}
     if isinstance(value, random.Random):
-        return {"<random>": stable_digest(repr(value.getstate()))}
+        return {"<random>": _digest(repr(value.getstate()))}
     if hasattr(value, "__dict__") and not callable(value):
         return {"<object>": type(value).__qualname__,
                 "attrs": {k: snapshot(v, inner, _depth + 1) for k, v in sorted(vars(value).items())}}
