@@ -12,6 +12,14 @@ PEAKS = (("H200", 989e12, 4.8e12), ("H100", 989e12, 3.35e12), ("A100", 312e12, 2
          ("TPU v5e", 197e12, 0.819e12), ("TPU v6", 918e12, 1.64e12), ("TPU v4", 275e12, 1.2e12))
 
 
+# How TFLOP/s and MFU count a step (train/aot_check.model_flops), as MaxText counts them:
+# model FLOPs, forward + backward = 3 x forward, no remat recompute, per chip.
+FLOPS_NOTE = ("TFLOP/s per chip = model FLOPs / step s / chips, model FLOPs per row = 6 x N x T + "
+              "12 x L x H x Dh x T^2/2 + 6 x D x V x R (N non-embedding parameters, T tokens, L layers, H query "
+              "heads of Dh, causal: T^2/2 pairs; the LM head D x V on the R response tokens that have logits); "
+              "no remat recompute, as MaxText counts it")
+
+
 def apply_ceilings(rep: dict) -> None:
     """MFU and the fraction of the HBM bound, against the ceilings measured in this run (else
     the device's published figures, else none), the source named in `rep["ceilings_used"]`."""
@@ -89,18 +97,21 @@ def markdown(rep: dict) -> str:
                   if "forward_rel_err" in p else f"{p.get('rows_equal', '-')}/{p.get('rows', '-')} rows equal"
                   if "rows" in p else p.get("error", ""))
         lines.append(f"| {p['check']} | {'ok' if p['ok'] else 'FAILED'} | {detail} |")
-    lines += ["", "| train step | attention | remat | rows x tokens | compile s | step s | tokens/s | MFU | "
-              "peak GiB | plan GiB |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines += ["", "| train step | attention | remat | rows x tokens | compile s | step s | tokens/s | TFLOP/s | MFU | "
+              "peak GiB | plan GiB |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     gib = 1024 ** 3
     for t in rep["train_step"]:
         if "step_s" not in t:
-            lines.append(f"| {t['check']} | FAILED: {t.get('error', '')} | | | | | | | | |")
+            lines.append(f"| {t['check']} | FAILED: {t.get('error', '')} | | | | | | | | | |")
             continue
         remat = t["remat"] + (f", {t['param_dtype']} weights" if t.get("param_dtype", "float32") != "float32" else "")
         lines.append(f"| {t['model']} | {t['attention']} | {remat} | {t['rows']} x {t['seq_len']} | "
                      f"{t['compile_s']} | {t['step_s']} | {t['tokens_per_s']:,.0f} | "
+                     f"{t['model_flops'] / (t['step_s'] * t.get('devices', 1)) / 1e12:.0f} | "
                      f"{_fmt(t.get('mfu'), '{:.1%}')} | {_fmt(t['peak_bytes'] and t['peak_bytes'] / gib, '{:.1f}')} | "
                      f"{t['plan_bytes'] / gib:.1f} |")
+    if rep["train_step"]:
+        lines += ["", FLOPS_NOTE]
     lines += ["", "| decode | sampler | rows | prompts + new | decode tok/s | of HBM bound | end-to-end tok/s | "
               "vs static | vs transformers |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     by = {(d.get("model"), d.get("sampler"), d.get("rows")): d for d in rep["decode"] if "tokens_per_s" in d}

@@ -59,12 +59,12 @@ def choose_remat(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], attention
             return RematChoice(policy, est, usable_bytes, tuple(tried))
     full = estimate_memory(cfg, qcfg, mesh, attention, remat="full")
     plans = ", ".join(f"{p} {b / GIB:.2f} GiB" for p, b in tried)
+    lighter = "bfloat16 master weights (model.param_dtype), " if qcfg.param_dtype == "float32" else ""
     raise ConfigError(
         f"model.remat=auto: no remat policy fits {usable_bytes / GIB:.2f} GiB usable per device ({plans}); "
         f"even full remat needs {full.resident / GIB:.2f} GiB of parameters, gradients and AdamW moments "
         f"plus {full.transient / GIB:.2f} GiB of activations and logits. Put more devices on mesh.fsdp, "
-        "use bfloat16 master weights (model.param_dtype), or fewer train.microbatch_rows / a shorter "
-        "train.max_seq_len")
+        f"or use {lighter}fewer train.microbatch_rows or a shorter train.max_seq_len")
 
 
 def resolve_remat(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *, platform: str,

@@ -1,0 +1,33 @@
+"""benchmarks/device_check_report.py (issue 42 item 1): the train-step table gives TFLOP/s per
+chip from the step's model FLOPs, with the formula beside it, on run 1's recorded rows."""
+
+import json
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import device_check_report as report  # noqa: E402
+
+from actionopd_jax.model import PRESETS, count_params  # noqa: E402
+from actionopd_jax.train.aot_check import model_flops  # noqa: E402
+
+
+def test_train_rows_give_tflops_per_chip_and_the_formula():
+    rep = json.loads((ROOT / "docs/results/device_check_h200_2026-12-04_run1.json").read_text())
+    text = report.markdown({**rep, "elapsed_s": 0, "ok": True})
+    lines = text.splitlines()
+    at = next(i for i, x in enumerate(lines) if x.startswith("| train step"))
+    cols = [c.strip() for c in lines[at].strip("|").split("|")]
+    rows = [[c.strip() for c in x.strip("|").split("|")] for x in lines[at + 2:at + 5]]
+    got = [int(r[cols.index("TFLOP/s")]) for r in rows]
+    assert got == [339, 165, 397]  # issue 42's table: about 340 and 397 with cuDNN
+    assert report.FLOPS_NOTE in text and "no remat recompute" in report.FLOPS_NOTE
+    # the note's formula is the one the rows were counted with
+    q = PRESETS["qwen3-4b"]
+    n = count_params(q)["non_embedding"]
+    t, r = 4096, 512
+    by_formula = 6 * n * t + 12 * q.num_hidden_layers * q.num_attention_heads * q.head_dim * t * t / 2 \
+        + 6 * q.hidden_size * q.vocab_size * r
+    assert model_flops(q, 1, t, r) == by_formula == rep["train_step"][0]["model_flops"]
