@@ -14,21 +14,21 @@ is (nothing installed: the repository on PYTHONPATH and the jax already there).
    Every finished row is written to the report at once, so a call cut short keeps its rows.
    1. the ceilings: device memory bandwidth (a copy) and a bf16 matmul; every ratio below
       (MFU, fraction of the HBM bound) is taken against these measured figures;
-   2. attention parity: the platform's fused kernel (cudnn / splash) against "xla", forward
+   2. decode at Qwen3-4B shapes, 256 slots, prompts of 1,024-4,096 tokens, 256 new tokens:
+      the engine, then the static sampler, against the HBM bound; then the same at 64 slots;
+   3. the outside reference: transformers' `generate` (PyTorch) on the 64-slot workload;
+   4. greedy tokens of the tiny model on the device, static sampler and engine, float32,
+      equal to the CPU's (bf16 with the fused kernel reported);
+   5. decode at Qwen3-0.6B shapes, 256 slots;
+   6. attention parity: the platform's fused kernel (cudnn / splash) against "xla", forward
       and the gradients of q, k, v, bf16, right-padded rows;
-   3. the train step at Qwen3-4B shapes (random weights, remat as the H200 recipe sets it),
+   7. the train step at Qwen3-4B shapes (random weights, remat as the H200 recipe sets it),
       fused kernel then xla at 4,096 tokens, then the fused kernel at 16,384: compile s,
-      step s, tokens/s, MFU, peak memory against `train --check`'s plan;
-      shapes that fit the device: device_check_shapes.py plans every train step and decode
-      workload from the GPU's memory (nvidia-smi; --memory-gib overrides) with the project's
-      plans, and the report names the figure (a step whose plan does not fit runs with
-      bfloat16 master weights; an H100 runs the static sampler's 256 rows in two calls);
-   4. decode at Qwen3-4B shapes, 256 slots, prompts of 1,024-4,096 tokens, 256 new tokens:
-      the engine, then the static sampler, against the HBM bound;
-   5. the same at 64 slots, and at Qwen3-0.6B shapes;
-   6. the outside reference: transformers' `generate` (PyTorch) on the 64-slot workload;
-   7. greedy tokens of the tiny model on the device, static sampler and engine, float32,
-      equal to the CPU's (bf16 with the fused kernel reported).
+      step s, tokens/s, MFU, peak memory against `train --check`'s plan.
+   The shapes fit the device: device_check_shapes.py plans every train step and decode
+   workload from the GPU's memory (nvidia-smi; --memory-gib overrides) with the project's
+   plans, and the report names the figure (a step whose plan does not fit runs with bfloat16
+   master weights; an H100 runs the static sampler's 256 rows in two calls).
 3. Writes DIR/device_check.json and DIR/device_check.md (format: docs/formats.md, "Device
    check report"), DIR defaulting to $OUT where that is set; prints the short table last; exit
    0 when every check passed. What the budget left unstarted is listed with the `--only`
@@ -72,27 +72,32 @@ def stages(mode: str, platform: str, shapes: dict | None = None) -> list[tuple[s
     shapes = shapes or choose(mode, platform, None)
     preset, resp = shapes["preset"], shapes["resp"]
     dropped = {d["stage"] for d in shapes["dropped"]}
-    plan = [("ceilings", "ceilings", 60.0, {"fn": "ceilings"}),
-            ("attention parity", "parity", 60.0, {"fn": "attention"})]
-    for t in shapes["train"]:
-        # named by its master weights where they are not the recipe's (float32): another step's plan
-        suffix = f" {t['param_dtype']} weights" if t["param_dtype"] else ""
-        plan.append((f"train {preset} {t['attention']} {t['seq']}{suffix}", "train_step", 150.0 if dev else 60.0,
-                     {"fn": "train", "preset": preset, "attention": t["attention"], "seq": t["seq"], "resp": resp,
-                      "param_dtype": t["param_dtype"], "own": dev}))
-    for work in ("big", "small", "0.6b"):
+    def decode(work):
         wp, slots, *_ = DECODE[mode][work]
-        plan += [(f"decode {wp} {sampler} {slots}", "decode", 100.0 if dev else 60.0,
-                  {"fn": "decode", "sampler": sampler, "work": work, "own": dev,
-                   "pool_pages": shapes["decode"][work]["pool_pages"] if sampler == "engine" else None,
-                   "token_budget": shapes["decode"][work]["static_token_budget"] if sampler == "static" else None})
-                 for sampler in ("engine", "static") if f"decode {wp} {sampler} {slots}" not in dropped]
+        return [(f"decode {wp} {sampler} {slots}", "decode", 100.0 if dev else 60.0,
+                 {"fn": "decode", "sampler": sampler, "work": work, "own": dev,
+                  "pool_pages": shapes["decode"][work]["pool_pages"] if sampler == "engine" else None,
+                  "token_budget": shapes["decode"][work]["static_token_budget"] if sampler == "static" else None})
+                for sampler in ("engine", "static") if f"decode {wp} {sampler} {slots}" not in dropped]
+
+    # issue 41's order of value: rollout (the 4B decodes at 256 and 64 rows, the transformers
+    # reference, the device's token parity), then the 0.6B decodes; the kernels' parity and
+    # the train steps (measured on the H200 in run 1) last
+    plan = [("ceilings", "ceilings", 60.0, {"fn": "ceilings"})] + decode("big") + decode("small")
     wp, slots, *_ = DECODE[mode]["small"]
     # torch: in its own process, after the jax one has exited (jax holds its share of the GPU
     # until then, and torch needs the rest)
     plan.append((f"generate {wp} transformers {slots}", "decode", 120.0 if dev else 60.0,
                  {"fn": "transformers", "work": "small", "own": True, "torch": True}))
     plan.append(("sampler parity", "parity", 90.0, {"fn": "sampler parity"}))
+    plan += decode("0.6b")
+    plan.append(("attention parity", "parity", 60.0, {"fn": "attention"}))
+    for t in shapes["train"]:
+        # named by its master weights where they are not the recipe's (float32): another step's plan
+        suffix = f" {t['param_dtype']} weights" if t["param_dtype"] else ""
+        plan.append((f"train {preset} {t['attention']} {t['seq']}{suffix}", "train_step", 150.0 if dev else 60.0,
+                     {"fn": "train", "preset": preset, "attention": t["attention"], "seq": t["seq"], "resp": resp,
+                      "param_dtype": t["param_dtype"], "own": dev}))
     return plan
 
 
