@@ -221,7 +221,8 @@ def test_train_check_says_which_pools_the_execution_stage_forks():
                                    matcher=dataclasses.replace(c.matcher, execution=execution))
 
     line = _execution_line(cfg(name="envscaler", mixture=("awm:3", "envscaler:1")))
-    assert "envscaler: forks" in line and "awm: no forks, rules then judge" in line
+    assert "envscaler: forks" in line and "awm: forks" in line
+    assert "mcp: no forks, rules then judge" in _execution_line(cfg(name="mcp"))
     assert "bfcl: forks" in _execution_line(cfg(name="bfcl"))
     assert "tau2: no forks" in _execution_line(cfg(name="tau2", mixture=()))
     assert "off" in _execution_line(cfg("off", name="envscaler"))

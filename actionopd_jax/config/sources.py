@@ -122,6 +122,6 @@ class MatcherConfig:
     context_chars: int = 0  # a fixed character budget for that conversation instead (0: sized to context_window)
     format_retries: int = 2  # re-asks after a reply outside the verdict format; then unavailable (paper A.3)
     # the execution stage (issue 45): "auto" decides same-name tool-call pairs by running both on
-    # forks of the episode's state where its environment can fork (EnvScaler, BFCL); "off": rules, then judge
+    # forks of the episode's state where its environment can fork (EnvScaler, BFCL, AWM); "off": rules, then judge
     execution: str = "auto"
     price: tuple[float, ...] = ()  # as teacher.price

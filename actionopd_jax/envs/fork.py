@@ -34,9 +34,8 @@ from actionopd_jax.types import Task, ToolCall
 
 # Environments whose episodes offer `fork_point()` (the matcher's execution stage acts there);
 # the rest are decided by the rules and the judge as before.
-FORKABLE_ENVS = ("envscaler", "bfcl")
+FORKABLE_ENVS = ("envscaler", "bfcl", "awm")
 NOT_FORKABLE_WHY = {
-    "awm": "its state is a database behind a running server: a fork needs a server of its own (not built yet)",
     "tau2": "not built yet (its domain database could be deep-copied)",
     "mcp": "a generic MCP server's state is not ours to copy",
 }

@@ -63,6 +63,22 @@ class AwmEnv(McpEnv):
         self._tools = list(self._server.tools)
         return self._observation()
 
+    async def fork_point(self):
+        """The episode's database as a fork point for the matcher's execution stage
+        (envs/awm/fork.py), or None when no episode is running on a server."""
+        if self._task is None or self._done or self._server is None or self._dir is None or self._fault:
+            return None
+        import asyncio
+
+        from actionopd_jax.envs.awm.fork import AwmForkPoint
+        from actionopd_jax.envs.fork import FixedEffects, tool_effects_of
+        from actionopd_jax.envs.mcp.env import _check_call
+
+        self._forks = getattr(self, "_forks", 0) + 1
+        before = await asyncio.to_thread(self.runtime.snapshot, self._server, self._dir / f"fork{self._forks}.db")
+        return AwmForkPoint(self.runtime, self._scenario.name, before, list(self._tools), _check_call,
+                            FixedEffects(tool_effects_of(self._task)))
+
     def score(self) -> dict[str, Any]:
         if self._task is None:
             raise EnvError("nothing to score: call reset(task) and run an episode first")

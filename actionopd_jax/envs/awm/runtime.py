@@ -82,7 +82,8 @@ class AwmRuntime:
 
     def __init__(self, dataset: AwmDataset, *, pool_size: int, modes: dict[str, str] | None = None,
                  judge: Any = None, cache_dir: str | Path | None = None, call_timeout_s: float = 30.0,
-                 start_timeout_s: float = 60.0, limits: Limits | None = None, sandbox: Any = None):
+                 start_timeout_s: float = 60.0, limits: Limits | None = None, sandbox: Any = None,
+                 fork_pool_size: int = 2):
         self.dataset = dataset
         self.modes = dict(modes or {})
         self.judge = judge
@@ -94,6 +95,8 @@ class AwmRuntime:
         self._code_dir = Path(tempfile.mkdtemp(prefix="awm-code-"))
         self._code: dict[str, Path] = {}
         self._pool: KeyedPool | None = None
+        self._fork_pool: KeyedPool | None = None  # the matcher's forks (envs/awm/fork.py): never an episode's servers
+        self.fork_pool_size = fork_pool_size
         self._lock = threading.Lock()
         self.tools: dict[str, list] = {}  # scenario -> what its server's tools/list gave
 
@@ -105,6 +108,19 @@ class AwmRuntime:
             if self._pool is None:
                 self._pool = KeyedPool(self._server, size=self.pool_size, reset=self._reset)
             return self._pool
+
+    def fork_view(self, scenario: str) -> PoolView:
+        """Servers for the matcher's forks: the episodes' server factory and reset, a pool of
+        their own (a fork never waits for, nor takes, an episode's server)."""
+        with self._lock:
+            if self._fork_pool is None:
+                self._fork_pool = KeyedPool(self._server, size=self.fork_pool_size, reset=self._reset,
+                                            loop=self._pool.loop if self._pool is not None else None)
+        return self._fork_pool.view(scenario)
+
+    def load_db(self, server: McpServer, source: Path) -> None:
+        """Put `source`'s content in a leased fork server's database (as the pool's reset does)."""
+        copy_db(source, Path(server.workdir) / EPISODE_DB)
 
     @property
     def sandbox(self):
@@ -186,6 +202,8 @@ class AwmRuntime:
         return out
 
     def close(self) -> None:
+        if self._fork_pool is not None:
+            self._fork_pool.close()
         if self._pool is not None:
             self._pool.close()
         shutil.rmtree(self._code_dir, ignore_errors=True)
