@@ -131,3 +131,34 @@ def test_check_refuses_auto_when_nothing_fits(capsys):
     args = ["--config", str(CONFIGS / "qwen3_4b_h200.yaml"), "--check", "model.remat=auto", "mesh.target=h100x1"]
     assert train_cli.main(args) == 2
     assert "no remat policy fits" in capsys.readouterr().err
+
+
+def test_the_main_job_needs_a_named_policy(capsys):
+    assert train_cli.main(["--config", str(CONFIGS / "tiny_cpu.yaml"), "--check", "model.remat=auto"]) == 2
+    assert "the main job (experiment.enabled=true) runs several phases: name a policy" in capsys.readouterr().err
+
+
+def test_a_run_resolves_auto_at_start_up_before_anything_is_written(tmp_path, capsys):
+    """The run's own start-up call: on this CPU host the memory is unknown (no mesh.target, no
+    mesh.device_memory_gb), so auto cannot choose and the run stops before its directory exists."""
+    run = tmp_path / "run"
+    code = train_cli.main(["--config", str(CONFIGS / "tiny_cpu.yaml"), "experiment.enabled=false",
+                           "model.remat=auto", f"run.dir={run}", "run.tensorboard=false"])
+    assert code == 2
+    assert "model.remat=auto chooses by the device's memory, which is unknown here" in capsys.readouterr().err
+    assert not run.exists()
+
+
+def test_the_run_uses_the_policy_check_printed(tmp_path, capsys):
+    """The tiny model's smoke step (the existing smoke shapes) with a stated 8 GiB device: the
+    start-up line is --check's line, and the run's recorded config holds the chosen policy."""
+    over = ["experiment.enabled=false", "model.remat=auto", "mesh.device_memory_gb=8"]
+    assert train_cli.main(["--config", str(CONFIGS / "tiny_cpu.yaml"), "--check", *over]) == 0
+    (planned,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("remat      auto -> ")]
+    run = tmp_path / "run"
+    assert train_cli.main(["--config", str(CONFIGS / "tiny_cpu.yaml"), "--smoke", *over, f"run.dir={run}",
+                           "run.tensorboard=false"]) == 0
+    assert planned in capsys.readouterr().out.splitlines()
+    policy = planned.split("-> ")[1].split(":")[0]
+    assert policy in ORDER
+    assert f"  remat: {policy}" in (run / "config.yaml").read_text()

@@ -76,6 +76,7 @@ def check(cfg: Config, devices: int = 0) -> int:
     from actionopd_jax.train.preflight import check_run, mesh_sizes, placement
     from actionopd_jax.train.setup import plan_model_config
 
+    _auto_remat_is_one_run(cfg)
     if cfg.experiment.enabled:  # the main job (actionopd_jax/experiment) prints its own plan
         from actionopd_jax.experiment.check import check_main_job
 
@@ -122,6 +123,15 @@ def check(cfg: Config, devices: int = 0) -> int:
         return 1
     print("config OK")
     return 0
+
+
+def _auto_remat_is_one_run(cfg: Config) -> None:
+    """The main job's phases plan and build their own students (experiment/): auto is resolved
+    for one training run only, so there a policy must be named."""
+    if cfg.experiment.enabled and cfg.model.remat == "auto":
+        raise ConfigError("model.remat=auto is chosen for one training run from the device's memory; the main job "
+                          "(experiment.enabled=true) runs several phases: name a policy (none, dots, attn, full; "
+                          "`actionopd train --check` on one phase's config prints the one auto would choose)")
 
 
 def _resolve_remat(cfg: Config, qcfg, sizes: dict[str, int], where) -> tuple[Config, str | None]:
@@ -197,6 +207,7 @@ def train(cfg: Config, args) -> int:
     # before the first device query: on GPU, XLA takes the share every plan assumes
     os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{USABLE_MEMORY_FRACTION:.2f}")
     enable_compile_cache(cfg.run.compile_cache_dir)
+    _auto_remat_is_one_run(cfg)
     if cfg.experiment.enabled and not args.smoke:  # the main job: KD -> ActionOPD -> evaluation
         from actionopd_jax.experiment.job import run_main_job
 
