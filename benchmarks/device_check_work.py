@@ -177,7 +177,8 @@ def train_config(preset: str, attention: str, rows: int, seq: int, resp: int, re
 def train_step_timing(preset: str, attention: str, *, rows: int, seq: int, resp: int, reps: int,
                       remat: str | None = None, param_dtype: str | None = None, devices: list | None = None) -> dict:
     """One optimizer update of `preset` (random weights) over all local devices (FSDP), remat
-    as RECIPE sets it unless `remat` is given: compile time, step time, tokens/s, the model
+    as RECIPE sets it unless `remat` is given ("auto": train/remat_choice's policy for this
+    device's usable memory, recorded as the row's remat): compile time, step time, tokens/s, the model
     FLOPs of the step (MFU is taken in device_check.py against the measured matmul ceiling);
     `param_dtype`: the master weights' dtype where the recipe's does not fit (device_check_shapes);
     peak device memory against the analytic plan of `train --check`."""
@@ -190,6 +191,11 @@ def train_step_timing(preset: str, attention: str, *, rows: int, seq: int, resp:
     devices = devices or jax.local_devices()
     cfg = train_config(preset, attention, rows, seq, resp, remat, param_dtype)
     qcfg = model_config(cfg)
+    if cfg.model.remat == "auto":  # as `actionopd train` resolves it: from this device's usable memory
+        from actionopd_jax.train.remat_choice import resolve_remat
+
+        cfg, _ = resolve_remat(cfg, qcfg, {"data": 1, "fsdp": len(devices), "tensor": 1}, platform=devices[0].platform,
+                               usable_bytes=(devices[0].memory_stats() or {}).get("bytes_limit"))
     mesh = make_mesh({"fsdp": len(devices)}, devices=devices)
     step = build_train_step(cfg, qcfg, mesh)
     state = step.init_state(initial_params(cfg, qcfg, mesh))

@@ -162,3 +162,15 @@ def test_the_run_uses_the_policy_check_printed(tmp_path, capsys):
     policy = planned.split("-> ")[1].split(":")[0]
     assert policy in ORDER
     assert f"  remat: {policy}" in (run / "config.yaml").read_text()
+
+
+def test_the_device_check_resolves_auto_from_the_devices_memory():
+    """benchmarks/device_check_work.train_step_timing(remat="auto") resolves as the run does,
+    from the device's bytes_limit; a CPU device reports none, so it stops before compiling."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import device_check_work as work
+
+    with pytest.raises(ConfigError, match="which is unknown here"):
+        work.train_step_timing("tiny", "cpu", rows=1, seq=64, resp=16, reps=1, remat="auto")
