@@ -1,7 +1,9 @@
 """The matcher's execution stage (issue 45) on the planted pairs of
 tests/data/execution_match_planted.json: our own EnvScaler-style scenarios run in the real
-sandbox (one contained process per episode and per fork), each pair's state reached by a real
-episode (reset, then the pair's setup calls), then decided by `ExecutionStage` on forks of it.
+sandbox (one contained process per episode and per fork), and pairs on our mini AWM pool
+(tests/data/awm_mini: each fork a sandboxed MCP server loaded with a copy of the episode's
+database); each pair's state reached by a real episode (reset, then the pair's setup calls),
+then decided by `ExecutionStage` on forks of it.
 
     python benchmarks/execution_match.py [--json OUT]
 
@@ -44,39 +46,80 @@ def _call(d: dict) -> ToolCall:
     return ToolCall(d["name"], d["arguments"])
 
 
+AWM_MINI = ROOT / "tests" / "data" / "awm_mini"
+
+
+def _awm_factory(cache_dir: str):
+    from actionopd_jax.config import EnvConfig
+    from actionopd_jax.envs.awm.factory import awm_env_factory
+
+    return awm_env_factory(EnvConfig(name="awm", awm_dir=str(AWM_MINI), mcp_pool_size=2), judge=None,
+                           cache_dir=cache_dir)
+
+
 async def run_planted(path: Path = PLANTED, sandbox=None) -> tuple[list[dict], list[float]]:
     """One row per planted pair: its kind, label, expect, the rules' stage and the execution
     verdict ("match" / "no_match" / None for abstained, with the reason); and every fork's wall time."""
+    import tempfile
+
     data = json.loads(Path(path).read_text())
     tasks = planted_tasks(data)
     sandbox = sandbox or SubprocessSandbox()
+    awm = None
+    if any(p["task"].startswith("awm:") for p in data["pairs"]):
+        from actionopd_jax.envs.awm.layout import load_awm
+
+        awm_tasks = {t.task_id: t for t in load_awm(AWM_MINI).tasks()}
+        awm_cache = tempfile.TemporaryDirectory(prefix="planted-awm-")
+        awm = _awm_factory(awm_cache.name)
+        tasks.update({f"awm:{tid}": t for tid, t in awm_tasks.items()})
     stage = ExecutionStage()
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for p in data["pairs"]:  # pairs at one state share an episode and one fork point
         groups[(p["task"], json.dumps(p["setup"], sort_keys=True))].append(p)
     rows, fork_s = [], []
-    for (task_name, setup), pairs in groups.items():
-        env = EnvScalerEnvironment(sandbox)
-        try:
-            await env.reset(tasks[task_name])
-            for step in json.loads(setup):
-                await env.step(_call(step))
-            point = await env.fork_point()
-            before = point.before
-            actions = [(_call(p["student"]), _call(p["teacher"])) for p in pairs]
-            record = await stage.decide(point, actions)
-            fork_s += record.fork_s
-            assert await env.fork_point() is not None and (await env.fork_point()).before == before, \
-                "a fork changed the live episode"
-        finally:
-            env.end("planted")
-            env._close()
-        for p, (s, t) in zip(pairs, actions):
-            key = (call_key(s), call_key(t))
-            rows.append({"kind": p["kind"], "label": p["label"], "expect": p["expect"],
-                         "rules": rules_decision(s, t).stage, "verdict": record.verdicts.get(key),
-                         "why": record.abstained.get(key, "")})
+    try:
+        for (task_name, setup), pairs in groups.items():
+            rows_, forks_ = await _state_group(tasks[task_name], setup, pairs, sandbox, awm, stage)
+            rows += rows_
+            fork_s += forks_
+    finally:
+        if awm is not None:
+            awm.close()
+            awm_cache.cleanup()
     return rows, fork_s
+
+
+async def _state_group(task: Task, setup: str, pairs: list[dict], sandbox, awm, stage) -> tuple[list[dict], list[float]]:
+    """The pairs of one state: a real episode reaches it, the stage decides them on forks, and
+    the live state is read again to check that no fork reached it."""
+    env = awm(task) if task.env == "awm" else EnvScalerEnvironment(sandbox)
+    try:
+        await env.reset(task)
+        for step in json.loads(setup):
+            await env.step(_call(step))
+        point = await env.fork_point()
+        before = point.before
+        actions = [(_call(p["student"]), _call(p["teacher"])) for p in pairs]
+        record = await stage.decide(point, actions)
+        point.close()
+        again = await env.fork_point()
+        assert again is not None and again.before == before, "a fork changed the live episode"
+        again.close()
+    finally:
+        env.end("planted")
+        if task.env == "awm":
+            await asyncio.to_thread(env.close)
+        else:
+            env._close()
+    rows = []
+    for p, (s, t) in zip(pairs, actions):
+        key = (call_key(s), call_key(t))
+        rows.append({"kind": p["kind"], "label": p["label"], "expect": p["expect"], "env": task.env,
+                     "rules": rules_decision(s, t).stage, "verdict": record.verdicts.get(key),
+                     "why": record.abstained.get(key, ""), "fork_s": list(record.fork_s)})
+        record.fork_s = []  # each fork time once, on the group's first row
+    return rows, [t for r in rows for t in r["fork_s"]]
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -101,8 +144,13 @@ def table(rows: list[dict], fork_s: list[float]) -> tuple[str, int]:
     lines.append(f"{'total':24} {len(rows):5d} {decided:7d} {wrong_total:5d} {len(rows) - decided:8d}")
     lines.append(f"decided by execution: {decided / max(len(rows), 1):.1%} of {len(rows)} pairs; "
                  f"accuracy of its verdicts: {(decided - wrong_total) / max(decided, 1):.1%}")
-    lines.append(f"fork runs: {len(fork_s)}; wall per fork p50 {percentile(fork_s, 50) * 1e3:.0f} ms, "
-                 f"p99 {percentile(fork_s, 99) * 1e3:.0f} ms")
+    lines.append(f"fork runs: {len(fork_s)}; wall per fork p50 {percentile(fork_s, 50) * 1e3:.1f} ms, "
+                 f"p99 {percentile(fork_s, 99) * 1e3:.1f} ms")
+    for env in sorted({r["env"] for r in rows}):
+        mine = [r for r in rows if r["env"] == env]
+        times = [t for r in mine for t in r["fork_s"]]
+        lines.append(f"  {env}: {sum(r['verdict'] is not None for r in mine)}/{len(mine)} decided, "
+                     f"{len(times)} forks, p50 {percentile(times, 50) * 1e3:.1f} ms, p99 {percentile(times, 99) * 1e3:.1f} ms")
     return "\n".join(lines), wrong_total
 
 
