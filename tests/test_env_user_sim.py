@@ -203,7 +203,7 @@ def test_env_step_rejects_non_actions():
     from actionopd_jax.envs.registry import make_environment
 
     env = make_environment("bfcl")
-    with pytest.raises(TypeError, match="ToolCall, Message or Invalid"):
+    with pytest.raises(TypeError, match="ToolCall, ToolCalls, Message or Invalid"):  # BFCL plays parallel calls
         run(env.step({"name": "ls"}))
     with pytest.raises(ValueError, match="unknown environment"):
         make_environment("webshop")
