@@ -8,7 +8,14 @@ Policies are tried in the order of the work their backward pass repeats (model/q
   full  keeps each layer's input only: the whole forward runs twice.
 
 The first whose plan (train/plan.estimate_memory, calibrated on run 1's measured peaks) fits the
-usable device memory is chosen. "offload" (attention outputs in pinned host memory) is never
+usable device memory is chosen.
+
+"attn" is tried with splash (TPU) only: there the kernel's own residuals carry the checkpoint
+name, so its backward never reruns the attention forward. cuDNN's and XLA's attention name only
+their output, so the backward needs the forward again: lowered for CUDA (the 0.6B update at
+1,024 tokens), "attn" has 2 cuDNN forward calls and 30 matmuls like "full" (xla attention: 37 of
+full's 38), where "dots" has 2 and 24 (none: 1 and 24). On GPU "attn" is full's recompute with
+more memory, never the cheaper choice (tests/test_remat_choice.py pins those counts). "offload" (attention outputs in pinned host memory) is never
 chosen: its host transfers are unmeasured on GPU, and the plan counts them as free, so choosing
 it by memory alone would pick the policy whose time is least known; set it explicitly to use it.
 
@@ -34,6 +41,11 @@ from actionopd_jax.train.plan import GIB, MemoryEstimate, estimate_memory
 ORDER = ("none", "dots", "attn", "full")  # least recompute first
 
 
+def order_for(attention: str) -> tuple[str, ...]:
+    """ORDER for this attention implementation: "attn" only where it saves the attention forward."""
+    return ORDER if attention == "splash" else tuple(p for p in ORDER if p != "attn")
+
+
 @dataclass(frozen=True)
 class RematChoice:
     policy: str
@@ -49,10 +61,10 @@ class RematChoice:
 
 def choose_remat(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], attention: str,
                  usable_bytes: float) -> RematChoice:
-    """The first policy of ORDER whose planned train step fits `usable_bytes` per device;
-    ConfigError with every policy's plan when none does."""
+    """The first policy of order_for(attention) whose planned train step fits `usable_bytes`
+    per device; ConfigError with every policy's plan when none does."""
     tried = []
-    for policy in ORDER:
+    for policy in order_for(attention):
         est = estimate_memory(cfg, qcfg, mesh, attention, remat=policy)
         tried.append((policy, est.total))
         if est.total <= usable_bytes:
