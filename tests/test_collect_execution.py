@@ -1,0 +1,76 @@
+"""A real ActionOPD collection step over the AWM + EnvScaler mixture (our mini data: contained
+MCP servers, sandboxed class processes) with the matcher's execution stage (issue 45): the
+collector hands each live episode's fork point to the matcher, so a student call written
+differently from the teacher's (an AWM catalogue search in lower case: SQLite's LIKE ignores the
+case, so the rows are the same) is matched by its effect on a fork, where the rules alone would
+call it no match. The student is scripted, the teacher is the
+privileged reference server."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from actionopd_jax.collect import Collector
+from actionopd_jax.envs.mixture import mixture_stream_from
+from actionopd_jax.envs.registry import pool_env_factory
+from actionopd_jax.matching.execution import ExecutionStage
+from actionopd_jax.matching.matcher import Matcher
+from actionopd_jax.sampling import Generation
+from actionopd_jax.serve.reference_backend import MODEL_NAME, ReferenceBackend
+from actionopd_jax.types import Message, ToolCall
+from tests._chat_fixtures import tiny_tokenizer, tiny_tokenizer_dir  # noqa: F401 (fixtures)
+from tests._collect_fixtures import BAD, collect_once, collector_config, make_teacher, serve, student_text
+from tests.test_collect_envscaler import _plans, env_cfg  # noqa: F401 (fixture)
+
+
+def _rewritten(action):
+    """The same search written in lower case; other actions as they are."""
+    if isinstance(action, ToolCall) and action.name == "search_books":
+        return ToolCall(action.name, {"title_query": action.arguments["title_query"].lower()})
+    return action
+
+
+def _student(tokenizer, tasks, eos):
+    """Candidates [the reference action, searches in lower case; a message; unparsable] at every state."""
+    plans = _plans(tasks)
+    texts = {t.task_id: t.payload["task"] for t in tasks}
+
+    def run(prompts, keys):
+        out = []
+        for ids in prompts:
+            text = tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+            task_id = next(i for i, t in texts.items() if t in text)
+            first = plans[task_id][text.count("<|im_start|>assistant") - 1]
+            gens = []
+            for action in (_rewritten(first), Message("Something else."), BAD):
+                toks = tokenizer.encode(student_text(action), add_special_tokens=False) + [eos]
+                gens.append(Generation(np.asarray(toks, np.int32), np.full(len(toks), -0.5, np.float32), "stop"))
+            out.append(gens)
+        return out
+
+    return run
+
+
+def test_a_collection_step_matches_rewritten_calls_by_execution(tiny_tokenizer, env_cfg):  # noqa: F811
+    stream = mixture_stream_from(env_cfg, per_step=4, seed=3)
+    tasks = [t for t in stream.tasks if t.task_id in ("library_loans_1/0", "library_loans_1/3")]
+    assert len(tasks) == 2
+    eos = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
+    cfg = collector_config(n=3, max_prompt_tokens=4096, max_new_tokens=64, env_timeout_s=60.0,
+                           teacher_timeout_s=60.0, matcher_timeout_s=120.0, decision_limits=(("awm", 8),))
+    matcher = Matcher(None, execution=ExecutionStage())  # rules only: without execution, no match
+    with serve(ReferenceBackend(stream.tasks)) as server:
+        collector = Collector(cfg, tokenizer=tiny_tokenizer,
+                              teacher=make_teacher(server, model=MODEL_NAME, provider="actionopd"),
+                              matcher=matcher, eos_ids=[eos], env_factory=pool_env_factory(env_cfg),
+                              sample_fn=_student(tiny_tokenizer, stream.tasks, eos))
+        result = collect_once(collector, tasks, step=0, process_index=0, process_count=1)
+    rewritten = [g for g in result.groups if g.candidates[0].action != g.teacher_samples[0].action]
+    assert len(rewritten) == 2  # one search per task
+    for g in rewritten:
+        assert [c.reward for c in g.candidates] == [1.5, 0.0, -1.0] and g.committed_index == 0
+    for rec in result.trajectories:  # the committed lower-case searches did not get in the way
+        assert rec.score["success"], rec.score
+    stats = result.metrics.matcher
+    assert stats["execution_match"] == 3 * len(rewritten)  # K=3 teacher samples, one distinct question each
+    assert stats["judge_calls_saved"] == len(rewritten) and stats["execution_forks"] >= 2 * len(rewritten)
