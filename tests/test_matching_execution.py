@@ -292,3 +292,35 @@ def test_forks_left_by_a_killed_trainer_are_swept_at_the_next_start(tmp_path):
     assert left.is_dir()  # kill -9: nothing of the trainer's removed it
     mine = fork_workdir_parent(tmp_path / "actionopd-forks")  # the next start
     assert not left.exists() and mine.name == str(os.getpid()) and mine.is_dir()
+
+
+def test_forks_are_bounded_across_the_groups_of_a_loop():
+    from actionopd_jax.envs.fork import ForkResult
+
+    class Counting:
+        before, running, peak = {}, 0, 0
+
+        def effects(self, tool):
+            return ToolEffects()
+
+        async def run(self, call):
+            Counting.running += 1
+            Counting.peak = max(Counting.peak, Counting.running)
+            await asyncio.sleep(0)  # let every other group's forks try to start
+            Counting.running -= 1
+            return ForkResult(observation=str(call.arguments), state={})
+
+        def close(self):
+            pass
+
+    stage = ExecutionStage(max_forks=3)
+    pairs = [(ToolCall("f", {"x": i}), ToolCall("f", {"x": -i - 1})) for i in range(4)]
+
+    async def go():
+        await asyncio.gather(*(stage.decide(Counting(), pairs) for _ in range(5)))
+
+    asyncio.run(go())
+    assert Counting.peak == 3
+    asyncio.run(go())  # a second loop gets its own gate
+    with pytest.raises(ValueError, match="max_forks"):
+        ExecutionStage(max_forks=0)

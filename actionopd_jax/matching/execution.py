@@ -24,6 +24,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import json
+import weakref
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -126,14 +127,25 @@ class ExecutionRecord:
 
 class ExecutionStage:
     """Decides same-name tool-call pairs of one state group on forks of `point`. `max_forks`
-    bounds the forks running at once per group (each is a sandboxed process)."""
+    bounds the forks running at once over every group of the event loop (each fork is a
+    sandboxed process or server call: many episodes in flight must not start hundreds)."""
 
-    def __init__(self, max_forks: int = 4):
+    def __init__(self, max_forks: int = 8):
+        if max_forks < 1:
+            raise ValueError(f"max_forks must be >= 1, got {max_forks}")
         self.max_forks = max_forks
+        self._gates: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]" = \
+            weakref.WeakKeyDictionary()
+
+    def _gate(self) -> asyncio.Semaphore:
+        loop = asyncio.get_running_loop()  # a semaphore serves one loop; tests and eval run several
+        if loop not in self._gates:
+            self._gates[loop] = asyncio.Semaphore(self.max_forks)
+        return self._gates[loop]
 
     async def decide(self, point: ForkPoint, pairs: Sequence[tuple[Action, Action]]) -> ExecutionRecord:
         rec = ExecutionRecord()
-        gate = asyncio.Semaphore(self.max_forks)
+        gate = self._gate()
         runs: dict[str, list[ForkResult]] = {}
         calls: dict[str, ToolCall] = {}
 
