@@ -219,3 +219,11 @@ def test_the_device_check_resolves_auto_from_the_devices_memory():
 
     with pytest.raises(ConfigError, match="which is unknown here"):
         work.train_step_timing("tiny", "cpu", rows=1, seq=64, resp=16, reps=1, remat="auto")
+
+
+def test_a_plan_that_does_not_fit_points_at_auto(capsys):
+    args = ["--config", str(CONFIGS / "qwen3_4b_h200.yaml"), "--check", "model.remat=dots", "mesh.target=h100x1",
+            "train.max_seq_len=4096", "collect.max_prompt_tokens=2048", "train.minibatch_rows=1"]
+    assert train_cli.main(args) == 1
+    out = capsys.readouterr().out
+    assert "DOES NOT FIT" in out and "try: model.remat=auto (the least recompute that fits) or full" in out

@@ -316,8 +316,8 @@ def describe(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *, device_mem
                          "or collect.max_response_tokens, or put more chips on a host")
         if not fits:
             hints = []
-            if cfg.model.remat == "none":
-                hints.append("model.remat=full")
+            if cfg.model.remat != "full":
+                hints.append("model.remat=auto (the least recompute that fits) or full")
             if est.logits > 0.2 * est.total and t.logits_chunk == 0 and t.vocab_chunk == 0:
                 hints.append("train.vocab_chunk=8192")
             if est.attention_scores > 0.3 * est.total:

@@ -19,11 +19,13 @@ more memory, never the cheaper choice (tests/test_remat_choice.py pins those cou
 chosen: its host transfers are unmeasured on GPU, and the plan counts them as free, so choosing
 it by memory alone would pick the policy whose time is least known; set it explicitly to use it.
 
-A per-layer mix (some layers "none", the rest "full") would fill the gap between two adjacent
-policies, but the layers run as one scan over stacked parameters under one checkpoint policy;
-a mix needs a second scan body (twice the layer program to compile) over a slice of the
-stacked weights. Not built: on the plans of issue 42 the step between adjacent policies is a
-few GiB, and no row measured yet is limited by it.
+A per-layer mix (the first k layers "none", the rest "full") would fill the gap between two
+adjacent policies (H200, 4B at 16,384 tokens: dots plans 99.8 GiB, none 121), but it is not cheap
+in this model: the layers are one scan over parameters stacked on a leading axis under one
+checkpoint policy. A `lax.cond` on the layer index inside the scan saves the residuals of both
+branches for every layer (the memory of "none" everywhere); two scans need the stack sliced in
+two, which copies k layers' weights and concatenates their gradients inside the step (GiBs at
+4B), or the parameters stored as two stacks, which changes every checkpoint's layout. Not built.
 
 `resolve_remat` is called by `actionopd train` at start-up and by `--check`, with the same
 device memory, so the run uses the policy `--check` printed.
