@@ -324,3 +324,19 @@ def test_forks_are_bounded_across_the_groups_of_a_loop():
     asyncio.run(go())  # a second loop gets its own gate
     with pytest.raises(ValueError, match="max_forks"):
         ExecutionStage(max_forks=0)
+
+
+def test_an_envscaler_env_record_declares_tool_effects_for_its_tasks(tmp_path):
+    import shutil
+
+    from actionopd_jax.envs.envscaler.layout import load_envscaler
+
+    src = ROOT / "tests" / "data" / "envscaler_mini"
+    shutil.copytree(src, tmp_path / "es")
+    meta = tmp_path / "es" / "env_metadata.json"
+    envs = json.loads(meta.read_text())
+    envs["env_1"]["tool_effects"] = {"assign_parcel": {"volatile": ["assigned_at"]}}
+    meta.write_text(json.dumps(envs))
+    tasks = {t.task_id: t for t in load_envscaler(tmp_path / "es").tasks()}
+    assert tool_effects_of(tasks["mini_locker_1"])["assign_parcel"].volatile == ("assigned_at",)
+    assert tool_effects_of(tasks["mini_clinic_1"]) == {}  # env_2 declares nothing

@@ -82,6 +82,8 @@ class EnvScalerDataset:
                 "tools": env.tools, "intro": env.intro_text(), "class_name": sc.class_name or env.class_name,
                 "class_code": env.class_code, "init_config": sc.init_config, "checks": sc.checks,
                 "reference_actions": sc.reference_actions,
+                # our extension (issue 45, docs/formats.md): the env record's per-tool effects
+                "tool_effects": env.record.get("tool_effects") or {},
                 # the matcher's tool evidence is per environment: tool names repeat across them
                 "evidence_scope": f"{ENV_NAME}/{sc.env_id}"}))
         return out
