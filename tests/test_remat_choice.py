@@ -227,3 +227,13 @@ def test_a_plan_that_does_not_fit_points_at_auto(capsys):
     assert train_cli.main(args) == 1
     out = capsys.readouterr().out
     assert "DOES NOT FIT" in out and "try: model.remat=auto (the least recompute that fits) or full" in out
+
+
+def test_check_aot_compiles_the_policy_auto_chose(capsys):
+    """--check --aot hands the compiler the chosen policy, never "auto" (a model cannot be built
+    with it). This host cannot compile for a GPU, so the command ends there (2) after saying which."""
+    code = train_cli.main(["--config", str(CONFIGS / "qwen3_4b_h200.yaml"), "--check", "--aot", "model.remat=auto"])
+    out = capsys.readouterr().out
+    assert "remat      auto -> full: planned peak" in out
+    assert "AOT compiles full remat (model.remat=auto's choice)" in out
+    assert code == 2 and "AOT: h200x1: this jax cannot compile for a GPU without one" in out

@@ -173,6 +173,12 @@ def check_aot(cfg: Config, target: str, lengths: str = "", cost: bool = True) ->
         raise ConfigError(f"unknown --aot target {target!r}; known: {', '.join(TARGETS)}")
     if cfg.model.hf_path and not (Path(cfg.model.hf_path) / "config.json").is_file():
         cfg = replace_keys(cfg, **{"model.hf_path": ""})   # same shapes from the preset (noted by check)
+    if cfg.model.remat == "auto":  # compile the policy the plan chose (printed by --check above)
+        from actionopd_jax.train.preflight import mesh_sizes, placement
+
+        where = placement(cfg)
+        cfg, line = _resolve_remat(cfg, model_config(cfg), mesh_sizes(cfg, where.devices), where)
+        print(f"AOT compiles {line.split('-> ')[1].split(':')[0]} remat (model.remat=auto's choice)")
     try:
         fits = run_check(cfg, model_config(cfg), target, lengths, cost=cost)
     except TargetUnavailable as e:
