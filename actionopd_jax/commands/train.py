@@ -72,11 +72,12 @@ def check(cfg: Config, devices: int = 0) -> int:
     processes: what the run would refuse raises the same ConfigError. 0 when the plan fits, 1
     when the estimate exceeds the usable memory."""
     from actionopd_jax.baselines.wiring import check_collection
+    from actionopd_jax.train import remat_choice
     from actionopd_jax.train.plan import describe
     from actionopd_jax.train.preflight import check_run, mesh_sizes, placement
     from actionopd_jax.train.setup import plan_model_config
 
-    _auto_remat_is_one_run(cfg)
+    remat_choice.refuse_in_main_job(cfg)
     if cfg.experiment.enabled:  # the main job (actionopd_jax/experiment) prints its own plan
         from actionopd_jax.experiment.check import check_main_job
 
@@ -88,7 +89,7 @@ def check(cfg: Config, devices: int = 0) -> int:
     notes: list[str] = []
     cfg, qcfg = plan_model_config(cfg, notes)
     sizes = mesh_sizes(cfg, where.devices)
-    cfg, remat_line = _resolve_remat(cfg, qcfg, sizes, where)
+    cfg, remat_line = remat_choice.resolve_for(cfg, qcfg, sizes, where)
     check_run(cfg, qcfg, sizes, device_count=where.devices, processes=where.processes, platform=where.platform)
     check_collection(cfg)
     text, fits = describe(cfg, qcfg, sizes, device_memory_gb=where.memory_gib, device_kind=where.device_kind,
@@ -125,25 +126,6 @@ def check(cfg: Config, devices: int = 0) -> int:
     return 0
 
 
-def _auto_remat_is_one_run(cfg: Config) -> None:
-    """The main job's phases plan and build their own students (experiment/): auto is resolved
-    for one training run only, so there a policy must be named."""
-    if cfg.experiment.enabled and cfg.model.remat == "auto":
-        raise ConfigError("model.remat=auto is chosen for one training run from the device's memory; the main job "
-                          "(experiment.enabled=true) runs several phases: name a policy (none, dots, attn, full; "
-                          "`actionopd train --check` on one phase's config prints the one auto would choose)")
-
-
-def _resolve_remat(cfg: Config, qcfg, sizes: dict[str, int], where) -> tuple[Config, str | None]:
-    """model.remat=auto -> the cheapest policy whose plan fits `where`'s usable memory
-    (train/remat_choice.py); the same call at --check and at the run's start-up."""
-    from actionopd_jax.train.plan import GIB
-    from actionopd_jax.train.remat_choice import resolve_remat
-
-    usable = where.memory_gib * where.usable_fraction * GIB if where.memory_gib else None
-    return resolve_remat(cfg, qcfg, sizes, platform=where.platform, usable_bytes=usable)
-
-
 def missing_secrets(cfg: Config) -> list[str]:
     """A `--check` line per API key the run will read from an environment variable that is not
     set here (a planning host need not hold them; the run refuses to start without them)."""
@@ -174,10 +156,11 @@ def check_aot(cfg: Config, target: str, lengths: str = "", cost: bool = True) ->
     if cfg.model.hf_path and not (Path(cfg.model.hf_path) / "config.json").is_file():
         cfg = replace_keys(cfg, **{"model.hf_path": ""})   # same shapes from the preset (noted by check)
     if cfg.model.remat == "auto":  # compile the policy the plan chose (printed by --check above)
+        from actionopd_jax.train import remat_choice
         from actionopd_jax.train.preflight import mesh_sizes, placement
 
         where = placement(cfg)
-        cfg, line = _resolve_remat(cfg, model_config(cfg), mesh_sizes(cfg, where.devices), where)
+        cfg, line = remat_choice.resolve_for(cfg, model_config(cfg), mesh_sizes(cfg, where.devices), where)
         print(f"AOT compiles {line.split('-> ')[1].split(':')[0]} remat (model.remat=auto's choice)")
     try:
         fits = run_check(cfg, model_config(cfg), target, lengths, cost=cost)
@@ -213,7 +196,9 @@ def train(cfg: Config, args) -> int:
     # before the first device query: on GPU, XLA takes the share every plan assumes
     os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{USABLE_MEMORY_FRACTION:.2f}")
     enable_compile_cache(cfg.run.compile_cache_dir)
-    _auto_remat_is_one_run(cfg)
+    from actionopd_jax.train import remat_choice
+
+    remat_choice.refuse_in_main_job(cfg)
     if cfg.experiment.enabled and not args.smoke:  # the main job: KD -> ActionOPD -> evaluation
         from actionopd_jax.experiment.job import run_main_job
 
@@ -231,7 +216,8 @@ def train(cfg: Config, args) -> int:
         from actionopd_jax.train.setup import plan_model_config
 
         where = placement(cfg)
-        cfg, remat_line = _resolve_remat(cfg, plan_model_config(cfg, [])[1], mesh_sizes(cfg, where.devices), where)
+        cfg, remat_line = remat_choice.resolve_for(cfg, plan_model_config(cfg, [])[1], mesh_sizes(cfg, where.devices),
+                                                   where)
         print(remat_line, flush=True)
     run_dir = _run_dir(cfg, args)
     primary = distributed.is_primary()

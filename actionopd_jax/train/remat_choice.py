@@ -4,7 +4,7 @@ Policies are tried in the order of the work their backward pass repeats (model/q
 
   none  keeps every activation: no recompute;
   dots  keeps the weight matmuls' outputs, recomputes attention and the elementwise work;
-  attn  keeps each layer's input and attention output, recomputes the matmuls but not attention;
+  attn  keeps each layer's input and attention residuals, recomputes the matmuls (splash only);
   full  keeps each layer's input only: the whole forward runs twice.
 
 The first whose plan (train/plan.estimate_memory, calibrated on run 1's measured peaks) fits the
@@ -15,20 +15,22 @@ name, so its backward never reruns the attention forward. cuDNN's and XLA's atte
 their output, so the backward needs the forward again: lowered for CUDA (the 0.6B update at
 1,024 tokens), "attn" has 2 cuDNN forward calls and 30 matmuls like "full" (xla attention: 37 of
 full's 38), where "dots" has 2 and 24 (none: 1 and 24). On GPU "attn" is full's recompute with
-more memory, never the cheaper choice (tests/test_remat_choice.py pins those counts). "offload" (attention outputs in pinned host memory) is never
-chosen: its host transfers are unmeasured on GPU, and the plan counts them as free, so choosing
-it by memory alone would pick the policy whose time is least known; set it explicitly to use it.
+more memory, never the cheaper choice (tests/test_remat_choice.py pins those counts).
+
+"offload" (attention outputs in pinned host memory) is never chosen: its host transfers are
+unmeasured on GPU and the plan counts them as free, so choosing it by memory alone would pick the
+policy whose time is least known; set it explicitly to use it.
 
 A per-layer mix (the first k layers "none", the rest "full") would fill the gap between two
 adjacent policies (H200, 4B at 16,384 tokens: dots plans 99.8 GiB, none 121), but it is not cheap
 in this model: the layers are one scan over parameters stacked on a leading axis under one
-checkpoint policy. A `lax.cond` on the layer index inside the scan saves the residuals of both
-branches for every layer (the memory of "none" everywhere); two scans need the stack sliced in
+checkpoint policy. A `lax.cond` on the layer index inside the scan keeps the union of both
+branches' residuals, stacked over every layer (the memory of "none" everywhere); two scans need the stack sliced in
 two, which copies k layers' weights and concatenates their gradients inside the step (GiBs at
 4B), or the parameters stored as two stacks, which changes every checkpoint's layout. Not built.
 
-`resolve_remat` is called by `actionopd train` at start-up and by `--check`, with the same
-device memory, so the run uses the policy `--check` printed.
+`resolve_for` is called by `actionopd train` at start-up, by `--check` and by `--check --aot`,
+with the same device memory, so the run uses the policy `--check` printed.
 """
 
 from __future__ import annotations
@@ -94,3 +96,19 @@ def resolve_remat(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *, platf
 
     choice = choose_remat(cfg, qcfg, mesh, resolve(cfg.model.attention, platform), usable_bytes)
     return dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, remat=choice.policy)), choice.line()
+
+
+def resolve_for(cfg: Config, qcfg: Qwen3Config, sizes: dict[str, int], where) -> tuple[Config, str | None]:
+    """resolve_remat for a train/preflight.Placement: its usable memory, its platform. The same
+    call at --check, --check --aot and the run's start-up, so the run uses what --check printed."""
+    usable = where.memory_gib * where.usable_fraction * GIB if where.memory_gib else None
+    return resolve_remat(cfg, qcfg, sizes, platform=where.platform, usable_bytes=usable)
+
+
+def refuse_in_main_job(cfg: Config) -> None:
+    """The main job's phases plan and build their own students (experiment/): auto is resolved
+    for one training run only, so there a policy must be named."""
+    if cfg.experiment.enabled and cfg.model.remat == "auto":
+        raise ConfigError("model.remat=auto is chosen for one training run from the device's memory; the main job "
+                          "(experiment.enabled=true) runs several phases: name a policy (none, dots, attn, full; "
+                          "`actionopd train --check` on one phase's config prints the one auto would choose)")
