@@ -114,14 +114,15 @@ def test_secrets_are_refused_and_the_collector_records_the_servers_reason():
         Sandbox(extra_env={"OPENAI_API_KEY": "sk-x"})
     from types import SimpleNamespace
 
-    from actionopd_jax.collect.collector import Collector, _EnvFailure
+    from actionopd_jax.collect.collector import Collector
+    from actionopd_jax.collect.env_calls import EnvFailure
     from actionopd_jax.collect.metrics import TrajectoryRecord
 
     async def failing():
         raise McpFault("mcp_timeout", "tools/call sleep exceeded 1s")
 
     rec = TrajectoryRecord(task_start=0, task_id="t", env="mcp")
-    with pytest.raises(_EnvFailure) as err:
+    with pytest.raises(EnvFailure) as err:
         asyncio.run(Collector._env_call(SimpleNamespace(cfg=SimpleNamespace(env_timeout_s=5)), failing(), rec))
     assert err.value.reason == "mcp_timeout"
 

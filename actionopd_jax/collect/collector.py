@@ -20,6 +20,10 @@ decision), so reruns with a warm teacher cache reproduce the same groups.
 
 Multi-host: each process collects its own share of the task starts (`local_task_starts`)
 with its own sampler on its local devices; nothing here is a cross-host collective.
+
+This module is the schedule; the calls into environments (deadlines, end reasons, scoring)
+are in env_calls.py and the requests to the teacher and matcher (and their usage) in
+supervision.py, both shared with the sequential baseline (naive.py).
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Sequence
 
 import numpy as np
@@ -39,14 +43,15 @@ from actionopd_jax.collect.group import NO_COMMIT, GroupOutcome, build_group
 from actionopd_jax.collect.metrics import StepMetrics, TrajectoryRecord
 from actionopd_jax.chat.prompt import CandidateDecoder, FitFn, Prompt, PromptBuilder
 from actionopd_jax.collect.engine_worker import EngineSampling, EngineWorker
+from actionopd_jax.collect.env_calls import EnvFailure, env_call, prefetch, safe_end, safe_score
 from actionopd_jax.collect.sampler_worker import SampleFn, SamplerError, SamplerWorker
-from actionopd_jax.envs import user_sim
+from actionopd_jax.collect.supervision import record_usage, teacher_samples, usage_snapshot, verdicts
 from actionopd_jax.envs.base import Environment
 from actionopd_jax.envs.evidence import evidence_scope
 from actionopd_jax.envs.protocol import apply_protocol_rules
 from actionopd_jax.envs.registry import EnvFactory, default_env_factory  # noqa: F401  (re-exported)
-from actionopd_jax.teacher.base import TeacherBatch, UsageReport
-from actionopd_jax.types import Candidate, Observation, StateGroup, Task, Verdict
+from actionopd_jax.teacher.base import TeacherBatch
+from actionopd_jax.types import Candidate, Observation, StateGroup, Task
 
 log = logging.getLogger(__name__)
 
@@ -90,14 +95,6 @@ class _Decision:
     outcome: GroupOutcome | None
     end_reason: str = ""   # set when the trajectory must end at this state
     candidates_ready: bool = False
-
-
-@dataclass
-class _Usage:
-    teacher: UsageReport = field(default_factory=UsageReport)
-    matcher: dict[str, int] = field(default_factory=dict)
-    judge: UsageReport = field(default_factory=UsageReport)   # the matcher's LLM judge (its requests and tokens)
-    user: UsageReport = field(default_factory=UsageReport)    # the user simulators (envs/user_sim.USAGE)
 
 
 class Collector:
@@ -167,7 +164,7 @@ class Collector:
         if step < 0:
             raise ValueError(f"step must be >= 0, got {step}")
         metrics = StepMetrics()
-        usage_before = self._usage()
+        usage_before = usage_snapshot(self.teacher, self.matcher)
         pending = list(starts)
         pending.reverse()  # pop() from the end = in order
         records: list[TrajectoryRecord] = []
@@ -216,11 +213,7 @@ class Collector:
         metrics.sampler_calls = worker.stats.calls
         metrics.sampler_states = worker.stats.states
         metrics.sampler_busy_s = worker.stats.busy_s
-        usage_after = self._usage()
-        metrics.teacher = _usage_delta(usage_before.teacher, usage_after.teacher)
-        metrics.matcher = {k: v - usage_before.matcher.get(k, 0) for k, v in usage_after.matcher.items()}
-        metrics.judge = _usage_delta(usage_before.judge, usage_after.judge)
-        metrics.user = _usage_delta(usage_before.user, usage_after.user)
+        record_usage(metrics, usage_before, usage_snapshot(self.teacher, self.matcher))
         outcomes.sort(key=lambda o: (o[0], o[1].decision_index))
         records.sort(key=lambda r: r.task_start)
         return CollectResult.assemble(step, outcomes, records, metrics)
@@ -229,12 +222,7 @@ class Collector:
         """Have the environments start the servers of these task starts now, in the background
         (pools that have servers: AWM), so that an episode's reset, and the device step that
         waits on its states, does not wait for a cold server start. Returns at once."""
-        prefetch = getattr(self.env_factory, "prefetch", None)
-        if callable(prefetch) and tasks:
-            try:
-                prefetch(list(tasks))
-            except Exception as err:  # noqa: BLE001 - a missed prefetch only costs a cold start
-                log.warning("environment prefetch failed (%s: %s)", type(err).__name__, err)
+        prefetch(self.env_factory, tasks)
 
     # --- one trajectory ------------------------------------------------------------------------
 
@@ -265,17 +253,17 @@ class Collector:
                 obs = await self._env_call(env.step(action), rec)
         except SamplerError:
             raise  # the device call failed: a systemic error, not one trajectory's problem
-        except _EnvFailure as err:
+        except EnvFailure as err:
             rec.end_reason = err.reason
             log.warning("task start %d (%s): %s", start, task.task_id, err)
-            _safe_end(env, err.reason)
+            safe_end(env, err.reason)
         except Exception as err:  # noqa: BLE001 - one broken trajectory must not sink the step
             rec.end_reason = f"error:{type(err).__name__}"
             log.exception("task start %d (%s) failed", start, task.task_id)
-            _safe_end(env, rec.end_reason)
+            safe_end(env, rec.end_reason)
         if env is not None:
             # off the loop: a verifier may run a sandboxed process or ask a judge (AWM)
-            rec.score = await asyncio.to_thread(_safe_score, env, rec.end_reason)
+            rec.score = await asyncio.to_thread(safe_score, env, rec.end_reason)
         return rec, groups
 
     def next_prompt(self, obs: Observation, env: Environment, limit: int | None,
@@ -297,19 +285,7 @@ class Collector:
         return None
 
     async def _env_call(self, coro, rec: TrajectoryRecord) -> Observation:
-        t0 = time.perf_counter()
-        try:
-            result = await asyncio.wait_for(coro, self.cfg.env_timeout_s)
-        except asyncio.TimeoutError:
-            raise _EnvFailure("env_timeout", f"environment call exceeded {self.cfg.env_timeout_s}s") from None
-        except Exception as err:  # noqa: BLE001
-            # an environment may name its failure (e.g. MCP's mcp_timeout / mcp_connection_lost)
-            reason = getattr(err, "end_reason", None)
-            raise _EnvFailure(reason if isinstance(reason, str) and reason else "env_error",
-                              f"{type(err).__name__}: {err}") from err
-        finally:
-            rec.env_s += time.perf_counter() - t0
-        return result[0] if isinstance(result, tuple) else result
+        return await env_call(coro, self.cfg.env_timeout_s, rec)
 
     # --- one decision point ----------------------------------------------------------------------
 
@@ -354,43 +330,27 @@ class Collector:
                                         action=action, finish_reason=gen.finish_reason))
         # the matcher's execution stage forks the live state (envs/fork.py) where the env can
         fork = getattr(env, "fork_point", None) if env is not None else None
-        verdicts = await self._verdicts(candidates, batch, prompt, rec, evidence_scope(task), fork=fork)
+        found = await verdicts(self.matcher, candidates, batch, prompt, rec, evidence_scope(task),
+                               timeout_s=self.cfg.matcher_timeout_s, fork=fork)
         if self.judged_log is not None:
             self.judged_log.record(step=step, task_start=start, task_id=task.task_id, env=task.env, decision=decision,
                                    messages=prompt.messages, tools=prompt.tools,
                                    candidates=[c.action for c in candidates],
-                                   teacher=[s.action for s in batch.samples], verdicts=verdicts,
+                                   teacher=[s.action for s in batch.samples], verdicts=found,
                                    matcher=self.matcher, evidence_env=evidence_scope(task))
         cfg = self.cfg
         return build_group(task_id=task.task_id, decision_index=decision, prompt_ids=prompt.ids,
-                           candidates=candidates, teacher_samples=batch.samples, verdicts=verdicts,
+                           candidates=candidates, teacher_samples=batch.samples, verdicts=found,
                            reward_cfg=cfg.reward, commit_mode=cfg.commit,
                            key=keys.commit_key(cfg.seed, step, start, decision))
 
     async def _teacher_samples(self, task: Task, prompt: Prompt, rec: TrajectoryRecord
                                ) -> tuple[TeacherBatch, str]:
-        t0 = time.perf_counter()
-        try:
-            batch = await asyncio.wait_for(
-                self.teacher.sample_detailed(prompt.messages, prompt.tools, self.cfg.k,
-                                             key_info={"task_id": task.task_id, "env": task.env}),
-                self.cfg.teacher_timeout_s)
-            if batch.unanswered:   # every slot lost past the transport retries: say so, with what failed
-                self.last_teacher_error = batch.transport_error
-                log.warning("%s answered none of %d sample(s) on %s: %s", teacher_where(self.teacher),
-                            batch.requested, task.task_id, batch.transport_error)
-            return batch, ""
-        except asyncio.TimeoutError:
-            self.last_teacher_error = f"TimeoutError: no answer in collect.teacher_timeout_s={self.cfg.teacher_timeout_s}s"
-            log.warning("%s timed out after %ss on %s", teacher_where(self.teacher), self.cfg.teacher_timeout_s,
-                        task.task_id)
-            return TeacherBatch(samples=[], requested=self.cfg.k), "teacher_timeout"
-        except Exception as err:  # noqa: BLE001 - e.g. a permanent 4xx: no supervision here
-            self.last_teacher_error = f"{type(err).__name__}: {err}"
-            log.warning("%s failed on %s: %s: %s", teacher_where(self.teacher), task.task_id, type(err).__name__, err)
-            return TeacherBatch(samples=[], requested=self.cfg.k), "teacher_error"
-        finally:
-            rec.teacher_s += time.perf_counter() - t0
+        batch, failure, error = await teacher_samples(self.teacher, task, prompt, k=self.cfg.k,
+                                                      timeout_s=self.cfg.teacher_timeout_s, rec=rec)
+        if error is not None:
+            self.last_teacher_error = error
+        return batch, failure
 
     async def _student_samples(self, worker: SamplerWorker, prompt: Prompt, key, rec: TrajectoryRecord):
         t0 = time.perf_counter()
@@ -399,36 +359,7 @@ class Collector:
         finally:
             rec.sampler_wait_s += time.perf_counter() - t0
 
-    async def _verdicts(self, candidates: list[Candidate], batch: TeacherBatch, prompt: Prompt,
-                        rec: TrajectoryRecord, env: str, fork: Any = None) -> list[list[Verdict]]:
-        t0 = time.perf_counter()
-        extra = {"fork": fork} if fork is not None else {}  # matchers without an execution stage take none
-        try:
-            return await asyncio.wait_for(
-                self.matcher.match_group([c.action for c in candidates], [s.action for s in batch.samples],
-                                         messages=prompt.messages, tools=prompt.tools, env=env, **extra),
-                self.cfg.matcher_timeout_s)
-        except asyncio.TimeoutError:
-            log.warning("matcher timed out after %ss: group masked", self.cfg.matcher_timeout_s)
-        except Exception as err:  # noqa: BLE001 - a matcher failure is unavailable supervision
-            log.warning("matcher failed (%s: %s): group masked", type(err).__name__, err)
-        finally:
-            rec.matcher_s += time.perf_counter() - t0
-        return [["unavailable"] * len(batch.samples) for _ in candidates]
-
     # --- bookkeeping -----------------------------------------------------------------------------
-
-    def _usage(self) -> _Usage:
-        teacher = getattr(self.teacher, "usage", None)
-        stats = getattr(self.matcher, "stats", None)
-        matcher = stats.as_dict() if hasattr(stats, "as_dict") else {}
-        judge = getattr(getattr(self.matcher, "judge", None), "usage", None)
-        # Copies: providers update their UsageReport in place.
-        snapshot = UsageReport(**teacher.as_dict()) if isinstance(teacher, UsageReport) else UsageReport()
-        judged = UsageReport(**judge.as_dict()) if isinstance(judge, UsageReport) else UsageReport()
-        judged.cache_hits = int(matcher.get("judge_reused", 0))   # pairs the judge was not asked again
-        users = UsageReport(**user_sim.USAGE.snapshot())
-        return _Usage(teacher=snapshot, matcher=dict(matcher), judge=judged, user=users)
 
     @staticmethod
     def _progress_bar(total: int, enabled: bool | None):
@@ -438,43 +369,3 @@ class Collector:
 
         return tqdm(total=total, desc="collect", unit="traj", dynamic_ncols=True, leave=False)
 
-
-def teacher_where(teacher: Any) -> str:
-    """"teacher endpoint URL (model M)" of a teacher client (through its cache wrapper), for the
-    outage messages; the teacher's class name where it has no endpoint."""
-    t = teacher
-    while t is not None:
-        cfg = getattr(t, "cfg", None)
-        if getattr(cfg, "base_url", None):
-            return f"teacher endpoint {cfg.base_url} (model {getattr(cfg, 'model', '?')})"
-        t = getattr(t, "inner", None)
-    return f"teacher {type(teacher).__name__}"
-
-
-class _EnvFailure(Exception):
-    def __init__(self, reason: str, message: str):
-        super().__init__(message)
-        self.reason = reason
-
-
-def _usage_delta(before: UsageReport, after: UsageReport) -> UsageReport:
-    return UsageReport(**{k: v - getattr(before, k) for k, v in after.as_dict().items()})
-
-
-def _safe_end(env: Environment | None, reason: str) -> None:
-    # Tell the environment the episode is over so its score names the reason; an
-    # environment broken enough to fail here is scored as it stands.
-    if env is None:
-        return
-    try:
-        env.end(reason)
-    except Exception as err:  # noqa: BLE001
-        log.debug("env.end(%r) failed: %s", reason, err)
-
-
-def _safe_score(env: Environment, end_reason: str) -> dict[str, Any]:
-    try:
-        return dict(env.score())
-    except Exception as err:  # noqa: BLE001 - a scorer bug must not lose the collected groups
-        log.warning("scoring failed (%s: %s)", type(err).__name__, err)
-        return {"reward": float("nan"), "end_reason": end_reason, "score_error": f"{type(err).__name__}: {err}"}

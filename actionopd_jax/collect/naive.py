@@ -14,7 +14,8 @@ from typing import Sequence
 import numpy as np
 
 import actionopd_jax.collect.keys as keys
-from actionopd_jax.collect.collector import Collector, CollectResult, _safe_score
+from actionopd_jax.collect.collector import Collector, CollectResult
+from actionopd_jax.collect.env_calls import safe_score
 from actionopd_jax.collect.group import NO_COMMIT
 from actionopd_jax.collect.metrics import StepMetrics, TrajectoryRecord
 from actionopd_jax.types import StateGroup, Task
@@ -60,7 +61,7 @@ async def collect_sequential(collector: Collector, starts: Sequence[tuple[int, T
             t_e = time.perf_counter()
             obs, _ = await env.step(outcome.group.candidates[outcome.committed].action)
             rec.env_s += time.perf_counter() - t_e
-        rec.score = _safe_score(env, rec.end_reason)
+        rec.score = safe_score(env, rec.end_reason)
         records.append(rec)
     metrics.wall_s = time.perf_counter() - t0
     return CollectResult.assemble(step, outcomes, records, metrics)

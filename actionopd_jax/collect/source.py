@@ -338,7 +338,7 @@ class ActionOPDGroupSource:
             return
         self._outage_steps += 1
         limit = self.max_outage_steps
-        from actionopd_jax.collect.collector import teacher_where
+        from actionopd_jax.collect.supervision import teacher_where
 
         # the endpoint, the error class and the counts (issue 46 item 5: the stop named none of them)
         where = teacher_where(self.collector.teacher)
