@@ -19,10 +19,10 @@ import argparse
 import logging
 import os
 import sys
-import time
 from pathlib import Path
 
 from actionopd_jax.aot.targets import USABLE_MEMORY_FRACTION
+from actionopd_jax.commands.train_run_dir import entries, remove_created, resume_choice, run_dir_for
 from actionopd_jax.config import Config, ConfigError
 from actionopd_jax.config.load import load_config, replace_keys
 from actionopd_jax.train.sources import RunStop, StoppedEarly
@@ -173,21 +173,6 @@ def check_aot(cfg: Config, target: str, lengths: str = "", cost: bool = True) ->
     return 0 if fits else 1
 
 
-def _run_dir(cfg: Config, args) -> Path:
-    from actionopd_jax.train import distributed
-    from actionopd_jax.train.reporting import latest_run_dir, new_run_dir
-
-    if args.run_dir or cfg.run.dir:
-        return Path(args.run_dir or cfg.run.dir)
-    if args.resume is not None:
-        found = latest_run_dir(cfg.run.root, cfg.run.name)
-        if found is None:
-            raise ConfigError(f"--resume: no run directory {cfg.run.root}/*-{cfg.run.name}; pass --run-dir")
-        return found
-    name = cfg.run.name + ("-smoke" if args.smoke else "")
-    return new_run_dir(cfg.run.root, name, distributed.broadcast_int(int(time.time())))
-
-
 def train(cfg: Config, args) -> int:
     import os
 
@@ -219,23 +204,23 @@ def train(cfg: Config, args) -> int:
         cfg, remat_line = remat_choice.resolve_for(cfg, plan_model_config(cfg, [])[1], mesh_sizes(cfg, where.devices),
                                                    where)
         print(remat_line, flush=True)
-    run_dir = _run_dir(cfg, args)
+    run_dir = run_dir_for(cfg, args)
     primary = distributed.is_primary()
-    before = _entries(run_dir)
+    before = entries(run_dir)
     import jax
 
     setup_logging(run_dir, primary=primary, process_index=jax.process_index())
     log.info("run directory %s; process %d of %d, %d local / %d global devices", run_dir,
              jax.process_index(), jax.process_count(), jax.local_device_count(), jax.device_count())
     resume = None if args.resume is None else (args.resume if args.resume == "latest" else int(args.resume))
-    resume, auto = _resume_choice(cfg, run_dir, resume)
+    resume, auto = resume_choice(cfg, run_dir, resume)
     try:
         trainer = Trainer(cfg, run_dir=run_dir, source=functools.partial(build_source, cfg), resume=resume,
                           force=args.force, allow_unverified=args.allow_unverified)
     except BaseException as e:
         if primary:  # a refused start leaves the run directory as it found it
             setup_logging(None, primary=primary, process_index=jax.process_index())
-            _remove_created(run_dir, before)
+            remove_created(run_dir, before)
         if auto and isinstance(e, ConfigError):  # the user did not ask to resume: say why this run is resumed
             raise ConfigError(f"{run_dir} already holds checkpoints, so this command resumes that run, but {e}\n"
                               f"(or pass another --run-dir to start a new run)") from e
@@ -268,25 +253,6 @@ def _print_spend(run_dir: Path) -> None:
               f"{report['table']}")
 
 
-def _entries(run_dir: Path) -> set[str] | None:
-    """The names in `run_dir` before this command wrote anything; None when it did not exist."""
-    return set(p.name for p in run_dir.iterdir()) if run_dir.is_dir() else None
-
-
-def _remove_created(run_dir: Path, before: set[str] | None) -> None:
-    """Remove what a refused start created in `run_dir` (train.log, checkpoints/, tokenizer/,
-    cache/, ...), and the directory itself when this command created it."""
-    import shutil
-
-    if not run_dir.is_dir():
-        return
-    for p in run_dir.iterdir():
-        if before is None or p.name not in before:
-            shutil.rmtree(p) if p.is_dir() and not p.is_symlink() else p.unlink()
-    if before is None:
-        run_dir.rmdir()
-
-
 def _record_smoke_tokenizer(trainer) -> None:
     """A smoke run of a random-init model names no tokenizer (its groups are synthetic): record
     the offline tiny tokenizer, so eval, serve and export load the run like any other."""
@@ -300,37 +266,6 @@ def _record_smoke_tokenizer(trainer) -> None:
         log.warning("smoke run: no tokenizer recorded (%s); eval and serve will need --tokenizer", e)
         return
     log.info("smoke run: recorded the offline tiny tokenizer (%d ids) in %s", vocab, out)
-
-
-def _resume_choice(cfg: Config, run_dir: Path, resume):
-    """(resume, resumed without being asked). A rerun in a run directory with finished
-    checkpoints resumes the latest (after a crash or preemption that is what the user wants;
-    a fresh start would collide with the saved steps); `--resume` before the first checkpoint
-    was saved starts from step 0."""
-    from actionopd_jax.checkpoint import Checkpointer
-    from actionopd_jax.train import distributed
-
-    ckpt_dir = Path(cfg.checkpoint.dir or run_dir / "checkpoints")
-    steps = []
-    # Every process must take the same branch: opening a checkpoint manager is collective, and
-    # process 0 may already be creating the directory for a fresh run while a slower peer
-    # looks (each one's answer is in before any process gets past this gather).
-    if distributed.any_process(ckpt_dir.is_dir()):
-        ckpt = Checkpointer(ckpt_dir, read_only=True)
-        try:
-            steps = ckpt.steps()
-        finally:
-            ckpt.close()
-    finished = bool(distributed.broadcast_int(int(bool(steps))))  # process 0's listing decides for all
-    if resume is None and finished:
-        log.warning("%s holds checkpoints (steps %s): resuming from the latest (use another --run-dir for a "
-                    "new run)", ckpt_dir, steps)
-        return "latest", True
-    if resume == "latest" and not finished:
-        log.warning("--resume: no finished checkpoint in %s yet (the run stopped before its first save): "
-                    "starting from step 0", ckpt_dir)
-        return None, False
-    return resume, False
 
 
 def _verify_smoke(trainer, *, trained: int) -> int:
