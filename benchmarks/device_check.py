@@ -94,10 +94,11 @@ def stages(mode: str, platform: str, shapes: dict | None = None) -> list[tuple[s
     plan.append(("attention parity", "parity", 60.0, {"fn": "attention"}))
     for t in shapes["train"]:
         # named by its master weights where they are not the recipe's (float32): another step's plan
-        suffix = f" {t['param_dtype']} weights" if t["param_dtype"] else ""
+        suffix = (f" {t['param_dtype']} weights" if t["param_dtype"] else "") + \
+            (f" remat {t['remat']}" if t.get("remat") else "")
         plan.append((f"train {preset} {t['attention']} {t['seq']}{suffix}", "train_step", 150.0 if dev else 60.0,
                      {"fn": "train", "preset": preset, "attention": t["attention"], "seq": t["seq"], "resp": resp,
-                      "param_dtype": t["param_dtype"], "own": dev}))
+                      "param_dtype": t["param_dtype"], "remat": t.get("remat"), "own": dev}))
     return plan
 
 
@@ -182,7 +183,7 @@ def child(mode: str, names: list[str], out_dir: Path, memory: int | None = None,
         if fn == "train":
             return w.train_step_timing(spec["preset"], spec["attention"], rows=len(devices), seq=spec["seq"],
                                        resp=spec["resp"], reps=2 if dev else 1, devices=devices,
-                                       param_dtype=spec["param_dtype"])
+                                       param_dtype=spec["param_dtype"], remat=spec.get("remat"))
         if fn == "sampler parity":
             return w.sampler_parity(devices[0], bf16=dev)
         preset, slots, samples, lo, hi, new = DECODE[mode][spec["work"]]

@@ -73,6 +73,23 @@ def _train_plan(preset: str, attention: str, seq: int, resp: int, param_dtype: s
     return estimate_memory(cfg, model_config(cfg), {"data": 1, "fsdp": 1, "tensor": 1}, attention).total
 
 
+def _auto_remat(preset: str, attention: str, seq: int, resp: int, usable: float) -> tuple[str, float] | None:
+    """(policy, planned bytes) that `model.remat: auto` takes for the recipe's step at `seq`
+    tokens on `usable` bytes (train/remat_choice, as `actionopd train` resolves it); None where
+    no policy fits."""
+    import device_check_work as work
+    from actionopd_jax.config import ConfigError
+    from actionopd_jax.train.remat_choice import choose_remat
+    from actionopd_jax.train.setup import model_config
+
+    cfg = work.train_config(preset, attention, 1, seq, resp, None, None)
+    try:
+        choice = choose_remat(cfg, model_config(cfg), {"data": 1, "fsdp": 1, "tensor": 1}, attention, usable)
+    except ConfigError:
+        return None
+    return choice.policy, choice.estimate.total
+
+
 def _decode_plan(work: str, spec: tuple, usable: float, platform: str) -> dict:
     from actionopd_jax.engine.requests import pages_needed
     from actionopd_jax.engine.sizing import EngineConfig, pages_for
@@ -123,7 +140,8 @@ def choose(mode: str, platform: str, memory_bytes: int | None, source: str = "")
     """The train steps and decode workloads to run in `mode` on a device of `memory_bytes`
     (None: unknown, the defaults), each with its planned peak (bytes per device): "train" a
     list of {attention, seq, param_dtype (None: the recipe's), plan_bytes}; "decode" per
-    workload its pool pages, static calls and plans; "dropped" what fits no variant, and why."""
+    workload its pool pages, static calls and plans; "dropped" what fits no variant, and why.
+    A train entry with "remat" runs under that policy (auto's choice), else the recipe's."""
     dev = mode == "device"
     fraction = None
     if dev and memory_bytes:
@@ -134,6 +152,14 @@ def choose(mode: str, platform: str, memory_bytes: int | None, source: str = "")
     out = {"memory_bytes": memory_bytes if dev else None, "source": source if dev and memory_bytes else
            "none (the default shapes)", "usable_bytes": usable, "usable_fraction": fraction,
            "preset": preset, "resp": resp, "train": [], "decode": {}, "dropped": []}
+    if usable is not None and fast in ("cudnn", "splash"):
+        # issue 42's rows first: the step under the policy `model.remat: auto` picks for this
+        # device's memory, where that is not the recipe's "full" (timed beside it below)
+        for s in dict.fromkeys((seq, long_seq)):
+            auto = _auto_remat(preset, fast, s, resp, usable)
+            if auto is not None and auto[0] != "full":
+                out["train"].append({"attention": fast, "seq": s, "param_dtype": None, "remat": auto[0],
+                                     "plan_bytes": auto[1]})
     for attention, s in dict.fromkeys(((fast, seq), ("xla", seq), (fast, long_seq))):
         if usable is None:
             out["train"].append({"attention": attention, "seq": s, "param_dtype": None, "plan_bytes": None})

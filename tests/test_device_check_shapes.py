@@ -30,10 +30,15 @@ def _planned_peaks(plan: dict) -> list[float]:
 
 
 def _expected_train(usable: float) -> list[tuple]:
-    """What the choice must be by train --check's plan, whatever its current figures: per step
-    the first variant that fits, in the order recipe (float32 master weights) then bfloat16,
-    the long step at its length then half."""
+    """What the choice must be by train --check's plan, whatever its current figures: first
+    the steps under the remat policy auto picks where that is not the recipe's full (issue 42);
+    then per step the first variant that fits, in the order recipe (float32 master weights)
+    then bfloat16, the long step at its length then half."""
     out = []
+    for seq in (4096, 16384):
+        auto = shapes._auto_remat("qwen3-4b", "cudnn", seq, 512, usable)
+        if auto and auto[0] != "full":
+            out.append(("cudnn", seq, None))
     for attention, seq in (("cudnn", 4096), ("xla", 4096), ("cudnn", 16384)):
         variants = [(s, d) for s in ((seq, seq // 2) if seq == 16384 else (seq,)) for d in (None, "bfloat16")]
         fits = [(attention, s, d) for s, d in variants
@@ -52,14 +57,28 @@ def test_an_h100_and_an_h200_get_different_shapes_each_within_its_memory():
         # fits (the H200's float32 16k step only where its plan fits this device), else lighter
         assert [(t["attention"], t["seq"], t["param_dtype"]) for t in plan["train"]] == \
             _expected_train(plan["usable_bytes"])
-    assert [(t["attention"], t["seq"], t["param_dtype"]) for t in h200["train"]] == [
-        ("cudnn", 4096, None), ("xla", 4096, None), ("cudnn", 16384, None)]
+    recipe_steps = [("cudnn", 4096, None), ("xla", 4096, None), ("cudnn", 16384, None)]
+    auto200 = [(t["seq"], t["remat"]) for t in h200["train"] if t.get("remat")]
+    assert [(t["attention"], t["seq"], t["param_dtype"]) for t in h200["train"] if not t.get("remat")] == recipe_steps
+    # auto's rows come first, each the cheapest policy that fits (train/remat_choice): the
+    # H200 holds the 4,096-token step without remat; the H100 needs more recompute than the H200
+    assert auto200 and auto200[0] == (4096, "none") and h200["train"][0]["remat"] == "none"
+    order = ("none", "dots", "attn", "full")
+    auto100 = dict((t["seq"], t["remat"]) for t in h100["train"] if t.get("remat"))
+    for seq, policy in auto200:
+        assert order.index(auto100.get(seq, "full")) >= order.index(policy)
+    names200 = [n for n, _, _, _ in dc.stages("device", "gpu", h200)]
+    assert "train qwen3-4b cudnn 4096 remat none" in names200
+    spec200 = {n: sp for n, _, _, sp in dc.stages("device", "gpu", h200)}
+    assert spec200["train qwen3-4b cudnn 4096 remat none"]["remat"] == "none"
+    assert spec200["train qwen3-4b cudnn 4096"]["remat"] is None      # the recipe's own (full)
     # a device whose usable memory is under the recipe's 4,096-token plan gets the lighter variant
     recipe = shapes._train_plan("qwen3-4b", "cudnn", 4096, 512, None)
     light = shapes._train_plan("qwen3-4b", "cudnn", 4096, 512, "bfloat16")
     assert light < recipe
     between = shapes.choose("device", "gpu", int((light + recipe) / 2 / 0.9), "--memory-gib")
-    assert between["train"][0] == {"attention": "cudnn", "seq": 4096, "param_dtype": "bfloat16", "plan_bytes": light}
+    assert [t for t in between["train"] if not t.get("remat")][0] == \
+        {"attention": "cudnn", "seq": 4096, "param_dtype": "bfloat16", "plan_bytes": light}
     # decode: the static sampler's 256 rows of Qwen3-4B plan 77.0 GiB in one call (run 2
     # measured a 76.6 GiB peak): one call on the H200, two on the H100, by its own budget
     big100, big200 = h100["decode"]["big"], h200["decode"]["big"]
