@@ -1,5 +1,6 @@
 """A tiny model trained (in seconds) to answer two fixed conversations, one with a tool call,
-so the server tests see real tool-call parsing on real generated tokens."""
+so the server tests see real tool-call parsing on real generated tokens; and `served`, that
+model behind a loopback server (import it into the test files that use it)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+import pytest
 from flax import nnx
 
 from actionopd_jax.chat import build_tiny_tokenizer, load_tokenizer, render_ids
+from actionopd_jax.engine import Engine, EngineConfig
 from actionopd_jax.model import Qwen3
+from actionopd_jax.sampling.loading import end_token_ids
+from actionopd_jax.serve.model_backend import ModelBackend
+from actionopd_jax.serve.openai_http import OpenAIServer
 from actionopd_jax.testing.tiny_checkpoint import tiny_config
 
 WEATHER_TOOL = {"type": "function", "function": {
@@ -66,3 +72,37 @@ def trained_model(tokenizer, *, seed: int = 0, max_steps: int = 300) -> Qwen3:
             break
     assert float(loss) < 0.03, f"fixture model did not fit its two replies (loss {float(loss):.3f})"
     return model
+
+
+SEGMENT = 8  # decode steps per engine segment: short, so the streaming tests see many
+SHAPES = EngineConfig(slots=4, page_size=16, max_len=MAX_CONTEXT, chunk=128, prefill_lanes=2, segment=SEGMENT)
+
+
+# Each module that imports `served` registers its own copy of the fixture, so the session scope
+# alone would still build once per file: _SERVED keeps the first build for the process, and
+# test_serve_model.py and test_serve_streaming.py share one trained model and one server when
+# they run in the same process (under --dist loadfile each file is one unit of work).
+_SERVED: list = []
+
+
+@pytest.fixture(scope="session")
+def served(tmp_path_factory):
+    """(server, the "tiny-student" backend, tokenizer); the server also serves "endless"."""
+    if _SERVED:  # built by another module's copy of this fixture, which closes it at session end
+        yield _SERVED[0]
+        return
+    tokenizer = build_tokenizer(tmp_path_factory.mktemp("serve"))
+    model = trained_model(tokenizer)
+    eos = end_token_ids(tokenizer)
+    backend = ModelBackend(Engine(model, eos_ids=eos, config=SHAPES), tokenizer, model_name="tiny-student",
+                           default_max_tokens=48)
+    # end ids past the vocabulary are never sampled; as many as the real ones, so both engines
+    # run the same compiled programs
+    never = [len(tokenizer) + k for k in range(len(eos))]
+    endless = ModelBackend(Engine(model, eos_ids=never, config=SHAPES), tokenizer, model_name="endless")
+    with OpenAIServer([backend, endless]) as server:
+        _SERVED.append((server, backend, tokenizer))
+        try:
+            yield _SERVED[0]
+        finally:
+            _SERVED.clear()
