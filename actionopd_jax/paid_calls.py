@@ -11,9 +11,10 @@ sent; once a reply is in, its reported usage is what is spent and the reservatio
 back. Spend therefore never passes the cap. A request cancelled in flight (the run stopping
 around it) may still be billed, so it is counted at its reserved worst case.
 
-One ledger per process, installed by the trainer for the length of a run (`install`); the
-endpoints reach it through `current()` (a client with no ledger installed meters nothing
-here: the screen, the summaries drafter and stand-alone evaluations keep their own counts).
+One ledger per process, installed for the length of a run (`install`) by the trainer, and by
+the commands that pay outside training (`actionopd eval` with an endpoint, user or judge, `envs
+screen`, `tau2 summaries`: their spend tables are train/spend_report.ledger_table); the
+endpoints reach it through `current()` (a client with no ledger installed meters nothing).
 Several processes split what is left of the cap at the start of each step evenly
 (`begin_step`), so together they cannot pass it either. The totals travel in the checkpoint
 (train/loop.py), so a resumed run counts on.
@@ -105,6 +106,9 @@ class Ledger:
         self._step_start_role_usd = {r: 0.0 for r in ROLES}
         self.step_label = 0
         self._closed = ""   # the first refusal of the step: every later reservation of the step is refused
+        # how a refusal names the roles, the USD cap and what happens next: a command outside training
+        # (`actionopd eval --budget-usd`) words them its own way
+        self.role_names, self.usd_cap_name, self.stop_note = dict(ROLE_NAMES), "run.budget_usd", ""
 
     @property
     def capped(self) -> bool:
@@ -149,8 +153,11 @@ class Ledger:
         where = (f"step {before_step} would start with it, so the run stops before that step"
                  if before_step is not None else f"so the run stops within step {self.step_label}")
         at = self.step_label if before_step is None else before_step
-        how = (f"Saved at step {at} (the state before that step); paid-for teacher samples are kept in the cache. "
-               "To go on, raise the cap and rerun the same command: the run resumes from here")
+        if self.stop_note:
+            where, how = "so the run stops", self.stop_note
+        else:
+            how = (f"Saved at step {at} (the state before that step); paid-for teacher samples are kept in the cache. "
+                   "To go on, raise the cap and rerun the same command: the run resumes from here")
         held = ""
         if "usd" in self.caps:
             if spent_usd is None:
@@ -162,10 +169,10 @@ class Ledger:
             held = f" and ${in_flight:,.4f} more is held by requests in flight" if in_flight > 0 else ""
             if over and usd > 0:
                 return (f"budget: the paid models (teacher, judge, user simulator) have cost ${spent_now:,.4f} of "
-                        f"run.budget_usd=${self.caps['usd']:,.4f}{held}; the next {ROLE_NAMES[role]} request batch "
-                        f"reserves up to ${usd:,.4f} (its prompt bound plus max_tokens per reply at "
+                        f"{self.usd_cap_name}=${self.caps['usd']:,.4f}{held}; the next {self.role_names[role]} request "
+                        f"batch reserves up to ${usd:,.4f} (its prompt bound plus max_tokens per reply at "
                         f"the {role}'s price), which would pass the cap: {where}. {how} "
-                        f"(run.budget_usd >= ${spent_now + in_flight + usd:,.4f} buys that batch).")
+                        f"({self.usd_cap_name} >= ${spent_now + in_flight + usd:,.4f} buys that batch).")
         key = f"{role}_tokens"
         if key in self.caps:
             if spent_tokens is None:
@@ -177,7 +184,7 @@ class Ledger:
                 over = spent_now + tokens > self.caps[key]
             held = f" and {in_flight:,} more are held by requests in flight" if in_flight > 0 else ""
             if over:
-                return (f"budget: the {ROLE_NAMES[role]} has used {spent_now:,.0f} of run.budget_{key}="
+                return (f"budget: the {self.role_names[role]} has used {spent_now:,.0f} of run.budget_{key}="
                         f"{int(self.caps[key]):,} tokens{held}; its next request batch reserves up to {tokens:,} "
                         f"tokens (prompt bound plus max_tokens per reply), which would pass the cap: {where}. {how} "
                         f"(run.budget_{key} >= {spent_now + in_flight + tokens:,.0f} buys that batch).")
@@ -309,5 +316,39 @@ def paid_request(role: str | None, messages: Any, tools: Any = None, replies: in
         yield ledger
 
 
-__all__ = ["BudgetReached", "Hold", "Ledger", "PROMPT_ALLOWANCE_TOKENS", "ROLES", "current", "install",
-           "paid_request", "prompt_token_bound"]
+IN_FLIGHT_WAIT_S = 900.0   # beyond any request's retry bound (teacher.endpoint: 600 s by default)
+
+
+async def finishing_in_flight(coro: Any) -> Any:
+    """`coro`, except that when the cap refuses a request (BudgetReached) the episodes with a
+    request in flight finish that request before the refusal is raised: it is paid for, and a
+    request cancelled in flight is counted at its reserved worst case. Each of them stops at its
+    next request (the ledger refuses every request after the first refusal); the episodes that
+    finish are kept in the episode file (KD, the warm start, `actionopd eval --budget-usd`)."""
+    import asyncio
+
+    try:
+        return await coro
+    except BudgetReached:
+        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+        if others:
+            await asyncio.wait(others, timeout=IN_FLIGHT_WAIT_S)
+        raise
+
+
+def parse_price(text: str) -> tuple[float, float, float]:
+    """A command line's price: "IN,CACHED,OUT" USD per million tokens (input, cached input,
+    output), as teacher.price; ValueError saying what is wrong otherwise."""
+    parts = [p.strip() for p in str(text).split(",")]
+    try:
+        price = tuple(float(p) for p in parts)
+    except ValueError:
+        price = ()
+    if len(price) != 3 or any(p < 0 or p != p for p in price):
+        raise ValueError(f"price {text!r}: expected three USD prices per million tokens >= 0, "
+                         "input,cached-input,output (e.g. 0.28,0.028,0.42)")
+    return price  # type: ignore[return-value]
+
+
+__all__ = ["BudgetReached", "Hold", "IN_FLIGHT_WAIT_S", "finishing_in_flight", "Ledger", "PROMPT_ALLOWANCE_TOKENS", "ROLES", "current", "install",
+           "paid_request", "parse_price", "prompt_token_bound"]

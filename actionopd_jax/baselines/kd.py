@@ -31,6 +31,8 @@ import numpy as np
 
 from actionopd_jax.config import Config
 from actionopd_jax.config.method import check_method
+# a budget stop lets the requests in flight finish (paid for); shared with `actionopd eval`
+from actionopd_jax.paid_calls import IN_FLIGHT_WAIT_S, finishing_in_flight  # noqa: F401
 from actionopd_jax.train.sources import StepIndexedSource
 from actionopd_jax.types import Candidate, ChatMessage, Message, StateGroup, Task, ToolSchema
 
@@ -110,26 +112,6 @@ async def teacher_trajectories(agent: Any, tasks: Sequence[Task], make_env: Any,
              f"; the endpoint: {usage.http_calls} request(s), {usage.transport_retries} retried, "
              f"{usage.malformed_replies} malformed bod(ies)" if usage is not None else "")
     return kept
-
-
-IN_FLIGHT_WAIT_S = 900.0   # beyond any request's retry bound (teacher.endpoint: 600 s by default)
-
-
-async def finishing_in_flight(coro: Any) -> Any:
-    """`coro`, except that when run.budget_* refuses a request (paid_calls.BudgetReached) the
-    episodes with a request in flight finish that request before the refusal is raised: it is
-    paid for, and a request cancelled in flight is counted at its reserved worst case. Each of
-    them stops at its next request (the ledger refuses every request after the first refusal);
-    the episodes that finish are kept in the episode file."""
-    from actionopd_jax.paid_calls import BudgetReached
-
-    try:
-        return await coro
-    except BudgetReached:
-        others = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-        if others:
-            await asyncio.wait(others, timeout=IN_FLIGHT_WAIT_S)
-        raise
 
 
 def load_trajectories(path: str | Path, *, keep_successful: bool = True, min_reward: float = 1.0) -> list[dict]:

@@ -79,7 +79,8 @@ class EndpointAgent:
                                     temperature=temperature, top_p=top_p, top_k=top_k, max_tokens=max_tokens,
                                     extra_body=dict(extra_body or {}), request_timeout_s=timeout_s,
                                     retry=retry or RetryPolicy(), max_concurrency=1 << 16)
-        self.endpoint = ChatEndpoint(settings, who=f"{role} {model} at {base_url}")
+        # metered as the ledger's "teacher" role: the model asked for actions (paid_calls.py)
+        self.endpoint = ChatEndpoint(settings, who=f"{role} {model} at {base_url}", paid_role="teacher")
         self.name = model
         self.where = f"{role} endpoint {base_url} (model {model})"   # what an outage message names
         self._retries, self._retry_invalid = max(0, int(retries)), retry_invalid

@@ -14,6 +14,7 @@ from actionopd_jax.config.eval_section import EvalConfig
 from actionopd_jax.config.rollout import SAMPLER_KINDS
 from actionopd_jax.eval.agents import Agent, BackendAgent, EndpointAgent, ReferenceAgent
 from actionopd_jax.eval.metrics import summarize
+from actionopd_jax.eval import spend as eval_spend
 from actionopd_jax.eval.report import markdown_table, write_report
 from actionopd_jax.eval.runner import load_finished, run_eval
 from actionopd_jax.eval.settings import ROLES, THINKING, EvalSettings, check_same_settings, resolve
@@ -92,6 +93,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--judge-api-key-env", help="awm: environment variable with the judge's API key")
     p.add_argument("--out", help="output directory (episodes.jsonl makes the run resumable)")
     p.add_argument("--no-progress", action="store_true")
+    eval_spend.add_arguments(p)
     return p
 
 
@@ -289,21 +291,35 @@ def evaluate(args: argparse.Namespace, settings: EvalSettings) -> dict[str, Any]
     if note:
         print(note, flush=True)
     loaded: dict = {}  # what --checkpoint / --hf loaded: every score records it
+    ledger = eval_spend.ledger_of(args, settings.model.max_tokens)   # every paid call metered, --budget-usd held (eval/spend.py)
     agent = make_agent(args, settings, loaded)
-    records, errors = asyncio.run(run_eval(agent, tasks, env_factory(args, settings), out / "episodes.jsonl",
-                                           trials=settings.trials_for, concurrency=args.concurrency,
-                                           progress=not args.no_progress,
-                                           trajectories_jsonl=out / "trajectories.jsonl", evaluated=loaded or None))
+    from actionopd_jax.paid_calls import finishing_in_flight
+    from actionopd_jax.train.budget import phase_ledger
+    from actionopd_jax.train.sources import StoppedEarly
+
+    try:
+        with phase_ledger(None, out, "the paid models", ledger=ledger):
+            records, errors = asyncio.run(finishing_in_flight(run_eval(
+                agent, tasks, env_factory(args, settings), out / "episodes.jsonl", trials=settings.trials_for,
+                concurrency=args.concurrency, progress=not args.no_progress,
+                trajectories_jsonl=out / "trajectories.jsonl", evaluated=loaded or None)))
+    except StoppedEarly as e:   # --budget-usd: finished episodes are in episodes.jsonl, the rest rerun on resume
+        table = eval_spend.write_spend(ledger, out)
+        raise StoppedEarly(f"{e}{chr(10) * 2 + table if table else ''}", e.code) from None
+    spend_table = eval_spend.write_spend(ledger, out)
     wanted = {(t.task_id, t.env): settings.trials_for(t) for t in tasks}
     records = [r for r in records if r["trial"] < wanted.get((r["task_id"], r["env"]), 0)]
     rows = summarize(records, ks=range(1, max(wanted.values(), default=1) + 1))
     fit = reply_fit(agent, settings)
     paths = write_report(out, rows, agent=agent.name, errors=errors, evaluated=loaded or None,
                          settings={**settings.record(), **({"reply_fit": fit} if fit else {})},
-                         settings_lines=settings.lines() + ([f"  replies  {fit}"] if fit else []))
+                         settings_lines=settings.lines() + ([f"  replies  {fit}"] if fit else []),
+                         spend=eval_spend.summary(ledger), spend_table=spend_table)
+    if spend_table:
+        paths["spend"] = out / "spend.md"
     paths["trajectories"] = out / "trajectories.jsonl"
     paths["settings"] = out / "settings.json"
-    return {"rows": rows, "errors": errors, "paths": paths, "unplayed": unplayed(records)}
+    return {"rows": rows, "errors": errors, "paths": paths, "unplayed": unplayed(records), "spend": spend_table}
 
 
 def unplayed(records: list[dict[str, Any]]) -> str:
@@ -319,6 +335,8 @@ def unplayed(records: list[dict[str, Any]]) -> str:
 
 
 def main(argv: list[str], *, load_section: Callable[[str], EvalConfig] | None = None) -> int:
+    from actionopd_jax.train.sources import StoppedEarly
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -338,7 +356,12 @@ def main(argv: list[str], *, load_section: Callable[[str], EvalConfig] | None = 
     except (FileNotFoundError, ValueError, argparse.ArgumentTypeError) as e:   # ConfigError is a ValueError
         print(f"actionopd eval: {e}", file=sys.stderr)
         return 2
+    except StoppedEarly as e:   # --budget-usd reached (exit 3): finished episodes kept, no traceback
+        print(f"actionopd eval: {e}", file=sys.stderr)
+        return e.code
     print(markdown_table(result["rows"]))
+    if result["spend"]:
+        print(f"\nwhat the paid models cost (resumes included):\n{result['spend']}")
     print(f"wrote {', '.join(str(p) for p in result['paths'].values())}")
     if result["unplayed"]:
         print(result["unplayed"], file=sys.stderr)

@@ -75,14 +75,17 @@ def evaluated_line(evaluated: dict[str, Any]) -> str:
 
 def write_report(out_dir: str | Path, rows: list[dict[str, Any]], *, agent: str, errors: list[str],
                  evaluated: dict[str, Any] | None = None, settings: dict[str, Any] | None = None,
-                 settings_lines: list[str] | None = None) -> dict[str, Path]:
+                 settings_lines: list[str] | None = None, spend: dict[str, Any] | None = None,
+                 spend_table: str = "") -> dict[str, Path]:
     """`settings`: what the episodes were played under (eval/settings.py), recorded with the
-    scores; `settings_lines`: the same in words, for report.md."""
+    scores; `settings_lines`: the same in words, for report.md. `spend`: what the paid models
+    cost (eval/spend.py), with `spend_table` its markdown."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {"json": out / "results.json", "markdown": out / "report.md", "png": out / "scores.png"}
     body = {"agent": agent, **({"evaluated": evaluated} if evaluated else {}),
-            **({"settings": settings} if settings else {}), "summary": rows, "errors": errors}
+            **({"settings": settings} if settings else {}), "summary": rows, "errors": errors,
+            **({"spend": spend} if spend else {})}
     paths["json"].write_text(json.dumps(body, indent=2))
     md = f"# Evaluation of {agent}\n\n" + (f"{evaluated_line(evaluated)}\n\n" if evaluated else "")
     if settings_lines:
@@ -90,6 +93,8 @@ def write_report(out_dir: str | Path, rows: list[dict[str, Any]], *, agent: str,
     md += markdown_table(rows)
     if errors:
         md += f"\n{len(errors)} episode(s) could not finish and will rerun on resume:\n" + "".join(f"- {e}\n" for e in errors[:20])
+    if spend_table:
+        md += f"\n## What the paid models cost\n\n{spend_table}\n"
     paths["markdown"].write_text(md)
     if rows:
         bar_chart(rows, paths["png"], title=f"{agent}")

@@ -106,15 +106,16 @@ class ChatEndpoint:
     """
 
     def __init__(self, cfg: EndpointSettings, *, who: str, rng: random.Random | None = None,
-                 usage: UsageReport | None = None):
+                 usage: UsageReport | None = None, paid_role: str | None = None):
         check_settings(cfg, who=who)
         self.cfg = cfg
         self.who = who
         self._api_key = read_api_key(cfg.api_key_env, who=who)
         self._rng = rng if rng is not None else random.Random()  # backoff jitter only
         self.usage = usage if usage is not None else UsageReport()
-        # the paid role whose budget its requests draw on (paid_calls.py); None: not a training role
-        self.role = {"teacher": "teacher", "judge": "matcher"}.get(who.split(" ", 1)[0])
+        # the paid role whose budget its requests draw on (paid_calls.py); None: not a training role.
+        # `paid_role` names it where `who` does not (eval's agent, the screen judge, the summaries drafter)
+        self.role = paid_role or {"teacher": "teacher", "judge": "matcher"}.get(who.split(" ", 1)[0])
         self._loop_resources: tuple[Any, openai.AsyncOpenAI, asyncio.Semaphore] | None = None
 
     def __repr__(self) -> str:

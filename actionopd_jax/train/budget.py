@@ -89,16 +89,18 @@ PHASE_FILE = "paid_calls.json"   # a phase outside the trainer (the warm start):
 
 
 @contextlib.contextmanager
-def phase_ledger(cfg: Any, run_dir: Path, what: str) -> Iterator[Ledger]:
+def phase_ledger(cfg: Any, run_dir: Path, what: str, ledger: Ledger | None = None) -> Iterator[Ledger]:
     """The ledger of paid calls made outside a trainer (the main job's warm start asks the
     teacher for its trajectories before any training): run.budget_* caps them as one step,
     checked before the first request; the totals are kept in `run_dir`/paid_calls.json (a rerun
     counts on; the job's ActionOPD trainer starts from them). A reservation past the cap ends
-    the phase as StoppedEarly with exit code 3 (finished episodes stay in their file)."""
+    the phase as StoppedEarly with exit code 3 (finished episodes stay in their file).
+    `ledger`: one built by the caller instead of from `cfg` (`actionopd eval`'s --price and
+    --budget-usd)."""
     from actionopd_jax.train.sources import StoppedEarly
 
     path = Path(run_dir) / PHASE_FILE
-    ledger = ledger_from(cfg)
+    ledger = ledger if ledger is not None else ledger_from(cfg)
     if path.is_file():
         ledger.load(json.loads(path.read_text()))
     ledger.begin_step(0, ledger.spend_usd, {r: float(ledger.totals[r].tokens) for r in ROLES}, 1)

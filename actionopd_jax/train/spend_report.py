@@ -36,8 +36,9 @@ def spend_history(metrics_jsonl: str | Path) -> list[dict[str, float]]:
     return [by_step[s] for s in sorted(by_step)]
 
 
-def spend_table(history: list[dict[str, float]]) -> str:
-    """The run's totals per role, as markdown ("" when nothing was metered)."""
+def spend_table(history: list[dict[str, float]], labels: dict[str, str] | None = None) -> str:
+    """The run's totals per role, as markdown ("" when nothing was metered). `labels`: names
+    for the roles where a command plays them otherwise (eval's agent is the "teacher" role)."""
     if not history:
         return ""
     last = history[-1]
@@ -46,6 +47,7 @@ def spend_table(history: list[dict[str, float]]) -> str:
     for role, label in ROLES:
         if f"{role}/requests_total" not in last:
             continue
+        label = (labels or {}).get(role, label)
         usd = last.get(f"{role}/spend_usd_total")
         money = f"${usd:,.4f}" if usd is not None else "no price set"
         if usd is not None:
@@ -117,3 +119,28 @@ def progress_fields(metrics: dict[str, float]) -> dict[str, str]:
     tokens = metrics.get("collect/teacher/prompt_tokens_total", 0.0) + \
         metrics.get("collect/teacher/completion_tokens_total", 0.0)
     return {"teacher_tok": f"{tokens / 1e6:.2f}M"} if "collect/teacher/prompt_tokens_total" in metrics else {}
+
+
+def ledger_table(ledger: Any, labels: dict[str, str] | None = None) -> str:
+    """A command's paid calls outside training (eval with an endpoint, the screen, the summaries
+    drafter: the ledger it installed, paid_calls.py) as the same table, for the roles that made
+    a request ("" when none did)."""
+    metrics = ledger.metrics()
+    used = {r for r, _ in ROLES if metrics.get(f"{r}/requests_total", 0.0) > 0}
+    row = {k: v for k, v in metrics.items() if k.split("/", 1)[0] in used}
+    return spend_table([row], labels) if used else ""
+
+
+def ledger_summary(ledger: Any, labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """The same totals for a results file: per role (by its label) requests, tokens and USD
+    where priced, and the priced total."""
+    out: dict[str, Any] = {}
+    for role, label in ROLES:
+        t = ledger.totals[role]
+        if t.requests:
+            out[(labels or {}).get(role, label)] = {
+                "requests": t.requests, "prompt_tokens": t.prompt_tokens, "cached_prompt_tokens": t.cached_prompt_tokens,
+                "completion_tokens": t.completion_tokens, **({"usd": t.spend_usd} if ledger.prices.get(role) else {})}
+    if out and any(ledger.prices.values()):
+        out["total_usd"] = ledger.spend_usd
+    return out

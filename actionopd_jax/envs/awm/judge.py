@@ -11,7 +11,8 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-from actionopd_jax.providers import sampling_body
+from actionopd_jax import paid_calls
+from actionopd_jax.providers import cached_prompt_tokens, sampling_body
 
 MIN_TOKENS = 512  # a classification with one or two sentences of reasoning (the matcher's own is 128)
 
@@ -34,9 +35,24 @@ def endpoint_judge(spec: Mapping[str, Any]):
     settings = sampling_body(spec.get("provider") or "openai", temperature=float(spec.get("temperature") or 0.0),
                              top_p=spec.get("top_p"), top_k=spec.get("top_k"), thinking=spec.get("thinking"),
                              max_tokens=max(int(spec.get("max_tokens") or 0), MIN_TOKENS), who="AWM SQL judge")
+    max_tokens = max(int(spec.get("max_tokens") or 0), MIN_TOKENS)
 
     def judge(messages: list[dict[str, Any]]) -> str:
-        reply = client.chat.completions.create(model=model, messages=messages, **settings)
+        # a paid call of the judge role: reserved against run.budget_* / eval --budget-usd first,
+        # its reported usage recorded (paid_calls.py; nothing when no ledger is installed)
+        with paid_calls.paid_request("matcher", messages, max_tokens=max_tokens) as ledger:
+            try:
+                reply = client.chat.completions.create(model=model, messages=messages, **settings)
+            except Exception:
+                if ledger is not None:
+                    ledger.record("matcher", requests=1)
+                raise
+            if ledger is not None:
+                usage = getattr(reply, "usage", None)
+                ledger.record("matcher", requests=1,
+                              prompt_tokens=int(getattr(usage, "prompt_tokens", 0) or 0) if usage else 0,
+                              completion_tokens=int(getattr(usage, "completion_tokens", 0) or 0) if usage else 0,
+                              cached_prompt_tokens=cached_prompt_tokens(usage) if usage else 0)
         return reply.choices[0].message.content or ""
 
     judge.model = model
