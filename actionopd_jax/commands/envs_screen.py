@@ -45,6 +45,9 @@ def add_parser(sub: Any) -> None:
     s.add_argument("--judge-max-tokens", type=int, default=1024,
                    help="reply limit (the reason is one or two sentences)")
     s.add_argument("--judge-timeout-s", type=float, default=120.0, help="per request")
+    s.add_argument("--judge-price", default="", metavar="IN,CACHED,OUT",
+                   help="the judge's USD per million input, cached input and output tokens (the end-of-run spend "
+                        "table shows money; requests and tokens are counted either way)")
     s.add_argument("--format-retries", type=int, default=2, help="asks after a reply outside the JSON format")
     s.add_argument("--concurrency", type=int, default=8, help="judge requests in flight")
     s.add_argument("--max-evidence-chars", type=int, default=DEFAULT_MAX_CHARS,
@@ -149,12 +152,17 @@ def screen(args: argparse.Namespace) -> int:
     from actionopd_jax.screening.cache import ScreenCache
     from actionopd_jax.screening.run import screen_sources
 
+    from actionopd_jax import paid_calls
+
     try:
         path, whole, entry, data, tasks = _load(args)
         judge = _judge(args)
-    except _Refused as e:
+        price = paid_calls.parse_price(args.judge_price) if args.judge_price else ()
+    except (_Refused, ValueError) as e:
         print(f"{PROG}: {e}", file=sys.stderr)
         return 2
+    # every judge request metered on the paid-call ledger, as training's (paid_calls.py)
+    ledger = paid_calls.Ledger({}, {"matcher": price})
     sources = (awm_sources(data, tasks, entry.get("verifier_modes")) if args.env == "awm"
                else envscaler_sources(data, tasks))
     old = ((entry.get("screening") or {}).get("records") or {})
@@ -165,9 +173,13 @@ def screen(args: argparse.Namespace) -> int:
         if c.done % every == 0 or c.done == c.total:
             print(f"{PROG}: {c.line()}", file=sys.stderr, flush=True)
 
-    with ScreenCache(Path(args.cache or path.parent / "screen_cache.sqlite")) as cache:
-        run = asyncio.run(screen_sources(sources, judge, cache, max_chars=args.max_evidence_chars, progress=progress,
-                                       stop_after_api_errors=max(1, args.stop_after_errors)))
+    previous = paid_calls.install(ledger)
+    try:
+        with ScreenCache(Path(args.cache or path.parent / "screen_cache.sqlite")) as cache:
+            run = asyncio.run(screen_sources(sources, judge, cache, max_chars=args.max_evidence_chars,
+                                             progress=progress, stop_after_api_errors=max(1, args.stop_after_errors)))
+    finally:
+        paid_calls.install(previous)
     entry.setdefault("source_hashes", {}).update({t: s.source_hash for t, s in sources.items()})
     entry["screening"] = {"judge": {"model": judge.cfg.model, "provider": judge.cfg.provider,
                                     "identity": judge.identity, "max_evidence_chars": args.max_evidence_chars},
@@ -176,6 +188,11 @@ def screen(args: argparse.Namespace) -> int:
     _write(path, whole)
     print(summary(args.env, run, restale, entry))
     print(f"\njudge tokens this run: {run.tokens['prompt']} prompt, {run.tokens['completion']} completion")
+    from actionopd_jax.train.spend_report import ledger_table
+
+    table = ledger_table(ledger, {"matcher": "screen judge"})
+    if table:
+        print(f"\nwhat the judge cost this run (cached verdicts are not asked again):\n{table}")
     print(f"admitted {len(entry['admitted'])} of {len(tasks)} audited {args.env} tasks; manifest: {path}")
     if run.counts.errors:
         print(f"{PROG}: {run.counts.errors} task(s) got no verdict and are not admitted; run the same command again "

@@ -48,6 +48,9 @@ def _parser() -> argparse.ArgumentParser:
     s.add_argument("--retry-errors", action="store_true", help="draft again the tasks an earlier run left as errors")
     s.add_argument("--concurrency", type=int, default=4, help="requests in flight")
     s.add_argument("--timeout-s", type=float, default=300.0, help="one HTTP attempt's limit")
+    s.add_argument("--price", default="", metavar="IN,CACHED,OUT",
+                   help="the drafter's USD per million input, cached input and output tokens (the end-of-run spend "
+                        "table shows money; requests and tokens are counted either way)")
     s.add_argument("--examples", default=str(SHIPPED_EXAMPLES),
                    help="reviewed summaries shown as the style example of each domain and copied for their own "
                         "tasks (default: the shipped six; '' for none)")
@@ -99,6 +102,12 @@ def summaries(args: argparse.Namespace) -> int:
 
     if args.limit < 0 or args.attempts < 1 or args.concurrency < 1 or args.max_tokens < 1:
         return _fail("--limit must be >= 0 and --attempts, --concurrency, --max-tokens >= 1")
+    from actionopd_jax import paid_calls
+
+    try:   # every drafting request metered on the paid-call ledger, as training's (paid_calls.py)
+        ledger = paid_calls.Ledger({}, {"teacher": paid_calls.parse_price(args.price) if args.price else ()})
+    except ValueError as e:
+        return _fail(f"--price: {e}")
     try:
         tasks = _training_tasks(args)
     except ValueError as e:
@@ -137,7 +146,8 @@ def summaries(args: argparse.Namespace) -> int:
             temperature=args.temperature, top_p=args.top_p, max_tokens=args.max_tokens,
             request_timeout_s=args.timeout_s, max_concurrency=args.concurrency)
         try:
-            endpoint = ChatEndpoint(settings, who=f"summary drafter {args.provider}/{args.model}")
+            endpoint = ChatEndpoint(settings, who=f"summary drafter {args.provider}/{args.model}",
+                                    paid_role="teacher")   # metered on the ledger's first role (paid_calls.py)
         except ValueError as e:
             return _fail(str(e))
     outcomes = copy_examples(pending, examples, out)
@@ -145,7 +155,11 @@ def summaries(args: argparse.Namespace) -> int:
         print(f"drafting {len(to_draft)} summaries with {args.model} at {args.base_url} into {out}", flush=True)
         drafter = SummaryDrafter(endpoint, out, model=args.model, attempts=args.attempts, examples=examples,
                                  progress=lambda line: print(line, flush=True))
-        outcomes += asyncio.run(drafter.run(to_draft))
+        previous = paid_calls.install(ledger)
+        try:
+            outcomes += asyncio.run(drafter.run(to_draft))
+        finally:
+            paid_calls.install(previous)
     for o in outcomes:
         rows[o.task_id.split("/", 1)[0]][{"drafted": "drafted", "error": "errors", "copied": "copied"}[o.status]] += 1
     for t in left:
@@ -155,6 +169,11 @@ def summaries(args: argparse.Namespace) -> int:
         usage = endpoint.usage
         print(f"requests {usage.http_calls} (retries {usage.transport_retries}), tokens: prompt "
               f"{usage.prompt_tokens}, completion {usage.completion_tokens}")
+        from actionopd_jax.train.spend_report import ledger_table
+
+        table = ledger_table(ledger, {"teacher": "summaries drafter"})
+        if table:
+            print(f"what the drafter cost this run:\n{table}")
     errors = sum(o.status == "error" for o in outcomes)
     if errors:
         print(f"{errors} task(s) got error lines (their replies stayed garbled or empty); run again with "

@@ -53,7 +53,8 @@ class ScreenJudge:
     def __init__(self, cfg: ScreenJudgeConfig, *, rng: random.Random | None = None):
         self.cfg = cfg
         self.usage = UsageReport()
-        self.endpoint = ChatEndpoint(cfg, who=f"screen judge {cfg.provider}/{cfg.model}", rng=rng, usage=self.usage)
+        self.endpoint = ChatEndpoint(cfg, who=f"screen judge {cfg.provider}/{cfg.model}", rng=rng, usage=self.usage,
+                                     paid_role="matcher")   # the ledger's judge role (paid_calls.py)
 
     @property
     def identity(self) -> dict[str, Any]:
