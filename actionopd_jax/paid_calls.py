@@ -350,5 +350,5 @@ def parse_price(text: str) -> tuple[float, float, float]:
     return price  # type: ignore[return-value]
 
 
-__all__ = ["BudgetReached", "Hold", "IN_FLIGHT_WAIT_S", "finishing_in_flight", "Ledger", "PROMPT_ALLOWANCE_TOKENS", "ROLES", "current", "install",
-           "paid_request", "parse_price", "prompt_token_bound"]
+__all__ = ["BudgetReached", "Hold", "IN_FLIGHT_WAIT_S", "Ledger", "PROMPT_ALLOWANCE_TOKENS", "ROLES", "current",
+           "finishing_in_flight", "install", "paid_request", "parse_price", "prompt_token_bound"]

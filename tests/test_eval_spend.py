@@ -136,3 +136,12 @@ def test_eval_meters_the_awm_judge(manifest, tmp_path, capsys):
     usd = (prompt * 2000 + 11 * n * 3000) / 1e6
     assert f"| judge (AWM SQL verifier) | {n:,} | 0 | {prompt:,} | {11 * n:,} | ${usd:,.4f} |" in printed.out
     assert json.loads((tmp_path / "out" / "results.json").read_text())["spend"]["judge (AWM SQL verifier)"]["requests"] == n
+
+
+def test_eval_check_shows_the_prices_and_the_cap(capsys):
+    assert eval_cli.main(["--check", "--reference", "--bench", "bfcl", "--limit", "1", "--price", "user=1,0.1,2",
+                          "--budget-usd", "3"]) == 0
+    assert ("spend      user $1/$0.1/$2 per million input/cached/output tokens; --budget-usd $3.0000 (a hard cap: "
+            "exit 3 at the first request that could pass it)") in capsys.readouterr().out
+    assert eval_cli.main(["--check", "--reference", "--bench", "bfcl", "--limit", "1", "--price", "agent=1"]) == 2
+    assert "--price 'agent=1': expected three USD prices" in capsys.readouterr().err

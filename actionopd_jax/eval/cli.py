@@ -254,6 +254,7 @@ def check(args: argparse.Namespace, settings: EvalSettings) -> list[str]:
     endpoints, problems, unset = endpoint_lines(args, settings, every)
     # an unset key is named, as train --check names it (a planning host need not hold secrets); the
     # run refuses without it. An endpoint the run needs and lacks fails the check (MISSING)
+    lines += eval_spend.check_lines(args)   # the prices and the cap (a bad one is a ValueError: exit 2)
     return (lines + endpoints + [f"secrets    {k} is not set in this environment: the run refuses without it"
                                  for k in unset] + [f"MISSING: {p}" for p in problems])
 

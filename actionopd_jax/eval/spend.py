@@ -43,7 +43,10 @@ def ledger_of(args: argparse.Namespace, agent_max_tokens: int | None = None) -> 
         if not sep or name.strip() not in PRICED:
             raise ValueError(f"--price {item!r}: expected ROLE=IN,CACHED,OUT with ROLE one of "
                              f"{', '.join(PRICED)} (e.g. --price agent=0.28,0.028,0.42)")
-        prices[PRICED[name.strip()]] = parse_price(value)
+        try:
+            prices[PRICED[name.strip()]] = parse_price(value)
+        except ValueError as e:
+            raise ValueError(f"--price {item!r}: {str(e).split(': ', 1)[-1]}") from None
     cap = float(getattr(args, "budget_usd", 0.0) or 0.0)
     if cap < 0 or (cap and not prices):
         raise ValueError(f"--budget-usd {cap:g} needs a price to count spend against it: --price agent=..., "
@@ -55,6 +58,18 @@ def ledger_of(args: argparse.Namespace, agent_max_tokens: int | None = None) -> 
                         "same command is run again with a higher --budget-usd (the spend so far counts on: "
                         "paid_calls.json)")
     return ledger
+
+
+def check_lines(args: argparse.Namespace) -> list[str]:
+    """`eval --check`'s lines for the prices and the cap."""
+    ledger = ledger_of(args)
+    priced = [f"{name} ${p[0]:g}/${p[1]:g}/${p[2]:g}" for name, role in PRICED.items()
+              if (p := ledger.prices.get(role))]
+    cap = f"--budget-usd ${ledger.caps['usd']:,.4f} (a hard cap: exit 3 at the first request that could pass it)" \
+        if ledger.capped else "no --budget-usd cap"
+    prices = (", ".join(priced) + " per million input/cached/output tokens" if priced
+              else "no --price: requests and tokens counted, no money")
+    return [f"spend      {prices}; {cap}"]
 
 
 def write_spend(ledger: Ledger, out: Path) -> str:

@@ -139,8 +139,8 @@ def ledger_summary(ledger: Any, labels: dict[str, str] | None = None) -> dict[st
         t = ledger.totals[role]
         if t.requests:
             out[(labels or {}).get(role, label)] = {
-                "requests": t.requests, "prompt_tokens": t.prompt_tokens, "cached_prompt_tokens": t.cached_prompt_tokens,
-                "completion_tokens": t.completion_tokens, **({"usd": t.spend_usd} if ledger.prices.get(role) else {})}
+                "requests": t.requests, "prompt_tokens": t.prompt_tokens,
+                "cached_prompt_tokens": t.cached_prompt_tokens, "completion_tokens": t.completion_tokens, **({"usd": t.spend_usd} if ledger.prices.get(role) else {})}
     if out and any(ledger.prices.values()):
         out["total_usd"] = ledger.spend_usd
     return out
