@@ -145,3 +145,26 @@ def test_eval_check_shows_the_prices_and_the_cap(capsys):
             "exit 3 at the first request that could pass it)") in capsys.readouterr().out
     assert eval_cli.main(["--check", "--reference", "--bench", "bfcl", "--limit", "1", "--price", "agent=1"]) == 2
     assert "--price 'agent=1': expected three USD prices" in capsys.readouterr().err
+
+
+def test_the_progress_line_shows_the_spend_so_far_from_the_installed_ledger():
+    """eval's progress bar carries training's spend field (dollars where priced, else tokens)."""
+    from actionopd_jax import paid_calls
+    from actionopd_jax.eval.runner import _spend_postfix
+
+    class Bar:   # records what the runner sets on its tqdm bar
+        postfix: dict = {}
+
+        def set_postfix(self, fields, refresh=True):
+            self.postfix = dict(fields)
+
+    bar, ledger = Bar(), paid_calls.Ledger({}, {"user": (1000.0, 0.0, 2000.0)})
+    previous = paid_calls.install(ledger)
+    try:
+        _spend_postfix(bar)
+        assert bar.postfix == {}                                         # nothing asked yet
+        ledger.record("user", requests=1, prompt_tokens=1000, completion_tokens=500)
+        _spend_postfix(bar)
+        assert bar.postfix == {"spent": "$2.00"}                         # (1000 * 1000 + 500 * 2000) / 1e6
+    finally:
+        paid_calls.install(previous)

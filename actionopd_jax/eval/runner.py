@@ -18,6 +18,7 @@ from typing import Any, Callable
 
 from tqdm.auto import tqdm
 
+from actionopd_jax import paid_calls
 from actionopd_jax.envs.base import Environment
 from actionopd_jax.envs.user_sim import UserSimUnavailable
 from actionopd_jax.eval.agents import Agent, AgentUnavailable, ContextTooLong
@@ -281,6 +282,7 @@ async def run_eval(agent: Agent, tasks: list[Task], make_env: EnvFactory, out_js
                     return
                 finally:
                     bar.update(1)
+                    _spend_postfix(bar)
                 records.append(rec)
                 sink.write(json.dumps(rec) + "\n")
                 sink.flush()
@@ -288,3 +290,15 @@ async def run_eval(agent: Agent, tasks: list[Task], make_env: EnvFactory, out_js
         await asyncio.gather(*(one(t, i) for t, i in todo))
     bar.close()
     return records, errors
+
+
+def _spend_postfix(bar: Any) -> None:
+    """The progress line's spend field, as training's (train/spend_report.progress_fields): the
+    dollars so far where a role is priced, else the first role's tokens, from the installed
+    paid-call ledger (eval's, KD's or the warm start's; nothing when none is)."""
+    ledger = paid_calls.current()
+    if ledger is None or not any(t.requests for t in ledger.totals.values()):
+        return
+    from actionopd_jax.train.spend_report import progress_fields
+
+    bar.set_postfix(progress_fields({f"collect/{k}": v for k, v in ledger.metrics().items()}), refresh=False)
