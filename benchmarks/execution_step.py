@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -148,11 +149,15 @@ def _env_tagging_matcher():
         def __init__(self, *a, **kw):
             super().__init__(*a, **kw)
             self.fork_s_by_env: dict[str, list[float]] = {}
+            self.abstained: dict[str, int] = {}  # why execution left a question to the judge
 
         async def _execute(self, candidates, teacher_actions, messages, fork):
             executed = await super()._execute(candidates, teacher_actions, messages, fork)
             if executed is not None:  # the group's environment, noted by match_group below
                 self.fork_s_by_env.setdefault(getattr(fork, "env_name", "?"), []).extend(executed.fork_s)
+                for why in executed.abstained.values():  # digits out: one line per kind of reason
+                    why = re.sub(r"\d+", "N", str(why))[:90]
+                    self.abstained[why] = self.abstained.get(why, 0) + 1
             return executed
 
         async def match_group(self, candidates, teacher_actions, *, env=None, fork=None, **kw):
@@ -203,7 +208,7 @@ def run_steps(mode: str, steps: int, student: str, tokenizer, env_cfg, sample_fn
             row.update(mode=mode, step=step, wall_s=wall, judge_requests=judge_server.request_count - before,
                        groups=len(result.groups), fork_s=list(matcher.fork_latencies_s),
                        envs=sorted({t.env for t in tasks}), fork_s_by_env=matcher.fork_s_by_env,
-                       end_reasons=sorted(r.end_reason for r in result.trajectories))
+                       end_reasons=sorted(r.end_reason for r in result.trajectories), abstained=matcher.abstained)
             rows.append(row)
     return rows
 
@@ -231,10 +236,16 @@ def table(rows: list[dict]) -> str:
         times = [t for r in auto for t in r["fork_s_by_env"][env]]
         lines.append(f"  forks on {env}: {len(times)}, p50 {percentile(times, 50) * 1e3:.1f} ms, "
                      f"p99 {percentile(times, 99) * 1e3:.1f} ms")
+    reasons: dict[str, int] = {}
+    for r in auto:
+        for why, n in r.get("abstained", {}).items():
+            reasons[why] = reasons.get(why, 0) + n
+    for why, n in sorted(reasons.items(), key=lambda kv: -kv[1]):
+        lines.append(f"  left to the judge ({n} distinct questions): {why}")
     if "off" in summary and "auto" in summary:
         (off_calls, off_wall), (on_calls, on_wall) = summary["off"], summary["auto"]
-        saved = 1 - on_calls / off_calls if off_calls else float("nan")
-        lines.append(f"judge calls per step: off {off_calls:.1f} -> auto {on_calls:.1f} ({saved:.0%} saved); "
+        saved = f"{1 - on_calls / off_calls:.0%} saved" if off_calls else "none to save"
+        lines.append(f"judge calls per step: off {off_calls:.1f} -> auto {on_calls:.1f} ({saved}); "
                      f"wall per step: off {off_wall:.2f} s -> auto {on_wall:.2f} s ({on_wall - off_wall:+.2f} s)")
     return "\n".join(lines)
 
