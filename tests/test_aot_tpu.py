@@ -18,7 +18,9 @@ def _libtpu():
 
 
 RECIPE = "configs/paper/qwen3_4b_tpu.yaml"
-TINY = ["model.preset=tiny", "model.hf_path=", "collect.max_response_tokens=128", "train.shared_prompt=false"]
+# the tiny model holds 4,096 positions: a prompt budget that fits beside its replies (train --check refuses one that cannot)
+TINY = ["model.preset=tiny", "model.hf_path=", "collect.max_prompt_tokens=1024", "collect.max_response_tokens=128",
+        "train.shared_prompt=false"]
 
 
 def _run(argv):
