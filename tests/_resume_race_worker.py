@@ -30,7 +30,7 @@ def main() -> int:
     import jax
 
     from actionopd_jax.checkpoint import Checkpointer
-    from actionopd_jax.commands.train import _resume_choice
+    from actionopd_jax.commands.train_run_dir import resume_choice
     from actionopd_jax.config import Config
 
     jax.distributed.initialize(a.coordinator, num_processes=2, process_id=a.process_id,
@@ -43,7 +43,7 @@ def main() -> int:
         while time.monotonic() < deadline and not (run_dir / "checkpoints").is_dir():
             time.sleep(0.05)
         saw_dir = (run_dir / "checkpoints").is_dir()
-    resume, auto = _resume_choice(Config(), run_dir, None)
+    resume, auto = resume_choice(Config(), run_dir, None)
     ckpt = Checkpointer(run_dir / "checkpoints")  # collective: what the trainer opens first
     steps = ckpt.steps()
     ckpt.close()
