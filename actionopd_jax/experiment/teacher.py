@@ -66,8 +66,10 @@ def matching_label(cfg: Config, privileged: bool) -> str:
         return f"matcher.kind={m.kind}" + (f", judge {m.model} at {m.base_url}" if m.kind == "rules+llm" else "")
     why = ("matcher.kind=rules+llm names no judge (set matcher.base_url and matcher.model to judge with an LLM); "
            if m.kind == "rules+llm" else "")
-    return (f"rules only: {why}a match is the same tool with canonically equal arguments, or a normalised-equal "
-            "message (the reference server cannot judge equivalence)")
+    executed = (", or the same tool whose call has the same effect on a fork of the episode (matcher.execution=auto)"
+                if getattr(m, "execution", "off") == "auto" else "")
+    return (f"rules only: {why}a match is the same tool with canonically equal arguments{executed}, or a "
+            "normalised-equal message (the reference server cannot judge equivalence)")
 
 
 def missing_secrets(cfg: Config) -> list[str]:
