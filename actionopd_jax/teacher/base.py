@@ -14,6 +14,7 @@ import asyncio
 from dataclasses import asdict, dataclass, field
 from typing import Any, Awaitable, Callable, Protocol, Sequence, runtime_checkable
 
+from actionopd_jax import paid_calls
 from actionopd_jax.teacher.transport import TransportGaveUp
 from actionopd_jax.types import ChatMessage, Invalid, TeacherSample, ToolSchema
 
@@ -175,6 +176,21 @@ async def batched_or_single_replies(request: Callable[[int], Awaitable[list[Teac
             got += await gather_replies(lambda: request(1), m - len(got))
         return got
     return await gather_replies(lambda: request(1), m)
+
+
+async def paid_replies(request: Callable[[int], Awaitable[list[TeacherSample]]], m: int, *, batched: bool,
+                       messages: Any, tools: Any, max_tokens: int | None) -> list[TeacherSample | BaseException]:
+    """batched_or_single_replies under one reservation on the installed ledger (paid_calls.py):
+    the state's m replies are reserved together against run.budget_* before any is sent, so a
+    batch is paid whole or not at all (its samples then reach the teacher cache): m prompts (a
+    server returning fewer than n choices is topped up with single requests) and m replies of
+    max_tokens. Without a ledger, nothing is metered."""
+    ledger = paid_calls.current()
+    if ledger is None:
+        return await batched_or_single_replies(request, m, batched=batched)
+    with ledger.holding("teacher", paid_calls.prompt_token_bound(messages, tools), replies=m, requests=m,
+                        max_tokens=max_tokens):
+        return await batched_or_single_replies(request, m, batched=batched)
 
 
 async def gather_replies(one: Callable[[], Awaitable[list[TeacherSample]]], m: int) -> list[TeacherSample | BaseException]:

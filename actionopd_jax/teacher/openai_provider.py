@@ -13,12 +13,11 @@ import random
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
-from actionopd_jax import paid_calls
 from actionopd_jax.teacher.base import (
     MAX_REGENERATIONS,
     RegeneratingSampler,
     UsageReport,
-    batched_or_single_replies,
+    paid_replies,
 )
 from actionopd_jax.teacher.endpoint import PROVIDERS, ChatEndpoint, EndpointSettings
 from actionopd_jax.types import Action, ChatMessage, Invalid, TeacherSample, ToolSchema
@@ -112,18 +111,8 @@ class OpenAITeacher(RegeneratingSampler):
 
     async def _generate(self, messages: list[ChatMessage], tools: list[ToolSchema], m: int
                         ) -> list[TeacherSample | BaseException]:
-        ledger = paid_calls.current()
-        if ledger is None:
-            return await batched_or_single_replies(lambda n: self._request(messages, tools, n), m,
-                                                   batched=self.endpoint.supports_n)
-        # the state's m replies are reserved together against run.budget_* before any is sent,
-        # so a batch is paid whole or not at all (its samples then reach the teacher cache):
-        # m prompts (a server returning fewer than n choices is topped up with single requests)
-        # and m replies of max_tokens (paid_calls.py)
-        with ledger.holding("teacher", paid_calls.prompt_token_bound(messages, tools), replies=m, requests=m,
-                            max_tokens=self.cfg.max_tokens):
-            return await batched_or_single_replies(lambda n: self._request(messages, tools, n), m,
-                                                   batched=self.endpoint.supports_n)
+        return await paid_replies(lambda n: self._request(messages, tools, n), m, batched=self.endpoint.supports_n,
+                                  messages=messages, tools=tools, max_tokens=self.cfg.max_tokens)
 
 
 __all__ = ["OpenAITeacher", "OpenAITeacherConfig", "PROVIDERS", "reply_text"]

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from actionopd_jax import paid_calls
-from actionopd_jax.teacher.base import MAX_REGENERATIONS, RegeneratingSampler, UsageReport, batched_or_single_replies
+from actionopd_jax.teacher.base import MAX_REGENERATIONS, RegeneratingSampler, UsageReport, paid_replies
 from actionopd_jax.teacher.endpoint import read_api_key
 from actionopd_jax.teacher.openai_provider import reply_text
 from actionopd_jax.teacher.transport import RetryPolicy, RetryStats, call_with_retries, classify
@@ -254,12 +254,5 @@ class VertexTeacher(RegeneratingSampler):
         return samples
 
     async def _generate(self, messages, tools, m: int) -> list[TeacherSample | BaseException]:
-        ledger = paid_calls.current()
-        if ledger is None:
-            return await batched_or_single_replies(lambda n: self._request(messages, tools, n), m,
-                                                   batched=self.cfg.use_candidate_count)
-        # the state's m replies reserved together before any is sent, as the OpenAI teacher's
-        with ledger.holding("teacher", paid_calls.prompt_token_bound(messages, tools), replies=m, requests=m,
-                            max_tokens=self.cfg.max_output_tokens):
-            return await batched_or_single_replies(lambda n: self._request(messages, tools, n), m,
-                                                   batched=self.cfg.use_candidate_count)
+        return await paid_replies(lambda n: self._request(messages, tools, n), m, batched=self.cfg.use_candidate_count,
+                                  messages=messages, tools=tools, max_tokens=self.cfg.max_output_tokens)
