@@ -13,17 +13,9 @@ import ast
 import sys
 from pathlib import Path
 
+from actionopd_jax.envs.mcp.imports import tree_imports
+
 HOST = Path(__file__).with_name("fastapi_host.py")
-
-
-def _imports(tree: ast.Module) -> set[str]:
-    names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            names |= {a.name.split(".")[0] for a in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
-            names.add(node.module.split(".")[0])
-    return names
 
 
 def _defines_fastapi_app(tree: ast.Module) -> bool:
@@ -44,7 +36,7 @@ def server_mode(name: str, code: str | None) -> str:
         tree = ast.parse(code)
     except SyntaxError as err:
         raise ValueError(f"scenario {name!r}: its server code does not parse ({err})") from None
-    imported = _imports(tree)
+    imported = tree_imports(tree)
     if "mcp" in imported:
         return "stdio"
     if "fastapi" in imported and _defines_fastapi_app(tree):

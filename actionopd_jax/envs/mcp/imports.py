@@ -48,6 +48,11 @@ def imported_names(source: str) -> set[str]:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
         return set()
+    return tree_imports(tree)
+
+
+def tree_imports(tree: ast.AST) -> set[str]:
+    """imported_names of a parsed module (AWM's server-mode check reads the same names)."""
     names = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
