@@ -40,6 +40,7 @@ LAYERS: dict[str, int] = {
     "config": 0,  # the package __init__: re-exports schema + errors only
     "providers": 0,  # what each OpenAI-compatible vendor can be sent, and how
     "paid_calls": 0,  # the ledger of paid calls and run.budget_* as a hard cap (every endpoint reserves on it)
+    "pyast": 0,  # one lock around this process's own ast.parse / compile (CPython 3.11 races them across threads)
     "config.schema": 0,  # `Config` and the resume comparison; the sections by topic below
     "config.learner": 0,  # model / mesh / train
     "config.sources": 0,  # collect / kd / teacher / matcher

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
+from actionopd_jax import pyast
 from actionopd_jax.envs.sandbox import Sandbox, SandboxError
 from actionopd_jax.types import Task
 
@@ -98,7 +99,7 @@ def _compiles(code: str | None, what: str) -> str:
     if not code or not code.strip():
         return f"no {what}"
     try:
-        compile(code, f"<{what}>", "exec")
+        pyast.compile_source(code, f"<{what}>", "exec")
     except SyntaxError as e:
         return f"{what} does not parse (line {e.lineno})"
     return ""

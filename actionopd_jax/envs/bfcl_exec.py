@@ -17,6 +17,7 @@ import inspect
 import json
 from typing import Any
 
+from actionopd_jax import pyast
 from actionopd_jax.envs.tool_args import is_safe_identifier
 
 # The package's executor refuses these names before eval; we refuse them too.
@@ -138,7 +139,7 @@ def parse_call_string(text: str, parameter_names: dict[str, list[str]]) -> tuple
     """Parse a ground-truth call string like "sort('a.pdf')" or "cd(folder='x')" with `ast`:
     a bare function name and literal arguments only; positional arguments are named by
     `parameter_names[name]` (the method's signature order). Never evaluates code."""
-    tree = ast.parse(text.strip(), mode="eval")
+    tree = pyast.parse(text.strip(), mode="eval")
     call = tree.body
     if not isinstance(call, ast.Call) or not isinstance(call.func, ast.Name):
         raise ValueError(f"not a plain function call: {text!r}")

@@ -13,6 +13,7 @@ import ast
 import sys
 from pathlib import Path
 
+from actionopd_jax import pyast
 from actionopd_jax.envs.mcp.imports import tree_imports
 
 HOST = Path(__file__).with_name("fastapi_host.py")
@@ -33,7 +34,7 @@ def server_mode(name: str, code: str | None) -> str:
     if not code:
         raise ValueError(f"scenario {name!r} has no server code (gen_envs full_code)")
     try:
-        tree = ast.parse(code)
+        tree = pyast.parse(code)
     except SyntaxError as err:
         raise ValueError(f"scenario {name!r}: its server code does not parse ({err})") from None
     imported = tree_imports(tree)

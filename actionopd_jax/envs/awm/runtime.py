@@ -21,6 +21,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from actionopd_jax import pyast
 from actionopd_jax.envs.awm.db import DbCache
 from actionopd_jax.envs.awm.layout import AwmDataset, AwmScenario
 from actionopd_jax.envs.awm.modes import server_command, server_mode
@@ -55,7 +56,7 @@ def tool_sources(code: str | None) -> dict[str, str]:
     if not code:
         return {}
     try:
-        tree = ast.parse(code)
+        tree = pyast.parse(code)
     except SyntaxError:
         return {}
     lines = code.splitlines()

@@ -12,6 +12,8 @@ import ast
 import json
 from typing import Any
 
+from actionopd_jax import pyast
+
 MAX_SOURCE_CHARS = 6000  # per method, as envs/evidence.py cuts installed sources
 
 
@@ -19,7 +21,7 @@ def method_sources(class_code: str, class_name: str) -> dict[str, str]:
     """Method name -> its source text in class `class_name` (the first class when the name is
     not found); {} when the code does not parse."""
     try:
-        tree = ast.parse(class_code)
+        tree = pyast.parse(class_code)
     except SyntaxError:
         return {}
     classes = [n for n in tree.body if isinstance(n, ast.ClassDef)]

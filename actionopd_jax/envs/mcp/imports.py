@@ -25,6 +25,8 @@ import os
 import sys
 from pathlib import Path
 
+from actionopd_jax import pyast
+
 MAX_FILES = 5000  # source files read per command at most (a huge PYTHONPATH package stops the walk)
 
 
@@ -45,7 +47,7 @@ def imported_names(source: str) -> set[str]:
     """Top-level names of every absolute import in `source` (any nesting: imports inside
     functions and try blocks count)."""
     try:
-        tree = ast.parse(source)
+        tree = pyast.parse(source)
     except (SyntaxError, ValueError):
         return set()
     return tree_imports(tree)
