@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import openai
@@ -179,6 +180,9 @@ def _start_harness(port: int, *extra: str) -> tuple[subprocess.Popen, int]:
         if "serving" in line or not line:
             break
     assert pid is not None and f"http://127.0.0.1:{port}/v1" in seen[-1], "".join(seen)
+    # keep reading: the server shares the harness's stdout, and a pipe nobody drains fills up and
+    # blocks whichever of them writes next (the server logging its shutdown, say)
+    threading.Thread(target=lambda: [None for _ in iter(proc.stdout.readline, "")], daemon=True).start()
     return proc, pid
 
 
