@@ -289,15 +289,22 @@ def test_a_hostile_server_is_contained(monkeypatch, tmp_path):
             assert err.value.end_reason == "mcp_timeout"
             # the forked sleepers died with the server's pid namespace
             assert wait_gone(mark, timeout=5) == []
-            # 100 MB to stderr: its log file stops at RLIMIT_FSIZE (Python ignores SIGXFSZ, so
-            # the write fails with EFBIG and the tool reports an error); the SDK server keeps fd 1
-            # off the protocol stream (the raw server floods that one: test above)
-            await env.reset(TASK)
-            assert (await call("flood", {"megabytes": 100, "stream": "stderr"})).startswith("Error")
-            server = env._server
-            assert server.proc.stderr_path.stat().st_size <= 16 << 20
 
         asyncio.run(main())
+    # 100 MB to stderr: its log file stops at RLIMIT_FSIZE (Python ignores SIGXFSZ, so the write
+    # fails with EFBIG and the tool reports an error); the SDK server keeps fd 1 off the protocol
+    # stream (the raw server floods that one: test above). A pool of its own with a call limit
+    # a loaded CI machine cannot reach: 16 MB written there once took over 3 s.
+    with McpPool(spec(NOTES, mark=mark, call_timeout_s=120, limits=limits), size=1) as pool:
+        env = McpEnv(pool)
+
+        async def flood():
+            await env.reset(TASK)
+            obs, _ = await env.step(ToolCall("flood", {"megabytes": 100, "stream": "stderr"}))
+            assert obs.messages[-1]["content"].startswith("Error")
+            assert env._server.proc.stderr_path.stat().st_size <= 16 << 20
+
+        asyncio.run(flood())
     listener.close()
     assert wait_gone(mark) == []
 
