@@ -80,31 +80,13 @@ def one_off(call):
 
 
 def scripted_student(tokenizer, tasks, eos):
-    import numpy as np
+    """The tests' scripted student with two rewrites of each reference call first: one that
+    executes the same, one that does not."""
+    from actionopd_jax.types import ToolCall
+    from tests.test_collect_envscaler import scripted_student as student
 
-    from actionopd_jax.sampling import Generation
-    from actionopd_jax.types import Message, ToolCall
-    from tests._collect_fixtures import BAD, student_text
-    from tests.test_collect_envscaler import _plans
-
-    plans = _plans(tasks)
-    texts = {t.task_id: t.payload["task"] for t in tasks}
-
-    def run(prompts, keys):
-        out = []
-        for ids in prompts:
-            text = tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
-            task_id = next(i for i, t in texts.items() if t in text)
-            ref = plans[task_id][text.count("<|im_start|>assistant") - 1]
-            first = [rewritten(ref), one_off(ref)] if isinstance(ref, ToolCall) else [ref, ref]
-            gens = []
-            for action in (*first, Message("Something else."), BAD):
-                toks = tokenizer.encode(student_text(action), add_special_tokens=False) + [eos]
-                gens.append(Generation(np.asarray(toks, np.int32), np.full(len(toks), -0.5, np.float32), "stop"))
-            out.append(gens)
-        return out
-
-    return run
+    return student(tokenizer, tasks, eos,
+                   first=lambda ref: [rewritten(ref), one_off(ref)] if isinstance(ref, ToolCall) else [ref, ref])
 
 
 def _section(prompt: str, head: str) -> str:

@@ -63,8 +63,9 @@ def _plans(tasks):
     return out
 
 
-def scripted_student(tokenizer, tasks, eos):
-    """Candidates [reference action, a valid other action, unparsable] at every state."""
+def scripted_student(tokenizer, tasks, eos, first=lambda ref: [ref]):
+    """Candidates [*first(reference action), a valid other action, unparsable] at every state
+    (`first` rewrites the reference: the execution tests and benchmark pass their variants)."""
     plans = _plans(tasks)
     texts = {t.task_id: t.payload["task"] for t in tasks}
 
@@ -73,9 +74,9 @@ def scripted_student(tokenizer, tasks, eos):
         for ids in prompts:
             text = tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
             task_id = next(i for i, t in texts.items() if t in text)
-            first = plans[task_id][text.count("<|im_start|>assistant") - 1]
+            ref = plans[task_id][text.count("<|im_start|>assistant") - 1]
             gens = []
-            for action in (first, Message("Something else."), BAD):
+            for action in (*first(ref), Message("Something else."), BAD):
                 toks = tokenizer.encode(student_text(action), add_special_tokens=False) + [eos]
                 gens.append(Generation(np.asarray(toks, np.int32), np.full(len(toks), -0.5, np.float32), "stop"))
             out.append(gens)

@@ -8,19 +8,16 @@ privileged reference server."""
 
 from __future__ import annotations
 
-import numpy as np
-
 from actionopd_jax.collect import Collector
 from actionopd_jax.envs.mixture import mixture_stream_from
 from actionopd_jax.envs.registry import pool_env_factory
 from actionopd_jax.matching.execution import ExecutionStage
 from actionopd_jax.matching.matcher import Matcher
-from actionopd_jax.sampling import Generation
 from actionopd_jax.serve.reference_backend import MODEL_NAME, ReferenceBackend
-from actionopd_jax.types import Message, ToolCall
+from actionopd_jax.types import ToolCall
 from tests._chat_fixtures import tiny_tokenizer, tiny_tokenizer_dir  # noqa: F401 (fixtures)
-from tests._collect_fixtures import BAD, collect_once, collector_config, make_teacher, serve, student_text
-from tests.test_collect_envscaler import _plans, env_cfg  # noqa: F401 (fixture)
+from tests._collect_fixtures import collect_once, collector_config, make_teacher, serve
+from tests.test_collect_envscaler import env_cfg, scripted_student  # noqa: F401 (fixture)
 
 
 def _rewritten(action):
@@ -32,23 +29,7 @@ def _rewritten(action):
 
 def _student(tokenizer, tasks, eos):
     """Candidates [the reference action, searches in lower case; a message; unparsable] at every state."""
-    plans = _plans(tasks)
-    texts = {t.task_id: t.payload["task"] for t in tasks}
-
-    def run(prompts, keys):
-        out = []
-        for ids in prompts:
-            text = tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
-            task_id = next(i for i, t in texts.items() if t in text)
-            first = plans[task_id][text.count("<|im_start|>assistant") - 1]
-            gens = []
-            for action in (_rewritten(first), Message("Something else."), BAD):
-                toks = tokenizer.encode(student_text(action), add_special_tokens=False) + [eos]
-                gens.append(Generation(np.asarray(toks, np.int32), np.full(len(toks), -0.5, np.float32), "stop"))
-            out.append(gens)
-        return out
-
-    return run
+    return scripted_student(tokenizer, tasks, eos, first=lambda ref: [_rewritten(ref)])
 
 
 def test_a_collection_step_matches_rewritten_calls_by_execution(tiny_tokenizer, env_cfg):  # noqa: F811
