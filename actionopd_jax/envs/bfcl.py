@@ -116,9 +116,10 @@ class BFCLEnv:
         (envs/bfcl_fork.py), or None when no episode is running."""
         if self._task is None or self._done:
             return None
-        from actionopd_jax.envs.bfcl_fork import InstanceForkPoint, refusal
+        from actionopd_jax.envs.bfcl_fork import InstanceForkPoint, bfcl_effects, refusal
 
-        return InstanceForkPoint(self._instances, refusal(self._tools, self._instances, self.config.strict_types))
+        return InstanceForkPoint(self._instances, refusal(self._tools, self._instances, self.config.strict_types),
+                                 bfcl_effects(self._instances))
 
     def end(self, reason: str) -> Observation:
         if self._task is None:

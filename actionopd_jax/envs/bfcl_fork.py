@@ -5,13 +5,21 @@ point and copied again for each call, which runs through the same checks as an e
 
 The state compared is a structural snapshot of the instances: every attribute, recursively,
 with sets sorted, tuples tagged, a back-reference to an enclosing object (a directory's parent)
-written as a marker, and a random generator by its internal state, so that two forks compare
-equal exactly when their instances hold the same values.
+written as a marker, a random generator by its internal state and a date or time as one tagged
+string, so that two forks compare equal exactly when their instances hold the same values.
+
+Effects per tool (`bfcl_effects`), from the class that owns the tool: GorillaFileSystem stamps a
+file with `datetime.now()` whenever a call creates or writes it (`File._last_modified`; the
+package's own `File.__eq__` leaves it out), so that field is volatile for its tools: a fresh
+stamp is masked, an old one still compared. WebSearchAPI's tools fetch live web pages (requests):
+external, never run on a fork. The other classes draw ids and values from a seeded generator
+that is part of the copied state, so their effects reproduce exactly.
 """
 
 from __future__ import annotations
 
 import copy
+import datetime
 import hashlib
 import json
 import random
@@ -47,6 +55,9 @@ def snapshot(value: Any, _stack: frozenset[int] = frozenset(), _depth: int = 0) 
     if isinstance(value, (set, frozenset)):
         items = [snapshot(v, inner, _depth + 1) for v in value]
         return {"<set>": sorted(items, key=_digest)}
+    if isinstance(value, (datetime.date, datetime.time, datetime.timedelta)):
+        # one scalar (a tagged string), so that a declared volatile field holding it can be masked
+        return f"<{type(value).__name__}>{value.isoformat() if hasattr(value, 'isoformat') else value}"
     if isinstance(value, random.Random):
         return {"<random>": _digest(repr(value.getstate()))}
     if hasattr(value, "__dict__") and not callable(value):
@@ -84,6 +95,21 @@ class InstanceForkPoint:
 
     def close(self) -> None:
         self._frozen = None
+
+
+# bfcl_eval class -> its state fields regenerated on every run (see the module docstring)
+VOLATILE_FIELDS = {"GorillaFileSystem": ("_last_modified",)}
+EXTERNAL_CLASSES = frozenset({"WebSearchAPI"})
+
+
+def bfcl_effects(instances: Any):
+    """Tool name -> its `ToolEffects`, from the class instance that owns the tool in this
+    episode (a later class wins a name clash, as when the episode runs it)."""
+    def effects(tool: str) -> ToolEffects:
+        owner = instances.methods.get(tool)
+        cls = type(owner).__name__ if owner is not None else ""
+        return ToolEffects(volatile=VOLATILE_FIELDS.get(cls, ()), external=cls in EXTERNAL_CLASSES)
+    return effects
 
 
 def refusal(tools: list, instances: Any, strict_types: bool):
