@@ -138,6 +138,9 @@ class StateGroup:
     retained: bool = True
     drop_reason: str = ""
     advantages: np.ndarray | None = None
+    # the trainer step whose weights sampled the candidates (asynchronous collection, issue 44);
+    # -1: not recorded (the synchronous collector: always the step that trains on it)
+    policy_version: int = -1
 
     @property
     def rewards(self) -> np.ndarray:

@@ -138,14 +138,24 @@ def build_source(cfg: Config, ctx: SourceContext) -> GroupSource:
     if kind == "actionopd" and cfg.teacher.kind == "reference":
         return reference_teacher_source(cfg, ctx)
     if kind == "actionopd":
-        from actionopd_jax.collect.source import build_group_source
-
-        source = build_group_source(cfg, ctx)
+        source = collector_source_class(cfg)(cfg, ctx)
         if not isinstance(source, GroupSource):
             raise TypeError(f"build_group_source returned {type(source).__name__}, which lacks "
                             "collect/state_dict/load_state_dict")
         return source
     raise ConfigError(f"collect.kind={kind!r} has no source")
+
+
+def collector_source_class(cfg: Config) -> type:
+    """The collector's group source: the asynchronous one when collect.max_staleness >= 1
+    (issue 44, collect/async_source.py), else the synchronous one, today's code path."""
+    if cfg.collect.max_staleness >= 1:
+        from actionopd_jax.collect.async_source import AsyncActionOPDGroupSource
+
+        return AsyncActionOPDGroupSource
+    from actionopd_jax.collect.source import ActionOPDGroupSource
+
+    return ActionOPDGroupSource
 
 
 def reference_tasks(cfg: Config) -> tuple[Any, list[Task]]:
@@ -173,7 +183,6 @@ def reference_teacher_source(cfg: Config, ctx: SourceContext) -> GroupSource:
     import atexit
     import dataclasses
 
-    from actionopd_jax.collect.source import ActionOPDGroupSource
     from actionopd_jax.serve.openai_http import OpenAIServer
     from actionopd_jax.serve.reference_backend import MODEL_NAME, ReferenceBackend
 
@@ -185,7 +194,7 @@ def reference_teacher_source(cfg: Config, ctx: SourceContext) -> GroupSource:
                 "tasks (it reads them; not a real teacher)", url, len(tasks))
     teacher = dataclasses.replace(cfg.teacher, kind="openai", provider="actionopd", base_url=url, model=MODEL_NAME,
                                   api_key_env="", enable_thinking=False)
-    source = ActionOPDGroupSource(dataclasses.replace(cfg, teacher=teacher), ctx, stream=stream)
+    source = collector_source_class(cfg)(dataclasses.replace(cfg, teacher=teacher), ctx, stream=stream)
     source.reference_server = server
     return source
 def check_self_teacher(cfg: Config) -> None:

@@ -222,6 +222,8 @@ def tokenizer_from(ctx: Any, *, needed_by: str) -> Any:
 class ActionOPDGroupSource:
     """`train.sources.GroupSource` over the collector."""
 
+    collector_class = Collector   # the asynchronous source's adds policy versions (async_source.py)
+
     def __init__(self, cfg: Config, ctx: Any, *, teacher: Any = None, matcher: Any = None, stream: Any = None,
                  env_factory: Any = None, tokenizer: Any = None, buckets: Any = None):
         """Parts passed in replace the ones the config would build (tests, custom setups);
@@ -295,7 +297,7 @@ class ActionOPDGroupSource:
         from actionopd_jax.matching.judged_log import JudgedLog
 
         # every judged pair, for `actionopd audit-matcher` (one file per process, as the caches)
-        self.collector = Collector(self.cfg, tokenizer=tokenizer, teacher=teacher, matcher=matcher,
+        self.collector = self.collector_class(self.cfg, tokenizer=tokenizer, teacher=teacher, matcher=matcher,
                                    sample_fn=sample_fn, eos_ids=[eos], env_factory=env_factory,
                                    judged_log=JudgedLog(run_dir, ctx.process_index))
         if prefetches:
@@ -313,6 +315,13 @@ class ActionOPDGroupSource:
         load_behaviour(self.sampler, policy, self.ctx.mesh)
         self.last = self.collector.collect(tasks, step=step, process_index=self.ctx.process_index,
                                            process_count=self.ctx.process_count)
+        self._after_collect(step)
+        self._prefetch_next()  # while the device runs this step's update
+        return self.last.groups
+
+    def _after_collect(self, step: int) -> None:
+        """The spend meters and the run's stops (prompts over budget, a teacher outage) on
+        self.last, the step's result."""
         m = self.last.metrics
         self._meter_step = self.meters.add({"teacher": m.teacher, "matcher": m.judge, "user": m.user},
                                            saved={"matcher": int(m.matcher.get("judge_calls_saved", 0))})
@@ -325,8 +334,6 @@ class ActionOPDGroupSource:
         if stop:
             raise ConfigError(stop)
         self._watch_teacher(step, ends)
-        self._prefetch_next()  # while the device runs this step's update
-        return self.last.groups
 
     def _watch_teacher(self, step: int, ends: np.ndarray) -> None:
         """A step in which no task start got one teacher answer trains nothing: said loudly

@@ -106,6 +106,7 @@ def validate(cfg: Config) -> None:
         need(not (v == 0 or v < -1), f"mesh.{axis} must be a positive size or -1, got {v}")
     need([cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor].count(-1) <= 1,
          "at most one of mesh.data / mesh.fsdp / mesh.tensor may be -1")
+    _validate_staleness(cfg, need)
     s = cfg.collect.synthetic
     need(0 < s.prompt_tokens_min <= s.prompt_tokens_max and 0 < s.response_tokens_min <= s.response_tokens_max,
          "collect.synthetic: need 0 < *_tokens_min <= *_tokens_max")
@@ -130,6 +131,25 @@ def validate(cfg: Config) -> None:
             if not errors:   # a check tripping over a value already reported wrong says nothing new
                 raise
     _raise_all(errors)
+
+
+def _validate_staleness(cfg: Config, need) -> None:
+    """collect.max_staleness (issue 44): the asynchronous schedule exists for the collector only,
+    and its correction needs the trainer's recomputed log-probs as the proximal policy."""
+    c = cfg.collect
+    eta = c.max_staleness
+    need(eta >= 0, f"collect.max_staleness must be >= 0 (0: the synchronous loop), got {eta}")
+    if eta < 1:
+        return
+    need(c.kind == "actionopd", f"collect.max_staleness={eta} needs collect.kind=actionopd (got {c.kind!r}): only "
+                                "the state-group collector runs episodes across updates; set it to 0")
+    need(cfg.train.old_logprobs == "recompute",
+         f"collect.max_staleness={eta} needs train.old_logprobs=recompute: a stale group's correction weighs the "
+         "sampler's recorded log-probs against the trainer's recomputation under the weights being updated")
+    need(c.sampler != "engine", f"collect.max_staleness={eta} needs collect.sampler=static (or auto on a GPU): "
+                                "the engine cannot take new weights while rows are running")
+    need(cfg.teacher.kind != "self", f"collect.max_staleness={eta}: Self-ActionOPD (teacher.kind=self) collects "
+                                     "synchronously only; set collect.max_staleness=0")
 
 
 def _endpoint_roles(cfg: Config) -> list[tuple[str, str, str, int, bool | None]]:

@@ -33,6 +33,10 @@ class CollectConfig:
     # consecutive steps in which no task start got a single teacher answer (an outage, a wrong
     # URL or key) before the run stops with that message (0: never stop)
     max_outage_steps: int = 2
+    # eta of issue 44: 0 = the paper's synchronous loop (collect, then update); >= 1 = episodes
+    # keep running on a background loop across updates, and a state group is trained on only
+    # while the policy that sampled it is at most eta updates old (collect/async_source.py)
+    max_staleness: int = 0
     temperature: float = 1.0  # rollout temperature (also used to score old/new logprobs)
     top_p: float = 1.0
     top_k: int = 0

@@ -172,7 +172,7 @@ def actionopd_source(pcfg: Config, *, tasks: list[Task], run_dir: Path, name: st
     """The ActionOPD phase's source (the main job's and compare's): the state-group collector
     over `tasks` in a stream seeded by run.seed, with the job's sampler buckets and per-step
     statistics (`JobSource`)."""
-    from actionopd_jax.collect.source import ActionOPDGroupSource
+    from actionopd_jax.baselines.wiring import collector_source_class
     from actionopd_jax.envs.tasks import TaskSource, TaskStream
     from actionopd_jax.train.setup import build_mesh, model_config
     from actionopd_jax.train.sources import SourceContext
@@ -180,7 +180,7 @@ def actionopd_source(pcfg: Config, *, tasks: list[Task], run_dir: Path, name: st
     ctx = SourceContext(model_config=model_config(pcfg), run_dir=str(run_dir), tokenizer_path=pcfg.model.tokenizer,
                         process_index=0, process_count=1, mesh=build_mesh(pcfg))
     stream = TaskStream([(TaskSource(name, tasks), len(tasks))], seed=pcfg.run.seed)
-    inner = ActionOPDGroupSource(pcfg, ctx, stream=stream,
+    inner = collector_source_class(pcfg)(pcfg, ctx, stream=stream,
                                  buckets=sampler_buckets(pcfg, pcfg.collect.num_candidates,
                                                          pcfg.collect.max_response_tokens))
     return JobSource(inner)

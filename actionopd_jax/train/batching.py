@@ -51,6 +51,9 @@ class Row:
     sampler_logp: np.ndarray | None = None
     teacher_logp: np.ndarray | None = None
     group: int = -1  # index of its state group: rows of one group share their prompt
+    # sampled by a policy older than the one being updated (collect.max_staleness >= 1): its
+    # loss takes the off-policy weight against the recorded sampler log-probs (train/losses.py)
+    stale: bool = False
 
     @property
     def length(self) -> int:
@@ -102,13 +105,17 @@ class Minibatch:
         return m, b, t, self.arrays["resp_tokens"].shape[-1]
 
 
-def rows_from_groups(groups: Sequence[StateGroup], *, need_teacher_logp: bool = False) -> list[Row]:
+def rows_from_groups(groups: Sequence[StateGroup], *, need_teacher_logp: bool = False,
+                     step: int | None = None) -> list[Row]:
     """Rows of every retained group (all N candidates, paper A.4); dropped groups and empty
-    responses give no rows. `group.advantages` must be set (see `advantages.assign`)."""
+    responses give no rows. `group.advantages` must be set (see `advantages.assign`).
+    `step` (asynchronous collection): the step being trained; a group whose recorded
+    policy_version is older gives stale rows."""
     rows: list[Row] = []
     for gi, g in enumerate(groups):
         if not g.retained or g.advantages is None:
             continue
+        stale = step is not None and 0 <= g.policy_version < step
         if len(g.advantages) != len(g.candidates):
             raise ValueError(
                 f"group {g.task_id}/{g.decision_index}: {len(g.advantages)} advantages for "
@@ -130,6 +137,7 @@ def rows_from_groups(groups: Sequence[StateGroup], *, need_teacher_logp: bool = 
                 sampler_logp=None if cand.logprobs is None else np.asarray(cand.logprobs, np.float32),
                 teacher_logp=None if teacher is None else np.asarray(teacher, np.float32),
                 group=gi,
+                stale=stale,
             ))
     return rows
 
@@ -166,11 +174,13 @@ def pack_minibatch(
     seq_len: int | None = None,
     resp_len: int | None = None,
     pad_id: int = 0,
+    with_stale: bool = False,
 ) -> Minibatch:
     """Arrays [microbatches, microbatch_rows, ...] for the rows `indices` (the rest padding).
 
     `seq_len`/`resp_len` force the widths (multi-host: every process must use the same);
-    otherwise they are the bucketed maxima of these rows.
+    otherwise they are the bucketed maxima of these rows. `with_stale` adds "stale" [.., R]:
+    1.0 on the response tokens of stale rows (only then: the synchronous batch is unchanged).
     """
     capacity = microbatches * microbatch_rows
     if len(indices) > capacity:
@@ -190,6 +200,8 @@ def pack_minibatch(
         name: np.zeros((capacity,) + ((t,) if dim == "T" else (r_w,) if dim == "R" else ()), dtype)
         for name, (dtype, dim) in BATCH_FIELDS.items()
     }
+    if with_stale:
+        out["stale"] = np.zeros((capacity, r_w), np.float32)
     out["tokens"][:] = pad_id
     out["positions"][:] = np.arange(t, dtype=np.int32)
     real_tokens = real_resp = 0
@@ -204,6 +216,8 @@ def pack_minibatch(
         out["resp_tokens"][j, :n_resp] = row.response
         out["loss_mask"][j, :n_resp] = 1.0
         out["advantages"][j] = row.advantage
+        if with_stale and row.stale:
+            out["stale"][j, :n_resp] = 1.0
         for name, values in (("sampler_logp", row.sampler_logp), ("teacher_logp", row.teacher_logp)):
             if values is None:
                 continue
@@ -233,6 +247,7 @@ def pack_shared_minibatch(
     prompt_len: int,
     resp_len: int,
     pad_id: int = 0,
+    with_stale: bool = False,
 ) -> Minibatch:
     """`pack_minibatch` for shared-prompt rows: arrays [microbatches, microbatch_rows, ...] of
     packed rows [prompt region (prompt_len) | `count` response regions (resp_len each)].
@@ -244,6 +259,8 @@ def pack_shared_minibatch(
     t, r_all = prompt_len + count * resp_len, count * resp_len
     out = {name: np.zeros((capacity, t if dim == "T" else r_all), dtype)
            for name, (dtype, dim) in BATCH_FIELDS.items()}
+    if with_stale:
+        out["stale"] = np.zeros((capacity, r_all), np.float32)
     out["tokens"][:] = pad_id
     real_tokens = real_resp = rows = 0
     for j, unit in enumerate(units[i] for i in indices):
@@ -266,6 +283,8 @@ def pack_shared_minibatch(
             out["resp_tokens"][j, col:col + n] = row.response
             out["loss_mask"][j, col:col + n] = 1.0
             out["advantages"][j, col:col + n] = row.advantage
+            if with_stale and row.stale:
+                out["stale"][j, col:col + n] = 1.0
             for name, values in (("sampler_logp", row.sampler_logp), ("teacher_logp", row.teacher_logp)):
                 if values is None:
                     continue

@@ -215,7 +215,8 @@ class Trainer:
                     log.warning("stop requested (SIGTERM / preemption): saved step %d, exiting", self.step)
                     code = SIGTERM_EXIT_CODE
                     break
-        finally:
+        finally:   # asynchronous collection (issue 44): no episode runs on, unmetered, after the run
+            getattr(self.source, "stop_background", lambda: None)()
             paid_calls.install(previous_ledger)
             bar.close()
             self.ckpt.wait()
@@ -265,7 +266,8 @@ class Trainer:
         groups = self._collect_within_budget(step, policy)
         t_collect = time.perf_counter() - t0
         adv_stats = assign_advantages(groups, loss=self.cfg.train.loss)
-        rows = rows_from_groups(groups, need_teacher_logp=self.cfg.train.loss == "opd")
+        rows = rows_from_groups(groups, need_teacher_logp=self.cfg.train.loss == "opd",
+                                step=step if self.cfg.collect.max_staleness else None)  # issue 44: stale rows
         t1 = time.perf_counter()
         upd = self.update_epoch(step, rows)
         t_update = time.perf_counter() - t1
@@ -289,6 +291,7 @@ class Trainer:
             rows = [r for r in rows if r.length <= t.max_seq_len]
         local_b = t.microbatch_rows // procs
         shared = fn.settings.shared_prompt  # N candidates per packed row, or 0
+        stale = self.cfg.collect.max_staleness >= 1   # asynchronous collection: mark stale rows
         units = share_prompts(rows) if shared else rows
         micro = t.minibatch_rows // (t.microbatch_rows * (shared or 1))
         rng = np.random.default_rng([self.cfg.run.seed, step, 1])
@@ -320,10 +323,11 @@ class Trainer:
             chunk = chunks[i] if i < len(chunks) else []
             if shared:
                 mb = pack_shared_minibatch(units, chunk, microbatches=micro, microbatch_rows=local_b,
-                                           count=shared, prompt_len=int(widths[i][0]), resp_len=int(widths[i][1]))
+                                           count=shared, prompt_len=int(widths[i][0]), resp_len=int(widths[i][1]),
+                                           with_stale=stale)
             else:
                 mb = pack_minibatch(rows, chunk, microbatches=micro, microbatch_rows=local_b,
-                                    seq_len=int(widths[i][0]), resp_len=int(widths[i][1]))
+                                    seq_len=int(widths[i][0]), resp_len=int(widths[i][1]), with_stale=stale)
             m, b, seq, resp = mb.shape
             counts += (mb.real_tokens, m * b * seq, mb.real_resp_tokens, m * b * resp)
             batches.append(fn.put_batch(mb.arrays))
@@ -337,6 +341,8 @@ class Trainer:
                 mismatch[2] = max(mismatch[2], host_scalar(mm["abs_diff_max"]))
             else:
                 batch["old_logp"] = batch["sampler_logp"]
+            if stale:   # the off-policy correction's behaviour log-probs (train/losses.py)
+                fn.add_behaviour(batch)
 
         per_update = []
         for _ in range(t.ppo_epochs):

@@ -133,6 +133,8 @@ class TrainStep:
         self._update = jax.jit(self._update_impl, donate_argnums=(0,),
                                out_shardings=(self.state_shardings, replicated))
         self._old_logp = jax.jit(self._old_logp_impl, out_shardings=(self.row_sharding, replicated))
+        self._behav = jax.jit(lambda stale, sampler, old: jnp.where(stale > 0, sampler, old),
+                              out_shardings=self.row_sharding)
 
     # ---- public API (each runs under the mesh so activation constraints apply) -------------
     def init_state(self, params: dict) -> dict:
@@ -157,6 +159,14 @@ class TrainStep:
         with the sampler's logprobs (sums over active tokens)."""
         with set_mesh(self.mesh):
             return self._old_logp(params, batch)
+
+    def add_behaviour(self, batch: dict) -> None:
+        """Replace the batch's "stale" marks by behav_logp, the log-probs of the policy that
+        sampled each token (asynchronous collection, issue 44): the sampler's recorded ones on
+        stale rows, the recomputed old_logp elsewhere, so a fresh row's off-policy weight is
+        exp(0) = 1 and its loss today's. Call after old_logp is set."""
+        with set_mesh(self.mesh):
+            batch["behav_logp"] = self._behav(batch.pop("stale"), batch["sampler_logp"], batch["old_logp"])
 
     def put_batch(self, local_arrays: dict) -> dict:
         """Host arrays [M, b_local, ...] of this process -> global arrays [M, b, ...]."""
@@ -192,8 +202,9 @@ class TrainStep:
         s = self.settings
         logp = self._logp(params, mb)
         if s.loss == "actionopd":
+            # behav_logp only in batches of asynchronous collection (collect.max_staleness >= 1)
             sums = L.actionopd_sums(logp, mb["old_logp"], mb["advantages"], mb["loss_mask"],
-                                    clip_eps=s.clip_eps, dual_clip=s.dual_clip)
+                                    clip_eps=s.clip_eps, dual_clip=s.dual_clip, logp_behav=mb.get("behav_logp"))
         elif s.loss == "opd":
             sums = L.opd_sums(logp, mb["old_logp"], mb["teacher_logp"], mb["loss_mask"],
                               clip_eps=s.clip_eps, dual_clip=s.dual_clip)
