@@ -29,7 +29,7 @@ def _cfg(tmp_path, name="run", **keys):
                      "teacher": {"kind": "openai", "provider": "vllm", "model": "teacher",
                                  "base_url": "http://127.0.0.1:9/v1", "max_tokens": 16},
                      "env": {"name": "bfcl", "domains": ["base"], "allow_eval_overlap": True}})
-    return replace_keys(cfg, **{"run.dir": str(tmp_path / name), "checkpoint.every_steps": 1,
+    return replace_keys(cfg, **{"run.dir": str(tmp_path / name), "checkpoint.every_steps": 0,
                                 "checkpoint.async_save": False, "teacher.price": list(PRICE), **keys})
 
 
@@ -142,6 +142,7 @@ def test_eta_1_trains_within_the_bound_resumes_in_flight_draws_from_the_cache_an
     from actionopd_jax.collect.async_scheduler import Draw
     from actionopd_jax import paid_calls
     from actionopd_jax.paid_calls import BudgetReached, Ledger
+    from actionopd_jax.train.batching import Row, pack_minibatch
     from actionopd_jax.train.loop import Trainer
     from actionopd_jax.train.sources import Policy
 
@@ -219,3 +220,13 @@ def test_eta_1_trains_within_the_bound_resumes_in_flight_draws_from_the_cache_an
         assert not _alive() and not capped.scheduler.running and capped.state_dict()["next_index"] == 0
         assert 0 < ledger.spend_usd <= 10.0, ledger.largest
         capped.close()
+        # the correction's behaviour log-probs: the sampler's on a stale row, the recomputed elsewhere
+        rows = [Row(np.arange(1, 5, dtype=np.int32), np.arange(3, dtype=np.int32), 1.0, np.full(3, -0.5, np.float32),
+                    stale=True), Row(np.arange(1, 5, dtype=np.int32), np.arange(3, dtype=np.int32), -1.0,
+                                     np.full(3, -0.5, np.float32))]
+        batch = trainer.step_fn.put_batch(pack_minibatch(rows, [0, 1], microbatches=1, microbatch_rows=8,
+                                                         with_stale=True).arrays)
+        batch["old_logp"] = batch["sampler_logp"] - 1.0
+        trainer.step_fn.add_behaviour(batch)
+        behav = np.asarray(batch["behav_logp"])[0, :, :3]
+        assert "stale" not in batch and behav[0].tolist() == [-0.5] * 3 and behav[1].tolist() == [-1.5] * 3
