@@ -166,7 +166,8 @@ def test_engine_programs_lower_for_cuda():
     """The paged rollout engine's prefill chunk and decode segment (issue 25), on the
     accelerator path over the page pool, lowered for CUDA on one GPU and over a 2-GPU mesh,
     with the gather path and with the paged switch's GPU kernel ("paged_gpu": Pallas ->
-    Triton), whose Triton call must be in both programs."""
+    Triton), whose Triton call must be in both programs and not in the chunk program for
+    lanes that all start a prompt (the model's causal attention: no kernel row per token)."""
     from actionopd_jax.engine.aot import TRITON, abstract_pool, lower_engine_programs
     from actionopd_jax.engine.sizing import EngineConfig
     from actionopd_jax.model.attention.paged import paged_attention
@@ -177,12 +178,20 @@ def test_engine_programs_lower_for_cuda():
     for mesh in meshes:
         for attention in ("gather", "paged_gpu"):
             reports = lower_engine_programs(cfg, mesh, shapes, attention=attention)
-            assert [r.ok for r in reports] == [True, True], [r.error for r in reports]
+            assert all(r.ok for r in reports), [r.error for r in reports]
             triton = [any(TRITON in c for c in r.custom_calls) for r in reports]
             if attention == "gather":
                 assert triton == [False, False], [r.custom_calls for r in reports]
-            else:
-                assert triton == [True, True], [r.custom_calls for r in reports]
+            else:   # the chunk for lanes that all start a prompt runs the model's attention, not the kernel
+                assert triton == [True, True, False], [(r.label, r.custom_calls) for r in reports]
+                assert "fresh-prompt chunk" in reports[2].label
+    # in bfloat16 (the rollout copy on a GPU) that chunk is cuDNN's fused attention, as the static
+    # sampler's prefill; in float32 (above) cuDNN refuses and "auto" takes the xla path
+    from actionopd_jax.model.runtime import RuntimeOptions
+
+    fresh = lower_engine_programs(cfg, meshes[0], shapes, attention="paged_gpu",
+                                  runtime=RuntimeOptions(dtype="bfloat16"))[2]
+    assert fresh.ok and fresh.has_call("__cudnn$fmha"), (fresh.error, fresh.custom_calls)
     # The switch itself at the engine's shapes (its pool layout, decode q [slots, 1, Hq, Dh],
     # a prefill chunk [lanes, chunk, Hq, Dh] at explicit positions), as the engine's programs
     # call it.

@@ -118,7 +118,8 @@ def test_run_ahead_with_requests_waiting_keeps_the_samples():
 
 def test_gpu_kernel_engine_gives_the_static_samples():
     """The engine with the GPU paged kernel ("paged_gpu", Pallas interpret mode here; pages of
-    16 tokens, its smallest block) in its prefill chunks and decode segments: the static
+    16 tokens, its smallest block) in its prefill chunks that continue a prompt and its decode
+    segments, the model's causal attention in chunks that start prompts: the static
     samples, as the device check asks of it on a GPU ("engine tokens float32 ... vs CPU")."""
     prompts, settings, keys = _workload(seed=5)
     want = reference(prompts, keys, **settings)
@@ -131,3 +132,6 @@ def test_gpu_kernel_engine_gives_the_static_samples():
     while eng.busy:
         eng.step()
     assert_same(got, want)
+    # chunks whose lanes all start a prompt ran the model's causal attention (no kernel rows per
+    # token), the others the kernel over the pages (programs.FRESH_PREFILL): both gave these samples
+    assert {"chunk", "chunk_fresh"} <= set(eng.programs._local)

@@ -4,7 +4,8 @@ fixed shapes (EngineConfig), over abstract sharded parameters and an abstract pa
 
 `train --check` on a GPU target lowers them for CUDA when the run collects with the engine
 (`collect.sampler: engine`), and tests/test_cuda_lowering.py checks the Triton kernel of the
-paged switch's "paged_gpu" backend is in them."""
+paged switch's "paged_gpu" backend is in them, and not in the chunk program for lanes that all
+start a prompt (programs.FRESH_PREFILL: the model's causal attention)."""
 
 from __future__ import annotations
 
@@ -84,6 +85,15 @@ def lower_engine_programs(cfg, mesh, shapes: EngineConfig, *, attention: str = "
         for r in reports:
             if r.ok and not any(TRITON in c for c in r.custom_calls):
                 r.ok, r.error = False, "engine attention is paged_gpu but the lowered program has no Triton call"
+    if impl in programs.FRESH_PREFILL:
+        # chunks whose lanes all start a prompt: the model's causal attention, never the kernel
+        fresh = jax.jit(functools.partial(programs.prefill_chunk, page_size=shapes.page_size, attention=impl,
+                                          fresh=True), static_argnums=(0,), donate_argnums=(2,))
+        r = lower_for(fresh, (graphdef, params, pool, i32(lanes, shapes.chunk), i32(lanes), i32(lanes), i32(lanes, pps)),
+                      label=f"engine fresh-prompt chunk ({what})", platform=platform, mesh=mesh, traced_for=traced_for)
+        if r.ok and any(TRITON in c for c in r.custom_calls):
+            r.ok, r.error = False, "the fresh-prompt chunk runs the decode kernel (one kernel row per prompt token)"
+        reports.append(r)
     return reports
 
 

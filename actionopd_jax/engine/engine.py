@@ -244,8 +244,11 @@ class Engine:
                 table[lane, :len(req.prompt_pages)] = req.prompt_pages
             t0 = time.perf_counter()
             args = (*self._split, self.pool, tokens, start, n_valid, table)
-            self.pool, hidden = self._run("chunk", programs.prefill_chunk, args,
-                                          {"page_size": c.page_size, "attention": self.attention()}, donate=(2,))
+            # lanes that all start a prompt skip the decode kernel (programs.FRESH_PREFILL)
+            fresh = self.attention() in programs.FRESH_PREFILL and not start.any()
+            static = {"page_size": c.page_size, "attention": self.attention(), **({"fresh": True} if fresh else {})}
+            self.pool, hidden = self._run("chunk_fresh" if fresh else "chunk", programs.prefill_chunk, args, static,
+                                          donate=(2,))
             hidden = np.asarray(hidden)
             self.stats.prefill_s += time.perf_counter() - t0
             self.stats.chunk_calls += 1

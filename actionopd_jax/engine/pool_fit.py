@@ -88,6 +88,13 @@ def engine_needs(engine, pages: int) -> list[ProgramNeeds]:
         (graphdef, params, engine._checked_head(), pool, slots, i32(c.slots), i32(c.slots), engine.eos_ids, None,
          np.int32(c.segment), np.int32(0)), static, donate=(3,))
     found = [program_needs("prefill chunk", chunk), program_needs("decode segment", segment)]
+    if engine.attention() in programs.FRESH_PREFILL:   # the chunk program for lanes that all start a prompt
+        fresh = engine.programs.compile(
+            "chunk_fresh", programs.prefill_chunk,
+            (graphdef, params, pool, i32(c.prefill_lanes, c.chunk), i32(c.prefill_lanes), i32(c.prefill_lanes),
+             i32(c.prefill_lanes, c.pages_per_slot)),
+            {"page_size": c.page_size, "attention": engine.attention(), "fresh": True}, donate=(2,))
+        found.append(program_needs("fresh-prompt prefill chunk", fresh))
     return [n for n in found if n is not None]
 
 

@@ -42,6 +42,7 @@ from flax import nnx
 
 import actionopd_jax.sampling.cpu_backend as cpu_backend
 import actionopd_jax.sampling.decode as decode_lib
+from actionopd_jax.model.attention.dispatch import causal_self_attention
 from actionopd_jax.model.attention.paged import copy_pages, paged_attention, write_rows
 from actionopd_jax.model.attention.paged_live import (MASK_VALUE, block_pages_for, live_part, merge_parts,
                                                      paged_attention_live)
@@ -175,12 +176,38 @@ def _attend(q, k_pages, v_pages, lengths, table, *, attention: str, q_positions=
     return paged_attention(q, k_pages, v_pages, lengths, table, q_positions=q_positions, impl=attention)
 
 
+# paged backends that are decode kernels (one query per kernel row: a chunk of T tokens is T
+# rows, each rereading its slot's pages): a chunk whose lanes all start at 0 runs the model's
+# own fused causal attention over its tokens instead (`prefill_chunk(fresh=True)`; cuDNN on GPU,
+# as the static sampler's prefill). benchmarks/engine_cost.py has the compiler's figures.
+FRESH_PREFILL = ("paged_gpu",)
+
+
+def _fresh_attention(setting: str, cfg, dtype, chunk: int) -> str:
+    """The model's causal attention for a fresh-prompt chunk; "auto" where it would pick a kernel
+    that cannot take these shapes (cuDNN in float32: the device check's parity stage) is the
+    plain "xla" path instead of an error, as the kernel path ran there before."""
+    from actionopd_jax.model.attention.dispatch import resolve
+
+    try:
+        resolve(setting, seq_len=chunk, heads=(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim),
+                dtype=dtype)
+    except ValueError:
+        if setting != "auto":
+            raise
+        return "xla"
+    return setting
+
+
 def prefill_chunk(graphdef: nnx.GraphDef, params: Any, pool: Pool, tokens: jax.Array, start: jax.Array,
-                  n_valid: jax.Array, table: jax.Array, *, page_size: int, attention: str = "gather"
-                  ) -> tuple[Pool, jax.Array]:
+                  n_valid: jax.Array, table: jax.Array, *, page_size: int, attention: str = "gather",
+                  fresh: bool = False) -> tuple[Pool, jax.Array]:
     """tokens i32[lanes, chunk] at positions start[lanes] + [0, chunk), the first n_valid[lanes]
     of them real; table i32[lanes, pages_per_slot]. Returns the pool with their keys/values
-    and the final-normed hidden [lanes, D] of each lane's last real token."""
+    and the final-normed hidden [lanes, D] of each lane's last real token. fresh: the caller
+    promises every start is 0 (nothing before the chunk), so attention is the chunk's causal
+    self-attention through the model's fused kernel (`model.runtime.attention`), valid keys a
+    prefix of each lane; the pages are only written."""
     model = nnx.merge(graphdef, params)
     cfg, dt = model.cfg, jnp.dtype(model.runtime.dtype)
     lanes, chunk = tokens.shape
@@ -193,12 +220,16 @@ def prefill_chunk(graphdef: nnx.GraphDef, params: Any, pool: Pool, tokens: jax.A
     cos, sin = rope_tables(positions, cfg)
     pk, pv = pool.k, pool.v
     per_layer = layer_pages(pk, cfg)
+    fresh_impl = _fresh_attention(model.runtime.attention, cfg, dt, chunk) if fresh else None
     for i, layer in enumerate(_layer_modules(model)):
         attn = layer.self_attn
         q, k, v = attn.project_qkv(layer.input_layernorm(h), cos, sin)     # [lanes, chunk, heads, Dh]
         at = page + i * per_layer
         pk, pv = write_rows(pk, at, offset, k), write_rows(pv, at, offset, v)
-        out = _attend(q, pk, pv, lengths, table + i * per_layer, attention=attention, q_positions=positions)
+        if fresh:
+            out = causal_self_attention(attn.group_queries(q), k, v, valid, dt, fresh_impl, None)
+        else:
+            out = _attend(q, pk, pv, lengths, table + i * per_layer, attention=attention, q_positions=positions)
         h = h + attn.output(out)
         h = h + layer.mlp(layer.post_attention_layernorm(h))
     last = jnp.maximum(n_valid - 1, 0)
@@ -247,14 +278,16 @@ def _is_end(tokens, end_ids):
 def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots: Slots, copy_src: jax.Array,
             copy_dst: jax.Array, end_ids: jax.Array, groups: Groups | None = None, limit: jax.Array | None = None,
             stop_below: jax.Array | None = None, *, steps: int, page_size: int, cap: int, head: str,
-            backend: str, attention: str = "gather") -> tuple[Pool, SegmentOut]:
+            backend: str, attention: str = "gather", layer_unroll: int = 1) -> tuple[Pool, SegmentOut]:
     """One decode segment (module docstring). copy_src/copy_dst i32[M]: pages to copy first
     (copy-on-write of a shared prompt's last partial page; pad with NULL_PAGE -> NULL_PAGE).
     groups: the CPU live path's prompt sharing (Groups), or None (each slot reads its pages).
     limit i32[]: decode steps this call (<= steps, the token buffers' width; None: steps);
     stop_below i32[]: end after the step that leaves at most this many rows running (the
     engine's run-ahead on CPU: the next smaller row count's program is then cheaper; None or
-    0: never). Both are traced, so one program serves every segment length."""
+    0: never). Both are traced, so one program serves every segment length. layer_unroll:
+    layers per trip of the accelerator's layer scan (the number of layers: no loop, for the
+    compiler's cost model, which counts a loop body once: benchmarks/engine_cost.py)."""
     model = nnx.merge(graphdef, params)
     cfg, dt = model.cfg, jnp.dtype(model.runtime.dtype)
     n_slots = slots.last.shape[0]
@@ -319,7 +352,8 @@ def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots
             return (constrain(h, ("batch", "length", "act_embed")), pk, pv), None
 
         (h, pk, pv), _ = jax.lax.scan(layer_body, (h, pk, pv),
-                                      (layer_state, jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32)))
+                                      (layer_state, jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32)),
+                                      unroll=layer_unroll)
         return h, pk, pv
 
     if backend == "cpu":
@@ -364,5 +398,5 @@ def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots
                                         head_fallbacks=fallbacks)
 
 
-__all__ = ["Groups", "Pool", "SHARE_WIDTH", "SegmentOut", "Slots", "empty_pool", "prefill_chunk", "row_buckets",
+__all__ = ["FRESH_PREFILL", "Groups", "Pool", "SHARE_WIDTH", "SegmentOut", "Slots", "empty_pool", "prefill_chunk", "row_buckets",
            "segment"]
