@@ -30,3 +30,10 @@ def compile_source(source: str | bytes | ast.AST, filename: str, mode: str = "ex
     """compile, one thread at a time."""
     with _LOCK:
         return compile(source, filename, mode)
+
+
+def literal_eval(text: str) -> Any:
+    """ast.literal_eval of a text, one thread at a time (it parses the text with ast.parse: the
+    matcher's execution stage reads tool answers with it while forks start in other threads)."""
+    with _LOCK:
+        return ast.literal_eval(text)

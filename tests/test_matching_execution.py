@@ -48,15 +48,13 @@ def test_planted_set_has_no_wrong_verdict_and_abstains_where_execution_cannot_se
     assert all(r["rules"] == "judge" for r in rows)  # every pair gets past the rules: execution is asked
     wrong = [r for r in rows if r["verdict"] is not None and r["verdict"] != r["label"]]
     assert wrong == []
-    # what it must leave to the judge it leaves (hard); what the design should decide it decides
-    # on an idle machine, but under a loaded suite it left 9 and 22 such pairs to the judge (safe:
-    # abstaining is always allowed; the cause under load is not yet diagnosed, so the reasons are
-    # printed): at least half of them decided
+    # what it must leave to the judge it leaves, and what it can decide it decides, on a busy
+    # machine too: a fork that fails to start is run again (under a loaded suite such failures
+    # once left 9 and 22 of these to the judge, reported as effects that did not reproduce)
     assert [r for r in rows if r["verdict"] is not None and r["expect"] != "decide"] == []
-    decidable = [r for r in rows if r["expect"] == "decide"]
-    undecided = [(r["kind"], r["env"], r["why"]) for r in decidable if r["verdict"] is None]
-    assert len(undecided) <= len(decidable) // 2, undecided
-    assert {r["verdict"] for r in rows if r["expect"] == "decide"} >= {"match", "no_match"}
+    undecided = [(r["kind"], r["env"], r["why"]) for r in rows if r["verdict"] is None and r["expect"] == "decide"]
+    assert undecided == []
+    assert {r["verdict"] for r in rows if r["expect"] == "decide"} == {"match", "no_match"}
     reasons = {r["kind"]: r["why"] for r in rows if r["verdict"] is None}
     assert "external" in reasons["external"] and "reproduce" in reasons["undeclared_time"]
     assert "failed" in reasons["failing_call"]
@@ -141,15 +139,10 @@ def test_matcher_decides_by_execution_and_asks_the_judge_only_what_execution_can
                             ["no_match", "no_match", "no_match"], ["no_match"] * 3]
         # execution settled (rewritten, book), (other, book); the judge got the failing pairs only:
         # (rewritten, s2), (other, s2), (taken, book), (taken, s2)
-        # (under a loaded suite execution once abstained on one more pair, which then went to the
-        # judge: abstaining is safe, so the bound is the off run's 6 less at least one settled pair)
-        assert 4 <= server.request_count <= 5 and m.stats.judge_calls == server.request_count
-        assert m.stats.judge_calls_saved >= 1
-        if server.request_count == 4:
-            assert m.stats.judge_calls_saved == 2
-            assert (m.stats.execution_match, m.stats.execution_no_match) == (2, 2)  # each twice: K has book twice
-            # abstained pairs: those four, (taken, book) twice (one judge call, reused)
-            assert m.stats.execution_abstain == 5 and m.stats.judge_reused == 1
+        assert server.request_count == 4 and m.stats.judge_calls == 4 and m.stats.judge_calls_saved == 2
+        assert (m.stats.execution_match, m.stats.execution_no_match) == (2, 2)  # each twice: K has book twice
+        # abstained pairs: those four, (taken, book) twice (one judge call, reused)
+        assert m.stats.execution_abstain == 5 and m.stats.judge_reused == 1
         assert m.stats.execution_forks >= 4 and len(m.fork_latencies_s) == m.stats.execution_forks
         assert live_after == task.payload["init_config"]  # nothing reached the live episode
         # the judged-pair log says which stage decided each pair
@@ -180,6 +173,86 @@ class _BrokenPoint:
 
     def close(self):
         self.closed = True
+
+
+class _Flaky:
+    """A real fork point whose runs numbered in `fail` fail to start, as a fork start did under a
+    loaded suite (the sandbox's import reader parsing in several threads at once: CPython 3.11's
+    AST converter raised SystemError in some of them) or with `error` given."""
+
+    def __init__(self, point, fail, error="fork failed: SystemError: AST constructor recursion depth mismatch"):
+        self.point, self.fail, self.error, self.runs = point, set(fail), error, 0
+        self.before = point.before
+
+    def effects(self, tool):
+        return self.point.effects(tool)
+
+    async def run(self, call):
+        from actionopd_jax.envs.fork import ForkResult
+        self.runs += 1
+        if self.runs in self.fail:
+            return ForkResult(error=self.error)
+        return await self.point.run(call)
+
+    def close(self):
+        self.point.close()
+
+
+def test_a_fork_that_failed_to_start_runs_again_and_never_reads_as_an_unreproducible_effect(sandbox):
+    """The cause of the extra abstentions under load: one failed fork start (not the tool) made
+    the pair the judge's, and on the second run it was reported as an effect that does not
+    reproduce. Now such a fork runs again; one that keeps failing is reported as a failure."""
+    book, other = ToolCall("book", {"patient": "Ada Lin", "slot_id": "S1"}), ToolCall("book", {"patient": "Bo", "slot_id": "S3"})
+    pair, key = [(book, other)], (call_key(book), call_key(other))
+
+    async def go():
+        env = EnvScalerEnvironment(sandbox)
+        await env.reset(TASKS["clinic"])
+        try:
+            point = await env.fork_point()
+            # runs 1-2: the two calls; 3-4 their second runs; 3 fails to start (the replica)
+            again = await ExecutionStage().decide(_Flaky(point, {3}), pair)
+            first = await ExecutionStage().decide(_Flaky(point, {1}), pair)  # a first run fails once
+            never = await ExecutionStage(retries=0).decide(_Flaky(point, {3}), pair)  # no second try
+            hung = await ExecutionStage().decide(_Flaky(point, {3}, error="fork process failed: timeout after 30s"), pair)
+            return again, first, never, hung
+        finally:
+            env.end("test")
+            env._close()
+
+    again, first, never, hung = asyncio.run(go())
+    assert again.verdicts == {key: "no_match"} and again.retried == 1 and len(again.fork_s) == 5
+    assert first.verdicts == {key: "no_match"} and first.retried == 1
+    assert never.verdicts == {} and never.abstained[key].startswith("a fork failed on the second run: fork failed: SystemError")
+    assert "reproduce" not in never.abstained[key]
+    assert hung.verdicts == {} and hung.retried == 0 and "timeout" in hung.abstained[key]  # a hang is not retried
+
+
+def test_tool_answers_are_read_under_the_process_parse_lock(monkeypatch):
+    """_structured's literal parse takes pyast's lock: unlocked, it raced the fork starts' import
+    reader in other threads (SystemError: AST constructor recursion depth mismatch)."""
+    import threading
+
+    from actionopd_jax import pyast
+    from actionopd_jax.matching.execution import _structured
+
+    taken = []
+
+    class Counting:
+        def __init__(self):
+            self.lock = threading.RLock()
+
+        def __enter__(self):
+            taken.append(threading.get_ident())
+            return self.lock.__enter__()
+
+        def __exit__(self, *exc):
+            return self.lock.__exit__(*exc)
+
+    monkeypatch.setattr(pyast, "_LOCK", Counting())
+    assert _structured("{'success': True, 'order_id': 'ORD-1'}") == {"success": True, "order_id": "ORD-1"}
+    assert taken == [threading.get_ident()]
+    assert _structured('{"a": 1}') == {"a": 1} and len(taken) == 1  # JSON needs no parse lock
 
 
 def test_failed_forks_give_no_verdict_and_a_raising_fork_point_leaves_the_rules_and_judge(sandbox):

@@ -11,7 +11,7 @@ import pytest
 from actionopd_jax.envs.bfcl import BFCLEnv
 from actionopd_jax.envs.bfcl_exec import BFCLInstances
 from actionopd_jax.envs.bfcl_fork import InstanceForkPoint, bfcl_effects, snapshot
-from actionopd_jax.envs.fork import ToolEffects, execution_support
+from actionopd_jax.envs.fork import ToolEffects
 from actionopd_jax.matching.execution import ExecutionStage, _values_at, call_key, effect
 from actionopd_jax.matching.matcher import Matcher
 from actionopd_jax.types import ToolCall as T
@@ -120,15 +120,3 @@ def test_snapshot_sees_sets_tuples_back_references_and_random_state():
             deep = [deep]
         snapshot(deep)
 
-
-def test_train_check_lists_bfcl_among_the_pools_the_stage_forks():
-    from actionopd_jax.config import Config
-    from actionopd_jax.train.plan import _execution_line
-
-    import dataclasses
-
-    cfg = Config()
-    cfg = dataclasses.replace(cfg, env=dataclasses.replace(cfg.env, name="bfcl", mixture=()))
-    line = _execution_line(cfg)
-    assert line == "execution  matcher.execution auto: bfcl: forks (matcher.execution acts)", line
-    assert execution_support(["bfcl", "tau2_airline"])[1].startswith("tau2_airline: no forks, rules then judge")

@@ -119,7 +119,7 @@ def call_string(name: str, arguments: dict[str, Any]) -> str:
         if not is_safe_identifier(key):
             raise ValueError(f"unsafe argument name {key!r}")
         text = repr(value)
-        if ast.literal_eval(text) != value or not _plain(value):
+        if pyast.literal_eval(text) != value or not _plain(value):
             raise ValueError(f"argument {key} is not a plain JSON value")
         parts.append(f"{key}={text}")
     return f"{name}({','.join(parts)})"

@@ -4,30 +4,35 @@ of the episode's current state (envs/fork.py) and comparing their effects.
 
 How it decides one pair (student call s, teacher call t):
 - either tool declared external (it sends mail, calls out): cannot settle;
-- each distinct call runs once on its own fork; a fork error, or a tool answer that reports a
-  failure ("Error: ...", `success: false`), on either side: cannot settle (the judge decides, as
-  without this stage);
+- each distinct call runs once on its own fork. A fork that could not run the call (its process
+  did not start or died: `ForkResult.error`, not a tool's answer) is run again on a fresh fork,
+  `retries` times: it is the same experiment, and a busy machine must not turn a transient
+  start failure into a judge call. A fork that timed out is not retried (a hanging tool hangs
+  again). A fork error that remains, or a tool answer that reports a failure ("Error: ...",
+  `success: false`), on either side: cannot settle (the judge decides, as without this stage);
 - both effects are normalised: the values under the tool's declared volatile fields that were
   not in the state before the call (fresh ids, timestamps) are masked wherever they appear (a
   key, a value, inside the tool's text), on both sides alike;
 - equal final states (the forks start from one state, so equal changes) and equal observations:
   **match**. A read-only pair leaves both states as they were and so compares observations;
-- otherwise each call runs a second time on a fresh fork: if either call's two runs differ
-  after normalising, its effect is not a function of the state (an undeclared clock or random
-  id): cannot settle. If both reproduce, the effects really differ: **no_match**, no judge call.
+- otherwise each call runs a second time on a fresh fork (retried like the first): if either
+  call's two runs differ after normalising, its effect is not a function of the state (an
+  undeclared clock or random id): cannot settle. A second run that could not run at all says
+  nothing about that and is reported as the fork failure it is. If both reproduce, the effects
+  really differ: **no_match**, no judge call.
 
 "Cannot settle" (None) always falls through to the judge; execution never guesses.
 """
 
 from __future__ import annotations
 
-import ast
 import asyncio
 import json
 import weakref
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from actionopd_jax import pyast
 from actionopd_jax.envs.fork import ForkPoint, ForkResult
 from actionopd_jax.matching.canonical import canonical_value
 from actionopd_jax.teacher.cache import action_to_json, stable_digest
@@ -42,8 +47,11 @@ def call_key(call: ToolCall) -> str:
 
 def _structured(text: str) -> Any:
     """The tool's text as a value where it is JSON or a Python literal (EnvScaler shows str()
-    of a dict), so that volatile keys inside it can be found; else the text itself."""
-    for parse in (json.loads, ast.literal_eval):
+    of a dict), so that volatile keys inside it can be found; else the text itself. The literal
+    is parsed under the process's parse lock (pyast): CPython 3.11 counts the AST converter's
+    recursion per interpreter, and a parse racing a fork start's import reader in another thread
+    fails one of them with SystemError."""
+    for parse in (json.loads, pyast.literal_eval):
         try:
             return parse(text)
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
@@ -123,6 +131,7 @@ class ExecutionRecord:
     verdicts: dict[tuple[str, str], Verdict] = field(default_factory=dict)
     abstained: dict[tuple[str, str], str] = field(default_factory=dict)
     fork_s: list[float] = field(default_factory=list)
+    retried: int = 0  # fork runs repeated because the fork itself failed (not the tool)
 
 
 class ExecutionStage:
@@ -130,10 +139,12 @@ class ExecutionStage:
     bounds the forks running at once over every group of the event loop (each fork is a
     sandboxed process or server call: many episodes in flight must not start hundreds)."""
 
-    def __init__(self, max_forks: int = 8):
+    def __init__(self, max_forks: int = 8, retries: int = 2):
         if max_forks < 1:
             raise ValueError(f"max_forks must be >= 1, got {max_forks}")
-        self.max_forks = max_forks
+        if retries < 0:
+            raise ValueError(f"retries must be >= 0, got {retries}")
+        self.max_forks, self.retries = max_forks, retries
         self._gates: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Semaphore]" = \
             weakref.WeakKeyDictionary()
 
@@ -150,9 +161,13 @@ class ExecutionStage:
         calls: dict[str, ToolCall] = {}
 
         async def run(key: str) -> None:
-            async with gate:
-                result = await point.run(calls[key])
-            rec.fork_s.append(result.wall_s)
+            for attempt in range(1 + self.retries):
+                async with gate:
+                    result = await point.run(calls[key])
+                rec.fork_s.append(result.wall_s)
+                if not result.error or "timeout" in result.error:
+                    break
+                rec.retried += 1
             runs.setdefault(key, []).append(result)
 
         todo: list[tuple[str, str]] = []
@@ -181,8 +196,10 @@ class ExecutionStage:
         await asyncio.gather(*(run(k) for k in {k for pair in unequal for k in pair}))
         for ks, kt in unequal:
             name = calls[ks].name
-            stable = [self._reproduces(point, name, runs[k]) for k in (ks, kt)]
-            if all(stable):
+            broken = next((r.error for k in (ks, kt) for r in runs[k][1:] if r.error), "")
+            if broken:  # the second run never happened: no evidence either way
+                rec.abstained[(ks, kt)] = f"a fork failed on the second run: {broken}"
+            elif all(self._reproduces(point, name, runs[k]) for k in (ks, kt)):
                 rec.verdicts[(ks, kt)] = "no_match"
             else:
                 rec.abstained[(ks, kt)] = "an effect does not reproduce on a second fork (undeclared volatile field)"
