@@ -74,7 +74,9 @@ def decode_timing(preset: str, *, slots: int, samples: int, lo: int, hi: int, ma
         from actionopd_jax.engine.requests import pages_needed
         from actionopd_jax.engine.sizing import pool_pages as auto_pages
 
-        shapes = EngineConfig(slots=rows, page_size=16, max_len=hi + max_new, chunk=min(512, hi), segment=16)
+        # chunks of the longest prompt: a call whose lanes all start a prompt runs cuDNN's causal
+        # attention, as static's prefill (programs.FRESH_PREFILL), not the decode kernel per token
+        shapes = EngineConfig(slots=rows, page_size=16, max_len=hi + max_new, chunk=hi, segment=16)
         # the pool this workload fills (every row at once, each prompt's pages shared by its
         # samples) plus a quarter, within what the device holds (device_check_shapes): "auto"
         # takes 90% of what is free, which on the H200 left the decode segment's temporaries

@@ -176,19 +176,16 @@ def _attend(q, k_pages, v_pages, lengths, table, *, attention: str, q_positions=
     return paged_attention(q, k_pages, v_pages, lengths, table, q_positions=q_positions, impl=attention)
 
 
-# paged backends that are decode kernels (one query per kernel row: a chunk of T tokens is T
-# rows, each rereading its slot's pages): a chunk whose lanes all start at 0 runs the model's
-# own fused causal attention over its tokens instead (`prefill_chunk(fresh=True)`; cuDNN on GPU,
-# as the static sampler's prefill). benchmarks/engine_cost.py has the compiler's figures.
+# decode kernels (a chunk of T tokens is T kernel rows, each rereading its slot's pages): a chunk
+# whose lanes all start at 0 runs the model's fused causal attention instead (prefill_chunk's
+# `fresh`; cuDNN on GPU, as static's prefill). Compiler's figures: benchmarks/engine_cost.py.
 FRESH_PREFILL = ("paged_gpu",)
 
 
 def _fresh_attention(setting: str, cfg, dtype, chunk: int) -> str:
-    """The model's causal attention for a fresh-prompt chunk; "auto" where it would pick a kernel
-    that cannot take these shapes (cuDNN in float32: the device check's parity stage) is the
-    plain "xla" path instead of an error, as the kernel path ran there before."""
+    """The model's causal attention for a fresh-prompt chunk; "auto" picking a kernel that cannot
+    take it (cuDNN in float32: the device check's parity stage) is "xla" instead of an error."""
     from actionopd_jax.model.attention.dispatch import resolve
-
     try:
         resolve(setting, seq_len=chunk, heads=(cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim),
                 dtype=dtype)
