@@ -228,6 +228,32 @@ def test_a_fork_that_failed_to_start_runs_again_and_never_reads_as_an_unreproduc
     assert hung.verdicts == {} and hung.retried == 0 and "timeout" in hung.abstained[key]  # a hang is not retried
 
 
+def test_a_coarse_clock_crossing_a_second_between_forks_changes_no_verdict():
+    """A second-resolution stamp on a new record may equal an older record's (the fork ran in the
+    setup's second) or not (it ran a second later, as on a loaded machine). Freshness was by
+    value, so the first fork's stamp stayed unmasked and the second's was masked: the same call
+    looked unequal to itself. The clock pinned here on each side, deterministically."""
+    from actionopd_jax.envs.fork import ForkResult
+    from actionopd_jax.matching.execution import effect
+
+    old = {"sku": "A", "at": "2026-12-06 05:00:00"}
+    before = {"orders": {"O1": old}, "log": ["2026-12-06 05:00:00 O1"]}
+
+    def run(sku, at, touched=None):
+        orders = {"O1": dict(old, at=touched or old["at"]), "O2": {"sku": sku, "at": at}}
+        state = {"orders": orders, "log": before["log"] + [f"{at} O2"]}
+        return ForkResult(observation=str({"success": True, "id": "O2", "at": at}), state=state)
+
+    same_second, next_second = run("B", "2026-12-06 05:00:00"), run("B", "2026-12-06 05:00:01")
+    assert effect(same_second, before, ("at",)) == effect(next_second, before, ("at",))
+    masked_state, masked_obs = effect(same_second, before, ("at",))
+    assert masked_state["orders"]["O1"]["at"] == old["at"] and masked_obs["at"] == "<volatile>"  # the old one stays
+    assert effect(run("C", "2026-12-06 05:00:00"), before, ("at",)) != effect(next_second, before, ("at",))
+    # a call that also restamps the old record is a different effect, whatever the clock says
+    restamped = run("B", "2026-12-06 05:00:01", touched="2026-12-06 05:00:01")
+    assert effect(restamped, before, ("at",)) != effect(next_second, before, ("at",))
+
+
 def test_tool_answers_are_read_under_the_process_parse_lock(monkeypatch):
     """_structured's literal parse takes pyast's lock: unlocked, it raced the fork starts' import
     reader in other threads (SystemError: AST constructor recursion depth mismatch)."""

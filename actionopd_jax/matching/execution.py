@@ -10,9 +10,11 @@ How it decides one pair (student call s, teacher call t):
   start failure into a judge call. A fork that timed out is not retried (a hanging tool hangs
   again). A fork error that remains, or a tool answer that reports a failure ("Error: ...",
   `success: false`), on either side: cannot settle (the judge decides, as without this stage);
-- both effects are normalised: the values under the tool's declared volatile fields that were
-  not in the state before the call (fresh ids, timestamps) are masked wherever they appear (a
-  key, a value, inside the tool's text), on both sides alike;
+- both effects are normalised: the values under the tool's declared volatile fields that the
+  call put in the state (at a place that did not hold them before: a new record, a rewritten
+  field; fresh ids, timestamps, even a stamp equal to an older record's) or that its answer shows
+  and the state before did not hold, are masked wherever they appear (a key, a value, inside the
+  tool's text), on both sides alike;
 - equal final states (the forks start from one state, so equal changes) and equal observations:
   **match**. A read-only pair leaves both states as they were and so compares observations;
 - otherwise each call runs a second time on a fresh fork (retried like the first): if either
@@ -71,20 +73,60 @@ def _values_at(value: Any, keys: frozenset[str], out: set[str]) -> set[str]:
     return out
 
 
-def _mask(value: Any, fresh: set[str], keys: frozenset[str]) -> Any:
+_NOWHERE = object()  # a place the state before the call did not have
+_BY_VALUE = object()  # masking a value with no state before it (a tool's answer): by fresh values
+
+
+def _counterpart(before: Any, key: Any) -> Any:
+    if isinstance(before, dict):
+        return before.get(key, _NOWHERE)
+    if isinstance(before, (list, tuple)) and isinstance(key, int) and key < len(before):
+        return before[key]
+    return _NOWHERE
+
+
+def _placed(after: Any, before: Any, keys: frozenset[str], out: set[str]) -> set[str]:
+    """The values under `keys` in the state `after` a call that were not at that place before it
+    (a new record, or a field the call rewrote), whatever their value. Freshness by value alone
+    fails a coarse clock: a record a call adds in the same second as an older one gets the older
+    one's stamp, so its stamp was masked on a fork that ran a second later and not on one that
+    ran in time, and the pair went to the judge or not depending on the machine's load."""
+    if isinstance(after, dict):
+        for k, v in after.items():
+            old = _counterpart(before, k)
+            if k in keys and _scalar(v) and (old is _NOWHERE or old != v):
+                out.add(str(v))
+            _placed(v, old, keys, out)
+    elif isinstance(after, (list, tuple)):
+        for i, v in enumerate(after):
+            _placed(v, _counterpart(before, i), keys, out)
+    return out
+
+
+def _mask(value: Any, fresh: set[str], keys: frozenset[str], before: Any = _BY_VALUE) -> Any:
     """`value` with the fresh volatile values masked: at the declared keys whatever their type,
     and elsewhere (a dict key, a reference in another record, a mention in a text) only as strings
     of four or more characters, so that a small number that happens to equal a fresh id is
-    never hidden."""
+    never hidden. With `before` (the state, walked alongside), a value at a declared key is
+    masked where it is not what that place held before the call; without (a tool's answer),
+    where it is one of the fresh values; a place the call left as it was is not an effect and
+    stays as it is (an old log line that mentions a stamp a new record also got)."""
+    if before is not _BY_VALUE and before is not _NOWHERE and type(before) is type(value) and before == value:
+        return value
     if isinstance(value, dict):
         out = {}
         for k, v in value.items():
             key = MASK if _long(str(k), fresh) else k
-            masked = MASK if (k in keys and _scalar(v) and str(v) in fresh) else _mask(v, fresh, keys)
-            out[key] = masked
+            old = before if before is _BY_VALUE else _counterpart(before, k)
+            if k in keys and _scalar(v):
+                new = str(v) in fresh if before is _BY_VALUE else (old is _NOWHERE or old != v)
+                out[key] = MASK if new else v
+            else:
+                out[key] = _mask(v, fresh, keys, old)
         return out
     if isinstance(value, (list, tuple)):
-        return [_mask(v, fresh, keys) for v in value]
+        return [_mask(v, fresh, keys, before if before is _BY_VALUE else _counterpart(before, i))
+                for i, v in enumerate(value)]
     if isinstance(value, str):
         if _long(value, fresh):
             return MASK
@@ -108,9 +150,8 @@ def effect(result: ForkResult, before: Any, volatile: Sequence[str]) -> tuple[An
     if not volatile:
         return result.state, obs
     keys = frozenset(volatile)
-    fresh = _values_at(result.state, keys, set()) | _values_at(obs, keys, set())
-    fresh -= _values_at(before, keys, set())
-    return _mask(result.state, fresh, keys), _mask(obs, fresh, keys)
+    fresh = _placed(result.state, before, keys, set()) | (_values_at(obs, keys, set()) - _values_at(before, keys, set()))
+    return _mask(result.state, fresh, keys, before), _mask(obs, fresh, keys)
 
 
 def _failed(result: ForkResult) -> bool:
