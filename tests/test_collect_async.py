@@ -200,7 +200,8 @@ def test_eta_1_trains_within_the_bound_resumes_in_flight_draws_from_the_cache_an
         trainer = Trainer(cfg3, run_dir=cfg.run.dir, source=source, resume="latest")
         assert trainer.run() == 0 and trainer.step == 3
         assert {g.task_id for g in source.last.groups} == {f"t{i}" for i in range(8, 12)}
-        redone = [r for r in teacher.requests[before:] if case_of(str(r.messages)) in {f"async{i}" for i in range(8, 12)}]
+        draw_2 = {f"async{i}" for i in range(8, 12)}
+        redone = [r for r in teacher.requests[before:] if case_of(str(r.messages)) in draw_2]
         assert redone == []
         assert source.last.metrics.teacher.cache_hits > 0
         trainer.close()

@@ -109,8 +109,8 @@ def rows_from_groups(groups: Sequence[StateGroup], *, need_teacher_logp: bool = 
                      step: int | None = None) -> list[Row]:
     """Rows of every retained group (all N candidates, paper A.4); dropped groups and empty
     responses give no rows. `group.advantages` must be set (see `advantages.assign`).
-    `step` (asynchronous collection): the step being trained; a group whose recorded
-    policy_version is older gives stale rows."""
+    `step`: the step being trained; a group whose recorded policy_version is older gives stale
+    rows (asynchronous collection; the synchronous collector records none: -1)."""
     rows: list[Row] = []
     for gi, g in enumerate(groups):
         if not g.retained or g.advantages is None:

@@ -266,8 +266,7 @@ class Trainer:
         groups = self._collect_within_budget(step, policy)
         t_collect = time.perf_counter() - t0
         adv_stats = assign_advantages(groups, loss=self.cfg.train.loss)
-        rows = rows_from_groups(groups, need_teacher_logp=self.cfg.train.loss == "opd",
-                                step=step if self.cfg.collect.max_staleness else None)  # issue 44: stale rows
+        rows = rows_from_groups(groups, need_teacher_logp=self.cfg.train.loss == "opd", step=step)  # + stale rows
         t1 = time.perf_counter()
         upd = self.update_epoch(step, rows)
         t_update = time.perf_counter() - t1
@@ -322,9 +321,8 @@ class Trainer:
         for i in order:
             chunk = chunks[i] if i < len(chunks) else []
             if shared:
-                mb = pack_shared_minibatch(units, chunk, microbatches=micro, microbatch_rows=local_b,
-                                           count=shared, prompt_len=int(widths[i][0]), resp_len=int(widths[i][1]),
-                                           with_stale=stale)
+                mb = pack_shared_minibatch(units, chunk, microbatches=micro, microbatch_rows=local_b, count=shared,
+                                           prompt_len=int(widths[i][0]), resp_len=int(widths[i][1]), with_stale=stale)
             else:
                 mb = pack_minibatch(rows, chunk, microbatches=micro, microbatch_rows=local_b,
                                     seq_len=int(widths[i][0]), resp_len=int(widths[i][1]), with_stale=stale)
