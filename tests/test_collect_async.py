@@ -145,6 +145,7 @@ def test_eta_1_trains_within_the_bound_resumes_in_flight_draws_from_the_cache_an
     from actionopd_jax.train.batching import Row, pack_minibatch
     from actionopd_jax.train.loop import Trainer
     from actionopd_jax.train.sources import Policy
+    from actionopd_jax.train.spend_report import progress_fields
 
     tasks = [toy_task(f"t{i}", f"async{i}") for i in range(16)]
     teacher = teacher_backend(SCRIPT)
@@ -179,6 +180,7 @@ def test_eta_1_trains_within_the_bound_resumes_in_flight_draws_from_the_cache_an
         assert kept == m["collect/groups_kept"] and m["collect/async/stale_dropped"] == 0
         assert m["collect/async/max_staleness"] == 1 and "collect/async/wait_s" in m
         assert 0 <= m["collect/async/sampler_busy_frac"] <= 1 and m["collect/async/draws_ahead"] == 1
+        assert {"stale", "wait", "spent"} <= set(progress_fields(m))   # the progress line shows them
         # the checkpoint of step 2 draws the in-flight draw 2 again (its teacher was asked)
         assert source.state_dict()["next_index"] == 8
         ckpt = Checkpointer(tmp_path / "run" / "checkpoints", read_only=True)

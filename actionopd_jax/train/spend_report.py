@@ -114,6 +114,11 @@ def write_spend_report(run_dir: str | Path) -> dict[str, Any]:
 def progress_fields(metrics: dict[str, float]) -> dict[str, str]:
     """The progress bar's spend field: dollars so far when a role is priced, else the
     teacher's tokens so far (nothing for a source without meters)."""
+    if "collect/async/wait_s" in metrics:   # asynchronous collection (issue 44): trained groups' ages, the wait
+        ages = {k: v for k, v in metrics.items() if k.startswith("collect/async/staleness_")}
+        stale = sum(v for k, v in ages.items() if not k.endswith("_0")) / max(sum(ages.values()), 1.0)
+        return {"stale": f"{stale:.0%}", "wait": f"{metrics['collect/async/wait_s']:.1f}s",
+                **progress_fields({k: v for k, v in metrics.items() if k != "collect/async/wait_s"})}
     if "collect/spend_usd_total" in metrics:
         return {"spent": f"${metrics['collect/spend_usd_total']:,.2f}"}
     tokens = metrics.get("collect/teacher/prompt_tokens_total", 0.0) + \
