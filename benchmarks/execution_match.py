@@ -3,7 +3,9 @@ tests/data/execution_match_planted.json: our own EnvScaler-style scenarios run i
 sandbox (one contained process per episode and per fork), and pairs on our mini AWM pool
 (tests/data/awm_mini: each fork a sandboxed MCP server loaded with a copy of the episode's
 database); each pair's state reached by a real episode (reset, then the pair's setup calls),
-then decided by `ExecutionStage` on forks of it.
+then decided by `ExecutionStage` on forks of it; and pairs on a BFCL multi-turn task of the
+package's own data (`bfcl:<task id>`: forks are deep copies of the episode's bfcl_eval class
+instances).
 
     python benchmarks/execution_match.py [--json OUT]
 
@@ -73,6 +75,9 @@ async def run_planted(path: Path = PLANTED, sandbox=None) -> tuple[list[dict], l
         awm_cache = tempfile.TemporaryDirectory(prefix="planted-awm-")
         awm = _awm_factory(awm_cache.name)
         tasks.update({f"awm:{tid}": t for tid, t in awm_tasks.items()})
+    bfcl = {p["task"] for p in data["pairs"] if p["task"].startswith("bfcl:")}
+    if bfcl:  # BFCL multi-turn tasks of the package's own data, by id
+        tasks.update({name: Task(task_id=name[len("bfcl:"):], env="bfcl") for name in bfcl})
     stage = ExecutionStage()
     groups: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for p in data["pairs"]:  # pairs at one state share an episode and one fork point
@@ -93,7 +98,12 @@ async def run_planted(path: Path = PLANTED, sandbox=None) -> tuple[list[dict], l
 async def _state_group(task: Task, setup: str, pairs: list[dict], sandbox, awm, stage) -> tuple[list[dict], list[float]]:
     """The pairs of one state: a real episode reaches it, the stage decides them on forks, and
     the live state is read again to check that no fork reached it."""
-    env = awm(task) if task.env == "awm" else EnvScalerEnvironment(sandbox)
+    if task.env == "bfcl":
+        from actionopd_jax.envs.bfcl import BFCLEnv
+
+        env = BFCLEnv()
+    else:
+        env = awm(task) if task.env == "awm" else EnvScalerEnvironment(sandbox)
     try:
         await env.reset(task)
         for step in json.loads(setup):
@@ -110,7 +120,7 @@ async def _state_group(task: Task, setup: str, pairs: list[dict], sandbox, awm, 
         env.end("planted")
         if task.env == "awm":
             await asyncio.to_thread(env.close)
-        else:
+        elif task.env == "envscaler":
             env._close()
     rows = []
     for p, (s, t) in zip(pairs, actions):

@@ -42,7 +42,7 @@ def sandbox():
 
 def test_planted_set_has_no_wrong_verdict_and_abstains_where_execution_cannot_settle(sandbox):
     rows, fork_s = asyncio.run(bench.run_planted(sandbox=sandbox))  # also asserts the live state is untouched
-    assert len(rows) >= 100 and {r["env"] for r in rows} == {"awm", "envscaler"}
+    assert len(rows) >= 100 and {r["env"] for r in rows} == {"awm", "envscaler", "bfcl"}
     assert {r["kind"] for r in rows} >= {"same_intent_rewritten", "one_argument_off", "same_effect_other_call",
                                          "reads_different_rows", "volatile_ids", "failing_call"}
     assert all(r["rules"] == "judge" for r in rows)  # every pair gets past the rules: execution is asked
