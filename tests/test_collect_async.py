@@ -53,6 +53,10 @@ def test_config_rules_and_the_synchronous_default(tmp_path):
     shared = pack_shared_minibatch(share_prompts(rows), [0], microbatches=1, microbatch_rows=1, count=2,
                                    prompt_len=4, resp_len=4, with_stale=True).arrays["stale"]
     assert shared[0, 0].tolist() == [1, 1, 1, 0, 0, 0, 0, 0]
+    from actionopd_jax.commands.train import collection_mode
+
+    assert "asynchronous, collect.max_staleness=1" in collection_mode(cfg)    # what train --check prints
+    assert "synchronous" in collection_mode(replace_keys(cfg, **{"collect.max_staleness": 0}))
     for keys, words in [({"collect.max_staleness": -1}, "must be >= 0"),
                         ({"collect.kind": "synthetic", "teacher.kind": "none"}, "needs collect.kind=actionopd"),
                         ({"train.old_logprobs": "sampler"}, "needs train.old_logprobs=recompute"),

@@ -114,11 +114,7 @@ def check(cfg: Config, devices: int = 0) -> int:
             raise ConfigError(problem)
     cost = cost_estimate.describe(cfg, cost_estimate.estimate(cfg, first_prompts), source)
     if cfg.collect.kind == "actionopd":   # issue 44: the mode, eta, and what runs beside the update
-        eta = cfg.collect.max_staleness
-        notes = [f"collect    asynchronous, collect.max_staleness={eta}: episodes run across updates, a group is "
-                 f"trained on at most {eta} update(s) after it was sampled (stale ones with the off-policy correction); "
-                 "beside the update run the sampler's own copy of the weights and its KV cache" if eta else
-                 "collect    synchronous (collect.max_staleness=0): each step collects, then updates", *notes]
+        notes = [collection_mode(cfg), *notes]
     for line in (*([tasks_line] if tasks_line else []), *([room_line] if room_line else []), *notes, *where.notes,
                  *missing_secrets(cfg), *cost):
         print(line)
@@ -130,6 +126,17 @@ def check(cfg: Config, devices: int = 0) -> int:
         return 1
     print("config OK")
     return 0
+
+
+def collection_mode(cfg: Config) -> str:
+    """`--check`'s line on the collection schedule (issue 44): synchronous, or asynchronous with
+    its staleness bound and what runs beside the update."""
+    eta = cfg.collect.max_staleness
+    if not eta:
+        return "collect    synchronous (collect.max_staleness=0): each step collects, then updates"
+    return (f"collect    asynchronous, collect.max_staleness={eta}: episodes run across updates, a group is trained "
+            f"on at most {eta} update(s) after it was sampled (stale ones with the off-policy correction); beside "
+            "the update run the sampler's own copy of the weights and its KV cache")
 
 
 def missing_secrets(cfg: Config) -> list[str]:
