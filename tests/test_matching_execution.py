@@ -279,6 +279,18 @@ def test_tool_answers_are_read_under_the_process_parse_lock(monkeypatch):
     assert _structured("{'success': True, 'order_id': 'ORD-1'}") == {"success": True, "order_id": "ORD-1"}
     assert taken == [threading.get_ident()]
     assert _structured('{"a": 1}') == {"a": 1} and len(taken) == 1  # JSON needs no parse lock
+    # a parser outside the lock (a library's) can still race it: the SystemError it raises is
+    # retried once, never a text compared as if it were the answer
+    real, raced = pyast.literal_eval, []
+
+    def racing(text):
+        if not raced:
+            raced.append(text)
+            raise SystemError("AST constructor recursion depth mismatch (before=18, after=10)")
+        return real(text)
+
+    monkeypatch.setattr(pyast, "literal_eval", racing)
+    assert _structured("{'success': False}") == {"success": False} and len(raced) == 1
 
 
 def test_failed_forks_give_no_verdict_and_a_raising_fork_point_leaves_the_rules_and_judge(sandbox):

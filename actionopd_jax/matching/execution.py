@@ -53,12 +53,19 @@ def _structured(text: str) -> Any:
     is parsed under the process's parse lock (pyast): CPython 3.11 counts the AST converter's
     recursion per interpreter, and a parse racing a fork start's import reader in another thread
     fails one of them with SystemError."""
-    for parse in (json.loads, pyast.literal_eval):
+    for parse in (json.loads, _literal):
         try:
             return parse(text)
         except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError):
             continue
     return text
+
+
+def _literal(text: str) -> Any:
+    try:
+        return pyast.literal_eval(text)
+    except SystemError:  # a parse outside the lock (a library's, in another thread) raced it: once more
+        return pyast.literal_eval(text)
 
 
 def _values_at(value: Any, keys: frozenset[str], out: set[str]) -> set[str]:
