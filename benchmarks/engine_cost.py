@@ -1,0 +1,285 @@
+"""Where the engine's device time goes, by XLA's own analyses (no GPU, no weights).
+
+    JAX_PLATFORMS=cpu PYTHONPATH=. python benchmarks/engine_cost.py [--rows 64] [--layers 36]
+
+Compiles, for the CPU backend and for Qwen3-4B's shapes at 1 and 2 layers (abstract
+parameters, float32 by default (--dtype), jax.ShapeDtypeStruct, nothing allocated), the engine's prefill chunk and decode
+segment (engine/programs.py, the accelerator path: the layer scan a GPU runs) and the static
+sampler's prefill and decode (sampling/decode.py, accelerator path), on issue 41's workload
+(`--rows` = prompts x 4 samples, prompts of 1,024-4,096 tokens, 256 new). The layers are
+unrolled (no loop): XLA's cost model counts a loop body once, so a program's figures are one
+decode step (the step loop's body) and the per-layer cost is the 2-layer compile less the
+1-layer one, scaled to `--layers`.
+
+Every figure in the table is a COMPILER ESTIMATE (HloCostAnalysis of the CPU compile:
+"bytes accessed", flops) or a count from the paged kernel's own loop bounds where XLA cannot
+see (the Pallas Triton kernel is a custom call; marked "kernel model"), never a device
+timing. "bound": the bytes one step must read: the weights plus each row's live KV, a shared
+prompt read once (issue 41's definition); for prefill the weights once per call plus the KV
+written. Also checked per program: the pool (or static's cache) aliased in place
+(memory_analysis().alias_size_in_bytes) and no copy of a pool-shaped buffer in the HLO.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import math
+import os
+import re
+import sys
+import time
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+from jax.sharding import NamedSharding, PartitionSpec as P  # noqa: E402
+
+from actionopd_jax.engine import programs  # noqa: E402
+from actionopd_jax.engine.aot import abstract_pool, abstract_slots  # noqa: E402
+from actionopd_jax.engine.sizing import EngineConfig  # noqa: E402
+from actionopd_jax.model.attention.paged_gpu import gpu_blocks  # noqa: E402
+from actionopd_jax.model.attention.paged_live import BLOCK_TOKENS  # noqa: E402
+from actionopd_jax.model.config import PRESETS, count_params  # noqa: E402
+from actionopd_jax.model.runtime import RuntimeOptions  # noqa: E402
+from actionopd_jax.model.sharding import make_mesh  # noqa: E402
+import actionopd_jax.sampling.decode as decode_lib  # noqa: E402
+from actionopd_jax.sampling.aot import abstract_inputs, abstract_model  # noqa: E402
+from actionopd_jax.sampling.token_choice import DEFAULT_CAP  # noqa: E402
+from actionopd_jax.jax_compat import set_mesh  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from hlo_bytes import program_bytes  # noqa: E402
+
+SAMPLES, NEW, PAGE, CHUNK, LANES = 4, 256, 16, 512, 4
+LO, HI = 1024, 4096
+
+
+def cost(compiled) -> dict:
+    c = compiled.cost_analysis()
+    c = c[0] if isinstance(c, (list, tuple)) else c
+    m = compiled.memory_analysis()
+    return {"bytes": float(c.get("bytes accessed", 0.0)), "flops": float(c.get("flops", 0.0)),
+            "walk": program_bytes(compiled.as_text()),
+            "alias": m.alias_size_in_bytes, "temp": m.temp_size_in_bytes, "args": m.argument_size_in_bytes}
+
+
+def shape_copies(compiled, shape: tuple, dtype: str) -> int:
+    """Copies (copy ops, or fusions whose root is a copy) of a buffer of `shape` in the
+    optimized HLO: a pool copied per step shows up here."""
+    want = f"{dtype}[{','.join(map(str, shape))}]"
+    n = 0
+    for line in compiled.as_text().splitlines():
+        s = line.strip()
+        if "=" in s and s.split("=", 1)[1].strip().startswith(want) and re.search(r"\bcopy(-start)?\(", s):
+            n += 1
+    return n
+
+
+def prompt_lengths(n: int) -> list[int]:
+    """The workload's prompt lengths: evenly spread over [1,024, 4,096] (the device check draws them)."""
+    return [LO + (HI - LO) * i // max(1, n - 1) for i in range(n)]
+
+
+def engine_compile(cfg, mesh, shapes: EngineConfig, attention: str, layers: int, which: str, fresh: bool = False,
+                   pages: int | None = None):
+    """The engine's prefill chunk ("chunk") or decode segment over an abstract pool of `pages`
+    (default: every slot full), compiled for this host; (compiled, pool array shape)."""
+    c = cfg.replace(num_hidden_layers=layers)
+    graphdef, params = abstract_model(c, mesh, RuntimeOptions(dtype=c.param_dtype, attention="xla", scan_unroll=0))
+    pps = shapes.pages_per_slot
+    pool = abstract_pool(c, mesh, pages or shapes.slots * pps + 1, shapes.page_size, dtype=c.param_dtype)
+    rep = NamedSharding(mesh, P())
+    i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32, sharding=rep)  # noqa: E731
+    with set_mesh(mesh):
+        if which == "chunk":
+            fn = jax.jit(functools.partial(programs.prefill_chunk, page_size=shapes.page_size, attention=attention,
+                                           **({"fresh": True} if fresh else {})),
+                         static_argnums=(0,), donate_argnums=(2,))
+            args = (graphdef, params, pool, i32(LANES, shapes.chunk), i32(LANES), i32(LANES), i32(LANES, pps))
+        else:
+            fn = jax.jit(functools.partial(programs.segment, steps=shapes.max_segment, page_size=shapes.page_size,
+                                           cap=DEFAULT_CAP, head="checked", backend="accelerator",
+                                           attention=attention, layer_unroll=layers),
+                         static_argnums=(0,), donate_argnums=(3,))
+            args = (graphdef, params, None, pool, abstract_slots(c, mesh, shapes.slots, pps, c.param_dtype), i32(shapes.slots),
+                    i32(shapes.slots), i32(2), None, i32(), i32())
+        compiled = fn.lower(*args).compile()
+    return compiled, pool.k.shape
+
+
+def static_compile(cfg, mesh, prompts: int, layers: int, which: str):
+    c = cfg.replace(num_hidden_layers=layers)
+    graphdef, params = abstract_model(c, mesh, RuntimeOptions(dtype=c.param_dtype, attention="xla", scan_unroll=0))
+    tokens, mask, rows, end_ids = abstract_inputs(mesh, prompts=prompts, prompt_len=HI, samples=SAMPLES)
+    pre = jax.jit(functools.partial(decode_lib.prefill, samples=SAMPLES, max_new=NEW, cap=DEFAULT_CAP,
+                                    head="checked", backend="accelerator"), static_argnums=(0,))
+    with set_mesh(mesh):
+        if which == "prefill":
+            return pre.lower(graphdef, params, tokens, mask, rows, end_ids).compile(), None
+        shapes = jax.eval_shape(pre, graphdef, params, tokens, mask, rows, end_ids)
+        state = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, P())),
+                             shapes)
+        dec = jax.jit(functools.partial(decode_lib.decode, cap=DEFAULT_CAP, head="checked", layer_unroll=layers),
+                      static_argnums=(0,), donate_argnums=(2,))
+        return dec.lower(graphdef, params, state, rows, end_ids, None).compile(), shapes.gen_k.shape
+
+
+def scaled(one: dict, two: dict, layers: int) -> dict:
+    """Per-program figures at `layers` from the 1- and 2-layer compiles (linear in depth)."""
+    return {k: one[k] + (layers - 1) * (two[k] - one[k]) for k in ("bytes", "flops", "walk")}
+
+
+def kernel_decode_bytes(lengths: list[int], kv_token_layer: int, layers: int) -> float:
+    """What the Pallas GPU kernel reads per step (kernel model): each row's pages up to its
+    length, in whole compute blocks (gpu_blocks at the engine's table), k and v, every layer."""
+    return sum(math.ceil(n / BLOCK_K[0]) * BLOCK_K[0] for n in lengths) * kv_token_layer * layers
+
+
+BLOCK_K = [PAGE]
+
+
+def kernel_prefill_bytes(prompts: list[int], kv_token_layer: int, layers: int, after: int = 0) -> float:
+    """Kernel model of prefill through the decode kernel (query_rows: one kernel row per
+    prompt token past `after`, each reading its slot's pages up to its own position)."""
+    b = BLOCK_K[0]
+    return sum(sum(math.ceil(t / b) * b for t in range(after + 1, n + 1)) for n in prompts) * kv_token_layer * layers
+
+
+def live_blocks(prompts: list[int]) -> int:
+    """128-key blocks the live path reads over all chunk calls of the workload (per layer, per
+    lane), lanes filled in prompt order, a call reading to its longest lane."""
+    chunks = [(p, s) for p in prompts for s in range(0, p, CHUNK)]
+    total = 0
+    for i in range(0, len(chunks), LANES):
+        longest = max(min(p, s + CHUNK) for p, s in chunks[i:i + LANES])
+        total += math.ceil(longest / BLOCK_TOKENS)
+    return total
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rows", type=int, default=64, help="decode rows (prompts x 4 samples)")
+    ap.add_argument("--layers", type=int, default=36, help="scale the per-layer cost to this depth")
+    ap.add_argument("--skip-static", action="store_true")
+    ap.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"),
+                    help="weights, activations and cache (float32: the CPU compiler runs bf16 scatters and "
+                         "gathers through float32 copies of the whole pool and head, which XLA:GPU does not; "
+                         "every figure and bound is then in float32 bytes)")
+    args = ap.parse_args()
+    cfg = PRESETS["qwen3-4b"].replace(param_dtype=args.dtype)
+    item = jnp.dtype(args.dtype).itemsize
+    hlo_dt = {"float32": "f32", "bfloat16": "bf16"}[args.dtype]
+    mesh = make_mesh({"data": 1}, devices=jax.devices()[:1])
+    n_prompts = args.rows // SAMPLES
+    prompts = prompt_lengths(n_prompts)
+    shapes = EngineConfig(slots=args.rows, page_size=PAGE, max_len=HI + NEW, chunk=CHUNK, segment=16)
+    BLOCK_K[0] = gpu_blocks(shapes.pages_per_slot, PAGE)[1] * PAGE
+    L = args.layers
+    kv_tl = 2 * cfg.num_key_value_heads * cfg.head_dim * item       # k and v of one token, one layer
+    n = count_params(cfg)
+    weights = (L * n["per_layer"] + cfg.hidden_size) * item + cfg.vocab_size * cfg.hidden_size * item
+    mid_gen = NEW // 2
+    live_rows = [p + mid_gen for p in prompts for _ in range(SAMPLES)]
+    prompt_tokens = sum(prompts)
+    calls = math.ceil(sum(math.ceil(p / CHUNK) for p in prompts) / LANES)
+    dec_bound = (weights + (prompt_tokens + args.rows * mid_gen) * kv_tl * L) / args.rows
+    pre_bound = (weights * calls + prompt_tokens * kv_tl * L) / prompt_tokens
+    table = []
+
+    def row(what, xla, walk, bound, src, note="", flops=None):
+        table.append((what, xla, walk, bound, src, note, flops))
+        x = "-" if xla is None else f"{xla / 2**20:,.1f}"
+        print(f"  [{time.strftime('%H:%M:%S')}] {what}: XLA {x} MiB, walk {walk / 2**20:,.1f} MiB "
+              f"({walk / bound:.2f}x bound) {note}", flush=True)
+
+    def pair(compile_one):
+        one, shape = compile_one(1)
+        c1, c2 = cost(one), cost(compile_one(2)[0])
+        return c1, scaled(c1, c2, L), one, shape
+
+    print(f"Qwen3-4B {args.dtype}, {args.rows} rows = {n_prompts} prompts x {SAMPLES}, prompts {LO:,}-{HI:,} "
+          f"(mean {prompt_tokens / n_prompts:,.0f}), {NEW} new; engine pages of {PAGE}, "
+          f"{shapes.pages_per_slot} per slot, kernel blocks of {BLOCK_K[0]} keys; scaled to {L} layers; "
+          f"bound per token: decode {dec_bound / 2**20:,.2f} MiB, prefill {pre_bound / 2**20:,.2f} MiB", flush=True)
+    # --- decode: bytes per generated token (one step / rows) ----------------------------------
+    if not args.skip_static:
+        c1, s, one, gen_shape = pair(lambda k: static_compile(cfg, mesh, n_prompts, k, "decode"))
+        row("static decode", s["bytes"] / args.rows, s["walk"] / args.rows, dec_bound, "compiler",
+            f"cache aliased {c1['alias'] / 2**20:,.0f} MiB (1 layer); generated-cache copies per step "
+            f"{shape_copies(one, gen_shape, hlo_dt)}", s["flops"] / args.rows)
+    c1, s, one, pool_shape = pair(lambda k: engine_compile(cfg, mesh, shapes, "gather", k, "segment"))
+    pool_bytes = 2 * math.prod(pool_shape) * item
+    row("engine decode, attention=gather (whole table)", s["bytes"] / args.rows, s["walk"] / args.rows, dec_bound,
+        "compiler", f"pool aliased {c1['alias'] / 2**20:,.0f} of {pool_bytes / 2**20:,.0f} MiB (1 layer); "
+        f"pool copies {shape_copies(one, pool_shape, hlo_dt)}", s["flops"] / args.rows)
+    # the gather path reads the table, writes it gathered and reads it again in the dot: less
+    # those, plus what the kernel reads (each row's own pages, in kernel blocks)
+    gathered = args.rows * shapes.pages_per_slot * PAGE * kv_tl * L
+    kernel = s["walk"] - 3 * gathered + kernel_decode_bytes(live_rows, kv_tl, L)
+    row("engine decode, attention=paged_gpu", None, kernel / args.rows, dec_bound, "compiler + kernel model",
+        "no prompt sharing: 4 samples read their prompt's pages 4 times")
+    # --- prefill: bytes per prompt token --------------------------------------------------------
+    if not args.skip_static:
+        c1, s, one, _ = pair(lambda k: static_compile(cfg, mesh, n_prompts, k, "prefill"))
+        row("static prefill (one call, padded to 4,096)", s["bytes"] / prompt_tokens, s["walk"] / prompt_tokens,
+            pre_bound, "compiler", f"temp {c1['temp'] / 2**30:,.2f} GiB (1 layer)", s["flops"] / prompt_tokens)
+    c1, s, one, pool_shape = pair(lambda k: engine_compile(cfg, mesh, shapes, "gather", k, "chunk"))
+    row("engine prefill, attention=gather", s["bytes"] * calls / prompt_tokens, s["walk"] * calls / prompt_tokens,
+        pre_bound, "compiler", f"{calls} calls; temp {c1['temp'] / 2**30:,.2f} GiB (1 layer); pool aliased "
+        f"{c1['alias'] / 2**20:,.0f} MiB, pool copies {shape_copies(one, pool_shape, hlo_dt)}",
+        s["flops"] * calls / prompt_tokens)
+    c1, s, one, pool_shape = pair(lambda k: engine_compile(cfg, mesh, shapes, "live", k, "chunk"))
+    block = block_bytes(cfg, mesh, shapes.pages_per_slot, args.dtype)   # one block + the merge, walked
+    blocks = live_blocks(prompts)
+    rest = s["walk"] * calls - L * calls * block                        # the chunk calls less their attention
+    row("engine prefill, attention=live", None, (rest + L * blocks * block) / prompt_tokens, pre_bound,
+        "compiler x blocks", f"{blocks / calls:.1f} blocks of {BLOCK_TOKENS} keys per call (a loop body is "
+        f"counted once); temp {c1['temp'] / 2**30:,.2f} GiB (1 layer); pool copies {shape_copies(one, pool_shape, hlo_dt)}")
+    row("engine prefill, attention=paged_gpu, chunk 512 (before: one kernel row per prompt token)", None,
+        (rest + kernel_prefill_bytes(prompts, kv_tl, L)) / prompt_tokens, pre_bound, "compiler + kernel model")
+    # after (programs.FRESH_PREFILL): calls whose lanes all start a prompt run the model's causal
+    # attention ("xla" here, as the static row; cuDNN on a GPU for both)
+    c1, s, one, pool_shape = pair(lambda k: engine_compile(cfg, mesh, shapes, "paged_gpu", k, "chunk", fresh=True))
+    first = math.ceil(n_prompts / LANES)                                # calls of first chunks, all fresh
+    later = (rest / calls) * (calls - first) + kernel_prefill_bytes(prompts, kv_tl, L, after=CHUNK)
+    row("engine prefill, paged_gpu, chunk 512, fresh first chunks (after)", None,
+        (s["walk"] * first + later) / prompt_tokens, pre_bound, "compiler + kernel model",
+        f"{first} fresh calls; pool copies {shape_copies(one, pool_shape, hlo_dt)}")
+    whole = EngineConfig(slots=args.rows, page_size=PAGE, max_len=HI + NEW, chunk=HI, segment=16)
+    c1, s, one, pool_shape = pair(lambda k: engine_compile(cfg, mesh, whole, "paged_gpu", k, "chunk", fresh=True))
+    row(f"engine prefill, paged_gpu, chunk {HI:,}: every call fresh (after)", s["bytes"] * first / prompt_tokens,
+        s["walk"] * first / prompt_tokens, pre_bound, "compiler",
+        f"{first} calls; temp {c1['temp'] / 2**30:,.2f} GiB (1 layer, xla scores); pool aliased "
+        f"{c1['alias'] / 2**20:,.0f} MiB, pool copies {shape_copies(one, pool_shape, hlo_dt)}",
+        s["flops"] * first / prompt_tokens)
+    print("\nAll figures are estimates from the CPU compile (XLA: HloCostAnalysis 'bytes accessed'; walk: "
+          "benchmarks/hlo_bytes.py over the optimized HLO, in-place updates and indexed reads at what they touch) "
+          "or the paged kernel's loop bounds (kernel model); none is a device timing.\n")
+    print("| program | XLA bytes accessed, MiB/token | walk, MiB/token | walk / bound | XLA GFLOP/token | source | notes |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for what, xla, walk, bound, src, note, flops in table:
+        x = "-" if xla is None else f"{xla / 2**20:,.1f}"
+        f = "-" if flops is None else f"{flops / 1e9:,.1f}"
+        print(f"| {what} | {x} | {walk / 2**20:,.2f} | {walk / bound:.2f} | {f} | {src} | {note} |")
+
+
+def block_bytes(cfg, mesh, pps: int, dtype: str) -> float:
+    """Bytes of one 128-key block of the live path for a chunk call, by the compiler: the live
+    attention alone on one layer's pool at the chunk's shapes, whose loop body (one block) XLA
+    counts once, plus the merge (so an upper bound per block)."""
+    from actionopd_jax.model.attention.paged_live import paged_attention_live
+
+    kvh, dh, hq = cfg.num_key_value_heads, cfg.head_dim, cfg.num_attention_heads
+    sds = jax.ShapeDtypeStruct
+    pages = sds((kvh, LANES * pps + 1, PAGE, dh), dtype)
+    with set_mesh(mesh):
+        compiled = jax.jit(paged_attention_live).lower(
+            sds((LANES, CHUNK, hq, dh), dtype), pages, pages, sds((LANES,), jnp.int32),
+            sds((LANES, pps), jnp.int32), q_positions=sds((LANES, CHUNK), jnp.int32)).compile()
+    return cost(compiled)["walk"]
+
+
+if __name__ == "__main__":
+    main()

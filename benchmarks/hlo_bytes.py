@@ -1,0 +1,152 @@
+"""Bytes a compiled program moves, walked over its optimized HLO with in-place updates and
+indexed reads counted as what they touch.
+
+XLA's HloCostAnalysis ("bytes accessed") counts every operand of a fusion in full. For the
+engine that is wrong where it matters: a row scatter into the page pool (in place: the pool is
+donated and aliased) is costed as reading and writing the whole pool, and a gather of a
+slot's pages as reading the whole pool. This walk reads the program the compiler produced
+(its fusions, its copies) and counts, per executed instruction (the entry and loop bodies,
+each once, as XLA does; fusion bodies are not executed on their own):
+
+- output bytes, plus each operand's bytes, except
+- a fusion parameter used only as the operand of a gather / (dynamic-)slice: the bytes those
+  read (their outputs);
+- the in-place target of a scatter / dynamic-update-slice at a fusion's root (or bare): not
+  read, and the output counted as the update's bytes;
+- a fusion that only slices and bitcasts (an unrolled layer's view of the stacked weights or
+  cache, which the CPU compiler materializes): nothing, its consumer counts what it reads.
+
+A model over the compiler's program, not a device measurement (benchmarks/engine_cost.py).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+_SIZES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4,
+          "f64": 8, "s64": 8, "u64": 8}
+_HEADER = re.compile(r"^(ENTRY )?%?([\w.\-]+) \(")
+_NAME = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = ")
+_ARRAY = re.compile(r"^(\w+)\[([\d,]*)\]")
+_OPERAND = re.compile(r"%([\w.\-]+)")
+_SKIP = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "while", "conditional", "call",
+         "after-all", "partition-id", "replica-id", "iota"}
+_INPLACE = {"scatter", "dynamic-update-slice"}
+_INDEXED = {"gather", "dynamic-slice", "slice"}
+
+
+def _bytes(shape: str) -> int:
+    m = _ARRAY.match(shape)
+    if not m or m.group(1) not in _SIZES:
+        return 0
+    dims = m.group(2)
+    return math.prod(int(d) for d in dims.split(",")) * _SIZES[m.group(1)] if dims else _SIZES[m.group(1)]
+
+
+def _instruction(line: str):
+    """(name, shape text, opcode, text after the opcode's "(") of one HLO instruction line."""
+    m = _NAME.match(line)
+    if not m:
+        return None
+    rest = line[m.end():]
+    if rest.startswith("("):              # a tuple shape: skip to its closing parenthesis
+        depth = 0
+        for i, ch in enumerate(rest):
+            depth += ch == "("
+            depth -= ch == ")"
+            if depth == 0:
+                break
+        shape, rest = rest[:i + 1], rest[i + 1:].lstrip()
+    else:
+        shape, _, rest = rest.partition(" ")
+    op, paren, rest = rest.partition("(")
+    return (m.group(1), shape, op, rest) if paren and re.fullmatch(r"[\w\-]+", op) else None
+
+
+def _parse(text: str) -> tuple[dict, set, str]:
+    """{computation: [(name, bytes, op, operands, attrs, is_root)]}, executed computations, entry."""
+    comps, executed, entry, cur = {}, set(), "", None
+    for line in text.splitlines():
+        h = _HEADER.match(line)
+        if h and line.rstrip().endswith("{"):
+            cur = h.group(2)
+            comps[cur] = []
+            if h.group(1):
+                entry = cur
+            continue
+        parsed = _instruction(line)
+        if parsed is None or cur is None:
+            continue
+        name, shape, op, rest = parsed
+        args, _, attrs = rest.partition(")")
+        comps[cur].append((name, _bytes(shape), op, _OPERAND.findall(args), attrs, "ROOT " in line))
+        for key in ("body", "condition", "to_apply", "true_computation", "false_computation"):
+            a = re.search(rf"{key}=%?([\w.\-]+)", attrs)
+            if a and op in ("while", "call", "conditional"):
+                executed.add(a.group(1))
+        b = re.search(r"branch_computations=\{([^}]*)\}", attrs)
+        if b:
+            executed.update(x.strip().lstrip("%") for x in b.group(1).split(","))
+    executed.add(entry)
+    return comps, executed, entry
+
+
+def _fusion_cost(body: list, out_bytes: int) -> int:
+    if all(i[2] in ("parameter", "slice", "bitcast") for i in body):
+        return 0                            # a view (an unrolled layer's slice of stacked weights or cache)
+    by_name = {i[0]: i for i in body}
+    users: dict[str, list] = {i[0]: [] for i in body if i[2] == "parameter"}
+    origin = {p: p for p in users}          # a bitcast of a parameter is that parameter
+    for name, size, op, ops, attrs, root in body:
+        if op == "bitcast" and ops and ops[0] in origin:
+            origin[name] = origin[ops[0]]
+            continue
+        for k, o in enumerate(ops):
+            if o in origin:
+                users[origin[o]].append((op, k, size))
+    root = next((i for i in body if i[5]), None)
+    total, target = out_bytes, None
+    if root is not None and root[2] in _INPLACE and root[3]:
+        target = origin.get(root[3][0], root[3][0])
+        update = by_name.get(root[3][-1] if root[2] == "scatter" else root[3][1])
+        total = 2 * (update[1] if update else 0)           # the rows written (and the update read)
+    for name, us in users.items():
+        if name == target or (us and all(u[0] in _INPLACE and u[1] == 0 for u in us)):
+            continue
+        if us and all(u[0] in _INDEXED and u[1] == 0 for u in us):
+            total += sum(u[2] for u in us)
+        else:
+            total += by_name[name][1]
+    return total
+
+
+def program_bytes(text: str) -> float:
+    """Bytes moved by one pass over the executed computations (module docstring)."""
+    return float(sum(b for b, _ in instruction_bytes(text)))
+
+
+def instruction_bytes(text: str) -> list[tuple[int, str]]:
+    """[(bytes, "computation/instruction opcode")] of every executed instruction, largest first."""
+    comps, executed, _ = _parse(text)
+    sizes = {i[0]: i[1] for body in comps.values() for i in body}
+    out = []
+    for comp in executed:
+        for name, size, op, ops, attrs, root in comps.get(comp, []):
+            if op in _SKIP:
+                continue
+            if op == "fusion":
+                called = re.search(r"calls=%?([\w.\-]+)", attrs)
+                body = comps.get(called.group(1), []) if called else []
+                b = _fusion_cost(body, size)
+            elif op in _INPLACE:
+                b = 2 * sizes.get(ops[-1] if op == "scatter" else ops[1], 0)
+            elif op in _INDEXED:
+                b = 2 * size
+            else:
+                b = size + sum(sizes.get(o, 0) for o in ops)
+            out.append((b, f"{comp}/{name} {op}"))
+    return sorted(out, reverse=True)
+
+
+__all__ = ["instruction_bytes", "program_bytes"]

@@ -1,0 +1,38 @@
+"""The engine's programs update the page pool in place, by the compiler's own analyses
+(benchmarks/engine_cost.py, which reports them at Qwen3-4B's shapes): compiled for the CPU on
+the accelerator path (the layer scan a GPU runs), the decode segment and the fresh-prompt
+prefill chunk alias the whole pool in and out (XLA's memory analysis), hold no copy of a
+pool-shaped buffer (the optimized HLO), and one pass touches a small part of a large pool
+(benchmarks/hlo_bytes.py's walk, where XLA's own "bytes accessed" counts each row scatter as
+the whole pool)."""
+
+import sys
+from pathlib import Path
+
+import jax
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+
+import engine_cost  # noqa: E402
+from hlo_bytes import instruction_bytes  # noqa: E402
+from actionopd_jax.engine.sizing import EngineConfig  # noqa: E402
+from actionopd_jax.model.config import PRESETS  # noqa: E402
+from actionopd_jax.model.sharding import make_mesh  # noqa: E402
+
+PAGES = 4000     # far more than the 4 slots' 16 pages: a whole-pool read or copy stands out
+
+
+def test_decode_and_fresh_prefill_update_the_pool_in_place():
+    cfg = PRESETS["tiny"].replace(param_dtype="float32")
+    mesh = make_mesh({"data": 1}, devices=jax.devices()[:1])
+    shapes = EngineConfig(slots=4, page_size=16, max_len=64, chunk=16, prefill_lanes=4, segment=4)
+    for which, fresh in (("segment", False), ("chunk", True)):
+        compiled, shape = engine_cost.engine_compile(cfg, mesh, shapes, "gather", 1, which, fresh=fresh, pages=PAGES)
+        pool_bytes = 2 * 4 * shape[0] * shape[1] * shape[2] * shape[3]        # k and v, float32
+        c = engine_cost.cost(compiled)
+        assert c["alias"] >= pool_bytes, (which, c["alias"], pool_bytes)    # donated and aliased in place
+        assert engine_cost.shape_copies(compiled, shape, "f32") == 0, which
+        assert c["walk"] < pool_bytes / 4, (which, c["walk"], pool_bytes)   # the rows written, not the pool
+        largest, name = instruction_bytes(compiled.as_text())[0]
+        assert largest < pool_bytes / 8, (which, name, largest)           # no instruction touches a whole pool array
+        assert c["bytes"] > pool_bytes, (which, c["bytes"])                 # XLA's count: a scatter as the pool
