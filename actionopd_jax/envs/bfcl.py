@@ -27,8 +27,8 @@ from actionopd_jax.envs import bfcl_data
 from actionopd_jax.chat.actions import calls_to_assistant_message
 from actionopd_jax.envs.base import EnvError, assistant_message, check_step, tool_message
 from actionopd_jax.envs.bfcl_exec import BFCLInstances, call_string
+from actionopd_jax.envs.bfcl_fork import refusal
 from actionopd_jax.envs.bfcl_score import score_bfcl
-from actionopd_jax.envs.tool_args import check_tool_call
 from actionopd_jax.types import Action, Observation, Reply, Task, ToolCall, ToolCalls
 
 
@@ -116,7 +116,7 @@ class BFCLEnv:
         (envs/bfcl_fork.py), or None when no episode is running."""
         if self._task is None or self._done:
             return None
-        from actionopd_jax.envs.bfcl_fork import InstanceForkPoint, bfcl_effects, refusal
+        from actionopd_jax.envs.bfcl_fork import InstanceForkPoint, bfcl_effects
 
         return InstanceForkPoint(self._instances, refusal(self._tools, self._instances, self.config.strict_types),
                                  bfcl_effects(self._instances))
@@ -172,11 +172,8 @@ class BFCLEnv:
         self._messages.append(calls_to_assistant_message(calls, ids))
         step, step_bfcl_eval = [], []
         for call, call_id in zip(calls, ids):
-            problem = check_tool_call(call, self._tools, check_types=False)
-            if problem is None and not self._instances.has_method(call.name):
-                problem = f"Tool '{call.name}' cannot be executed in this environment."
-            if problem is None and self.config.strict_types:
-                problem = check_tool_call(call, self._tools)
+            # the rule a fork of this episode applies too (envs/bfcl_fork.py): one definition
+            problem = refusal(self._tools, self._instances, self.config.strict_types)(call)
             if problem is None:
                 result = self._instances.execute(call.name, call.arguments)
                 step.append(call_string(call.name, call.arguments))
