@@ -3,8 +3,8 @@
     JAX_PLATFORMS=cpu PYTHONPATH=. python benchmarks/engine_cost.py [--rows 64] [--layers 36]
 
 Compiles, for the CPU backend and for Qwen3-4B's shapes at 1 and 2 layers (abstract
-parameters, float32 by default (--dtype), jax.ShapeDtypeStruct, nothing allocated), the engine's prefill chunk and decode
-segment (engine/programs.py, the accelerator path: the layer scan a GPU runs) and the static
+parameters, float32 by default (--dtype), jax.ShapeDtypeStruct, nothing allocated), the
+engine's prefill chunk and decode segment (engine/programs.py, the accelerator path: the layer scan a GPU runs) and the static
 sampler's prefill and decode (sampling/decode.py, accelerator path), on issue 41's workload
 (`--rows` = prompts x 4 samples, prompts of 1,024-4,096 tokens, 256 new). The layers are
 unrolled (no loop): XLA's cost model counts a loop body once, so a program's figures are one
@@ -103,8 +103,9 @@ def engine_compile(cfg, mesh, shapes: EngineConfig, attention: str, layers: int,
                                            cap=DEFAULT_CAP, head="checked", backend="accelerator",
                                            attention=attention, layer_unroll=layers),
                          static_argnums=(0,), donate_argnums=(3,))
-            args = (graphdef, params, None, pool, abstract_slots(c, mesh, shapes.slots, pps, c.param_dtype), i32(shapes.slots),
-                    i32(shapes.slots), i32(2), None, i32(), i32())
+            slots = abstract_slots(c, mesh, shapes.slots, pps, c.param_dtype)
+            args = (graphdef, params, None, pool, slots, i32(shapes.slots), i32(shapes.slots), i32(2), None, i32(),
+                    i32())
         compiled = fn.lower(*args).compile()
     return compiled, pool.k.shape
 
@@ -236,7 +237,8 @@ def main() -> None:
     rest = s["walk"] * calls - L * calls * block                        # the chunk calls less their attention
     row("engine prefill, attention=live", None, (rest + L * blocks * block) / prompt_tokens, pre_bound,
         "compiler x blocks", f"{blocks / calls:.1f} blocks of {BLOCK_TOKENS} keys per call (a loop body is "
-        f"counted once); temp {c1['temp'] / 2**30:,.2f} GiB (1 layer); pool copies {shape_copies(one, pool_shape, hlo_dt)}")
+        f"counted once); temp {c1['temp'] / 2**30:,.2f} GiB (1 layer); pool copies "
+        f"{shape_copies(one, pool_shape, hlo_dt)}")
     row("engine prefill, attention=paged_gpu, chunk 512 (before: one kernel row per prompt token)", None,
         (rest + kernel_prefill_bytes(prompts, kv_tl, L)) / prompt_tokens, pre_bound, "compiler + kernel model")
     # after (programs.FRESH_PREFILL): calls whose lanes all start a prompt run the model's causal
@@ -257,7 +259,8 @@ def main() -> None:
     print("\nAll figures are estimates from the CPU compile (XLA: HloCostAnalysis 'bytes accessed'; walk: "
           "benchmarks/hlo_bytes.py over the optimized HLO, in-place updates and indexed reads at what they touch) "
           "or the paged kernel's loop bounds (kernel model); none is a device timing.\n")
-    print("| program | XLA bytes accessed, MiB/token | walk, MiB/token | walk / bound | XLA GFLOP/token | source | notes |")
+    print("| program | XLA bytes accessed, MiB/token | walk, MiB/token | walk / bound | XLA GFLOP/token | source "
+          "| notes |")
     print("| --- | --- | --- | --- | --- | --- | --- |")
     for what, xla, walk, bound, src, note, flops in table:
         x = "-" if xla is None else f"{xla / 2**20:,.1f}"

@@ -120,7 +120,11 @@ class _FakeMesh:
 
 def test_block_choices():
     assert pages_per_block(32, 16) == 16 and pages_per_block(6, 128) == 3 and pages_per_block(7, 16) == 7
-    assert gpu_blocks(64, 16) == (16, 4) and gpu_blocks(4, 8) == (2, 2) and gpu_blocks(3, 16) == (3, 1)
+    # keys per block first (up to 128), then partitions: the H200 run's table (272 pages of 16 =
+    # 16 x 17) had 16 partitions of one-page blocks; pages of 128 (34 per slot) keep 2 partitions
+    assert gpu_blocks(272, 16) == (2, 8) and gpu_blocks(34, 128) == (2, 1) and gpu_blocks(64, 16) == (8, 8)
+    assert gpu_blocks(4, 8) == (1, 4) and gpu_blocks(3, 16) == (3, 1) and gpu_blocks(16, 16) == (2, 8)
+    assert gpu_blocks(12, 16) == (3, 4)          # blocks are powers of two (Triton): 4 pages, not 6
 
 
 def test_combined_pool_interleaves_k_and_v():

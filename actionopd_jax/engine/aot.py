@@ -89,8 +89,8 @@ def lower_engine_programs(cfg, mesh, shapes: EngineConfig, *, attention: str = "
         # chunks whose lanes all start a prompt: the model's causal attention, never the kernel
         fresh = jax.jit(functools.partial(programs.prefill_chunk, page_size=shapes.page_size, attention=impl,
                                           fresh=True), static_argnums=(0,), donate_argnums=(2,))
-        r = lower_for(fresh, (graphdef, params, pool, i32(lanes, shapes.chunk), i32(lanes), i32(lanes), i32(lanes, pps)),
-                      label=f"engine fresh-prompt chunk ({what})", platform=platform, mesh=mesh, traced_for=traced_for)
+        args = (graphdef, params, pool, i32(lanes, shapes.chunk), i32(lanes), i32(lanes), i32(lanes, pps))
+        r = lower_for(fresh, args, label=f"engine fresh-prompt chunk ({what})", platform=platform, mesh=mesh, traced_for=traced_for)
         if r.ok and any(TRITON in c for c in r.custom_calls):
             r.ok, r.error = False, "the fresh-prompt chunk runs the decode kernel (one kernel row per prompt token)"
         reports.append(r)

@@ -28,6 +28,7 @@ from actionopd_jax.jax_compat import pallas_kernel, shard_map
 BLOCK_H = 16           # query heads per program (the kernel's minimum and default)
 _MAX_SPLITS = 16       # the kernel's default k_splits
 _MAX_PAGES_PER_BLOCK = 8
+BLOCK_KEYS = 128       # keys per kernel block worth more than partitions (jax's default block: 8 x 16)
 
 
 def _largest_divisor(n: int, limit: int) -> int:
@@ -35,14 +36,20 @@ def _largest_divisor(n: int, limit: int) -> int:
 
 
 def gpu_blocks(pages_per_slot: int, page_size: int) -> tuple[int, int]:
-    """(k_splits, pages_per_compute_block) for a page table of pages_per_slot columns: the most
-    partitions (<= 16) that divide it, then the most pages per block (<= 8) that divide a
-    partition."""
-    splits = _largest_divisor(pages_per_slot, _MAX_SPLITS)
-    # keep at least 16 keys per block (Triton's dot) when the partition allows it
-    while splits > 1 and (pages_per_slot // splits) * page_size < 16:
-        splits = _largest_divisor(pages_per_slot, splits - 1)
-    return splits, _largest_divisor(pages_per_slot // splits, _MAX_PAGES_PER_BLOCK)
+    """(k_splits, pages_per_compute_block) for a page table of pages_per_slot columns: keys per
+    block as many as a partition allows up to BLOCK_KEYS (pages: a power of two <= 8 dividing
+    it), then the most partitions (<= 16) that divide the table. Most partitions first gave the
+    H200's 4B run (272 pages of 16 = 16 x 17) one-page blocks, a 16 x 16 dot per step of the
+    kernel's loop, at 0.57x the static sampler's decode (docs/measurements.md); now 2 partitions
+    of 8-page blocks (not yet measured on a GPU)."""
+    options = []
+    for splits in range(1, min(pages_per_slot, _MAX_SPLITS) + 1):
+        if pages_per_slot % splits == 0:
+            part = pages_per_slot // splits          # Triton's in-kernel arrays: powers of two only
+            block = max(b for b in (1, 2, 4, 8) if b <= _MAX_PAGES_PER_BLOCK and part % b == 0)
+            options.append((min(block * page_size, BLOCK_KEYS), splits, block))
+    _, splits, block = max(options)
+    return splits, block
 
 
 def check_gpu_shapes(q_shape, pages_shape, page_table_shape) -> tuple[int, int]:
