@@ -176,9 +176,8 @@ def _attend(q, k_pages, v_pages, lengths, table, *, attention: str, q_positions=
     return paged_attention(q, k_pages, v_pages, lengths, table, q_positions=q_positions, impl=attention)
 
 
-# decode kernels (a chunk of T tokens is T kernel rows, each rereading its slot's pages): a chunk
-# whose lanes all start at 0 runs the model's fused causal attention instead (prefill_chunk's
-# `fresh`; cuDNN on GPU, as static's prefill). Compiler's figures: benchmarks/engine_cost.py.
+# decode kernels (a chunk of T tokens is T kernel rows, each rereading its pages): a chunk whose lanes
+# all start at 0 runs the model's causal attention (`fresh`; cuDNN on GPU). benchmarks/engine_cost.py
 FRESH_PREFILL = ("paged_gpu",)
 
 
@@ -218,13 +217,14 @@ def prefill_chunk(graphdef: nnx.GraphDef, params: Any, pool: Pool, tokens: jax.A
     pk, pv = pool.k, pool.v
     per_layer = layer_pages(pk, cfg)
     fresh_impl = _fresh_attention(model.runtime.attention, cfg, dt, chunk) if fresh else None
+    keys_seen = valid.at[:, 0].set(True)   # an idle lane (n_valid 0) sees its junk first key: finite
     for i, layer in enumerate(_layer_modules(model)):
         attn = layer.self_attn
         q, k, v = attn.project_qkv(layer.input_layernorm(h), cos, sin)     # [lanes, chunk, heads, Dh]
         at = page + i * per_layer
         pk, pv = write_rows(pk, at, offset, k), write_rows(pv, at, offset, v)
         if fresh:
-            out = causal_self_attention(attn.group_queries(q), k, v, valid, dt, fresh_impl, None)
+            out = causal_self_attention(attn.group_queries(q), k, v, keys_seen, dt, fresh_impl, None)
         else:
             out = _attend(q, pk, pv, lengths, table + i * per_layer, attention=attention, q_positions=positions)
         h = h + attn.output(out)
