@@ -148,7 +148,7 @@ def test_eta_1_trains_within_the_bound_resumes_in_flight_draws_from_the_cache_an
     from actionopd_jax.paid_calls import BudgetReached, Ledger
     from actionopd_jax.train.batching import Row, pack_minibatch
     from actionopd_jax.train.loop import Trainer
-    from actionopd_jax.train.sources import Policy
+    from actionopd_jax.train.sources import Policy, RunStop
     from actionopd_jax.train.spend_report import progress_fields
 
     tasks = [toy_task(f"t{i}", f"async{i}") for i in range(16)]
@@ -227,6 +227,13 @@ def test_eta_1_trains_within_the_bound_resumes_in_flight_draws_from_the_cache_an
         assert not _alive() and not capped.scheduler.running and capped.state_dict()["next_index"] == 0
         assert 0 < ledger.spend_usd <= 10.0, ledger.largest
         capped.close()
+        # a teacher outage stops the run as it does today (RunStop), with no loop left running
+        down = _source(cfg, tmp_path, tiny_tokenizer, "http://127.0.0.1:9/v1", tasks, None)
+        down.max_outage_steps = 1
+        with pytest.raises(RunStop, match="answered none of the task starts"):
+            down.collect(0, Policy(trainer.graphdef, trainer.state["params"], trainer.qcfg, 0))
+        assert not _alive() and down.state_dict()["next_index"] == 0
+        down.close()
         # the correction's behaviour log-probs: the sampler's on a stale row, the recomputed elsewhere
         rows = [Row(np.arange(1, 5, dtype=np.int32), np.arange(3, dtype=np.int32), 1.0, np.full(3, -0.5, np.float32),
                     stale=True), Row(np.arange(1, 5, dtype=np.int32), np.arange(3, dtype=np.int32), -1.0,

@@ -99,10 +99,10 @@ class AsyncActionOPDGroupSource(ActionOPDGroupSource):
             t_wait = time.perf_counter()
             draw = self.scheduler.wait(step)
             waited = time.perf_counter() - t_wait
-            self._draw_states.pop(step, None)
             self.last = self._result(step, draw)
             self._async.update(wait_s=waited, swap_wait_s=swap_wait)
             self._after_collect(step)
+            self._draw_states.pop(step, None)   # trained from here on (a stop above gives the draw back)
         except BaseException:
             self.stop_background()   # a budget stop, a run stop, a failed device call: no loop left running
             raise
@@ -145,7 +145,7 @@ class AsyncActionOPDGroupSource(ActionOPDGroupSource):
                            sampler_busy_frac=metrics.sampler_busy_s / max(metrics.wall_s, 1e-9),
                            teacher_in_flight=float(self.collector.teacher_in_flight),
                            trajectories_in_flight=float(self.scheduler.running_trajectories),
-                           draws_ahead=float(len(self._draw_states)))
+                           draws_ahead=float(sum(d > step for d in self._draw_states)))
         records = sorted(draw.records, key=lambda r: r.task_start)
         return CollectResult.assemble(step, kept, records, metrics)
 
