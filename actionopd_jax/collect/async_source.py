@@ -84,11 +84,11 @@ class AsyncActionOPDGroupSource(ActionOPDGroupSource):
         t0 = time.perf_counter()
         if self._marks is None:
             self._marks = (t0, self.sampling.busy_s, usage_snapshot(self.collector.teacher, self.collector.matcher))
-        params, mesh = rollout_params(policy.params, policy.graphdef)
-        params = own_copy(params, policy.params)
-        swap_wait = self.sampling.swap(
-            lambda: self.sampler.load_policy(policy.graphdef, params, self.ctx.mesh if mesh is None else mesh), step)
         try:
+            params, mesh = rollout_params(policy.params, policy.graphdef)
+            params = own_copy(params, policy.params)
+            mesh = self.ctx.mesh if mesh is None else mesh
+            swap_wait = self.sampling.swap(lambda: self.sampler.load_policy(policy.graphdef, params, mesh), step)
             if self._next_draw is None or step not in self._draw_states and step != self._next_draw:
                 self.stop_background()    # first step, or a step out of order: draw afresh from here
                 self._next_draw = step
