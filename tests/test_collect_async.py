@@ -53,7 +53,15 @@ def test_config_rules_and_the_synchronous_default(tmp_path):
     shared = pack_shared_minibatch(share_prompts(rows), [0], microbatches=1, microbatch_rows=1, count=2,
                                    prompt_len=4, resp_len=4, with_stale=True).arrays["stale"]
     assert shared[0, 0].tolist() == [1, 1, 1, 0, 0, 0, 0, 0]
+    from types import SimpleNamespace
+
     from actionopd_jax.commands.train import collection_mode
+    from actionopd_jax.train.aot_check import _abstract_batch
+
+    # `train --check --aot` compiles the update with the batch the run feeds it
+    fake = SimpleNamespace(settings=SimpleNamespace(shared_prompt=0), row_sharding=None)
+    assert _abstract_batch(fake, 8, 64, 16, behaviour=True)["behav_logp"].shape == (1, 8, 16)
+    assert "behav_logp" not in _abstract_batch(fake, 8, 64, 16)
 
     assert "asynchronous, collect.max_staleness=1" in collection_mode(cfg)    # what train --check prints
     assert "synchronous" in collection_mode(replace_keys(cfg, **{"collect.max_staleness": 0}))

@@ -78,10 +78,12 @@ def attention_kernel_flops(qcfg: Qwen3Config, rows: int, seq_len: int, layout: S
     return one_matmul * (2 + 5 + recompute)
 
 
-def _abstract_batch(step, rows: int, seq_len: int, resp_len: int) -> dict:
+def _abstract_batch(step, rows: int, seq_len: int, resp_len: int, behaviour: bool = False) -> dict:
     out = {}
     shared = step.settings.shared_prompt > 0  # shared rows carry per-token advantages
-    for name, (dtype, dim) in BATCH_FIELDS.items():
+    # collect.max_staleness >= 1: the update also reads the correction's behaviour log-probs
+    fields = {**BATCH_FIELDS, **({"behav_logp": ("float32", "R")} if behaviour else {})}
+    for name, (dtype, dim) in fields.items():
         width = (seq_len,) if dim == "T" else (resp_len,) if dim == "R" or shared else ()
         out[name] = jax.ShapeDtypeStruct((1, rows) + width, jnp.dtype(dtype), sharding=step.row_sharding)
     return out
@@ -92,7 +94,7 @@ def _compile_step(cfg: Config, qcfg: Qwen3Config, mesh, rows: int, seq_len: int,
     from actionopd_jax.train.setup import build_train_step
 
     step = build_train_step(cfg, qcfg, mesh, runtime)
-    args = (step.abstract_state(), _abstract_batch(step, rows, seq_len, resp_len))
+    args = (step.abstract_state(), _abstract_batch(step, rows, seq_len, resp_len, cfg.collect.max_staleness >= 1))
     return compile_for(step._update, args, label=label, mesh=mesh)
 
 
