@@ -65,6 +65,15 @@ def test_config_rules_and_the_synchronous_default(tmp_path):
 
     assert "asynchronous, collect.max_staleness=1" in collection_mode(cfg)    # what train --check prints
     assert "synchronous" in collection_mode(replace_keys(cfg, **{"collect.max_staleness": 0}))
+    # the memory plan counts the sampler's copy and a call's cache beside the update
+    from actionopd_jax.train.plan import describe
+    from actionopd_jax.train.setup import model_config
+
+    text, _ = describe(cfg, model_config(cfg), {"data": 1, "fsdp": 1, "tensor": 1}, device_memory_gb=16.0)
+    sync, _ = describe(replace_keys(cfg, **{"collect.max_staleness": 0}), model_config(cfg),
+                       {"data": 1, "fsdp": 1, "tensor": 1}, device_memory_gb=16.0)
+    assert "beside the update" in text and "peak update beside collection" in text
+    assert "beside the update" not in sync
     for keys, words in [({"collect.max_staleness": -1}, "must be >= 0"),
                         ({"collect.kind": "synthetic", "teacher.kind": "none"}, "needs collect.kind=actionopd"),
                         ({"train.old_logprobs": "sampler"}, "needs train.old_logprobs=recompute"),

@@ -298,16 +298,24 @@ def describe(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *, device_mem
             f"{cfg.collect.num_candidates} x {cfg.collect.max_response_tokens:,} new)",
             f"  total              {coll.total / GIB:8.2f} GiB",
         ]
+        if c.max_staleness >= 1:   # issue 44: collection runs while the update does
+            beside = (coll.rollout_copy or est.params) + coll.call   # on CPU a copy of the training weights
+            lines.append(f"  beside the update  {beside / GIB:8.2f} GiB  (collect.max_staleness={c.max_staleness}: the "
+                         f"sampler's own weights and a call's KV cache; with the update "
+                         f"{(est.total + beside) / GIB:.2f} GiB)")
     fits = True
     if device_memory_gb:
         collection = engine_peak if sampler == "engine" else (coll.total if coll is not None else 0.0)
+        if coll is not None and sampler != "engine" and c.max_staleness >= 1:   # both at once (issue 44)
+            collection = est.total + (coll.rollout_copy or est.params) + coll.call
         peak = max(est.total, collection)
         fits = peak <= usable and (coll is None or coll.budget_tokens is None or coll.states_per_call >= 1
                                    or engine_pages is not None)
         if engine_pages is not None:   # the engine's pool takes what is left: it fits when it holds one slot
             fits = fits and engine_pages >= engine_shapes(cfg.collect).pages_per_slot + 1
         share = f" x {usable_fraction:.2f} usable = {usable / GIB:.2f} GiB" if usable_fraction < 1 else ""
-        what = "update beside the engine pool" if sampler == "engine" else "collection"
+        what = ("update beside the engine pool" if sampler == "engine" else
+                "update beside collection" if c.max_staleness >= 1 else "collection")
         lines.append(f"  device memory      {device_memory_gb:8.2f} GiB{share}; peak "
                      f"{what if collection > est.total else 'train step'} "
                      f"{peak / GIB:.2f} GiB -> {'fits' if fits else 'DOES NOT FIT'}")
