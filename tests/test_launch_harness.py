@@ -161,15 +161,17 @@ def test_replies_in_flight_hold_their_allowance():
     assert sorted(asked) == [36, 64] and limited.use["t"].output_tokens == 100
 
 
-def _start_harness(port: int, *extra: str) -> tuple[subprocess.Popen, int]:
+def _start_harness(port: int, *extra: str, sigint_ignored: bool = False) -> tuple[subprocess.Popen, int]:
     """The harness (a real `actionopd serve` child with the tiny model), once its server is up:
-    (harness process, server pid)."""
+    (harness process, server pid). `sigint_ignored`: start it as nohup or a script's background
+    job would, with SIGINT ignored (Python then raises no KeyboardInterrupt of its own)."""
     from tests._subprocess_fixtures import cli_env
 
     argv = [sys.executable, "launch/benchmark_harness.py", "--tiny", "--port", str(port), "--reply-limit", "5",
             "--serve-arg=--no-warmup", "--serve-arg=--seed", "--serve-arg=1", *extra]
+    ignore = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if sigint_ignored else None
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env(1),
-                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+                            cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), preexec_fn=ignore)
     pid, seen = None, []
     deadline = time.time() + 110
     while time.time() < deadline:
@@ -201,9 +203,11 @@ def test_the_harness_stops_its_server_and_the_server_holds_toolsandboxs_30_messa
     """Killing the harness left `actionopd serve` running. Now SIGTERM and SIGINT stop it
     through the harness, and SIGKILL (the harness's death without clean-up) through the kernel's
     parent-death signal. Under SIGTERM the server first shows B.3's ToolSandbox limit, per task
-    id: 29 messages get a reply, 30 are refused."""
+    id: 29 messages get a reply, 30 are refused. SIGINT reaches a harness that inherited it
+    ignored (the likely cause of the 60 s hangs this test saw in full suites: the old harness
+    sat on, deaf to it)."""
     port = _free_port()
-    harness, server = _start_harness(port, "--bench", "toolsandbox")
+    harness, server = _start_harness(port, "--bench", "toolsandbox", sigint_ignored=how == signal.SIGINT)
     try:
         if how == signal.SIGTERM:
             client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="EMPTY", max_retries=0)

@@ -105,7 +105,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 class _Stop(Exception):
-    """SIGTERM reached the harness: leave the wait, stop the server (the finally below)."""
+    """SIGTERM or SIGINT reached the harness: leave the wait, stop the server (the finally below)."""
 
 
 def _die_with_parent() -> None:
@@ -148,7 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     def on_term(signum, frame):
         raise _Stop()
 
+    # SIGINT too, explicitly: Python turns SIGINT into KeyboardInterrupt only where the parent
+    # left it at its default, and a harness started from a shell script, nohup or a test
+    # runner's worker may inherit it ignored; Ctrl-C / kill -INT must stop the server either way
     previous = signal.signal(signal.SIGTERM, on_term)
+    previous_int = signal.signal(signal.SIGINT, on_term)
     proc = subprocess.Popen(argv_serve, env=dict(os.environ), preexec_fn=_die_with_parent)
     atexit.register(stop_server, proc)  # an exit past the finally below (e.g. sys.exit from elsewhere)
     print(f"server pid {proc.pid}", flush=True)
@@ -159,3 +163,4 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         stop_server(proc)
         signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
