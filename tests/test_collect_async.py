@@ -261,3 +261,23 @@ def test_eta_1_trains_within_the_bound_resumes_in_flight_draws_from_the_cache_an
         trainer.step_fn.add_behaviour(batch)
         behav = np.asarray(batch["behav_logp"])[0, :, :3]
         assert "stale" not in batch and behav[0].tolist() == [-0.5] * 3 and behav[1].tolist() == [-1.5] * 3
+
+
+def test_the_samplers_copy_never_shares_memory_with_the_donated_parameters():
+    """A reshard to the same sharding (what rollout_params may do on one CPU process) returns a
+    new Array object over the same buffer: the copy must see through it, or the update's
+    donation deletes the sampler's weights under it."""
+    import jax
+    import jax.numpy as jnp
+
+    from actionopd_jax.collect.async_source import own_copy
+
+    donated = {"w": jnp.arange(16.0).reshape(4, 4), "b": jnp.zeros(3)}
+    view = jax.device_put(donated["w"], donated["w"].sharding)
+    assert view is not donated["w"] and view.unsafe_buffer_pointer() == donated["w"].unsafe_buffer_pointer()
+    fresh = jnp.ones(2)
+    out = own_copy({"w": view, "b": donated["b"], "c": fresh}, donated)
+    assert out["w"].unsafe_buffer_pointer() != donated["w"].unsafe_buffer_pointer()
+    assert out["b"].unsafe_buffer_pointer() != donated["b"].unsafe_buffer_pointer()
+    assert out["c"] is fresh    # not the donated memory: kept as it is
+    assert (out["w"] == donated["w"]).all()

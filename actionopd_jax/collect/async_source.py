@@ -42,11 +42,24 @@ from actionopd_jax.sampling.rollout import rollout_params
 from actionopd_jax.types import StateGroup
 
 
+def _buffers(x: Any) -> set:
+    """What identifies `x`'s device memory: its object, and each addressable shard's buffer
+    pointer where the backend gives one (a reshard or no-op cast may return a new Array object
+    over the same buffers)."""
+    out = {("id", id(x))}
+    for shard in getattr(x, "addressable_shards", ()):
+        try:
+            out.add(("ptr", shard.data.unsafe_buffer_pointer()))
+        except Exception:  # noqa: BLE001 - a backend without pointers: the object identity stands
+            pass
+    return out
+
+
 def own_copy(params: Any, donated: Any) -> Any:
-    """`params` where no leaf is a buffer of `donated` (the trainer donates those to the update
-    while the sampler keeps sampling): a device copy of every leaf that aliases one."""
-    ids = {id(x) for x in jax.tree.leaves(donated)}
-    out = jax.tree.map(lambda x: x.copy() if id(x) in ids else x, params)
+    """`params` where no leaf shares memory with `donated` (the trainer donates those to the
+    update while the sampler keeps sampling): a device copy of every leaf that aliases one."""
+    taken = set().union(*(_buffers(x) for x in jax.tree.leaves(donated)))
+    out = jax.tree.map(lambda x: x.copy() if _buffers(x) & taken else x, params)
     return jax.block_until_ready(out)
 
 
