@@ -93,6 +93,45 @@ def test_reference_actions_give_reward_one_on_every_base_task(sim, domain, total
     assert run(main()) == {(domain, 1.0): len(share)}
 
 
+def test_gc_is_paused_while_a_domain_db_is_unpickled_and_restored_after(monkeypatch):
+    """Each episode unpickles fresh domain DBs (retail: ~47k pydantic models) and its score
+    builds, replays and hashes two more; the cyclic GC's full passes over every live object
+    during those bursts made them 3-5x slower (the whole-base-split replay above: ~560 s -> ~200 s
+    on a loaded 2-core host). GC is off for the burst, counted across threads, and left as it was."""
+    import gc
+    import pickle
+    import threading
+
+    from actionopd_jax.envs import tau2_tasks as tt
+
+    seen = []
+    real_loads = pickle.loads
+    monkeypatch.setattr(tt.pickle, "loads", lambda b: (seen.append(gc.isenabled()), real_loads(b))[1])
+    assert gc.isenabled()
+    tt.environment_constructor("airline")()
+    assert seen and not any(seen) and gc.isenabled()
+    # nested and overlapping pauses (episodes build and score in worker threads)
+    inner_done = threading.Event()
+    with tt.gc_paused():
+        def other():
+            with tt.gc_paused():
+                pass
+            inner_done.set()
+        t = threading.Thread(target=other)
+        t.start()
+        inner_done.wait(30)
+        assert not gc.isenabled()  # the other thread's pause ended inside ours: still off
+    t.join()
+    assert gc.isenabled()
+    gc.disable()  # a caller that keeps GC off keeps it off
+    try:
+        with tt.gc_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
 def _wrong_cancel(env, task):
     """A valid write the task does not call for: cancel some other active reservation."""
     expected = json.dumps([a.model_dump() for a in tau2_task("airline", task.payload["tau2_id"]).evaluation_criteria.actions])

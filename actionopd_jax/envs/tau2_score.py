@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from actionopd_jax.envs.tau2_tasks import environment_constructor
+from actionopd_jax.envs.tau2_tasks import environment_constructor, gc_paused
 
 _GRADED_TERMINATIONS = ("user_stop", "agent_stop")
 
@@ -32,9 +32,11 @@ def score_tau2(domain: str, task: Any, trajectory: list[Any], termination: str |
         return out
     basis = {RewardType(b) for b in criteria.reward_basis}
     try:
-        env_info = EnvironmentEvaluator.calculate_reward(
-            environment_constructor=environment_constructor(domain), task=task, full_trajectory=trajectory, solo_mode=False
-        )
+        # two fresh DBs replayed, dumped and hashed: allocation bursts with nothing to collect
+        with gc_paused():
+            env_info = EnvironmentEvaluator.calculate_reward(
+                environment_constructor=environment_constructor(domain), task=task, full_trajectory=trajectory, solo_mode=False
+            )
         action_info = ActionEvaluator.calculate_reward(task=task, full_trajectory=trajectory)
         communicate_info = CommunicateEvaluator.calculate_reward(task=task, full_trajectory=trajectory)
     except Exception as exc:  # e.g. replay mismatch: report, never crash the collector
