@@ -29,7 +29,9 @@ def served():
     port = _free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "actionopd_jax.commands", "serve", "--tiny", "--seed", "1", "--port", str(port),
-         "--default-max-tokens", "4", "--segment-tokens", "4", "--engine-max-len", "512"],
+         # the engine's shapes are test_sigterm_under_many_streams_...'s (2 slots, 16-token segments,
+         # the tiny model's 512 positions): its server then loads these programs from the compile cache
+         "--default-max-tokens", "4", "--engine-slots", "2", "--segment-tokens", "16", "--engine-max-len", "512"],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=cli_env(devices=1))
     lines = []
     deadline = time.time() + 120
@@ -309,7 +311,9 @@ async def never(req):           # a request that stays in flight through any gra
     print("in flight", flush=True)
     await asyncio.Event().wait()
 
-OpenAIServer(ScriptedBackend("blocked", never), port=0).serve_forever()
+# a 3 s grace (the default is 10 s): the test sends its second SIGTERM as soon as the first's
+# "shutting down" line is read, well inside it, and then waits out the whole grace
+OpenAIServer(ScriptedBackend("blocked", never), port=0, shutdown_grace_s=3.0).serve_forever()
 """
 
 
