@@ -36,9 +36,10 @@ def topology():
         skip_or_fail(REQUIRE_TPU, f"libtpu cannot describe a v5p:2x2x1 topology here: {e}")
 
 
-@pytest.mark.parametrize("shape", [{"fsdp": 4}, {"tensor": 2, "fsdp": 2}])
-def test_prefill_and_decode_compile_for_v5p(topology, shape):
-    mesh = aot.tpu_mesh(topology, shape)
+def test_prefill_and_decode_compile_for_v5p(topology):
+    # one mesh with both axes the sampler shards over (prompt rows over fsdp, KV heads over
+    # tensor): an fsdp-only mesh is the same programs with the tensor axis of size 1
+    mesh = aot.tpu_mesh(topology, {"tensor": 2, "fsdp": 2})
     assert aot.target_platform(mesh) == "tpu"
     programs = aot.compile_sampler_programs(CFG, mesh, prompts=4, prompt_len=256, samples=4, max_new=64,
                                            runtime=RUNTIME)
