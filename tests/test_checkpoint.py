@@ -8,6 +8,7 @@ trainer sees the same StateGroup records, derived deterministically from (seed, 
 import functools
 import logging
 import os
+import shutil
 import signal
 from pathlib import Path
 
@@ -22,10 +23,12 @@ from actionopd_jax.train.loop import SIGTERM_EXIT_CODE, Trainer
 from actionopd_jax.train.sources import synthetic_source
 from tests._train_fixtures import max_abs_diff, to_host
 
-# a learning rate that moves the weights visibly, so "same parameters" is a real check
-BASE = {"train.lr": 1e-3, "train.adam_eps": 1e-3, "run.progress": False, "run.tensorboard": False,
-        "collect.synthetic.groups_per_step": 3, "checkpoint.async_save": True}
 MESH_222 = {"mesh.data": 2, "mesh.fsdp": 2, "mesh.tensor": 2}
+# a learning rate that moves the weights visibly, so "same parameters" is a real check; every
+# run on the reference's mesh unless a test says otherwise, so that the runs' steps (the same
+# data and shapes) are the reference's programs, compiled once, not a compile per mesh
+BASE = {"train.lr": 1e-3, "train.adam_eps": 1e-3, "run.progress": False, "run.tensorboard": False,
+        "collect.synthetic.groups_per_step": 3, "checkpoint.async_save": True, **MESH_222}
 
 
 def cfg_with(**kw) -> Config:
@@ -67,8 +70,12 @@ def reference(tmp_path_factory):
                                   {"mesh.data": 1, "mesh.fsdp": 1, "mesh.tensor": 1}],
                          ids=["4x2", "one-device"])
 def test_resume_on_another_mesh_continues_the_same_run(reference, tmp_path, mesh):
+    # the reference's own first two steps (the same config, mesh and seed) stand for a run
+    # stopped after step 2: copied with step 3 removed, not trained again
     first = tmp_path / "run"
-    run(cfg_with(**MESH_222, **{"train.steps": 2}), first)
+    shutil.copytree(reference, first)
+    shutil.rmtree(first / "checkpoints" / "3")
+    assert params_at(first)[0] == 2
     resumed = run(cfg_with(**mesh, **{"train.steps": 3}), first, resume="latest")
     assert resumed.step == 3
     assert resumed.mesh.devices.size == mesh["mesh.fsdp"] * mesh["mesh.tensor"]
@@ -120,7 +127,8 @@ def test_resume_refuses_an_experiment_change_unless_forced(tmp_path):
         Trainer(changed, run_dir=d, source=synthetic(changed), resume="latest")
     assert run(changed, d, resume="latest", force=True).step == 2
     # the forced config is now the run's; a layout change on top of it is not an experiment change
-    relaid = replace_keys(changed, **{"train.steps": 3, "train.microbatch_rows": 16, "mesh.fsdp": 2, "mesh.data": 4})
+    relaid = replace_keys(changed, **{"train.steps": 3, "train.microbatch_rows": 16, "mesh.fsdp": 2, "mesh.data": 4,
+                                     "mesh.tensor": 1})
     assert run(relaid, d, resume="latest").step == 3
 
 
