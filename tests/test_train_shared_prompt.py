@@ -42,8 +42,10 @@ def test_shared_layout_by_hand():
     np.testing.assert_array_equal(a["resp_index"][0, 1], [0, 4, 0, 0, 0, 0])
 
 
-@pytest.mark.parametrize("shape", [None, {"data": 2, "fsdp": 2}])
-def test_shared_prompt_step_equals_the_separate_rows(shape):
+def test_shared_prompt_step_equals_the_separate_rows():
+    """The plain rows on one device against the shared rows on a (data 2, fsdp 2) mesh: one
+    comparison holds both the packing and its sharding (two compiles, not four); the shared
+    rows on one device are test_trainer_step_with_shared_prompt_equals_the_plain_one's."""
     graphdef, params = tiny_params(3)
     n, groups = 2, 8                       # 16 rows: 2 microbatches of 8 rows = of 4 shared rows
     rows = _group_rows(groups, n, seed=11)
@@ -53,7 +55,8 @@ def test_shared_prompt_step_equals_the_separate_rows(shape):
     shared = pack_shared_minibatch(units, list(range(groups)), microbatches=2, microbatch_rows=4, count=n,
                                    prompt_len=32, resp_len=16).arrays
     results = []
-    for settings, arrays in ((StepSettings(), plain), (StepSettings(shared_prompt=n), shared)):
+    for settings, arrays, shape in ((StepSettings(), plain, None),
+                                    (StepSettings(shared_prompt=n), shared, {"data": 2, "fsdp": 2})):
         step = train_step(graphdef, params, shape, settings=settings)
         batch = step.put_batch(arrays)
         old, _ = step.old_logprobs(params, batch)
