@@ -118,7 +118,7 @@ def test_one_step_draws_both_pools_and_a_scripted_student_gets_hand_computed_rew
     assert len(result.groups) == sum(len(plans[r.task_id]) for r in result.trajectories)
 
 
-@pytest.mark.slow  # ~40 s: compiling the tiny model's sampler for a 2,048-token prompt bucket
+@pytest.mark.slow  # ~20 s: compiling the tiny model's sampler for a 1,024-token prompt bucket
 def test_tiny_model_collection_step_over_the_mixture(tiny_tokenizer, env_cfg):
     from actionopd_jax.sampling import Buckets, Sampler
     from tests._sampler_fixtures import random_model
@@ -126,17 +126,20 @@ def test_tiny_model_collection_step_over_the_mixture(tiny_tokenizer, env_cfg):
     stream = mixture_stream_from(env_cfg, per_step=4, seed=3)
     tasks = stream.next_step()
     eos = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
-    cfg = collector_config(n=2, max_prompt_tokens=2048, max_new_tokens=16, env_timeout_s=30.0,
+    cfg = collector_config(n=2, max_prompt_tokens=1024, max_new_tokens=16, env_timeout_s=30.0,
                            decision_limits=(("envscaler", 2), ("awm", 2)))
     model = random_model(0, vocab_size=len(tiny_tokenizer), max_position_embeddings=4096)
-    sampler = Sampler(model, eos_ids=[eos], buckets=Buckets(prompt_len=(2048,), prompts=(4,), samples=(2,),
+    sampler = Sampler(model, eos_ids=[eos], buckets=Buckets(prompt_len=(1024,), prompts=(4,), samples=(2,),
                                                             max_new=(16,), max_rows=8))
     with serve(ReferenceBackend(stream.tasks)) as server:
         collector = _collector(cfg, tiny_tokenizer, server, real_sample_fn(sampler, cfg), env_cfg)
         result = collect_once(collector, tasks, step=0, process_index=0, process_count=1)
     plans = _plans(tasks)
     assert len(result.trajectories) == 4 and {r.env for r in result.trajectories} == {"awm", "envscaler"}
-    assert result.groups and all(0 < g.prompt_ids.size <= 2048 for g in result.groups)
+    assert result.groups and all(0 < g.prompt_ids.size <= 1024 for g in result.groups)
+    # both pools' openings fit the 1,024-token bucket and gave groups (it was 2,048: twice the compile)
+    env_of = {t.task_id: t.env for t in tasks}
+    assert {env_of[g.task_id] for g in result.groups} == {"awm", "envscaler"}
     for g in result.groups:
         assert [s.action for s in g.teacher_samples] == [plans[g.task_id][g.decision_index]] * 3
         for c in g.candidates:  # r_lambda with K=3, lambda=0.5 on whatever the random student wrote
