@@ -62,7 +62,8 @@ def warm_student_dir(tmp_path_factory):
     teacher_view = [{**r, "messages": with_privileged_context(r["messages"], GUIDANCE + "\n\n" + SECRET)}
                     for r in records]
     examples = kd_examples(records + teacher_view, tok, max_prompt_tokens=1024)
-    model, losses = fit_student(examples, len(tok), seed=3, steps=60)
+    # 50 steps (not 60): the loss is below 0.2 from step ~46 on at this seed; each step is ~1 s on CPU
+    model, losses = fit_student(examples, len(tok), seed=3, steps=50)
     assert losses[-1] < 0.2
     out = root / "student"
     save_hf(model, PRESETS["tiny"], out)
@@ -78,7 +79,7 @@ def test_self_actionopd_teacher_is_the_current_student_with_privileged_context(w
                           "teacher.kind=self", "teacher.temperature=1.0", "teacher.top_p=1.0", "teacher.top_k=0",
                           "teacher.max_tokens=32", "teacher.enable_thinking=false", "matcher.kind=rules",
                           "collect.num_candidates=4", "collect.teacher_samples=3", "collect.task_starts_per_step=2",
-                          "collect.max_decisions=2", "train.minibatch_rows=16", "train.lr=1e-3", "run.seed=1")
+                          "collect.max_decisions=1", "train.minibatch_rows=16", "train.lr=1e-3", "run.seed=1")
     tok = load_tokenizer(warm_student_dir)
     ctx = SourceContext(model_config=model_config(cfg), run_dir=str(tmp_path), tokenizer_path=str(warm_student_dir),
                         process_index=0, process_count=1, mesh=build_mesh(cfg))
