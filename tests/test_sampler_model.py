@@ -49,7 +49,8 @@ def test_greedy_equals_step_by_step_argmax_of_full_forwards(model, sampler):
 
 @pytest.mark.parametrize("temperature,top_k,top_p", [(0.7, 5, 1.0), (1.3, 0, 0.9), (1.0, 0, 1.0)])
 def test_logprobs_are_full_tempered_softmax_at_sampled_tokens(model, sampler, temperature, top_k, top_p):
-    prompts = _prompts([5, 30], seed=1)
+    # 4 prompts, n=3, up to 16 new tokens: the buckets (and so the programs) of the tests below
+    prompts = _prompts([5, 30, 12, 3], seed=1)
     out = sampler.sample(prompts, n=3, max_new_tokens=12, temperature=temperature, top_k=top_k,
                          top_p=top_p, key=jax.random.key(7))
     for prompt, gens in zip(prompts, out.generations):
@@ -67,8 +68,8 @@ def test_logprobs_are_full_tempered_softmax_at_sampled_tokens(model, sampler, te
 
 
 def test_same_key_same_samples_different_key_different(sampler):
-    prompts = _prompts([6, 11], seed=2)
-    kw = dict(n=2, max_new_tokens=10, temperature=1.0, key=jax.random.key(42))
+    prompts = _prompts([6, 11, 20], seed=2)   # 4-prompt, 4-sample buckets: the programs above
+    kw = dict(n=3, max_new_tokens=10, temperature=1.0, key=jax.random.key(42))
     a = sampler.sample(prompts, **kw)
     b = sampler.sample(prompts, **kw)
     c = sampler.sample(prompts, **{**kw, "key": jax.random.key(43)})
@@ -80,20 +81,20 @@ def test_same_key_same_samples_different_key_different(sampler):
 def test_per_prompt_keys_make_results_independent_of_batching(sampler):
     prompts = _prompts([6, 11, 20], seed=3)
     keys = [jax.random.key(100 + i) for i in range(3)]
-    together = sampler.sample(prompts, n=2, max_new_tokens=10, temperature=1.0, key=keys)
-    alone = sampler.sample(prompts[2:], n=2, max_new_tokens=10, temperature=1.0, key=keys[2:])
+    together = sampler.sample(prompts, n=3, max_new_tokens=10, temperature=1.0, key=keys)
+    alone = sampler.sample(prompts[2:], n=3, max_new_tokens=10, temperature=1.0, key=keys[2:])
     assert [g.token_ids.tolist() for g in together.generations[2]] == \
            [g.token_ids.tolist() for g in alone.generations[0]]
 
 
-def test_end_tokens_and_per_prompt_max_new(model):
+def test_end_tokens_and_per_prompt_max_new(model, sampler):
     prompts = _prompts([4, 12, 25], seed=4)
-    probe = Sampler(model, eos_ids=[], buckets=BUCKETS).sample(
-        prompts, max_new_tokens=16, temperature=0.0, key=jax.random.key(0))
+    # the probe: the module's sampler (no end token, the same buckets), its programs already built
+    probe = sampler.sample(prompts, max_new_tokens=16, temperature=0.0, key=jax.random.key(0))
     first_row = probe.generations[0][0].token_ids
     end = int(first_row[3])  # a token greedy decoding of prompt 0 produces at step 3
-    sampler = Sampler(model, eos_ids=[end], buckets=BUCKETS)
-    out = sampler.sample(prompts, max_new_tokens=[16, 16, 5], temperature=0.0, key=jax.random.key(0))
+    stopping = Sampler(model, eos_ids=[end], buckets=BUCKETS)
+    out = stopping.sample(prompts, max_new_tokens=[16, 16, 5], temperature=0.0, key=jax.random.key(0))
     for i, ((gen,), (ref,)) in enumerate(zip(out.generations, probe.generations)):
         limit = 5 if i == 2 else 16
         hits = np.flatnonzero(ref.token_ids[:limit] == end)
@@ -107,13 +108,13 @@ def test_end_tokens_and_per_prompt_max_new(model):
     assert len(out.generations[2][0].token_ids) <= 5
 
 
-def test_early_exit_when_every_row_has_stopped(model):
-    prompts = _prompts([7], seed=5)
-    probe = Sampler(model, eos_ids=[], buckets=BUCKETS).sample(
-        prompts, max_new_tokens=16, temperature=0.0, key=jax.random.key(0))
+def test_early_exit_when_every_row_has_stopped(model, sampler):
+    prompts = _prompts([20], seed=5)
+    # greedy, so the rows agree; 1 prompt x 3 samples: the batching test's programs
+    probe = sampler.sample(prompts, n=3, max_new_tokens=16, temperature=0.0, key=jax.random.key(0))
     end = int(probe.generations[0][0].token_ids[1])
-    sampler = Sampler(model, eos_ids=[end], buckets=BUCKETS)
-    out = sampler.sample(prompts, n=4, max_new_tokens=16, temperature=0.0, key=jax.random.key(0))
+    stopping = Sampler(model, eos_ids=[end], buckets=BUCKETS)
+    out = stopping.sample(prompts, n=4, max_new_tokens=16, temperature=0.0, key=jax.random.key(0))
     assert all(len(g.token_ids) <= 2 and g.finish_reason == "stop" for g in out.generations[0])
     assert out.decode_steps <= 2  # the loop stopped, it did not run to the 16-token bucket
 
@@ -128,10 +129,12 @@ def test_generated_cache_blocks_change_nothing_but_the_work(model, sampler):
     assert decode.attention_spans(64, ()) == (64,)
     blocked = Sampler(model, eos_ids=[], buckets=dataclasses.replace(BUCKETS, attention_spans=(3, 5, 8)))
     prompts = _prompts([3, 17, 50, 9], seed=8)
-    out = blocked.sample(prompts, n=1, max_new_tokens=14, temperature=0.0, key=jax.random.key(0))
-    for prompt, (gen,) in zip(prompts, out.generations):
-        assert gen.token_ids.shape == (14,)
-        np.testing.assert_array_equal(gen.token_ids, next_token_logits(model, prompt, gen.token_ids).argmax(-1))
+    # greedy with n=3: the sampled call's shapes, so one program serves both calls
+    out = blocked.sample(prompts, n=3, max_new_tokens=14, temperature=0.0, key=jax.random.key(0))
+    for prompt, gens in zip(prompts, out.generations):
+        for gen in gens:
+            assert gen.token_ids.shape == (14,)
+            np.testing.assert_array_equal(gen.token_ids, next_token_logits(model, prompt, gen.token_ids).argmax(-1))
     kw = dict(n=3, max_new_tokens=[16, 5, 8, 3], temperature=1.0, top_k=20, key=jax.random.key(3))
     a, b = blocked.sample(prompts, **kw), sampler.sample(prompts, **kw)
     for gens_a, gens_b in zip(a.generations, b.generations):
@@ -157,13 +160,16 @@ def test_accelerator_path_forced_on_cpu_gives_the_same_samples(model, sampler, l
     cpu = sampler if lm_head == "checked" else Sampler(model, eos_ids=[], buckets=BUCKETS, lm_head=lm_head)
     assert scan.backend == "accelerator" and cpu.backend == "cpu"
     prompts = _prompts([3, 17, 50, 9], seed=8)
-    greedy = scan.sample(prompts, n=1, max_new_tokens=14, temperature=0.0, key=jax.random.key(0))
-    for prompt, (gen,) in zip(prompts, greedy.generations):
-        assert gen.token_ids.shape == (14,)
-        np.testing.assert_array_equal(gen.token_ids, next_token_logits(model, prompt, gen.token_ids).argmax(-1))
-    ref = cpu.sample(prompts, n=1, max_new_tokens=14, temperature=0.0, key=jax.random.key(0))
+    # every call n=3 and at most 16 new tokens: one program per sampler (settings are
+    # arguments, not shapes); the module's CPU sampler has it already
+    greedy = scan.sample(prompts, n=3, max_new_tokens=14, temperature=0.0, key=jax.random.key(0))
+    for prompt, gens in zip(prompts, greedy.generations):
+        for gen in gens:
+            assert gen.token_ids.shape == (14,)
+            np.testing.assert_array_equal(gen.token_ids, next_token_logits(model, prompt, gen.token_ids).argmax(-1))
+    ref = cpu.sample(prompts, n=3, max_new_tokens=14, temperature=0.0, key=jax.random.key(0))
     for kw in (dict(n=3, max_new_tokens=[16, 5, 8, 3], temperature=1.0, top_k=20, key=jax.random.key(3)),
-               dict(n=2, max_new_tokens=12, temperature=0.8, top_p=0.9, key=jax.random.key(5))):
+               dict(n=3, max_new_tokens=12, temperature=0.8, top_p=0.9, key=jax.random.key(5))):
         got, want = scan.sample(prompts, **kw), cpu.sample(prompts, **kw)
         for gens_a, gens_b in zip(got.generations + greedy.generations, want.generations + ref.generations):
             for a, b in zip(gens_a, gens_b):
