@@ -197,7 +197,7 @@ class Trainer:
                     # run retraces it; the paid-for teacher samples come from the teacher cache)
                     # and its meters count what the step's requests cost
                     self.source.load_state_dict(before)
-                    self._meter_partial_step(before)
+                    run_budget.meter_partial_step(self.source, self.ledger)
                     code = self._budget_stop(str(e))
                     break
                 if on_step is not None:
@@ -253,9 +253,6 @@ class Trainer:
 
     def _spend_metrics(self) -> dict[str, float]:
         return run_budget.spend_metrics(self.source, self.ledger)
-
-    def _meter_partial_step(self, before: dict) -> None:
-        run_budget.meter_partial_step(self.source, self.ledger)
 
     def train_step(self) -> dict[str, float]:
         """One collection step and its updates; returns the step's metrics."""
