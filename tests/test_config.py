@@ -39,6 +39,18 @@ def test_overrides_are_typed_and_applied_after_the_file(tmp_path):
     assert parse_override("teacher.base_url=http://h:1/v1") == ("teacher.base_url", "http://h:1/v1")
 
 
+def test_on_and_off_mean_the_words_in_files_and_overrides(tmp_path):
+    """YAML 1.1 reads a bare off/on as a boolean: `matcher.execution=off` was refused with
+    "expected a string, got False" (the documented way to turn the execution stage off)."""
+    f = tmp_path / "x.yaml"
+    f.write_text("matcher:\n  execution: off\n")
+    assert load_config(f, []).matcher.execution == "off"
+    c = load_config(None, ["matcher.execution=off", "run.distributed.mode=on"])
+    assert c.matcher.execution == "off" and c.run.distributed.mode == "on"
+    with pytest.raises(ConfigError, match="matcher.execution='on'; expected one of"):
+        load_config(None, ["matcher.execution=on"])
+
+
 @pytest.mark.parametrize("override, message", [
     ("train.lrr=1", "unknown config key 'train.lrr'; did you mean 'train.lr'?"),
     ("trian.lr=1", "unknown config key 'trian.lr'; did you mean 'train.lr'?"),

@@ -54,6 +54,11 @@ def _coerce(value: Any, hint: Any, where: str) -> Any:
             return str(value)
         if value is None:
             return ""
+        if isinstance(value, bool):
+            # YAML 1.1 reads a bare on/off (yes/no, true/false) as a boolean, in files and in
+            # `key=value` overrides alike: `matcher.execution: off` and `run.distributed.mode=on`
+            # mean the words; a field that does not take them is refused by its value check
+            return "on" if value else "off"
         raise ConfigError(f"{where}: expected a string, got {value!r} ({type(value).__name__})")
     if origin is tuple:
         if isinstance(value, str):
