@@ -20,9 +20,5 @@ _CACHE = os.environ.get(
 # every `train`/`eval`/`serve` enables a persistent cache (actionopd_jax/compile_cache.py); in
 # tests, in process and in child processes, that is the test cache, never the user's default
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _CACHE)
-# child processes (serve, train, eval, the harness: dozens of tests start one) cache every
-# program: a tiny model's start is many sub-second compiles (one per weight's init), each
-# repeated by every child; from the cache `serve --tiny` comes up in about half the time
-os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 jax.config.update("jax_compilation_cache_dir", _CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
