@@ -10,6 +10,7 @@ import logging
 import os
 import shutil
 import signal
+import time
 from pathlib import Path
 
 import jax
@@ -107,15 +108,26 @@ def test_corrupt_latest_checkpoint_falls_back_with_a_clear_error(reference, tmp_
     assert resumed.step == 2
 
 
-def test_interrupted_save_leaves_no_usable_step(tmp_path):
+def test_interrupted_save_leaves_no_usable_step(tmp_path, monkeypatch):
     d = tmp_path / "run"
     run(cfg_with(**{"train.steps": 1}), d)
     # what a crash in the middle of an Orbax save leaves behind: a temporary step directory
     partial = d / "checkpoints" / "2.orbax-checkpoint-tmp-1234"
     (partial / "params").mkdir(parents=True)
+    rmtree = shutil.rmtree
+
+    def slow_rmtree(path, *a, **k):   # a loaded machine: Orbax's background removal lags
+        time.sleep(0.5)
+        return rmtree(path, *a, **k)
+
+    monkeypatch.setattr(shutil, "rmtree", slow_rmtree)
     ckpt = Checkpointer(d / "checkpoints")
     assert ckpt.steps() == [1]
     ckpt.close()
+    # closed means its removal of the partial save is over: a resume opening the folder next
+    # raced Orbax's background removal, and one of the two removals failed in a full suite
+    assert not partial.exists()
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
     assert run(cfg_with(**{"train.steps": 2}), d, resume="latest").step == 2
 
 

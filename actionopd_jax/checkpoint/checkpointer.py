@@ -112,6 +112,12 @@ class Checkpointer:
 
     def close(self) -> None:
         self.wait()
+        # Orbax removes a crashed save's temporary folders in a background thread that its own
+        # close() does not join: a checkpointer opened next on this folder (a resume in the same
+        # process) would start a second removal of the same folders and one of them fails.
+        await_cleanup = getattr(self.manager, "_maybe_await_cleanup_tmp_directory", None)
+        if await_cleanup is not None:
+            await_cleanup()
         self.manager.close()
 
     # ---- reading ---------------------------------------------------------------------------
