@@ -237,6 +237,27 @@ def fixed_text_sample_fn(tokenizer, script: Script, eos_id: int) -> Callable:
     return run
 
 
+def plan_student(tokenizer, plans: dict, find_task: Callable[[str], str], eos_id: int,
+                 first: Callable = lambda ref: [ref]) -> Callable:
+    """A student that follows each task's plan: at decision d of task `find_task(prompt text)`
+    its candidates are [*first(plans[task][d]), a message, an unparsable reply] (`first`
+    rewrites the reference action: the execution tests pass their variants)."""
+
+    def run(prompts, keys):
+        out = []
+        for ids in prompts:
+            text = tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
+            ref = plans[find_task(text)][text.count("<|im_start|>assistant") - 1]
+            gens = []
+            for action in (*first(ref), Message("Something else."), BAD):
+                toks = tokenizer.encode(student_text(action), add_special_tokens=False) + [eos_id]
+                gens.append(Generation(np.asarray(toks, np.int32), np.full(len(toks), -0.5, np.float32), "stop"))
+            out.append(gens)
+        return out
+
+    return run
+
+
 def collector_config(**overrides) -> CollectorConfig:
     kw = dict(seed=1234, n=4, reward=RewardConfig(k=3, lam=0.5), max_new_tokens=16, temperature=1.0,
               top_p=1.0, top_k=0, enable_thinking=False, max_prompt_tokens=1024, max_trajectories_in_flight=8,

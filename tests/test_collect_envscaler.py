@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from actionopd_jax.config import EnvConfig
@@ -23,12 +22,10 @@ from actionopd_jax.envs.mixture import mixture_stream_from
 from actionopd_jax.envs.reference import ENVSCALER_DONE
 from actionopd_jax.envs.registry import pool_env_factory
 from actionopd_jax.matching.matcher import Matcher
-from actionopd_jax.sampling import Generation
 from actionopd_jax.serve.reference_backend import MODEL_NAME, ReferenceBackend
 from actionopd_jax.types import Message, ToolCall
 from tests._chat_fixtures import tiny_tokenizer, tiny_tokenizer_dir  # noqa: F401 (fixtures)
-from tests._collect_fixtures import (BAD, collect_once, collector_config, make_teacher, real_sample_fn, serve,
-                                     student_text)
+from tests._collect_fixtures import collect_once, collector_config, make_teacher, plan_student, real_sample_fn, serve
 
 DATA = Path(__file__).parent / "data"
 ES, AWM = DATA / "envscaler_mini", DATA / "awm_mini"
@@ -66,23 +63,9 @@ def _plans(tasks):
 def scripted_student(tokenizer, tasks, eos, first=lambda ref: [ref]):
     """Candidates [*first(reference action), a valid other action, unparsable] at every state
     (`first` rewrites the reference: the execution tests and benchmark pass their variants)."""
-    plans = _plans(tasks)
     texts = {t.task_id: t.payload["task"] for t in tasks}
-
-    def run(prompts, keys):
-        out = []
-        for ids in prompts:
-            text = tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
-            task_id = next(i for i, t in texts.items() if t in text)
-            ref = plans[task_id][text.count("<|im_start|>assistant") - 1]
-            gens = []
-            for action in (*first(ref), Message("Something else."), BAD):
-                toks = tokenizer.encode(student_text(action), add_special_tokens=False) + [eos]
-                gens.append(Generation(np.asarray(toks, np.int32), np.full(len(toks), -0.5, np.float32), "stop"))
-            out.append(gens)
-        return out
-
-    return run
+    return plan_student(tokenizer, _plans(tasks), lambda text: next(i for i, t in texts.items() if t in text), eos,
+                        first=first)
 
 
 def _collector(cfg, tokenizer, server, sample_fn, env_cfg):

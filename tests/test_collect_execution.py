@@ -62,30 +62,17 @@ def test_a_collection_step_matches_rewritten_calls_by_execution(tiny_tokenizer, 
 def _bfcl_student(tokenizer, tasks, eos, openings):
     """Candidates [the reference call, `cd` written with a trailing slash (BFCL strips it, so the
     same directory); a message; unparsable] at every state of a one-turn BFCL task."""
-    import numpy as np
-
     from actionopd_jax.envs.reference import BFCL_DONE, BFCLReference
-    from actionopd_jax.sampling import Generation
-    from tests._collect_fixtures import BAD, student_text
+    from tests._collect_fixtures import plan_student
+
+    def slash(ref):
+        if isinstance(ref, ToolCall) and ref.name == "cd":
+            return [ToolCall("cd", {"folder": ref.arguments["folder"] + "/"})]
+        return [ref]
 
     plans = {t.task_id: BFCLReference(t).turns[0] + [Message(BFCL_DONE)] for t in tasks}
-
-    def run(prompts, keys):
-        out = []
-        for ids in prompts:
-            text = tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
-            task_id = next(t for t, opening in openings.items() if opening in text)
-            ref = plans[task_id][text.count("<|im_start|>assistant") - 1]
-            if isinstance(ref, ToolCall) and ref.name == "cd":
-                ref = ToolCall("cd", {"folder": ref.arguments["folder"] + "/"})
-            gens = []
-            for action in (ref, Message("Something else."), BAD):
-                toks = tokenizer.encode(student_text(action), add_special_tokens=False) + [eos]
-                gens.append(Generation(np.asarray(toks, np.int32), np.full(len(toks), -0.5, np.float32), "stop"))
-            out.append(gens)
-        return out
-
-    return run
+    return plan_student(tokenizer, plans, lambda text: next(t for t, o in openings.items() if o in text), eos,
+                        first=slash)
 
 
 def test_a_bfcl_collection_step_matches_a_rewritten_path_by_execution(tiny_tokenizer):  # noqa: F811
