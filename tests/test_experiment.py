@@ -4,6 +4,7 @@ switch (offline, real loopback server and client), and `--check` on every shippe
 
 import asyncio
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -193,6 +194,18 @@ def test_report_shows_curves_and_before_after(tmp_path):
     text = summary_text(_summary(tmp_path))
     assert "-0.500 (warm start only) -> 0.250 (final)" in text and "10.0% -> 40.0%" in text
     assert "ActionOPD unavailable groups" in text and "per step (masked, never trained on)" in text
+    assert "Asynchronous collection" not in md and "asynchronous collection" not in text   # a synchronous run
+    # collect.max_staleness=1 (issue 44): the section from metrics.jsonl, the row from the summary
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(
+        {"step": 1, "collect/async/max_staleness": 1, "collect/async/staleness_0": 3, "collect/async/staleness_1": 2,
+         "collect/async/stale_dropped": 0, "collect/async/wait_s": 1.5}) + "\n")
+    summary = dict(_summary(tmp_path), **{"async": {"max_staleness": 1, "trained_by_staleness": [3.0, 2.0],
+                                                    "dropped": 0.0, "update_waited_s": 1.5}})
+    paths = write_report(tmp_path, summary)
+    md = paths["markdown"].read_text()
+    assert "## Asynchronous collection" in md and "| groups trained at staleness 1 | 2 (40%) |" in md
+    assert paths["async"].read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "eta=1: groups trained at staleness 3 / 2 (0..1), 0 dropped, update waited 1.5s" in summary_text(summary)
 
 
 def test_report_links_the_matcher_audit_once_it_exists(tmp_path):

@@ -257,12 +257,19 @@ def train(cfg: Config, args) -> int:
 
 
 def _print_spend(run_dir: Path) -> None:
-    """What the remote models cost this run so far (spend.md + spend.png, and the table)."""
+    """What the remote models cost this run so far (spend.md + spend.png, and the table), and
+    what asynchronous collection did (async.md + async.png, for collect.max_staleness >= 1)."""
     from actionopd_jax.train.spend_report import write_spend_report
 
     report = write_spend_report(run_dir)
     if report["table"]:
         print(f"what the remote models cost (resumes included; {report['markdown']}, {report['png']}):\n"
+              f"{report['table']}")
+    from actionopd_jax.train.async_report import write_async_report
+
+    report = write_async_report(run_dir)
+    if report["table"]:   # collect.max_staleness >= 1 (issue 44)
+        print(f"asynchronous collection (resumes included; {report['markdown']}, {report['png']}):\n"
               f"{report['table']}")
 
 

@@ -184,6 +184,13 @@ def _run_phases(cfg: Config, run_dir: Path, timings: dict[str, float], opened: l
 
     spent = spend_history(run_dir / "metrics.jsonl")   # the paid models' totals (collect/spend.py)
     summary["spend"] = spent[-1] if spent else {}
+    from actionopd_jax.train.async_report import ages, async_history
+
+    overlapped = async_history(run_dir / "metrics.jsonl")   # collect.max_staleness >= 1 (issue 44)
+    if overlapped:
+        summary["async"] = {"max_staleness": int(pcfg.collect.max_staleness), "trained_by_staleness": ages(overlapped),
+                            "dropped": sum(h.get("stale_dropped", 0.0) for h in overlapped),
+                            "update_waited_s": sum(h.get("wait_s", 0.0) for h in overlapped)}
     summary["teacher"]["requests"] = endpoint.requests
     timings["actionopd"] = time.perf_counter() - t0
 

@@ -9,6 +9,7 @@ from typing import Any
 
 from actionopd_jax.matching.audit_report import AUDIT_MD, report_link_section
 from actionopd_jax.train.spend_report import plot_spend, spend_history, spend_table
+from actionopd_jax.train.async_report import async_history, async_table, plot_async
 
 CURVES = (("reward_mean", "mean reward r_lambda"), ("match_rate", "match rate"), ("invalid_rate", "invalid rate"))
 HELDOUT = (("bfcl_accuracy", "BFCL accuracy (official checker)"),
@@ -140,6 +141,12 @@ def summary_text(s: dict[str, Any]) -> str:
     b, a = s["eval"]["before"], s["eval"]["after"]
     for key, title in HELDOUT:
         rows.append((f"held-out {title}", f"{_fmt(b.get(key), True)} -> {_fmt(a.get(key), True)}"))
+    overlapped = s.get("async")
+    if overlapped:   # collect.max_staleness >= 1 (issue 44)
+        by_age = overlapped["trained_by_staleness"]
+        rows.append(("asynchronous collection", f"eta={overlapped['max_staleness']}: groups trained at staleness "
+                     + " / ".join(f"{v:,.0f}" for v in by_age) + f" (0..{len(by_age) - 1}), "
+                     f"{overlapped['dropped']:,.0f} dropped, update waited {overlapped['update_waited_s']:.1f}s"))
     spent = s.get("spend") or {}
     if spent:
         usd = sum(v for k, v in spent.items() if k.endswith("/spend_usd_total"))
@@ -205,6 +212,15 @@ def write_report(run_dir: Path, s: dict[str, Any]) -> dict[str, Path]:
                "(`teacher.price`, `matcher.price`, `env.user_price`; the embedded teacher is priced at zero). Cache "
                "hits are our own caches: never paid.", "", spend_table(spend), "",
                "![spend](report/spend.png)", ""]
+    history_async = async_history(run_dir / "metrics.jsonl")
+    if history_async:   # collect.max_staleness >= 1 (issue 44)
+        paths["async"] = out / "async.png"
+        plot_async(history_async, paths["async"])
+        md += ["## Asynchronous collection (ActionOPD phase)", "",
+               "Episodes ran across updates; a group is trained on only while the policy that sampled it is at "
+               "most collect.max_staleness updates old (older groups are dropped; their teacher samples stay in "
+               "the cache), with the decoupled, truncated correction.", "", async_table(history_async), "",
+               "![asynchronous collection](report/async.png)", ""]
     md += ["## Run", "", "| phase | seconds |", "|---|---|"]
     md += [f"| {k} | {v:.1f} |" for k, v in s["timings"].items()]
     md += ["", f"Checkpoint: `{s['actionopd']['checkpoint_dir']}` (step {s['actionopd']['checkpoint_step']}); "
