@@ -81,6 +81,111 @@ def test_preset_loads_and_bad_settings_say_what_is_wrong():
     assert "token log-probabilities" in compare_plan.not_runnable(compare_plan.METHODS["opd"], privileged_teacher=True)
 
 
+def test_the_asynchronous_method_takes_eta_from_compare_max_staleness_and_is_checked_before_it_runs():
+    cfg, s = load_compare(CONFIGS / "compare_tiny.yaml", ["compare.methods=actionopd,actionopd_async",
+                                                          "collect.sampler=static"])
+    assert s.max_staleness == 1 and cfg.collect.max_staleness == 0   # the run config stays synchronous
+    m = compare_plan.resolve_method("actionopd_async", s)
+    assert (m.kind, m.overrides, m.label) == ("actionopd", {"collect.max_staleness": 1}, "ActionOPD, eta=1")
+    _, s2 = load_compare(CONFIGS / "compare_tiny.yaml", ["compare.methods=actionopd_async", "compare.max_staleness=2"])
+    assert compare_plan.resolve_method("actionopd_async", s2).overrides == {"collect.max_staleness": 2}
+    assert compare_plan.resolve_method("actionopd_async", s2).label == "ActionOPD, eta=2"
+    assert compare_plan.resolve_method("actionopd", s2) is compare_plan.METHODS["actionopd"]   # eta 0, untouched
+    with pytest.raises(ConfigError, match="compare.max_staleness is actionopd_async's eta and must be >= 1"):
+        load_compare(None, ["compare.max_staleness=0"])
+    # a run config the asynchronous method cannot run on is refused at load (and --check), before the warm start
+    with pytest.raises(ConfigError, match="actionopd_async .*needs train.old_logprobs=recompute"):
+        load_compare(CONFIGS / "compare_tiny.yaml", ["compare.methods=actionopd,actionopd_async",
+                                                     "train.old_logprobs=sampler"])
+    load_compare(CONFIGS / "compare_tiny.yaml", ["compare.methods=actionopd", "train.old_logprobs=sampler"])  # eta 0: fine
+
+
+class _Stepper:
+    """A trainer whose steps update nothing (as when no group is active) or fail at `fail_at`."""
+
+    def __init__(self, fail_at=-1):
+        import jax.numpy as jnp
+
+        self.step, self.fail_at, self.saved = 0, fail_at, 0
+        self.state = {"step": jnp.zeros((), jnp.int32)}
+        self.writer = type("W", (), {"write": lambda *a: None})()
+        self.ckpt = type("C", (), {"wait": lambda *a: None})()
+
+    def train_step(self):
+        if self.step == self.fail_at:
+            raise RuntimeError("a failed step")
+        self.step += 1
+        return {"updates": 0, "collect/async/staleness_0": 2.0, "collect/async/stale_dropped": 1.0,
+                "collect/async/max_staleness": 1.0}
+
+    def save(self):
+        self.saved += 1
+
+
+class _Background:
+    def __init__(self):
+        self.stopped = 0
+
+    def stop_background(self):
+        self.stopped += 1
+
+
+def test_the_step_cap_and_a_failed_step_stop_the_asynchronous_loop():
+    s = compare_plan.CompareSettings(methods=("actionopd_async",), updates=3, max_steps=2)
+    trainer, source = _Stepper(), _Background()
+    spent = compare_runner.train_to_budget(trainer, source, s, lambda: "")
+    # the step cap ends the run short of its budget; the draws ahead are stopped, then it saves
+    assert (trainer.step, spent.updates, len(spent.step_s), trainer.saved, source.stopped) == (2, 0, 2, 1, 1)
+    assert spent.async_sums == {"staleness_0": 4.0, "stale_dropped": 2.0}   # summed; eta itself is not
+    trainer, source = _Stepper(fail_at=1), _Background()
+    with pytest.raises(RuntimeError, match="a failed step"):
+        compare_runner.train_to_budget(trainer, source, s, lambda: "")
+    assert source.stopped == 1 and trainer.saved == 0
+    # the job's source passes the stop on to the asynchronous source it wraps
+    from actionopd_jax.experiment.phases import JobSource
+
+    inner = _Background()
+    UpdateBudget(JobSource(inner), minibatch_rows=16, seed=0).stop_background()
+    assert inner.stopped == 1
+    JobSource(_Inner([])).stop_background()   # a synchronous source has none: nothing to stop
+
+
+def test_the_report_gives_each_methods_wall_clock_and_its_ratio_to_actionopd():
+    from actionopd_jax.experiment import compare_report
+
+    def run(method, seed, train_s, agree, **extra):
+        return {"method": method, "label": method, "seed": seed, "status": "ok", "updates": 8, "steps": 9,
+                "teacher_samples": 100, "train_s": train_s, "eval_s": 5.0, "step_s": [4.0, 1.5, 2.5],
+                "eval": {"whole": {"agreement_rate": agree, "bfcl_accuracy": 0.0, "same_tool_rate": 0.5,
+                                   "valid_rate": 0.9}}, **extra}
+
+    summary = {"info": {"evals": ["whole"]}, "settings": {"updates": 8, "seeds": [0, 1, 2]}, "wall_s": 60.0,
+               "warm_start_eval": {"whole": {"agreement_rate": 0.4, "bfcl_accuracy": 0.0, "same_tool_rate": 0.5,
+                                             "valid_rate": 0.8}},
+               "results": [run("actionopd", 0, 100.0, 0.50), run("actionopd", 1, 110.0, 0.55),
+                           run("actionopd", 2, 120.0, 0.60),
+                           run("actionopd_async", 0, 50.0, 0.52), run("actionopd_async", 1, 60.0, 0.54),
+                           run("actionopd_async", 2, 70.0, 0.56,
+                               **{"async": {"staleness_0": 3.0, "staleness_1": 5.0, "stale_dropped": 0.0,
+                                            "wait_s": 1.25}}),
+                           {"method": "kd", "label": "kd", "status": "not run", "reason": "x"}]}
+    head = compare_report.header(summary)
+    rows = {r[0]: dict(zip(head, r)) for r in compare_report.table_rows(summary)}
+    # by hand: ActionOPD 110 ± 10 s, eta=1 60 ± 10 s, 60 / 110 = 0.545; agreement 55.0 ± 5.0% and 54.0 ± 2.0%
+    assert rows["actionopd"]["train s"] == "110.0 ± 10.0" and rows["actionopd"]["train s vs ActionOPD"] == "1.00x"
+    assert rows["actionopd_async"]["train s"] == "60.0 ± 10.0"
+    assert rows["actionopd_async"]["train s vs ActionOPD"] == "0.55x"
+    assert rows["actionopd"]["whole: agrees with reference"] == "55.0 ± 5.0%"
+    assert rows["actionopd_async"]["whole: agrees with reference"] == "54.0 ± 2.0%"
+    assert rows["kd"]["train s"] == rows["kd"]["train s vs ActionOPD"] == "-"
+    # without ActionOPD in the comparison there is no ratio
+    alone = {**summary, "results": [r for r in summary["results"] if r["method"] != "actionopd"]}
+    assert {r[0]: r[5] for r in compare_report.table_rows(alone)}["actionopd_async"] == "-"
+    # per run: the steps after the first (compiling) one, and an asynchronous run's staleness
+    per_run = compare_report.per_run_table(summary)
+    assert "| actionopd_async | 2 | ok |" in per_run and "| 70.0 | 4.0 | 5.0 | 3/5; dropped 0; waited 1.2 s |" in per_run
+
+
 # --- the budget lands exactly --------------------------------------------------------------------
 
 def _group(i: int, n_rows: int, retained: bool = True) -> StateGroup:
@@ -127,7 +232,8 @@ TINY = ["experiment.max_train_tasks=1", "experiment.max_heldout_tasks=1", "exper
         "collect.max_response_tokens=16", "experiment.eval_max_new_tokens=16", "run.progress=false",
         "mesh.fsdp=1", "compare.updates=1", "compare.max_steps=12", "compare.seeds=0",
         "compare.train_user_turns=1", "compare.eval_user_turns=1",
-        "compare.methods=actionopd,kd,broken,opd"]
+        "compare.methods=actionopd,actionopd_async,kd,broken,opd",
+        "collect.sampler=static"]   # both ActionOPD arms alike: eta >= 1 refuses the engine (auto on CPU) today
 
 
 def test_compare_one_update_budget_failing_method_and_table(tmp_path, monkeypatch):
@@ -138,6 +244,18 @@ def test_compare_one_update_budget_failing_method_and_table(tmp_path, monkeypatc
 
     monkeypatch.setitem(compare_plan.METHODS, "broken", Method("broken", "broken", "deliberately failing"))
     monkeypatch.setitem(compare_runner.RUNNERS, "broken", broken)
+    import threading
+
+    from actionopd_jax.train.loop import Trainer
+
+    looping_at_save = []   # per save: was an asynchronous collection loop still running?
+    save = Trainer.save
+
+    def spy(self, *a, **k):
+        looping_at_save.append(any(t.name == "async-collect" and t.is_alive() for t in threading.enumerate()))
+        return save(self, *a, **k)
+
+    monkeypatch.setattr(Trainer, "save", spy)
     run = tmp_path / "run"
     code = compare_cli.main(["--config", str(CONFIGS / "compare_tiny.yaml"), "--run-dir", str(run),
                              *TINY, f"experiment.cache_dir={tmp_path / 'cache'}"])
@@ -147,7 +265,7 @@ def test_compare_one_update_budget_failing_method_and_table(tmp_path, monkeypatc
 
     # equal budgets: each run's counted updates (the optimizer's step counter, and the trainer's
     # per-step update counts on disk) equal the budget; teacher samples are reported
-    for name in ("actionopd", "kd"):
+    for name in ("actionopd", "actionopd_async", "kd"):
         r = res[name]
         assert r["status"] == "ok" and r["updates"] == 1, r
         logged = [json.loads(x) for x in (run / "runs" / f"{name}-s0" / "metrics.jsonl").read_text().splitlines()]
@@ -158,6 +276,11 @@ def test_compare_one_update_budget_failing_method_and_table(tmp_path, monkeypatc
     kd_episodes = [json.loads(x) for f in sorted((run / "runs" / "kd-s0" / "kd").iterdir())
                    for x in f.read_text().splitlines()]
     assert len(kd_episodes) == 4 * res["kd"]["steps"]
+    # the asynchronous arm ran at eta=1 and its loop was stopped at the budget, before the save
+    asy = res["actionopd_async"]
+    assert asy["max_staleness"] == 1 and res["actionopd"]["max_staleness"] == 0 and asy["label"] == "ActionOPD, eta=1"
+    assert asy["async"]["stale_dropped"] == 0 and sum(v for k, v in asy["async"].items() if k.startswith("staleness_"))
+    assert looping_at_save and not any(looping_at_save)   # every save: the runs', the warm start's
 
     # the failing method is recorded and the others kept
     assert res["broken"]["status"] == "failed" and "deliberately broken" in res["broken"]["error"]
@@ -165,7 +288,7 @@ def test_compare_one_update_budget_failing_method_and_table(tmp_path, monkeypatc
     assert res["opd"]["status"] == "not run" and res["opd"]["reason"]
 
     md = (run / "compare.md").read_text()
-    assert "| ActionOPD | 1/1 seeds | 1 |" in md and "| KD (fresh teacher episodes) | 1/1 seeds | 1 |" in md
+    assert "| ActionOPD | 1/1 seeds | 1 |" in md and "| ActionOPD, eta=1 | 1/1 seeds | 1 |" in md and "| KD (fresh teacher episodes) | 1/1 seeds | 1 |" in md
     assert "deliberately failing | 0/1 seeds (1 failed)" in md and "token-level OPD: needs" in md
     assert (run / "compare.png").read_bytes()[:4] == b"\x89PNG"
     for name in ("actionopd", "kd"):

@@ -2,6 +2,9 @@
 
 Methods (paper tables 2 and 3, in miniature), all started from ONE shared warm start:
   actionopd      the state-group collector with the ActionOPD reward (r_lambda), argmax commit
+  actionopd_async the same, asynchronous (issue 44): episodes run on across updates, trained on
+                 while at most eta = `compare.max_staleness` (default 1) updates stale
+                 (collect.max_staleness; docs/decisions.md, "The asynchronous scheduler")
   validity       ablation: reward = 1 for any valid action, -1 otherwise (collect.reward=validity)
   binary         ablation: reward = 1 if the action matches a teacher sample, else 0 (collect.reward=binary)
   random_commit  ablation: the environment advances with a random candidate (collect.commit=random)
@@ -15,7 +18,10 @@ train.minibatch_rows rows (KD: exactly that many teacher turns per update). An A
 run collects as many steps as it needs to reach the budget; in the step that would exceed it,
 `UpdateBudget` keeps a seeded random subset of the learning groups so that the update count
 lands on the budget, and drops the others (drop reason "over_budget"); KD's fresh examples are
-trimmed the same way. Teacher samples are NOT held equal (KD asks for whole episodes, one
+trimmed the same way. An asynchronous run counts the same way: its draws ahead
+are admitted early, but a draw's groups reach the budget only at the step that trains them;
+when the budget is spent the runner stops the draws still in flight (never trained, so never
+counted). Teacher samples are NOT held equal (KD asks for whole episodes, one
 sample per teacher turn; the on-policy methods ask for K at every state they visit); every run
 reports how many it used.
 
@@ -47,6 +53,9 @@ class Method:
 
 METHODS: dict[str, Method] = {m.name: m for m in (
     Method("actionopd", "actionopd", "ActionOPD"),
+    # eta comes from compare.max_staleness (resolve_method): one setting beside the budget, and
+    # the label says which eta ran; the override here is its default
+    Method("actionopd_async", "actionopd", "ActionOPD, eta=1", {"collect.max_staleness": 1}),
     Method("kd", "kd", "KD (fresh teacher episodes)"),
     Method("validity", "actionopd", "ablation: validity reward", {"collect.reward": "validity"}),
     Method("binary", "actionopd", "ablation: binary reward", {"collect.reward": "binary"}),
@@ -63,6 +72,7 @@ class CompareSettings:
     updates: int = 12  # optimizer updates per run (the budget held equal)
     max_steps: int = 0  # collection steps an on-policy run may take to reach it (0: 4 x updates)
     lr: float = 0.0  # every method's lr (0: experiment.opd_lr, else train.lr)
+    max_staleness: int = 1  # eta of actionopd_async (the asynchronous ActionOPD method), >= 1
     # Tasks cut to their first n user turns (0: whole tasks): the training tasks (collection,
     # the warm start's trajectories), and each held-out evaluation (every final policy is
     # evaluated once per entry; the first entry is the headline).
@@ -112,11 +122,40 @@ def validate_settings(s: CompareSettings) -> None:
         raise ConfigError(f"compare.methods must name each method once, got {list(s.methods)}")
     if not s.seeds or len(set(s.seeds)) != len(s.seeds):
         raise ConfigError(f"compare.seeds must be distinct seeds (e.g. [0, 1, 2]), got {list(s.seeds)}")
+    if s.max_staleness < 1:
+        raise ConfigError(f"compare.max_staleness is actionopd_async's eta and must be >= 1 (eta=0 is the "
+                          f"method actionopd), got {s.max_staleness}")
     if s.updates < 1 or s.max_steps < 0 or s.train_user_turns < 0 or s.lr < 0:
         raise ConfigError("compare.updates must be >= 1; compare.max_steps, train_user_turns and lr >= 0")
     if not s.eval_user_turns or min(s.eval_user_turns) < 0 or len(set(s.eval_user_turns)) != len(s.eval_user_turns):
         raise ConfigError(f"compare.eval_user_turns must be distinct turn counts >= 0 (0: whole tasks), "
                           f"got {list(s.eval_user_turns)}")
+
+
+def resolve_method(name: str, s: CompareSettings) -> Method:
+    """METHODS[name] with the settings it takes: an asynchronous method's eta is
+    compare.max_staleness, and its label says so."""
+    m = METHODS[name]
+    if "collect.max_staleness" not in m.overrides:
+        return m
+    return dataclasses.replace(m, label=f"ActionOPD, eta={s.max_staleness}",
+                               overrides={**m.overrides, "collect.max_staleness": s.max_staleness})
+
+
+def check_method_configs(cfg: Config, s: CompareSettings) -> None:
+    """Each collector method's overrides on the run config, as its ActionOPD phase sets it
+    (collect.kind=actionopd, experiment/phases.py), pass the config checks (e.g. eta >= 1 needs
+    train.old_logprobs=recompute): a bad pairing is refused before the warm start, not after."""
+    from actionopd_jax.config.load import replace_keys
+
+    for name in s.methods:
+        m = resolve_method(name, s)
+        if m.overrides and m.kind == "actionopd":
+            try:
+                replace_keys(cfg, **{"collect.kind": "actionopd", **m.overrides})
+            except ConfigError as e:
+                raise ConfigError(f"compare method {name} ({', '.join(f'{k}={v}' for k, v in m.overrides.items())}) "
+                                  f"on this run config: {e}") from None
 
 
 def eval_name(turns: int) -> str:
@@ -162,7 +201,9 @@ def load_compare(path: str | Path | None, overrides: list[str] | tuple[str, ...]
             Path(run_path).unlink(missing_ok=True)
     if not cfg.experiment.enabled:
         raise ConfigError("actionopd compare builds on the main job's experiment: section; set experiment.enabled=true")
-    return cfg, _settings_from(compare)
+    settings = _settings_from(compare)
+    check_method_configs(cfg, settings)
+    return cfg, settings
 
 
 def not_runnable(method: Method, *, privileged_teacher: bool) -> str:

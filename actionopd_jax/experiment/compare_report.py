@@ -3,8 +3,13 @@
 printed at the end. Columns: BFCL accuracy and agreement for each held-out evaluation
 ("whole" tasks, "first1" = their first user turn), same tool and validity for the first one.
 
-Spread = the sample standard deviation over seeds (n-1), with min..max alongside; with 3
-seeds it is a rough spread, not a confidence interval.
+Spread = the sample standard deviation over seeds (n-1); with 3 seeds it is a rough spread,
+not a confidence interval.
+
+Wall clock: "train s" is each run's training time (trainer setup and compiles, the steps to the
+budget, the save and export; not the held-out evaluation), mean ± sd over seeds; "vs ActionOPD"
+is a method's mean over ActionOPD's mean (0.5x: half the time), where both ran. On a shared
+host it moves with the load; the runner interleaves methods seed by seed so both meet it.
 """
 
 from __future__ import annotations
@@ -58,15 +63,29 @@ def by_method(summary: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+def train_seconds(runs: list[dict[str, Any]]) -> list[float]:
+    return [float(r["train_s"]) for r in runs if r.get("status") == "ok" and "train_s" in r]
+
+
+def wall_ratio(runs: list[dict[str, Any]], reference: list[dict[str, Any]] | None) -> str:
+    """Mean train time over the reference method's mean ("-" when either has no run)."""
+    mine, ref = train_seconds(runs), train_seconds(reference or [])
+    if not mine or not ref or not np.mean(ref):
+        return "-"
+    return f"{np.mean(mine) / np.mean(ref):.2f}x"
+
+
 def table_rows(summary: dict[str, Any]) -> list[list[str]]:
-    """One row per method: status, budget, held-out metrics (mean ± sd over seeds)."""
+    """One row per method: status, budget, wall clock, held-out metrics (mean ± sd over seeds)."""
     cols = columns(summary)
-    rows = [["warm start only (every run's start)", "-", "0", "-",
+    methods = by_method(summary)
+    reference = methods.get("actionopd")
+    rows = [["warm start only (every run's start)", "-", "0", "-", "-", "-",
              *(_fmt(summary["warm_start_eval"][n].get(k), pct=True) for n, k in cols)]]
-    for name, runs in by_method(summary).items():
+    for name, runs in methods.items():
         first = runs[0]
         if first.get("status") == "not run":
-            rows.append([first["label"], "not run", "-", "-", *["-"] * len(cols)])
+            rows.append([first["label"], "not run", "-", "-", "-", "-", *["-"] * len(cols)])
             continue
         ok = [r for r in runs if r["status"] == "ok"]
         failed = len(runs) - len(ok)
@@ -75,12 +94,14 @@ def table_rows(summary: dict[str, Any]) -> list[list[str]]:
         samples = [r["teacher_samples"] for r in ok if "teacher_samples" in r]
         rows.append([first["label"], status, "/".join(str(u) for u in updates) or "-",
                      f"{np.mean(samples):.0f}" if samples else "-",
+                     mean_spread(train_seconds(runs), pct=False), wall_ratio(runs, reference),
                      *(mean_spread(_values(runs, c)) for c in cols)])
     return rows
 
 
 def header(summary: dict[str, Any]) -> list[str]:
-    return ["method", "runs", "updates", "teacher samples", *(label(c) for c in columns(summary))]
+    return ["method", "runs", "updates", "teacher samples", "train s", "train s vs ActionOPD",
+            *(label(c) for c in columns(summary))]
 
 
 def markdown_table(summary: dict[str, Any], rows: list[list[str]]) -> str:
@@ -117,10 +138,29 @@ def plot(summary: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
+def steps_after_first(r: dict[str, Any]) -> str:
+    """The trainer steps' wall clock after the first (which compiles): the steady state."""
+    step_s = r.get("step_s") or []
+    return f"{sum(step_s[1:]):.1f}" if len(step_s) > 1 else "-"
+
+
+def staleness(r: dict[str, Any]) -> str:
+    """An asynchronous run's groups trained at each age (0/1/...), those dropped as too old,
+    and the seconds the update waited for data."""
+    a = r.get("async")
+    if not a:
+        return "-"
+    ages = sorted(int(k.split("_")[1]) for k in a if k.startswith("staleness_"))
+    return (f"{'/'.join(str(int(a[f'staleness_{i}'])) for i in ages)}; dropped {int(a.get('stale_dropped', 0))}; "
+            f"waited {a.get('wait_s', 0.0):.1f} s")
+
+
 def per_run_table(summary: dict[str, Any]) -> str:
     cols = columns(summary)
+    asynchronous = any(r.get("async") for r in summary["results"])
     head = ["method", "seed", "status", "updates", "steps", "teacher samples", "teacher requests",
-            *(label(c) for c in cols), "train s", "eval s"]
+            *(label(c) for c in cols), "train s", "steps 2+ s", "eval s",
+            *(["groups trained at age 0/1/..; dropped; update waited"] if asynchronous else [])]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in summary["results"]:
         if r.get("status") == "not run":
@@ -130,7 +170,8 @@ def per_run_table(summary: dict[str, Any]) -> str:
             r["method"], r["seed"], r["status"] if r["status"] == "ok" else f"failed: {r.get('error', '')[:80]}",
             r.get("updates", "-"), r.get("steps", "-"), r.get("teacher_samples", "-"), r.get("teacher_requests", "-"),
             *(_fmt(ev.get(n, {}).get(k), True) for n, k in cols),
-            r.get("train_s", "-"), r.get("eval_s", "-"))) + " |")
+            r.get("train_s", "-"), steps_after_first(r), r.get("eval_s", "-"),
+            *([staleness(r)] if asynchronous else []))) + " |")
     return "\n".join(lines)
 
 

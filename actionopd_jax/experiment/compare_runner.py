@@ -7,7 +7,8 @@
 2. ONE warm start (pretraining + KD, experiment/warm_start.py) shared by every run, cached
    under the main job's cache directory by a hash of everything it depends on, and evaluated
    once on the held-out tasks ("warm start only");
-3. per method and seed, from that warm start, `compare.updates` optimizer updates
+3. per method and seed (seed by seed, every method within a seed, so that methods share the
+   host's spells of load), from that warm start, `compare.updates` optimizer updates
    (compare_plan: the budget), then the held-out evaluations of the final policy
    (experiment/heldout.py: BFCL accuracy with the official checker + per-decision agreement),
    one per held-out task set (whole tasks, first user turn).
@@ -33,8 +34,8 @@ from typing import Any, Callable
 
 from actionopd_jax.config import Config, ConfigError
 from actionopd_jax.config.load import replace_keys
-from actionopd_jax.experiment.compare_plan import (METHODS, CompareSettings, Method, UpdateBudget, eval_name,
-                                                   not_runnable)
+from actionopd_jax.experiment.compare_plan import (CompareSettings, Method, UpdateBudget, eval_name, not_runnable,
+                                                   resolve_method)
 from actionopd_jax.types import Task
 
 log = logging.getLogger("actionopd_jax.compare")
@@ -169,20 +170,45 @@ def _updates_done(trainer: Any) -> int:
     return int(host_scalar(trainer.state["step"]))
 
 
-def train_to_budget(trainer: Any, source: Any, s: CompareSettings, describe: Callable[[], str]) -> tuple[int, float]:
-    """Trainer steps until `s.updates` optimizer updates are done (or the step cap); returns
-    (updates done, teacher HTTP calls the collector reported)."""
-    http_calls, done = 0.0, 0
-    while done < s.updates and trainer.step < s.step_cap:
-        source.remaining = s.updates - done
-        metrics = trainer.train_step()
-        trainer.writer.write(trainer.step, metrics)
-        http_calls += float(metrics.get("collect/teacher/http_calls", 0.0))
-        done = _updates_done(trainer)
-        say(f"    step {trainer.step}: {int(metrics.get('updates', 0))} update(s), {done}/{s.updates} done; {describe()}")
+@dataclasses.dataclass
+class Spent:
+    """What `train_to_budget` reports of a run."""
+
+    updates: int = 0
+    http_calls: float = 0.0
+    step_s: list[float] = dataclasses.field(default_factory=list)  # each trainer step's wall clock
+    async_sums: dict[str, float] = dataclasses.field(default_factory=dict)  # collect/async/* summed over steps
+
+
+ASYNC_SUMMED = ("stale_dropped", "wait_s", "swap_wait_s")  # plus staleness_<age>: groups trained at that age
+
+
+def train_to_budget(trainer: Any, source: Any, s: CompareSettings, describe: Callable[[], str]) -> Spent:
+    """Trainer steps until `s.updates` optimizer updates are done (or the step cap). An
+    asynchronous source's draws still in flight are then stopped (their thread joined), before
+    the save: they would never be trained on, and would take the CPU from the save and export
+    that the run's wall clock includes."""
+    out = Spent()
+    try:
+        while out.updates < s.updates and trainer.step < s.step_cap:
+            source.remaining = s.updates - out.updates
+            t0 = time.perf_counter()
+            metrics = trainer.train_step()
+            out.step_s.append(round(time.perf_counter() - t0, 3))
+            trainer.writer.write(trainer.step, metrics)
+            out.http_calls += float(metrics.get("collect/teacher/http_calls", 0.0))
+            for key, value in metrics.items():
+                short = key.removeprefix("collect/async/")
+                if short != key and (short in ASYNC_SUMMED or short.startswith("staleness_")):
+                    out.async_sums[short] = out.async_sums.get(short, 0.0) + float(value)
+            out.updates = _updates_done(trainer)
+            say(f"    step {trainer.step}: {int(metrics.get('updates', 0))} update(s), {out.updates}/{s.updates} done; "
+                f"{describe()}")
+    finally:
+        getattr(source, "stop_background", lambda: None)()
     trainer.save()
     trainer.ckpt.wait()
-    return done, http_calls
+    return out
 
 
 def method_config(shared: Shared, method: Method, seed: int, rdir: Path) -> Config:
@@ -210,7 +236,7 @@ def run_collector_method(shared: Shared, method: Method, seed: int, rdir: Path) 
     source = UpdateBudget(job, minibatch_rows=pcfg.train.minibatch_rows, seed=seed)
     trainer = Trainer(pcfg, run_dir=rdir, source=source)
     try:
-        done, http_calls = train_to_budget(trainer, source, shared.settings, lambda: (
+        spent = train_to_budget(trainer, source, shared.settings, lambda: (
             f"reward {job.history[-1]['reward_mean']:.3f}, match {job.history[-1]['match_rate']:.3f}, "
             f"partial match (0 < c < K) {job.history[-1]['partial_match_rate']:.3f}"))
         steps = trainer.step
@@ -219,9 +245,13 @@ def run_collector_method(shared: Shared, method: Method, seed: int, rdir: Path) 
         job.close()
     final = phases.export_final_student(rdir, steps, rdir / "student_final", shared.tokenizer_dir)
     K = pcfg.collect.teacher_samples
-    return {"final_dir": str(final), "updates": done, "steps": steps, "lr": shared.lr,
-            "teacher_samples": int(K * sum(h["groups"] for h in job.history)), "teacher_requests": int(http_calls),
-            "groups_over_budget": source.trimmed_groups, "history": job.history}
+    out = {"final_dir": str(final), "updates": spent.updates, "steps": steps, "lr": shared.lr,
+           "teacher_samples": int(K * sum(h["groups"] for h in job.history)), "teacher_requests": int(spent.http_calls),
+           "groups_over_budget": source.trimmed_groups, "step_s": spent.step_s, "history": job.history,
+           "max_staleness": pcfg.collect.max_staleness}
+    if spent.async_sums:
+        out["async"] = spent.async_sums
+    return out
 
 
 def run_kd_method(shared: Shared, method: Method, seed: int, rdir: Path) -> dict[str, Any]:
@@ -248,15 +278,15 @@ def run_kd_method(shared: Shared, method: Method, seed: int, rdir: Path) -> dict
     source = UpdateBudget(inner, minibatch_rows=kcfg.train.minibatch_rows, seed=seed)
     trainer = Trainer(kcfg, run_dir=rdir, source=source)
     try:
-        done, _ = train_to_budget(trainer, source, shared.settings, lambda: (
+        spent = train_to_budget(trainer, source, shared.settings, lambda: (
             f"{int(inner.metrics()['kd/episodes_kept'])}/{int(inner.metrics()['kd/episodes'])} fresh teacher "
             f"episodes successful, {int(inner.metrics()['kd/examples'])} teacher turns"))
         steps = trainer.step
     finally:
         trainer.close()
     final = phases.export_final_student(rdir, steps, rdir / "student_final", shared.tokenizer_dir)
-    return {"final_dir": str(final), "updates": done, "steps": steps, "lr": shared.lr,
-            "teacher_samples": inner.teacher_samples, "teacher_requests": inner.teacher_samples,
+    return {"final_dir": str(final), "updates": spent.updates, "steps": steps, "lr": shared.lr,
+            "step_s": spent.step_s, "teacher_samples": inner.teacher_samples, "teacher_requests": inner.teacher_samples,
             "groups_over_budget": source.trimmed_groups,
             "note": f"{inner.episodes} fresh teacher episodes ({kcfg.kd.trials} per task start per step), "
                     "successful ones trained on"}
@@ -311,7 +341,7 @@ def run_compare(cfg: Config, settings: CompareSettings, run_dir: Path) -> dict[s
     t_total = time.perf_counter()
     if cfg.train.ppo_epochs != 1:
         raise ConfigError("compare counts one optimizer update per minibatch: set train.ppo_epochs=1")
-    methods = [METHODS[m] for m in settings.methods]
+    methods = [resolve_method(m, settings) for m in settings.methods]
     opened: list[Any] = []
     results: list[dict[str, Any]] = []
     try:
@@ -324,23 +354,24 @@ def run_compare(cfg: Config, settings: CompareSettings, run_dir: Path) -> dict[s
         total = len(runnable) * len(settings.seeds)
         say(f"\n[compare 3/4] {total} runs: {[m.name for m in runnable]} x seeds {list(settings.seeds)}, "
             f"{settings.updates} optimizer updates each, lr {shared.lr:g}")
-        i = 0
         for m in methods:
             reason = not_runnable(m, privileged_teacher=shared.privileged)
             if reason:
                 results.append({"method": m.name, "label": m.label, "status": "not run", "reason": reason})
                 say(f"  {m.name}: not run ({reason})")
-                continue
-            for seed in settings.seeds:
-                i += 1
-                say(f"  [{i}/{total}] {m.name} seed {seed} ...")
-                r = run_one(shared, m, seed, run_dir / "runs" / f"{m.name}-s{seed}")
-                results.append(r)
-                if r["status"] == "ok":
-                    say(f"  [{i}/{total}] {m.name} seed {seed}: {r['updates']} updates; held out {headline(r['eval'])} "
-                        f"({r['wall_s']:.0f} s)")
-                else:
-                    say(f"  [{i}/{total}] {m.name} seed {seed}: FAILED: {r['error']} (see {r['dir']}/error.txt)")
+        # seed by seed, every method within a seed: each method's runs meet the same spells of
+        # load on a shared host, so their wall clocks compare (the report's wall-clock ratio)
+        for i, (seed, m) in enumerate(((seed, m) for seed in settings.seeds for m in runnable), start=1):
+            say(f"  [{i}/{total}] {m.name} seed {seed} ...")
+            r = run_one(shared, m, seed, run_dir / "runs" / f"{m.name}-s{seed}")
+            results.append(r)
+            if r["status"] == "ok":
+                say(f"  [{i}/{total}] {m.name} seed {seed}: {r['updates']} updates; held out {headline(r['eval'])} "
+                    f"({r['wall_s']:.0f} s)")
+            else:
+                say(f"  [{i}/{total}] {m.name} seed {seed}: FAILED: {r['error']} (see {r['dir']}/error.txt)")
+        order = {m.name: i for i, m in enumerate(methods)}   # the report lists methods in compare.methods' order
+        results.sort(key=lambda r: order[r["method"]])   # stable: seeds stay in their order
     finally:
         for resource in opened:
             resource.close()

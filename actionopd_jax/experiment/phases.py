@@ -156,6 +156,12 @@ class JobSource:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.inner.load_state_dict(state)
 
+    def stop_background(self) -> None:
+        """An asynchronous collector's loop stopped, its thread joined (issue 44): the trainer's
+        run end and compare's budget stop call it, and without it here they reached nothing, so
+        draws ahead ran on, unmetered, until close."""
+        getattr(self.inner, "stop_background", lambda: None)()
+
     def metrics(self) -> dict[str, float]:
         out = dict(self.inner.metrics())
         if self.history:
