@@ -15,8 +15,15 @@ Device costs (per decode step, all 4 chips together):
 - engine: --engine-fixed-ms (the compiler's cost of one step of the 256-slot segment without
   the kernel, benchmarks/engine_aot.py) + the live KV tokens of every slot at
   --kernel-efficiency of the bandwidth: the paged kernel reads each slot's own pages (a
-  prompt's pages once per sample; an empty slot one page); finished slots are refilled
-  between segments of --segment steps.
+  prompt's pages once per sample, as programs.py does on accelerators today: only the CPU
+  "live" path lets a prompt's samples read its pages together, engine/groups.py; an empty slot
+  one page); finished slots are refilled between segments of --segment steps.
+  --shared-prompt-read is the option the engine does not have on accelerators: a group's
+  prompt pages read once per step for all its running samples.
+- on fewer chips (the mesh split, engine_sim_async.py) a decode step, fixed part and KV alike,
+  takes CHIPS / chips as long: weights and pool sharded over the chips, each reading its share
+  of them from its own HBM at the same rate (no collectives counted: they are in the 4-chip
+  compiler estimate and would shrink with fewer chips; an assumption, not measured).
 - prefill (both): 2 x params x tokens + causal attention FLOPs at --prefill-mfu of peak
   (459 TFLOP/s per chip); the engine prefills between segments, the segment waiting for it.
 
@@ -33,6 +40,9 @@ Workload (64 task starts, N=4 candidates per state; lognormal = median, sigma of
   24,576 tokens the oldest exchanges are dropped (a prefix miss: only the first prompt is
   reused). The engine keeps each trajectory's prompt pages resident for its next state (the
   recipe's pool holds ~1.8M tokens, 64 trajectories x 24,576 = 1.57M, so nothing is evicted).
+  A state enters the slots only while the pool (--pool-tokens) holds its worst case besides
+  the running states' (engine/admission.py: the prompt once plus N x 4,096 for the samples);
+  the resident prompts of trajectories between states are not counted (assumed never evicted).
 Static calls take every ready state up to the sampler's token budget (budget.py: 1.25 x
 padded prompt + N x 4,096 per state; 38 x 24,576-token states with the trainer resident).
 
@@ -100,10 +110,33 @@ def prompts_of(t: Trajectory) -> list[tuple[int, int]]:
     return out
 
 
-def prefill_seconds(tokens: float, context: float, mfu: float) -> float:
-    """FLOPs of `tokens` new tokens after `context` cached ones, at mfu of the slice's peak."""
+def prefill_seconds(tokens: float, context: float, mfu: float, chips: int = CHIPS) -> float:
+    """FLOPs of `tokens` new tokens after `context` cached ones, at mfu of `chips` chips' peak."""
     flops = 2 * PARAMS * tokens + 4 * LAYERS * Q_HEADS * HEAD_DIM * tokens * (context + tokens / 2)
-    return flops / (CHIPS * PEAK * mfu)
+    return flops / (chips * PEAK * mfu)
+
+
+def decode_step_seconds(kv_tokens: float, empty_slots: int, args, chips: int = CHIPS) -> float:
+    """One decode step of the engine's segment on `chips` chips: the fixed part plus the KV the
+    kernel reads (kv_tokens over the running slots, one page per empty slot), both taking
+    CHIPS / chips as long as on the slice (the docstring's assumption)."""
+    tokens = kv_tokens + empty_slots * args.page
+    return (args.engine_fixed_ms / 1e3
+            + tokens * KV_TOKEN / (CHIPS * BW * args.kernel_efficiency)) * CHIPS / chips
+
+
+def reservation(prompt: int) -> int:
+    """Pool tokens a running state holds (engine/admission.py: its prompt's pages once, each
+    sample's own pages for max_new tokens)."""
+    return prompt + N * MAX_NEW
+
+
+def kv_read(row_tokens: float, group_prompts: float, row_prompts: float, args) -> float:
+    """Tokens of KV a step reads for its running rows: every row its prompt and its own tokens
+    (today's accelerators), or with --shared-prompt-read each running group's prompt once.
+    row_tokens: prompt + generated over the rows; group_prompts: prompts over the running
+    groups; row_prompts: prompts over the rows."""
+    return row_tokens - row_prompts + group_prompts if args.shared_prompt_read else row_tokens
 
 
 PROMPT_BUCKETS = tuple(128 * 2 ** i for i in range(8)) + (24576, 32768)   # the sampler's (buckets.py)
@@ -191,15 +224,19 @@ def run_engine(work, args) -> dict:
     live = []        # per active row: [trajectory, prompt len, reply len, generated]
     waiting = []     # (trajectory, asked_at) admitted in arrival order
     rows_left = {}   # trajectory -> (rows still running, asked_at)
-    now, decode_slot_steps, active_slot_steps = 0.0, 0, 0
+    now, decode_slot_steps, active_slot_steps, reserved = 0.0, 0, 0, 0
     while c.pending() or waiting or live:
         if not live and not waiting:
             now = max(now, c.ready[0][0])
         waiting += [(t, now) for t in c.take_ready(now)]
         t_prefill = 0.0
         while waiting and len(live) + N <= slots:       # admit whole states into free slots
-            t, asked = waiting.pop(0)
+            t, asked = waiting[0]
             plen, reused = c.prompts[t][c.next_decision[t]]
+            if reserved + reservation(plen) > args.pool_tokens:     # first come, first served
+                break
+            waiting.pop(0)
+            reserved += reservation(plen)
             new = plen - reused
             t_prefill += prefill_seconds(new, reused, args.prefill_mfu)
             c.prefill_tokens += new
@@ -208,11 +245,16 @@ def run_engine(work, args) -> dict:
                 live.append([t, plen, r, 0])
             rows_left[t] = (N, asked)
         if not live:
+            if t_prefill == 0.0:            # the head state can never fit: a loop without end
+                raise RuntimeError(f"a state needs {reservation(c.prompts[waiting[0][0]][c.next_decision[waiting[0][0]]][0])} "
+                                   f"pool tokens, --pool-tokens is {args.pool_tokens:.0f}")
             now += t_prefill
             c.busy += t_prefill
             continue
-        live_tokens = sum(p + g for _, p, _, g in live) + (slots - len(live)) * args.page
-        t_step = args.engine_fixed_ms / 1e3 + live_tokens * KV_TOKEN / (CHIPS * BW * args.kernel_efficiency)
+        row_tokens = sum(p + g for _, p, _, g in live)
+        row_prompts = sum(p for _, p, _, _ in live)
+        group_prompts = sum(c.prompts[t][c.next_decision[t]][0] for t in rows_left)   # groups running
+        t_step = decode_step_seconds(kv_read(row_tokens, group_prompts, row_prompts, args), slots - len(live), args)
         now += t_prefill + args.segment * t_step
         c.busy += t_prefill + args.segment * t_step
         decode_slot_steps += slots * args.segment
@@ -226,6 +268,7 @@ def run_engine(work, args) -> dict:
                 n, asked = rows_left[t]
                 if n == 1:
                     del rows_left[t]
+                    reserved -= reservation(row[1])
                     c.finish_state(t, now, asked)
                 else:
                     rows_left[t] = (n - 1, asked)
@@ -248,6 +291,9 @@ def build_parser(description: str = __doc__) -> argparse.ArgumentParser:
     ap.add_argument("--slots", type=int, default=256)
     ap.add_argument("--segment", type=int, default=16, help="decode steps per segment")
     ap.add_argument("--page", type=int, default=128)
+    ap.add_argument("--pool-tokens", type=float, default=1.8e6, help="the engine's page pool, tokens (the recipe's)")
+    ap.add_argument("--shared-prompt-read", action="store_true",
+                    help="an option the engine lacks on accelerators: a group's prompt KV read once per step")
     ap.add_argument("--prefill-mfu", type=float, default=0.4)
     ap.add_argument("--mean-decisions", type=float, default=10.0)
     ap.add_argument("--reply-median", type=float, default=700.0)

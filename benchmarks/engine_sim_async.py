@@ -1,25 +1,28 @@
 """Replay of ActionOPD steps on the paged engine with a staleness bound eta (issue 44).
 
-    python benchmarks/engine_sim_async.py [--updates 100] [--etas 0,1,2,4] [--seed 0] [engine_sim options]
+    python benchmarks/engine_sim_async.py [--updates 100] [--etas 0,1,2,4] [--seeds 0,1] [--splits 1,2,3]
+        [--train-mfu 0.425] [--remat full] [--unpadded-update] [engine_sim options]
 
 The workload and the engine's costs are engine_sim.py's (its docstring; compiler estimates, not
-a measurement). Each step is 64 task starts drawn afresh; one update (policy version v -> v+1)
-trains on as many state groups as that step has, so every eta trains the same number of groups.
-
-- eta = 0 is today's loop: the step's 64 trajectories run to their end, then the update, then
-  the next step. It equals the one-step replay (run_engine) plus the update, step after step.
-- eta >= 1: episodes keep running across updates. Admission control: task starts are admitted
-  while started <= (v + eta + 1) x 64, and a state enters the slots only while groups in flight
-  plus groups accepted and not yet trained stay within the next eta + 1 updates' groups (the
-  task-start cap already implies it, drops only lowering the count; the check is the guarantee).
-- A group carries the policy version that was current when its rows entered the slots (a row
-  that runs on across a weight swap keeps the older stamp: the conservative one). An update of
-  version v trains a group only if v - stamp <= eta; older groups are dropped and counted (their
-  teacher samples were paid for; in the trainer they stay in the cache).
-- One host: the update and the engine share the devices, so decoding pauses while the update
-  runs (between segments; nothing is drained); teacher calls, the matcher and tools go on.
-- The update's cost: 5 forwards (behaviour log-probs, forward, backward = 2, full remat) of each
-  group's shared prompt plus its N replies, at --train-mfu of the slice's peak; no padding.
+a measurement); the update's are engine_sim_update.py's (the recipe's padded minibatches, remat
+and old-logprob forward at --train-mfu). Each step is 64 task starts drawn afresh (a draw).
+The schedule is the product's (collect/async_source.py, async_scheduler.py):
+- draws up to v + eta are admitted while v updates are done; collect.concurrency (--concurrency,
+  the recipe's 64) runners take the admitted task starts oldest draw first, one trajectory each;
+- update v trains draw v's groups once its last trajectory has ended (whole draws, so eta = 0
+  is today's loop: the one-step replay plus the update, step after step);
+- a group carries the version current when its rows entered the slots (a row running on
+  across a weight swap keeps the older stamp: the conservative one); an update drops a group
+  older than eta (admission by draws means none is: the filter is the guarantee).
+Where the devices go:
+- shared (the default, one host): decoding pauses while the update runs (between segments;
+  nothing is drained); teacher calls, the matcher and tools go on;
+- split k (mesh.rollout_devices, being built): k chips decode and prefill (engine_sim.py's
+  steps take CHIPS / k as long; the pool is what k chips hold beside the weights), CHIPS - k
+  chips train at the same per-chip rate, and decoding pauses only while the new weights move
+  (once per update). A split the recipe cannot run is replayed and marked (train_fits).
+Not modelled: today collect.max_staleness >= 1 refuses the engine (async_source.py: it takes
+new weights only when no row runs), so the engine rows here are what it would give.
 """
 
 from __future__ import annotations
@@ -33,8 +36,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_sim import (  # noqa: E402
-    CHIPS, BW, HEAD_DIM, KV_TOKEN, LAYERS, N, PARAMS, PEAK, Q_HEADS, STARTS, build_parser, draw_workload,
-    prefill_seconds, prompts_of, run_engine)
+    CHIPS, N, STARTS, build_parser, decode_step_seconds, draw_workload, kv_read, prefill_seconds, prompts_of,
+    reservation, run_engine)
+from engine_sim_update import decode_pool_tokens, train_fits, update_seconds, weight_move_seconds  # noqa: E402
 
 
 def trainable(stamp: int, updating: int, eta: int) -> bool:
@@ -43,73 +47,77 @@ def trainable(stamp: int, updating: int, eta: int) -> bool:
     return updating - stamp <= eta
 
 
-def group_forward_flops(prompt: int, replies) -> float:
-    """One forward over a shared-prompt row: the prompt once, each reply attending the prompt
-    and its own prefix."""
-    attn = 4 * LAYERS * Q_HEADS * HEAD_DIM
-    return (2 * PARAMS * (prompt + sum(replies))
-            + attn * (prompt * prompt / 2 + sum(r * (prompt + r / 2) for r in replies)))
-
-
-def update_seconds(groups, mfu: float) -> float:
-    """groups: (prompt length, replies) of the groups one update trains on."""
-    return 5 * sum(group_forward_flops(p, r) for p, r in groups) / (CHIPS * PEAK * mfu)
-
-
 def draw_steps(seed: int, steps: int, args) -> list[list]:
     return [draw_workload(np.random.default_rng([seed, k]), args) for k in range(steps)]
 
 
-def run_async(steps_work: list[list], eta: int, updates: int, args) -> dict:
+def step_update_seconds(groups, args, chips: int = CHIPS) -> float:
+    return update_seconds(groups, args.train_mfu, chips, args.remat, padded=not args.unpadded_update)
+
+
+def run_async(steps_work: list[list], eta: int, updates: int, args, split: int = 0) -> dict:
     """Replay `updates` updates at staleness bound eta over the drawn steps (at least
-    updates + eta + 1 of them: admission may start that many)."""
+    updates + eta of them: admission may start that many); split: decode chips (0: shared)."""
     if eta < 0:
         raise ValueError(f"eta must be >= 0, got {eta}")
-    if len(steps_work) < updates + eta + 1:
-        raise ValueError(f"{len(steps_work)} drawn steps; {updates} updates at eta={eta} need "
-                         f"{updates + eta + 1}")
+    if not 0 <= split < CHIPS:
+        raise ValueError(f"split must be 0 (shared) or 1..{CHIPS - 1} decode chips, got {split}")
+    if len(steps_work) < updates + eta:
+        raise ValueError(f"{len(steps_work)} drawn steps; {updates} updates at eta={eta} need {updates + eta}")
     work = [t for step in steps_work for t in step]
     prompts = [prompts_of(t) for t in work]
-    groups_of = [sum(t.decisions for t in step) for step in steps_work]   # groups per update
+    draw_of = [k for k, step in enumerate(steps_work) for _ in step]
+    left = [len(step) for step in steps_work]          # trajectories of each draw not yet ended
+    groups_of = [[] for _ in steps_work]                # (trajectory, decision, stamp) that ended
+    dchips, tchips = (split, CHIPS - split) if split else (CHIPS, CHIPS)
+    pool = decode_pool_tokens(split) if split else args.pool_tokens
     slots = args.slots
     ready: list = []                      # (time the state is ready, trajectory)
     pending: list = []                    # (time the group is done, seq, trajectory, decision, stamp)
-    queue: collections.deque = collections.deque()  # accepted groups, oldest first
+    startable: collections.deque = collections.deque()
     next_decision = [0] * len(work)
     waiting, live, rows_left = [], [], {}
-    live_tokens = 0
-    now, v, started, in_flight, seq = 0.0, 0, 0, 0, 0
-    busy = update_time = waited = teacher_s = 0.0
+    row_tokens = row_prompts = group_prompts = reserved = 0
+    now, v, admitted, running, seq = 0.0, 0, 0, 0, 0
+    train_end = None                      # split: when the update on the train chips ends
+    chip_s = update_time = waited = teacher_s = 0.0
     last_update_end = 0.0
-    peak_load = 0.0         # the most (in flight + accepted) groups seen, as a share of the cap
     decode_slot_steps = active_slot_steps = 0
-    dropped, asked_total = 0, 0
+    dropped, asked_total, ahead = 0, 0, 0
     staleness = collections.Counter()
     while v < updates:
-        while started < min((v + eta + 1) * STARTS, len(work)):       # admit task starts
-            heapq.heappush(ready, (now, started))
-            started += 1
-        while pending and pending[0][0] <= now:                         # groups done by now
+        if train_end is not None and now >= train_end:              # split: the new weights move
+            v, train_end, last_update_end = v + 1, None, train_end
+            now += weight_move_seconds(dchips)
+            continue
+        while admitted <= min(v + eta, len(steps_work) - 1):        # admission control: draws
+            startable.extend(i for i, d in enumerate(draw_of) if d == admitted)
+            admitted += 1
+        ahead = max(ahead, admitted - v)
+        while running < args.concurrency and startable:             # a free runner takes a start
+            heapq.heappush(ready, (now, startable.popleft()))
+            running += 1
+        while pending and pending[0][0] <= now:                     # groups done by now
             _, _, t, d, stamp = heapq.heappop(pending)
-            in_flight -= 1
-            if trainable(stamp, v, eta):
-                queue.append((t, d, stamp))
-            else:
-                dropped += 1
-        while queue and not trainable(queue[0][2], v, eta):            # stale since the last update
-            queue.popleft()
-            dropped += 1
-        if len(queue) >= groups_of[v]:                                  # the update (devices shared)
-            batch = [queue.popleft() for _ in range(groups_of[v])]
+            groups_of[draw_of[t]].append((t, d, stamp))
+            if d + 1 == work[t].decisions:
+                left[draw_of[t]] -= 1
+                running -= 1
+        if train_end is None and left[v] == 0 and not (pending and pending[0][0] <= now):   # the update
+            batch = [(t, d, stamp) for t, d, stamp in groups_of[v] if trainable(stamp, v, eta)]
+            dropped += len(groups_of[v]) - len(batch)
             for t, d, stamp in batch:
                 staleness[v - stamp] += 1
-            dt = update_seconds([(prompts[t][d][0], work[t].replies[d]) for t, d, _ in batch], args.train_mfu)
+            dt = step_update_seconds([(prompts[t][d][0], work[t].replies[d]) for t, d, _ in batch], args, tchips)
             waited += now - last_update_end       # the update waited for data this long
-            now += dt
-            last_update_end = now
-            busy += dt
             update_time += dt
-            v += 1
+            chip_s += dt * tchips
+            if split:
+                train_end = now + dt
+            else:
+                now += dt
+                last_update_end = now
+                v += 1
             continue
         while ready and ready[0][0] <= now:                             # the teacher is asked now
             t = heapq.heappop(ready)[1]
@@ -117,51 +125,59 @@ def run_async(steps_work: list[list], eta: int, updates: int, args) -> dict:
             asked_total += 1
             teacher_s += work[t].teacher[next_decision[t]]
         if not live and not waiting:
-            nxt = min([q[0][0] for q in (ready, pending) if q], default=None)
+            nxt = min([q[0][0] for q in (ready, pending) if q] + ([train_end] if train_end is not None else []),
+                      default=None)
             if nxt is None:
                 raise RuntimeError(f"nothing left to run before update {v} (draw more steps)")
             now = max(now, nxt)
             continue
-        cap = sum(groups_of[v:v + eta + 1])
         t_prefill = 0.0
-        while waiting and len(live) + N <= slots and in_flight + len(queue) < cap:
-            t, asked = waiting.pop(0)
+        while waiting and len(live) + N <= slots:                       # admit whole states
+            t, asked = waiting[0]
             d = next_decision[t]
             plen, reused = prompts[t][d]
-            t_prefill += prefill_seconds(plen - reused, reused, args.prefill_mfu)
+            if reserved + reservation(plen) > pool:                    # first come, first served
+                break
+            waiting.pop(0)
+            reserved += reservation(plen)
+            t_prefill += prefill_seconds(plen - reused, reused, args.prefill_mfu, dchips)
             for r in work[t].replies[d]:
                 live.append([t, plen, r, 0])
-                live_tokens += plen
+            row_tokens += N * plen
+            row_prompts += N * plen
+            group_prompts += plen
             rows_left[t] = (N, asked, v)
-            in_flight += 1
-            peak_load = max(peak_load, (in_flight + len(queue)) / cap)
         if not live:
+            if t_prefill == 0.0:                # the pool is full and nothing decodes: cannot be
+                raise RuntimeError(f"a state needs {reservation(prompts[waiting[0][0]][next_decision[waiting[0][0]]][0])} "
+                                   f"pool tokens, the pool holds {pool:.0f}")
             now += t_prefill
-            busy += t_prefill
-            if t_prefill == 0.0:            # admission full, nothing decoding: wait for a group
-                now = max(now, pending[0][0])
+            chip_s += t_prefill * dchips
             continue
-        tokens = live_tokens + (slots - len(live)) * args.page
-        t_step = args.engine_fixed_ms / 1e3 + tokens * KV_TOKEN / (CHIPS * BW * args.kernel_efficiency)
+        t_step = decode_step_seconds(kv_read(row_tokens, group_prompts, row_prompts, args), slots - len(live), args,
+                                     dchips)
         now += t_prefill + args.segment * t_step
-        busy += t_prefill + args.segment * t_step
+        chip_s += (t_prefill + args.segment * t_step) * dchips
         decode_slot_steps += slots * args.segment
         still = []
         for row in live:
             steps = min(args.segment, row[2] - row[3])
             row[3] += steps
-            live_tokens += steps
+            row_tokens += steps
             active_slot_steps += steps
             if row[3] < row[2]:
                 still.append(row)
                 continue
-            live_tokens -= row[1] + row[3]
+            row_tokens -= row[1] + row[3]
+            row_prompts -= row[1]
             t = row[0]
             n, asked, stamp = rows_left[t]
             if n > 1:
                 rows_left[t] = (n - 1, asked, stamp)
                 continue
             del rows_left[t]
+            group_prompts -= row[1]
+            reserved -= reservation(row[1])
             d = next_decision[t]
             done = max(now, asked + work[t].teacher[d]) + 1.0 + 0.2     # matcher, then the tool
             heapq.heappush(pending, (done, seq, t, d, stamp))
@@ -170,10 +186,10 @@ def run_async(steps_work: list[list], eta: int, updates: int, args) -> dict:
             if d + 1 < work[t].decisions:
                 heapq.heappush(ready, (done, t))
         live = still
-    return {"wall": now, "util": active_slot_steps / max(decode_slot_steps, 1), "busy": busy / now,
+    return {"wall": now, "util": active_slot_steps / max(decode_slot_steps, 1), "busy": chip_s / (CHIPS * now),
             "update_s": update_time, "dropped": dropped, "trained": sum(staleness.values()),
             "staleness": dict(sorted(staleness.items())), "asked": asked_total, "waited": waited,
-            "teacher_in_flight": teacher_s / now, "peak_load": peak_load}
+            "teacher_in_flight": teacher_s / now, "draws_ahead": ahead}
 
 
 def synchronous_wall(steps_work: list[list], updates: int, args) -> float:
@@ -181,38 +197,58 @@ def synchronous_wall(steps_work: list[list], updates: int, args) -> float:
     total = 0.0
     for step in steps_work[:updates]:
         total += run_engine(step, args)["wall"]
-        groups = [(prompts_of(t)[d][0], t.replies[d]) for t in step for d in range(t.decisions)]
-        total += update_seconds(groups, args.train_mfu)
+        total += step_update_seconds([(prompts_of(t)[d][0], t.replies[d]) for t in step for d in range(t.decisions)],
+                                     args)
     return total
+
+
+def add_options(ap) -> None:
+    ap.add_argument("--train-mfu", type=float, default=0.425,
+                    help="model FLOPs' share of PEAK in a full-remat train step (H200, 4,096 tokens: 42.5%%)")
+    ap.add_argument("--remat", default="full", choices=("full", "attn", "dots", "none"),
+                    help="the recipe's model.remat (full; auto would take attn on the shared 4 chips)")
+    ap.add_argument("--unpadded-update", action="store_true",
+                    help="an option the trainer lacks: every group at its own length, no minibatch padding")
+    ap.add_argument("--concurrency", type=int, default=64, help="collect.concurrency: trajectories running")
 
 
 def main() -> None:
     ap = build_parser(__doc__)
     ap.add_argument("--updates", type=int, default=100)
     ap.add_argument("--etas", default="0,1,2,4", help="staleness bounds to replay (0 first: the baseline)")
-    ap.add_argument("--train-mfu", type=float, default=0.4, help="the update's share of the slice's peak")
+    ap.add_argument("--seeds", default="0,1")
+    ap.add_argument("--splits", default="1,2,3", help="decode chips of the mesh split ('' for none)")
+    add_options(ap)
     args = ap.parse_args()
     etas = [int(e) for e in args.etas.split(",")]
+    splits = [int(k) for k in args.splits.split(",") if k]
     if etas[0] != 0:
-        raise SystemExit("--etas must start with 0: the ratios are against eta=0 of the same run")
-    steps = draw_steps(args.seed, args.updates + max(etas) + 1, args)
-    groups = sum(sum(t.decisions for t in s) for s in steps[:args.updates])
-    print(f"# {args.updates} updates, {STARTS} task starts and {groups / args.updates:.0f} groups per update "
-          f"(seed {args.seed}); engine {args.slots} slots, {args.engine_fixed_ms} ms + KV; update at "
-          f"{args.train_mfu:.0%} MFU, devices shared with the engine")
-    print(f"{'eta':>3} | {'wall s':>9} | {'vs eta=0':>8} | {'slot util':>9} | {'device busy':>11} | "
-          f"{'update s':>8} | {'update waited s':>15} | {'teacher in flight':>17} | {'dropped':>7} | "
-          f"staleness of trained groups")
-    base = None
-    for eta in etas:
-        r = run_async(steps, eta, args.updates, args)
-        base = base or r
-        hist = ", ".join(f"{k}: {n}" for k, n in r["staleness"].items())
-        print(f"{eta:>3} | {r['wall']:9.0f} | {base['wall'] / r['wall']:7.2f}x | {100 * r['util']:8.1f}% | "
-              f"{100 * r['busy']:10.1f}% | {r['update_s']:8.0f} | {r['waited']:15.0f} | "
-              f"{r['teacher_in_flight']:17.1f} | {r['dropped']:7d} | {hist}")
-    # the devices are shared: no eta beats the updates alone (decoding for free)
-    print(f"ceiling with free decoding (eta=0 wall / its update s): {base['wall'] / base['update_s']:.2f}x")
+        raise SystemExit("--etas must start with 0: the ratios are against eta=0 on shared chips of the same run")
+    print(f"# {args.updates} updates of {STARTS} task starts, {args.concurrency} running; engine {args.slots} slots "
+          f"({args.engine_fixed_ms} ms + KV at {args.kernel_efficiency:.0%}, prompt KV read "
+          f"{'once a group' if args.shared_prompt_read else 'by every row'}); update {args.remat} remat, "
+          f"{'unpadded' if args.unpadded_update else 'padded minibatches'}, {args.train_mfu:.1%} MFU")
+    print(f"{'seed':>4} | {'eta':>3} | {'chips':<15} | {'wall s':>8} | {'vs eta=0':>8} | {'slots busy':>10} | "
+          f"{'device busy':>11} | {'update s':>8} | {'upd. waited s':>13} | {'dropped':>7} | staleness | runs?")
+    for seed in (int(x) for x in args.seeds.split(",")):
+        steps = draw_steps(seed, args.updates + max(etas), args)
+        base, best = None, {}
+        for eta in etas:
+            for split in [0] + splits:
+                r = run_async(steps, eta, args.updates, args, split)
+                base = base or r
+                why = train_fits(CHIPS - split, args.remat) if split else ""
+                if split and not why and (eta not in best or r["wall"] < best[eta][1]):
+                    best[eta] = (split, r["wall"])
+                hist = ", ".join(f"{k}: {n}" for k, n in r["staleness"].items())
+                where = f"{split} decode, {CHIPS - split} train" if split else f"{CHIPS} shared"
+                print(f"{seed:>4} | {eta:>3} | {where:<15} | {r['wall']:8.0f} | {base['wall'] / r['wall']:7.2f}x | "
+                      f"{100 * r['util']:9.1f}% | {100 * r['busy']:10.1f}% | {r['update_s']:8.0f} | "
+                      f"{r['waited']:13.0f} | {r['dropped']:7d} | {hist} | {why or 'yes'}")
+        print(f"# seed {seed}: best split the recipe runs, by eta: "
+              + ", ".join(f"{e}: {k} decode chips ({base['wall'] / w:.2f}x)" for e, (k, w) in best.items())
+              + f"; shared-chip ceiling with free decoding (eta=0 wall / its update s): "
+              f"{base['wall'] / base['update_s']:.2f}x")
 
 
 if __name__ == "__main__":
