@@ -77,9 +77,13 @@ def test_config_rules_and_the_synchronous_default(tmp_path):
     for keys, words in [({"collect.max_staleness": -1}, "must be >= 0"),
                         ({"collect.kind": "synthetic", "teacher.kind": "none"}, "needs collect.kind=actionopd"),
                         ({"train.old_logprobs": "sampler"}, "needs train.old_logprobs=recompute"),
-                        ({"collect.sampler": "engine"}, "needs collect.sampler=static")]:
+                        ({"teacher.kind": "self"}, "Self-ActionOPD")]:
         with pytest.raises(ConfigError, match=words):
             replace_keys(cfg, **keys)
+    # the engine takes new weights while rows run: eta >= 1 runs on it (eta = 0 stays synchronous)
+    engine = replace_keys(cfg, **{"collect.sampler": "engine"})
+    assert collector_source_class(engine) is AsyncActionOPDGroupSource
+    assert collector_source_class(replace_keys(engine, **{"collect.max_staleness": 0})) is ActionOPDGroupSource
 
 
 def test_version_stamps_follow_a_weight_swap_in_the_middle_of_running_trajectories(tiny_tokenizer):
@@ -134,7 +138,7 @@ def test_version_stamps_follow_a_weight_swap_in_the_middle_of_running_trajectori
     assert min(versions[("s0", 0)], versions[("s1", 0)]) == 0
 
 
-def _source(cfg, tmp_path, tokenizer, server, tasks, cache):
+def _source(cfg, tmp_path, tokenizer, server, tasks, cache, fixed_student=True, per_step=4):
     from actionopd_jax.collect.async_source import AsyncActionOPDGroupSource
     from actionopd_jax.sampling import Buckets
     from actionopd_jax.train.setup import build_mesh, model_config
@@ -143,13 +147,15 @@ def _source(cfg, tmp_path, tokenizer, server, tasks, cache):
     ctx = SourceContext(model_config=model_config(cfg), run_dir=cfg.run.dir, tokenizer_path="", process_index=0,
                         process_count=1, mesh=build_mesh(cfg))
     source = AsyncActionOPDGroupSource(cfg, ctx, teacher=make_teacher(server, cache_path=cache, max_tokens=16),
-                                       matcher=make_matcher(server), stream=ListTaskStream(tasks, per_step=4),
+                                       matcher=make_matcher(server), stream=ListTaskStream(tasks, per_step=per_step),
                                        env_factory=lambda task: ToyEnv(), tokenizer=tokenizer,
                                        buckets=Buckets(prompt_len=(1024,), prompts=(4,), samples=(4,), max_new=(16,),
                                                        max_rows=16))
     # the student's replies are fixed texts (its weights still swap and version every state),
     # so a redone episode asks the teacher the same prompts
-    source.sampling.sample_fn = fixed_text_sample_fn(tokenizer, SCRIPT, tokenizer.convert_tokens_to_ids("<|im_end|>"))
+    if fixed_student:
+        source.sampling.sample_fn = fixed_text_sample_fn(tokenizer, SCRIPT,
+                                                         tokenizer.convert_tokens_to_ids("<|im_end|>"))
     return source
 
 
@@ -261,6 +267,65 @@ def test_eta_1_trains_within_the_bound_resumes_in_flight_draws_from_the_cache_an
         trainer.step_fn.add_behaviour(batch)
         behav = np.asarray(batch["behav_logp"])[0, :, :3]
         assert "stale" not in batch and behav[0].tolist() == [-0.5] * 3 and behav[1].tolist() == [-1.5] * 3
+
+
+def test_eta_1_on_the_engine_swaps_weights_in_through_its_thread_and_stamps_groups_within_the_bound(
+        tiny_tokenizer, tmp_path):
+    """collect.sampler=engine at eta=1: the loop's worker is the engine's, each step's weights
+    reach it through the worker's thread (stamped with the step), every group carries the
+    version of the oldest weights it depends on, none is more than eta steps old, and the
+    sampler's counters and busy fraction come from the engine worker."""
+    import jax
+
+    from actionopd_jax.collect.async_scheduler import EngineVersions
+    from actionopd_jax.collect.engine_worker import EngineSampling, EngineWorker
+    from actionopd_jax.engine import Engine, EngineConfig
+    from actionopd_jax.train.loop import Trainer
+    from actionopd_jax.train.sources import Policy
+
+    tasks = [toy_task(f"e{i}", f"real{i}") for i in range(16)]
+    with serve(teacher_backend(Script(teacher={}, student={})), judge_backend()) as server:
+        cfg = _cfg(tmp_path, "engine", **{"collect.sampler": "engine", "collect.concurrency": 2,
+                                          "collect.max_prompt_tokens": 384, "collect.task_starts_per_step": 2,
+                                          "collect.max_decisions": 1})
+        source = _source(cfg, tmp_path, tiny_tokenizer, server, tasks, None, fixed_student=False, per_step=2)
+        assert isinstance(source.sampling, EngineVersions) and isinstance(source.sampler, Engine)
+        # an engine of fewer programs than the config's (one segment program, short prefill chunks):
+        # compiling them is most of this test's time on a CPU
+        built, loads = source.sampler, []
+        engine = Engine(None, built.cfg, eos_ids=built.eos_ids.tolist(), dtype=str(built.dtype),
+                        config=EngineConfig(slots=4, page_size=16, max_len=400, chunk=128, prefill_lanes=2, segment=8,
+                                            pages=2 * 25 + 1))
+        source.sampler = engine
+        source.collector.sample_fn = EngineSampling(engine, source.collector.sample_fn.settings)
+        load = engine.load_policy
+
+        def spy(*args, version=None, **kwargs):
+            loads.append((version, threading.current_thread().name))
+            return load(*args, version=version, **kwargs)
+
+        engine.load_policy = spy
+        trainer = Trainer(cfg, run_dir=cfg.run.dir, source=source)
+        params = trainer.state["params"]
+        try:
+            for step in range(3):   # each step's own weights (what an update would make)
+                policy = Policy(trainer.graphdef, jax.tree.map(lambda x: x * (1 + 0.01 * step), params),
+                                trainer.qcfg, step)
+                groups = source.collect(step, policy)
+                assert groups and all(0 <= step - g.policy_version <= 1 for g in groups)
+                assert {g.task_id for g in groups} <= {f"e{2 * step + i}" for i in range(2)}
+                assert isinstance(source.scheduler.worker, EngineWorker) and source.scheduler.running
+                assert source.last.metrics.sampler_calls > 0 and source.last.metrics.sampler_states > 0
+                m = source.metrics()
+                assert sum(m[f"async/staleness_{a}"] for a in (0, 1)) == sum(g.retained for g in groups)
+                assert 0 < m["async/sampler_busy_frac"] <= 1 and m["async/stale_dropped"] == 0
+        finally:
+            source.close()
+            trainer.close()
+        # stamped with the step; the first before the loop runs (here), the others on the engine's thread
+        assert [v for v, _ in loads] == [0, 1, 2]
+        assert loads[0][1] == threading.current_thread().name and {t for _, t in loads[1:]} == {"engine"}
+        assert engine.version == 2 and not _alive()
 
 
 def test_the_samplers_copy_never_shares_memory_with_the_donated_parameters():

@@ -8,10 +8,13 @@ trajectories run on an event loop of their own, on a background thread, across t
 - A fixed pool of runners (collect.concurrency) takes the admitted task starts in order, oldest
   draw first, and runs the collector's own trajectory code (collector.py) with the draw's step
   for its keys: a draw's random choices do not depend on when it ran.
-- New weights reach the sampler between device calls (`VersionedSampling.swap`): running
-  trajectories are not drained, their next state is sampled with the new weights, and every
-  state's generations carry the version (trainer step) of the weights that sampled them, which
-  `AsyncCollector` stamps on the state's group (`StateGroup.policy_version`).
+- New weights reach the sampler between device calls (`VersionedSampling.swap`, the static
+  sampler) or between engine steps (`EngineVersions.swap`, collect.sampler = "engine": the
+  loop's worker is then an `EngineWorker`, and rows in flight carry on under the new weights,
+  every token stamped with its weights' version, engine/versions.py): running trajectories are
+  not drained, and every state's generations carry the version (trainer step) of the oldest
+  weights they depend on, which `AsyncCollector` stamps on the state's group
+  (`StateGroup.policy_version`).
 - A systemic failure (a budget stop, a failed device call) is handed to the step that waits;
   the source then stops the loop: a budget stop lets the trajectories in flight reach their next
   paid request (so paid answers land in the teacher cache), anything else cancels them.
@@ -30,15 +33,10 @@ import numpy as np
 from actionopd_jax.collect.collector import Collector
 from actionopd_jax.collect.group import GroupOutcome
 from actionopd_jax.collect.metrics import TrajectoryRecord
-from actionopd_jax.collect.sampler_worker import SamplerWorker
+from actionopd_jax.collect.engine_worker import EngineSampling, EngineWorker
+from actionopd_jax.collect.sampler_worker import SamplerWorker, Versioned, WorkerStats
 from actionopd_jax.paid_calls import BudgetReached
 from actionopd_jax.types import StateGroup, Task
-
-
-class Versioned(list):
-    """One state's N generations, with the policy version whose weights sampled them."""
-
-    version: int = -1
 
 
 class VersionedSampling:
@@ -75,6 +73,29 @@ class VersionedSampling:
             load()
             self.version = int(version)
         return waited
+
+
+class EngineVersions:
+    """`VersionedSampling`'s counterpart for the engine: the swap goes through the loop's
+    `EngineWorker` (its thread loads the weights between two steps; `load(version=...)` stamps
+    them), or runs at once where no worker runs (the first step, a stopped loop). `stats`: the
+    workers' counters across loop restarts (busy seconds, calls, states)."""
+
+    def __init__(self, worker: Callable[[], EngineWorker | None]):
+        self._worker = worker
+        self.stats = WorkerStats()
+
+    @property
+    def busy_s(self) -> float:
+        return self.stats.busy_s
+
+    def swap(self, load: Callable[..., None], version: int) -> float:
+        worker = self._worker()
+        stamped = lambda: load(version=int(version))  # noqa: E731
+        if worker is None:
+            stamped()
+            return 0.0
+        return worker.swap(stamped)
 
 
 class AsyncCollector(Collector):
@@ -120,10 +141,12 @@ class AsyncScheduler:
     """The background event loop and its runners. Main-thread API: start, admit, wait, stop."""
 
     def __init__(self, collector: AsyncCollector, *, concurrency: int, worker_kwargs: dict[str, Any]):
+        """worker_kwargs: the SamplerWorker's, or the EngineWorker's where the collector's
+        sample_fn is an `EngineSampling`."""
         self.collector = collector
         self.concurrency = max(int(concurrency), 1)
         self.worker_kwargs = worker_kwargs
-        self.worker: SamplerWorker | None = None
+        self.worker: SamplerWorker | EngineWorker | None = None
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._draws: dict[int, Draw] = {}
@@ -192,7 +215,9 @@ class AsyncScheduler:
     async def _serve(self, ready: threading.Event) -> None:
         self._queue: asyncio.Queue = asyncio.Queue()
         self._stopping = asyncio.Event()
-        async with SamplerWorker(self.collector.sample_fn, **self.worker_kwargs) as worker:
+        sample_fn = self.collector.sample_fn
+        kind = EngineWorker if isinstance(sample_fn, EngineSampling) else SamplerWorker
+        async with kind(sample_fn, **self.worker_kwargs) as worker:
             self.worker = worker
             runners = [asyncio.create_task(self._runner(worker)) for _ in range(self.concurrency)]
             ready.set()
@@ -233,7 +258,7 @@ class AsyncScheduler:
         for draw in self._draws.values():
             draw.done.set()
 
-    async def _runner(self, worker: SamplerWorker) -> None:
+    async def _runner(self, worker: SamplerWorker | EngineWorker) -> None:
         while True:
             item = await self._queue.get()
             if item is None or self._stopping.is_set() or self._fatal is not None:
@@ -256,4 +281,4 @@ class AsyncScheduler:
                 draw.done.set()
 
 
-__all__ = ["AsyncCollector", "AsyncScheduler", "Draw", "Versioned", "VersionedSampling"]
+__all__ = ["AsyncCollector", "AsyncScheduler", "Draw", "EngineVersions", "Versioned", "VersionedSampling"]

@@ -3,8 +3,10 @@
 
 `collect(step, policy)`:
 1. copies the step's weights for the sampler (a real copy: `policy.params` are donated to the
-   update that follows) and swaps them in between device calls, without draining the
-   trajectories in flight (async_scheduler.VersionedSampling);
+   update that follows) and swaps them in between device calls (the static sampler,
+   async_scheduler.VersionedSampling) or between engine steps (collect.sampler = "engine",
+   async_scheduler.EngineVersions: running rows carry on under the new weights), without
+   draining the trajectories in flight; the swap returns once the sampler holds the copy;
 2. admits the draws (task starts of one trainer step each) up to step + eta;
 3. waits for draw `step`, the oldest admitted one, to finish, and returns its groups, less any
    whose policy version is more than eta steps old (counted; their teacher samples stay in the
@@ -20,7 +22,7 @@ on, so a resumed run draws the in-flight task starts again (only their episodes 
 teacher answers come from the cache). `stop_background()` (also on a budget stop, at
 `load_state_dict` and at close) stops the loop, joins its thread and gives the in-flight draws
 back to the stream. One process only for now (multi-host admission would need every process's
-draws in lockstep), with the static sampler (the engine takes new weights only when idle).
+draws in lockstep).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from actionopd_jax.collect.async_scheduler import AsyncCollector, AsyncScheduler, VersionedSampling
+from actionopd_jax.collect.async_scheduler import AsyncCollector, AsyncScheduler, EngineVersions, VersionedSampling
 from actionopd_jax.collect.collector import CollectResult, local_task_starts
 from actionopd_jax.collect.metrics import StepMetrics
 from actionopd_jax.collect.source import ActionOPDGroupSource
@@ -76,15 +78,17 @@ class AsyncActionOPDGroupSource(ActionOPDGroupSource):
             raise ConfigError(f"collect.max_staleness={self.max_staleness} runs on one process only (this run has "
                               f"{ctx.process_count}); set collect.max_staleness=0 for a multi-host run")
         super().__init__(cfg, ctx, **parts)
-        if self.sampler_kind == "engine":
-            raise ConfigError(f"collect.max_staleness={self.max_staleness} needs the static sampler: set "
-                              "collect.sampler=static (the engine takes new weights only when no row is running)")
-        self.sampling = VersionedSampling(self.collector.sample_fn)
-        self.collector.sample_fn = self.sampling
         c = self.cfg
-        self.scheduler = AsyncScheduler(self.collector, concurrency=c.max_trajectories_in_flight, worker_kwargs=dict(
-            max_states_per_call=c.max_states_per_call, max_queued=c.max_trajectories_in_flight,
-            coalesce_s=c.sampler_coalesce_s, max_wait_s=c.sampler_max_wait_s))
+        if self.sampler_kind == "engine":   # the loop runs an EngineWorker; swaps go through its thread
+            self.sampling = EngineVersions(lambda: self.scheduler.worker)
+            worker_kwargs = dict(stats=self.sampling.stats)
+        else:
+            self.sampling = VersionedSampling(self.collector.sample_fn)
+            self.collector.sample_fn = self.sampling
+            worker_kwargs = dict(max_states_per_call=c.max_states_per_call, max_queued=c.max_trajectories_in_flight,
+                                 coalesce_s=c.sampler_coalesce_s, max_wait_s=c.sampler_max_wait_s)
+        self.scheduler = AsyncScheduler(self.collector, concurrency=c.max_trajectories_in_flight,
+                                        worker_kwargs=worker_kwargs)
         self.collector.scheduler = self.scheduler
         self._draw_states: dict[int, dict] = {}   # the stream's state before each admitted, untrained draw
         self._next_draw: int | None = None
@@ -101,7 +105,8 @@ class AsyncActionOPDGroupSource(ActionOPDGroupSource):
             params, mesh = rollout_params(policy.params, policy.graphdef)
             params = own_copy(params, policy.params)
             mesh = self.ctx.mesh if mesh is None else mesh
-            swap_wait = self.sampling.swap(lambda: self.sampler.load_policy(policy.graphdef, params, mesh), step)
+            swap_wait = self.sampling.swap(lambda **kw: self.sampler.load_policy(policy.graphdef, params, mesh, **kw),
+                                           step)
             if self._next_draw is None or step not in self._draw_states and step != self._next_draw:
                 self.stop_background()    # first step, or a step out of order: draw afresh from here
                 self._next_draw = step
@@ -155,7 +160,9 @@ class AsyncActionOPDGroupSource(ActionOPDGroupSource):
         record_usage(metrics, usage_mark, usage_now)
         self._async = {f"staleness_{a}": float(n) for a, n in enumerate(ages)}
         self._async.update(stale_dropped=float(dropped), max_staleness=float(eta),
-                           sampler_busy_frac=metrics.sampler_busy_s / max(metrics.wall_s, 1e-9),
+                           # (a device call is counted when it ends: one running at the last mark
+                           # adds its earlier part to this interval)
+                           sampler_busy_frac=min(metrics.sampler_busy_s / max(metrics.wall_s, 1e-9), 1.0),
                            teacher_in_flight=float(self.collector.teacher_in_flight),
                            trajectories_in_flight=float(self.scheduler.running_trajectories),
                            draws_ahead=float(sum(d > step for d in self._draw_states)))

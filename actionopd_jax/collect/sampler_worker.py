@@ -77,6 +77,13 @@ class SamplerError(RuntimeError):
     """The device call failed; every state in that call gets this error."""
 
 
+class Versioned(list):
+    """One state's N generations, with the oldest policy version whose weights they depend on
+    (asynchronous collection stamps its groups with it, collect/async_scheduler.py)."""
+
+    version: int = -1
+
+
 class SamplerWorker:
     """Async front of a synchronous sample function. Use as `async with SamplerWorker(...)`."""
 

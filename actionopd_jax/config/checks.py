@@ -146,8 +146,6 @@ def _validate_staleness(cfg: Config, need) -> None:
     need(cfg.train.old_logprobs == "recompute",
          f"collect.max_staleness={eta} needs train.old_logprobs=recompute: a stale group's correction weighs the "
          "sampler's recorded log-probs against the trainer's recomputation under the weights being updated")
-    need(c.sampler != "engine", f"collect.max_staleness={eta} needs collect.sampler=static (or auto on a GPU): "
-                                "the engine cannot take new weights while rows are running")
     need(cfg.teacher.kind != "self", f"collect.max_staleness={eta}: Self-ActionOPD (teacher.kind=self) collects "
                                      "synchronously only; set collect.max_staleness=0")
 

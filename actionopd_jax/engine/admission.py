@@ -46,6 +46,8 @@ def admit(waiting: list[Request], free_slots: list[int], pages: PagePool, page_s
         req.cached_tokens = req.prefilled = len(hits) * page_size
         req.tokens = [[] for _ in range(req.n)]
         req.logprobs = [[] for _ in range(req.n)]
+        req.versions = [[] for _ in range(req.n)]
+        req.cache_epoch = pages.stats.invalidations
         req.stopped = [False] * req.n
         req.finished = [False] * req.n
         stats.prompt_tokens += req.prompt.size

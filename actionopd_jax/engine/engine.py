@@ -13,7 +13,9 @@
 
 Weights: the model's parameters are read at every step; when they change (a trainer's update
 makes new arrays) the prefix index is cleared before anything else runs -- a cache belongs to
-one behaviour snapshot -- and a change while requests are in flight is an error.
+one behaviour snapshot. `load_policy` may swap them while requests run, between steps: running
+rows carry on under the new weights and every token records its weights' version
+(engine/versions.py); a change made any other way while requests are in flight is an error.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import numpy as np
 from flax import nnx
 
 import actionopd_jax.engine.programs as programs
+import actionopd_jax.engine.versions as versions
 import actionopd_jax.sampling.decode as decode_lib
 from actionopd_jax.engine.admission import admit
 from actionopd_jax.engine.compiled import Programs
@@ -88,6 +91,8 @@ class Engine:
         self.sessions = Sessions()
         self.host = host_slots(c.slots, c.pages_per_slot)
         self._weights: tuple | None = None
+        self._loaded = False     # load_policy since the last step: its new weights are expected
+        self.version = -1        # what the weights sample is stamped with (engine/versions.py)
         self._split: tuple | None = None
         self._checked: tuple[weakref.ref, Any] | None = None
         if model is not None or c.pages != "auto":
@@ -182,37 +187,19 @@ class Engine:
     def _check_weights(self, state) -> None:
         leaves = tuple(id(x) for x in jax.tree.leaves(state))
         if self._weights is not None and leaves != self._weights:
-            if self.prefilling or self.starting or self.running:
-                raise RuntimeError("the model's weights changed while requests were running in the engine; "
-                                   "update weights between collection steps, when the engine is idle")
+            if (self.prefilling or self.starting or self.running) and not self._loaded:
+                raise RuntimeError("the model's weights changed while requests were running in the engine, not "
+                                   "through load_policy; swap weights with load_policy between steps")
             self.invalidate()
+        self._loaded = False
         self._weights = leaves
 
-    def load_policy(self, graphdef, params, mesh=None) -> None:
+    def load_policy(self, graphdef, params, mesh=None, version: int | None = None) -> None:
         """Sample from `params` of `graphdef` from the next step on (`Sampler.load_policy`'s
-        contract and checks); only between requests. The prefix cache is dropped at the next
-        step (new weight arrays)."""
-        from actionopd_jax.sampling.sampler import _config_shapes, _leaf_specs, check_policy
-
-        if self.busy:
-            raise RuntimeError("load_policy while requests are in the engine; load weights between steps of "
-                               "collection, when the engine is idle")
-        got = _leaf_specs(params)
-        if self._policy is None:
-            if self.model is not None:
-                self._policy = _leaf_specs(nnx.state(self.model))
-            else:
-                shapes = _config_shapes(self.cfg)
-                self._policy = {path: (shapes[path], *got[path][1:]) if path in got else (shape, None, None)
-                                for path, shape in shapes.items()}
-        check_policy(self._policy, got)
-        model = nnx.merge(graphdef, params)
-        if jnp.dtype(model.runtime.dtype) != self.dtype:
-            raise ValueError(f"load_policy: the model computes in {model.runtime.dtype}, the engine's cache was "
-                             f"built for {self.dtype}; build the engine with dtype={model.runtime.dtype!r}")
-        self.model, self.mesh = model, mesh
-        if self.pages is None:
-            self._size_pool()
+        contract and checks), also while requests run: they carry on under the new weights,
+        whose tokens are stamped `version` (engine/versions.py). The prefix cache is dropped at
+        the next step (new weight arrays). Call it from the thread that steps the engine."""
+        versions.load_policy(self, graphdef, params, mesh, version)
 
     def invalidate(self) -> None:
         """Drop the prefix cache (a weight update: the cached keys/values belong to the old weights)."""
@@ -223,8 +210,10 @@ class Engine:
 
     # --- admission ----------------------------------------------------------------------------
     def _admit(self) -> None:
-        self.prefilling += admit(self.waiting, self._free_slots, self.pages, self.config.page_size, self.stats,
-                                 self.sessions)
+        admitted = admit(self.waiting, self._free_slots, self.pages, self.config.page_size, self.stats, self.sessions)
+        for req in admitted:
+            req.version = self.version
+        self.prefilling += admitted
 
     # --- prefill ------------------------------------------------------------------------------
     def _prefill(self) -> None:
@@ -257,13 +246,18 @@ class Engine:
                 self.stats.prefilled_tokens += int(n_valid[lane])
                 if req.prefilled == req.prompt.size:
                     req.hidden = hidden[lane]
-                    self._index_pages(req.prompt, req.prompt_pages)
+                    self._index_pages(req, req.prompt, req.prompt_pages)
                     self.prefilling.remove(req)
                     self.starting.append(req)
 
-    def _index_pages(self, tokens: np.ndarray, pages: list[int]) -> None:
-        for key, page in zip(page_keys(tokens, self.config.page_size), pages):
-            self.pages.index.insert(key, page)
+    def _index_pages(self, req: Request, tokens: np.ndarray, pages, first: int = 0) -> None:
+        """Cache the full pages of `tokens` from page `first` on, unless they were computed
+        under weights swapped out since `req` was admitted (versions.indexable)."""
+        if not versions.indexable(self, req):
+            return
+        keys = page_keys(tokens, self.config.page_size)
+        for k in range(first, min(len(keys), len(pages))):
+            self.pages.index.insert(keys[k], int(pages[k]))
 
     # --- segments -------------------------------------------------------------------------------
     def _segment_rows(self) -> tuple[np.ndarray, programs.Groups | None]:
@@ -311,6 +305,7 @@ class Engine:
             k = int(out.produced[i])
             req.tokens[j] += out.tokens[i, :k].tolist()
             req.logprobs[j] += out.logprobs[i, :k].tolist()
+            req.versions[j] += [self.version] * k
             self.stats.generated_tokens += k
             if h["done"][slot]:
                 req.stopped[j] = bool(h["stopped"][slot])
@@ -326,9 +321,7 @@ class Engine:
         table = self.host["table"][slot]
         full = req.prompt.size // c.page_size
         if not req.cancelled:
-            keys = page_keys(seq, c.page_size)
-            for k in range(full, len(keys)):
-                self.pages.index.insert(keys[k], int(table[k]))
+            self._index_pages(req, seq, table, full)
             self.sessions.sample_done(req, j)
         own = ([req.prompt_pages[full]] if j == 0 and req.prompt.size % c.page_size else []) + req.own_pages[j]
         self.pages.release(own)

@@ -62,12 +62,23 @@ class Request:
     stopped: list[bool] = dataclasses.field(default_factory=list)
     finished: list[bool] = dataclasses.field(default_factory=list)
     cancelled: bool = False
+    # the weights' versions (engine/versions.py): the one it was admitted under (its prompt's keys
+    # and values), each generated token's (the weights that sampled it), per sample
+    version: int = -1
+    versions: list[list[int]] = dataclasses.field(default_factory=list)
+    cache_epoch: int = 0     # the prefix cache it was admitted under (PagePool.stats.invalidations)
 
     @property
     def generations(self) -> list[Generation]:
         return [Generation(token_ids=np.asarray(t, np.int32), logprobs=np.asarray(lp, np.float32),
-                           finish_reason="stop" if s else "length")
-                for t, lp, s in zip(self.tokens, self.logprobs, self.stopped)]
+                           finish_reason="stop" if s else "length", versions=np.asarray(v, np.int32))
+                for t, lp, s, v in zip(self.tokens, self.logprobs, self.stopped, self.versions)]
+
+    @property
+    def oldest_version(self) -> int:
+        """The oldest weights its samples depend on: those it was admitted under (a row running
+        across a swap keeps the keys and values computed before it)."""
+        return min([self.version] + [min(v) for v in self.versions if v])
 
     @property
     def done(self) -> bool:
