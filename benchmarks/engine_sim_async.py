@@ -36,7 +36,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from engine_sim import (  # noqa: E402
-    CHIPS, N, STARTS, build_parser, decode_step_seconds, draw_workload, kv_read, prefill_seconds, prompts_of,
+    BW, CHIPS, KV_TOKEN, N, STARTS, WEIGHTS, build_parser, decode_step_seconds, draw_workload, kv_read, prefill_seconds,
+    prompts_of,
     reservation, run_engine)
 from engine_sim_update import decode_pool_tokens, train_fits, update_seconds, weight_move_seconds  # noqa: E402
 
@@ -210,6 +211,23 @@ def add_options(ap) -> None:
     ap.add_argument("--unpadded-update", action="store_true",
                     help="an option the trainer lacks: every group at its own length, no minibatch padding")
     ap.add_argument("--concurrency", type=int, default=64, help="collect.concurrency: trajectories running")
+    ap.add_argument("--at-goal", default="", help="41, 42 or 41+42: those issues' goals in place of today's costs")
+
+
+def apply_goals(args) -> str:
+    """--at-goal: the costs issue 41 and/or 42 ask for, in place of today's; returns the label.
+    41: decode at 60% of the HBM bound, the bound counting the weights and each running row's
+    KV with a shared prompt read once (no fixed part beyond the weights, no empty slot read);
+    42: the train step at 500 TFLOP/s of the measured 799 (model FLOPs, as --train-mfu counts)."""
+    goals = [g for g in args.at_goal.split("+") if g]
+    if "41" in goals:
+        args.shared_prompt_read, args.kernel_efficiency, args.page = True, 0.6, 0
+        args.engine_fixed_ms = WEIGHTS / (CHIPS * BW * 0.6) * 1e3
+    if "42" in goals:
+        args.train_mfu = 500 / 799
+    if set(goals) - {"41", "42"}:
+        raise SystemExit(f"--at-goal takes 41, 42 or 41+42, got {args.at_goal!r}")
+    return " and ".join(f"at issue {g}'s goal" for g in goals) or "today's costs"
 
 
 def main() -> None:
@@ -220,15 +238,16 @@ def main() -> None:
     ap.add_argument("--splits", default="1,2,3", help="decode chips of the mesh split ('' for none)")
     add_options(ap)
     args = ap.parse_args()
+    label = apply_goals(args)
     etas = [int(e) for e in args.etas.split(",")]
     splits = [int(k) for k in args.splits.split(",") if k]
     if etas[0] != 0:
         raise SystemExit("--etas must start with 0: the ratios are against eta=0 on shared chips of the same run")
-    print(f"# {args.updates} updates of {STARTS} task starts, {args.concurrency} running; engine {args.slots} slots "
-          f"({args.engine_fixed_ms} ms + KV at {args.kernel_efficiency:.0%}, prompt KV read "
+    print(f"# {label}: {args.updates} updates of {STARTS} task starts, {args.concurrency} running; engine {args.slots} slots "
+          f"({args.engine_fixed_ms:.2f} ms + KV at {args.kernel_efficiency:.0%}, prompt KV read "
           f"{'once a group' if args.shared_prompt_read else 'by every row'}); update {args.remat} remat, "
           f"{'unpadded' if args.unpadded_update else 'padded minibatches'}, {args.train_mfu:.1%} MFU")
-    print(f"{'seed':>4} | {'eta':>3} | {'chips':<15} | {'wall s':>8} | {'vs eta=0':>8} | {'slots busy':>10} | "
+    print(f"{'seed':>4} | {'eta':>3} | {'chips':<17} | {'wall s':>8} | {'vs eta=0':>8} | {'slots busy':>10} | "
           f"{'device busy':>11} | {'update s':>8} | {'upd. waited s':>13} | {'dropped':>7} | staleness | runs?")
     for seed in (int(x) for x in args.seeds.split(",")):
         steps = draw_steps(seed, args.updates + max(etas), args)
@@ -242,7 +261,7 @@ def main() -> None:
                     best[eta] = (split, r["wall"])
                 hist = ", ".join(f"{k}: {n}" for k, n in r["staleness"].items())
                 where = f"{split} decode, {CHIPS - split} train" if split else f"{CHIPS} shared"
-                print(f"{seed:>4} | {eta:>3} | {where:<15} | {r['wall']:8.0f} | {base['wall'] / r['wall']:7.2f}x | "
+                print(f"{seed:>4} | {eta:>3} | {where:<17} | {r['wall']:8.0f} | {base['wall'] / r['wall']:7.2f}x | "
                       f"{100 * r['util']:9.1f}% | {100 * r['busy']:10.1f}% | {r['update_s']:8.0f} | "
                       f"{r['waited']:13.0f} | {r['dropped']:7d} | {hist} | {why or 'yes'}")
         print(f"# seed {seed}: best split the recipe runs, by eta: "

@@ -81,3 +81,16 @@ def test_split_trains_on_fewer_chips_while_decoding_goes_on():
     assert first > A.run_async(steps, 0, 1, args)["waited"]          # decoding on 2 chips is slower
     # the device-busy share counts chip-seconds: the train chips are busy through both updates
     assert split["busy"] * 4 * split["wall"] >= 2 * split["update_s"]
+
+
+def test_goal_costs_are_the_issues_definitions():
+    args = _args("--at-goal", "41+42")
+    assert A.apply_goals(args) == "at issue 41's goal and at issue 42's goal"
+    # issue 41: a step at 60% of (weights + running rows' KV, a shared prompt once) / bandwidth
+    kv = A.kv_read(4 * (1000 + 50), 1000, 4000, args)
+    assert kv == 1000 + 200
+    bound = (A.WEIGHTS + kv * A.KV_TOKEN) / (4 * A.BW)
+    assert A.decode_step_seconds(kv, 252, args) == pytest.approx(bound / 0.6, rel=1e-12)
+    assert args.train_mfu == pytest.approx(500 / 799)        # issue 42: 500 TFLOP/s of the measured 799
+    with pytest.raises(SystemExit, match="41, 42"):
+        A.apply_goals(_args("--at-goal", "43"))
