@@ -84,6 +84,10 @@ def test_config_rules_and_the_synchronous_default(tmp_path):
     engine = replace_keys(cfg, **{"collect.sampler": "engine"})
     assert collector_source_class(engine) is AsyncActionOPDGroupSource
     assert collector_source_class(replace_keys(engine, **{"collect.max_staleness": 0})) is ActionOPDGroupSource
+    planned, _ = describe(engine, model_config(cfg), {"data": 1, "fsdp": 1, "tensor": 1}, device_memory_gb=16.0)
+    assert "the engine keeps sampling while the update runs" in planned
+    assert "keeps sampling" not in describe(replace_keys(engine, **{"collect.max_staleness": 0}), model_config(cfg),
+                                            {"data": 1, "fsdp": 1, "tensor": 1}, device_memory_gb=16.0)[0]
 
 
 def test_version_stamps_follow_a_weight_swap_in_the_middle_of_running_trajectories(tiny_tokenizer):

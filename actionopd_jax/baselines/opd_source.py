@@ -82,8 +82,10 @@ class OPDGroupSource:
         from actionopd_jax.envs.registry import env_factory_from
         from actionopd_jax.envs.task_sets import stream_tasks
         from actionopd_jax.sampling import Sampler
+        from actionopd_jax.train.setup import rollout_devices
 
         self.cfg = collector_config_from(cfg)
+        self.rollout_devices = rollout_devices(cfg)   # the sampler's own (mesh.rollout_devices), else ()
         self.ctx = ctx
         self.trajectories_per_start = cfg.collect.num_candidates
         if tokenizer is None:
@@ -146,7 +148,7 @@ class OPDGroupSource:
         from actionopd_jax.sampling.rollout import load_behaviour
 
         tasks = self.stream.next_step()
-        load_behaviour(self.sampler, policy, self.ctx.mesh)  # one snapshot for the step
+        load_behaviour(self.sampler, policy, self.ctx.mesh, self.rollout_devices)  # one snapshot for the step
         starts = [(i, tasks[i]) for i in local_task_starts(len(tasks), self.ctx.process_index, self.ctx.process_count)]
         trajectories = asyncio.run(self._rollouts(starts, step))
         trajectories.sort(key=lambda t: (t.task_start, t.index))

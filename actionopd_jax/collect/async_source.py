@@ -102,7 +102,7 @@ class AsyncActionOPDGroupSource(ActionOPDGroupSource):
         if self._marks is None:
             self._marks = (t0, self.sampling.busy_s, usage_snapshot(self.collector.teacher, self.collector.matcher))
         try:
-            params, mesh = rollout_params(policy.params, policy.graphdef)
+            params, mesh = rollout_params(policy.params, policy.graphdef, devices=self.rollout_devices)
             params = own_copy(params, policy.params)
             mesh = self.ctx.mesh if mesh is None else mesh
             swap_wait = self.sampling.swap(lambda **kw: self.sampler.load_policy(policy.graphdef, params, mesh, **kw),

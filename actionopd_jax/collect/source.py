@@ -36,6 +36,7 @@ from actionopd_jax.envs.task_sets import stream_tasks, task_stream_from, trainin
 from actionopd_jax.rewards import RewardConfig
 from actionopd_jax.sampling.budget import parse_token_budget
 from actionopd_jax.sampling.rollout import load_behaviour
+from actionopd_jax.train.setup import rollout_devices
 from actionopd_jax.train.sources import RunStop
 from actionopd_jax.types import StateGroup
 
@@ -65,12 +66,12 @@ def build_engine(cfg: Config, model_config: Any, eos: int, mesh: Any = None):
     reply. The pool is sized at the first load_policy, on the rollout copy's mesh, from the
     devices' free memory then (the trainer's parameters and optimizer state, the rollout copy),
     less what an update allocates beside the pool, which stays resident (`update_reserve_bytes`
-    on the training `mesh`)."""
+    on the training `mesh`; nothing with mesh.rollout_devices: the update runs on other chips)."""
     from actionopd_jax.engine import Engine
     from actionopd_jax.engine.aot import engine_shapes
 
     return Engine(None, model_config, eos_ids=[eos], config=engine_shapes(cfg.collect), dtype=cfg.model.dtype,
-                  reserve_bytes=update_reserve_bytes(cfg, model_config, mesh))
+                  reserve_bytes=0.0 if cfg.mesh.rollout_devices else update_reserve_bytes(cfg, model_config, mesh))
 
 
 def update_reserve_bytes(cfg: Config, model_config: Any, mesh: Any = None) -> float:
@@ -232,6 +233,7 @@ class ActionOPDGroupSource:
 
         self.cfg = collector_config_from(cfg)
         self.ctx = ctx
+        self.rollout_devices = rollout_devices(cfg)   # the sampler's own (mesh.rollout_devices), else ()
         if tokenizer is None:
             tokenizer = tokenizer_from(ctx, needed_by="collect.kind=actionopd")
         self.tokenizer = tokenizer
@@ -312,7 +314,7 @@ class ActionOPDGroupSource:
     def collect(self, step: int, policy: Any) -> list[StateGroup]:
         tasks = self.stream.next_step()
         # One behaviour snapshot for the whole step: the sampler reads these weights only.
-        load_behaviour(self.sampler, policy, self.ctx.mesh)
+        load_behaviour(self.sampler, policy, self.ctx.mesh, self.rollout_devices)
         self.last = self.collector.collect(tasks, step=step, process_index=self.ctx.process_index,
                                            process_count=self.ctx.process_count)
         self._after_collect(step)

@@ -134,9 +134,11 @@ def collection_mode(cfg: Config) -> str:
     eta = cfg.collect.max_staleness
     if not eta:
         return "collect    synchronous (collect.max_staleness=0): each step collects, then updates"
+    k = cfg.mesh.rollout_devices
     return (f"collect    asynchronous, collect.max_staleness={eta}: episodes run across updates, a group is trained "
-            f"on at most {eta} update(s) after it was sampled (stale ones with the off-policy correction); beside "
-            "the update run the sampler's own copy of the weights and its KV cache")
+            f"on at most {eta} update(s) after it was sampled (stale ones with the off-policy correction); "
+            + (f"the sampler decodes on its own {k} device(s) (mesh.rollout_devices) while the update runs on the "
+               "others" if k else "beside the update run the sampler's own copy of the weights and its KV cache"))
 
 
 def missing_secrets(cfg: Config) -> list[str]:

@@ -106,6 +106,8 @@ def validate(cfg: Config) -> None:
         need(not (v == 0 or v < -1), f"mesh.{axis} must be a positive size or -1, got {v}")
     need([cfg.mesh.data, cfg.mesh.fsdp, cfg.mesh.tensor].count(-1) <= 1,
          "at most one of mesh.data / mesh.fsdp / mesh.tensor may be -1")
+    need(cfg.mesh.rollout_devices >= 0, f"mesh.rollout_devices must be >= 0 (0: the sampler shares the training "
+                                        f"devices), got {cfg.mesh.rollout_devices}")
     _validate_staleness(cfg, need)
     s = cfg.collect.synthetic
     need(0 < s.prompt_tokens_min <= s.prompt_tokens_max and 0 < s.response_tokens_min <= s.response_tokens_max,

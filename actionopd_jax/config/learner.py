@@ -32,6 +32,10 @@ class MeshConfig:
     # v5e-64, v6e-8, h100x8, h200x1, h200x8): `train --check` plans for it whatever this host is,
     # `train --check --aot` compiles for it
     target: str = ""
+    # devices of this host kept for the sampler's rollout copy (0: rollout and training share every
+    # device). k > 0: the trainer's mesh is built on the first D - k devices, the sampler samples on
+    # the last k ("tensor" mesh), the weights moved there each step by one reshard (one process only)
+    rollout_devices: int = 0
 
 
 @dataclass(frozen=True)

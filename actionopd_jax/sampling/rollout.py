@@ -7,6 +7,13 @@ host memory) tensor-parallel over this process's local devices and replicated ov
 processes; on a single CPU process the training placement as it is. With several processes
 that reshard is the only cross-process operation: every source calls it at the same point
 of every process's step, before collection starts.
+
+A recipe may split one host's devices (mesh.rollout_devices = k, train/setup.rollout_devices):
+the trainer's mesh holds the first D - k, the copy goes to a "tensor" mesh over the last k.
+jit cannot write to devices its inputs are not on, so the one jitted program (cast + layout)
+writes the copy's k tensor blocks onto the training devices, (D - k) / k whole copies of them,
+and each block is then copied device to device to its rollout device (a `device_put` whose
+shards match the source's: never through host memory); the staged copy is freed when that ends.
 """
 
 from __future__ import annotations
@@ -61,8 +68,34 @@ def _reshard(params: Any, target: Any, dtype: Any) -> Any:
     return fn(params)
 
 
+def _split_rollout(params: Any, graphdef: Any, devices: Any, dtype: Any) -> tuple[Any, Any]:
+    """The copy on a "tensor" mesh over `devices` (disjoint from the training devices): staged
+    by one jitted program on the training devices in the copy's own blocks, then copied block
+    for block (module docstring)."""
+    from jax.sharding import AxisType, Mesh, NamedSharding
+
+    devices = list(devices)
+    train = {frozenset(x.sharding.device_set) for x in jax.tree.leaves(params)}
+    if len(train) != 1:
+        raise ValueError("rollout_params: the training parameters are not all on one device set")
+    train_devices = sorted(next(iter(train)), key=lambda d: d.id)
+    if set(train_devices) & set(devices):
+        raise ValueError(f"rollout_params: the rollout devices {[d.id for d in devices]} overlap the training "
+                         f"devices {[d.id for d in train_devices]}")
+    k = len(devices)
+    if len(train_devices) % k:
+        raise ValueError(f"rollout_params: {len(train_devices)} training devices do not hold whole copies of "
+                         f"{k} rollout blocks (train/preflight.mesh_sizes refuses such a split)")
+    rollout_mesh = Mesh(np.array(devices), ("tensor",), axis_types=(AxisType.Auto,))
+    target = _rollout_specs(graphdef, params, rollout_mesh)
+    stage_mesh = Mesh(np.array(train_devices).reshape(len(train_devices) // k, k), ("copies", "tensor"),
+                      axis_types=(AxisType.Auto,) * 2)
+    staged = _reshard(params, jax.tree.map(lambda s: NamedSharding(stage_mesh, s.spec), target), dtype)
+    return jax.device_put(staged, target), rollout_mesh
+
+
 def rollout_params(params: Any, graphdef: Any, *, platform: str | None = None,
-                   dtype: Any = "auto") -> tuple[Any, Any]:
+                   dtype: Any = "auto", devices: Any = ()) -> tuple[Any, Any]:
     """(the sampler's rollout copy of `params`, the mesh to trace under), made on device.
 
     The copy is tensor-parallel over this process's local devices (mesh {"tensor": local}),
@@ -78,9 +111,19 @@ def rollout_params(params: Any, graphdef: Any, *, platform: str | None = None,
     collectives over ICI/DCN, never through host memory, and every process runs it at the
     same point of its step. Each process then wraps its own shards as arrays on its local
     mesh (`jax.make_array_from_single_device_arrays`, zero copy), so sampling needs no
-    cross-process operation."""
+    cross-process operation.
+
+    `devices` (train/setup.rollout_devices: the host's last mesh.rollout_devices devices, off
+    the training mesh): the copy goes to a "tensor" mesh over them instead, on CPU too (in
+    the parameters' own dtype there); one process only."""
     from jax.sharding import AxisType, Mesh, NamedSharding
 
+    if devices:
+        if jax.process_count() > 1:
+            raise ValueError("rollout_params: a device split (mesh.rollout_devices) runs on one process only")
+        if isinstance(dtype, str) and dtype == "auto":
+            dtype = rollout_dtype(platform or devices[0].platform)
+        return _split_rollout(params, graphdef, devices, dtype)
     leaves = jax.tree.leaves(params)
     single = all(getattr(x, "is_fully_addressable", True) for x in leaves)
     devices = jax.devices()
@@ -110,19 +153,20 @@ def rollout_params(params: Any, graphdef: Any, *, platform: str | None = None,
     return jax.tree.map(to_local, placed), local_mesh
 
 
-def behaviour_model(policy: Any, ctx: Any) -> tuple[Any, Any]:
+def behaviour_model(policy: Any, ctx: Any, devices: Any = ()) -> tuple[Any, Any]:
     """(the step's behaviour snapshot as a model this process can sample with, the mesh to
     trace under): the rollout copy (`rollout_params`: bf16 on accelerators, resharded on
-    device tensor-parallel over this process's devices); on a single CPU process the
-    training placement as it is. Shared by every source that samples the student."""
+    device tensor-parallel over this process's devices, or over `devices`, the sampler's
+    own); on a single CPU process without a split the training placement as it is."""
     from flax import nnx
 
-    params, mesh = rollout_params(policy.params, policy.graphdef)
+    params, mesh = rollout_params(policy.params, policy.graphdef, devices=devices)
     return nnx.merge(policy.graphdef, params), (ctx.mesh if mesh is None else mesh)
 
 
-def load_behaviour(sampler: Any, policy: Any, mesh: Any) -> None:
+def load_behaviour(sampler: Any, policy: Any, mesh: Any, devices: Any = ()) -> None:
     """Load the step's rollout copy of `policy` into `sampler` (Sampler.load_policy, checked);
-    `mesh`: where to trace when the copy keeps the training placement (one CPU process)."""
-    params, rollout_mesh = rollout_params(policy.params, policy.graphdef)
+    `mesh`: where to trace when the copy keeps the training placement (one CPU process);
+    `devices`: the sampler's own devices (mesh.rollout_devices; () = this process's all)."""
+    params, rollout_mesh = rollout_params(policy.params, policy.graphdef, devices=devices)
     sampler.load_policy(policy.graphdef, params, mesh if rollout_mesh is None else rollout_mesh)

@@ -17,6 +17,7 @@ for the kernel), and says so.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -102,7 +103,8 @@ def target_mesh(cfg: Config, target: Target):
     from actionopd_jax.train.setup import mesh_shape
 
     devices = target_devices(target.name)
-    return make_mesh(mesh_shape(cfg, target.chips), devices=devices)
+    shape = mesh_shape(cfg, target.chips)   # the training part: all chips, or the first chips - mesh.rollout_devices
+    return make_mesh(shape, devices=devices[:math.prod(shape.values())])
 
 
 def estimate_step(cfg: Config, qcfg: Qwen3Config, target: Target, seq_len: int, *,
@@ -122,7 +124,7 @@ def estimate_step(cfg: Config, qcfg: Qwen3Config, target: Target, seq_len: int, 
     impl = resolve(cfg.model.attention, target.platform)
     est = StepEstimate(rows=rows, seq_len=seq_len, resp_len=resp_len, attention=impl,
                        real=_compile_step(cfg, qcfg, mesh, rows, seq_len, resp_len, label))
-    est.model_flops_per_chip = model_flops(qcfg, rows, seq_len, resp_len, layout) / target.chips
+    est.model_flops_per_chip = model_flops(qcfg, rows, seq_len, resp_len, layout) / mesh.size  # the training chips
     if not (cost and est.real.ok):
         return est
     # per-layer cost from 1- and 2-layer unrolled twins of the same program
@@ -141,7 +143,7 @@ def estimate_step(cfg: Config, qcfg: Qwen3Config, target: Target, seq_len: int, 
     est.seconds = twins[0].optimal_seconds + (L - 1) * per_layer_s
     if impl == "splash":
         # the compiler sees the Pallas kernel as an opaque call: add its FLOPs at peak rate
-        est.kernel_flops_per_chip = attention_kernel_flops(qcfg, rows, seq_len, layout, cfg.model.remat) / target.chips
+        est.kernel_flops_per_chip = attention_kernel_flops(qcfg, rows, seq_len, layout, cfg.model.remat) / mesh.size
         est.flops_per_chip += est.kernel_flops_per_chip
         est.seconds += est.kernel_flops_per_chip / target.peak_bf16_flops
         est.cost_note = ("splash attention is a Pallas kernel the cost model cannot see: its analytic FLOPs "

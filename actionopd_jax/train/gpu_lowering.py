@@ -116,7 +116,9 @@ def lower_run_programs(cfg: Config, qcfg: Qwen3Config, target: Target) -> tuple[
         one = make_mesh({k: 1 for k in sizes}, devices=devices[:1])
         reports += lower_train_step(cfg, qcfg, one, local_rows, seq_len, resp_len,
                                     f"one GPU's program: {local_rows} x {seq_len:,}")
-    host = make_mesh({"tensor": target.chips_per_host}, devices=devices[:target.chips_per_host])
+    k = cfg.mesh.rollout_devices   # the sampler's own chips (the last k), else a host's all
+    host = make_mesh({"tensor": k or target.chips_per_host},
+                     devices=devices[-k:] if k else devices[:target.chips_per_host])
     if rollout_sampler(cfg.collect.sampler, "gpu") == "engine":
         from actionopd_jax.engine.aot import engine_shapes, lower_engine_programs
 

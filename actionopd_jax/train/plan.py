@@ -11,6 +11,10 @@ Collection is planned too, since it is often the peak: the trainer's parameters 
 moments stay resident while the sampler holds its bf16 rollout copy (tensor-parallel over a
 host's chips, sampling/rollout.rollout_params) and the KV cache and prefill activations of one
 call, sized by the same token budget the sampler uses (sampling/budget.py).
+
+With mesh.rollout_devices = k the two halves are planned apart: the update on the training
+devices (plus the rollout copy's blocks staged there while they are copied out), the sampler's
+copy and KV cache (or the engine's pool) on its own k devices, with no trainer state beside them.
 """
 
 from __future__ import annotations
@@ -136,14 +140,17 @@ def estimate_collection(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *,
                         usable_bytes: float | None, platform: str) -> CollectionEstimate:
     """Bytes per chip while the sampler runs (see the module docstring). The budget is the
     sampler's: collect.sampler_token_budget, or "auto" = SAFETY x what is left of the usable
-    memory; "none" plans collect.concurrency largest states in one call."""
+    memory; "none" plans collect.concurrency largest states in one call. With
+    mesh.rollout_devices, per rollout chip (`chips_per_host` of them): no trainer state there,
+    and a copy even on CPU."""
     from actionopd_jax.sampling import budget as sb
 
     est = estimate_memory(cfg, qcfg, mesh)
-    resident = est.params + est.optimizer
+    split = cfg.mesh.rollout_devices > 0
+    resident = 0.0 if split else est.params + est.optimizer
     n = count_params(qcfg)["total"]
     copy_bytes = 2 if platform != "cpu" else _BYTES[qcfg.param_dtype]  # bf16 on accelerators
-    rollout = 0.0 if platform == "cpu" else n * copy_bytes / chips_per_host
+    rollout = 0.0 if platform == "cpu" and not split else n * copy_bytes / chips_per_host
     from actionopd_jax.sampling.buckets import Buckets
 
     c, b = cfg.collect, Buckets()  # the sampler's default buckets: what a call really allocates
@@ -179,12 +186,13 @@ def _engine_lines(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], coll: Co
     from actionopd_jax.sampling import budget as sb
 
     e = engine_shapes(cfg.collect)
-    reserve = est.total - est.params - est.optimizer
-    tensor = mesh.get("tensor", 1)
+    split = cfg.mesh.rollout_devices
+    reserve = 0.0 if split else est.total - est.params - est.optimizer   # a split's update runs elsewhere
+    tensor = split or mesh.get("tensor", 1)
     shards = tensor if tensor > 1 and qcfg.num_key_value_heads % tensor == 0 else 1
     per_page = sb.cache_bytes_per_token(qcfg, cfg.model.dtype) * e.page_size / shards
-    lines = ["collection per device (analytic estimate; the paged engine's pool stays resident beside the "
-             "trainer state):",
+    lines = [f"collection per {'rollout ' if split else ''}device (analytic estimate; the paged engine's pool "
+             + ("on the sampler's own devices):" if split else "stays resident beside the trainer state):"),
              f"  sampler            engine: {e.slots} slots x {e.max_len:,} tokens ({e.page_size}-token pages, "
              f"{e.pages_per_slot} a slot), segments of {e.segment} steps, prefill chunks of {e.chunk}",
              f"  params + AdamW     {coll.resident / GIB:8.2f} GiB",
@@ -237,9 +245,12 @@ def describe(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *, device_mem
     est = estimate_memory(cfg, qcfg, mesh, attention)
     usable = device_memory_gb * usable_fraction * GIB if device_memory_gb else None
     coll = None
+    split = cfg.mesh.rollout_devices
     if cfg.collect.kind != "synthetic":
-        coll = estimate_collection(cfg, qcfg, mesh, chips_per_host=chips_per_host or math.prod(mesh.values()),
+        coll = estimate_collection(cfg, qcfg, mesh, chips_per_host=split or chips_per_host or math.prod(mesh.values()),
                                    usable_bytes=usable, platform=platform)
+    # a split stages the copy's blocks on each training device between updates (sampling/rollout.py)
+    staging = coll.rollout_copy if split and coll is not None else 0.0
     t, c = cfg.train, cfg.collect
     sampler = rollout_sampler(c.sampler, platform)
     n_dev = math.prod(mesh.values())
@@ -249,7 +260,9 @@ def describe(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *, device_mem
         f"({counts['embedding'] / 1e9:.3f} B embedding), {qcfg.num_hidden_layers} layers, "
         f"params {qcfg.param_dtype}, compute {cfg.model.dtype}, remat {cfg.model.remat}, attention {attention} "
         f"({cfg.model.attention} on {platform})",
-        f"mesh       {mesh} = {n_dev} device(s){' of ' + device_kind if device_kind else ''}",
+        f"mesh       {mesh} = {n_dev} device(s){' of ' + device_kind if device_kind else ''}"
+        + (f" for training; the sampler has {split} device(s) of its own (mesh.rollout_devices), tensor-parallel, "
+           f"the weights resharded onto them each step" if split else ""),
         f"loss       {t.loss}: clip {t.clip_eps}, dual clip {t.dual_clip}, rollout T={c.temperature}, "
         f"old logprobs: {t.old_logprobs}",
         f"optimizer  AdamW lr {t.lr:g} (warmup {t.warmup_steps}), weight decay {t.weight_decay}, "
@@ -270,7 +283,7 @@ def describe(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *, device_mem
         _execution_line(cfg),
         f"run        {t.steps} steps, checkpoint every {cfg.checkpoint.every_steps} (keep "
         f"{cfg.checkpoint.keep}), seed {cfg.run.seed}",
-        "memory per device (analytic estimate, not a compiler figure):",
+        f"memory per {'training ' if split else ''}device (analytic estimate, not a compiler figure):",
         f"  parameters         {est.params / GIB:8.2f} GiB",
         f"  gradients          {est.grads / GIB:8.2f} GiB",
         f"  AdamW moments      {est.optimizer / GIB:8.2f} GiB",
@@ -279,6 +292,9 @@ def describe(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *, device_mem
         f"  response logits    {est.logits / GIB:8.2f} GiB",
         f"  total (+10%)       {est.total / GIB:8.2f} GiB  (+10% of activations and logits: XLA temporaries)",
     ]
+    if staging:
+        lines.append(f"  reshard staging    {staging / GIB:8.2f} GiB  (between updates, beside params + AdamW: the "
+                     f"rollout copy's {split} block(s), copied out to the sampler's devices)")
     engine_pages, engine_peak = None, 0.0
     if coll is not None and sampler == "engine":
         engine_pages, engine_peak, engine_lines = _engine_lines(cfg, qcfg, mesh, coll, est, usable)
@@ -287,18 +303,20 @@ def describe(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *, device_mem
         budget = ("no token budget: one call holds collect.concurrency states" if coll.budget_tokens is None
                   else f"token budget {coll.budget_tokens:,} cache tokens, {coll.states_per_call} largest state(s) "
                        f"per call")
-        copy_note = "bf16, over a host's chips" if platform != "cpu" else "none on CPU: the training weights"
+        copy_note = ("bf16" if platform != "cpu" else "the parameters' dtype on CPU") + f", over its {split} chip(s)" \
+            if split else "bf16, over a host's chips" if platform != "cpu" else "none on CPU: the training weights"
         lines += [
+            "collection per rollout device (analytic estimate; the static sampler on its own devices):" if split else
             "collection per device (analytic estimate; the static sampler runs while the trainer state stays "
             "resident):",
-            f"  params + AdamW     {coll.resident / GIB:8.2f} GiB",
+            *([] if split else [f"  params + AdamW     {coll.resident / GIB:8.2f} GiB"]),
             f"  rollout copy       {coll.rollout_copy / GIB:8.2f} GiB  ({copy_note})",
             f"  KV cache + prefill {coll.call / GIB:8.2f} GiB  ({budget}; a state: "
             f"{coll.prompt_bucket:,}-token prompt bucket x 1.25 + "
             f"{cfg.collect.num_candidates} x {cfg.collect.max_response_tokens:,} new)",
             f"  total              {coll.total / GIB:8.2f} GiB",
         ]
-        if c.max_staleness >= 1:   # issue 44: collection runs while the update does
+        if c.max_staleness >= 1 and not split:   # issue 44: collection runs while the update does
             beside = (coll.rollout_copy or est.params) + coll.call   # on CPU a copy of the training weights
             lines.append(f"  beside the update  {beside / GIB:8.2f} GiB  (collect.max_staleness={c.max_staleness}: the "
                          f"sampler's own weights and a call's KV cache; with the update "
@@ -306,9 +324,9 @@ def describe(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *, device_mem
     fits = True
     if device_memory_gb:
         collection = engine_peak if sampler == "engine" else (coll.total if coll is not None else 0.0)
-        if coll is not None and sampler != "engine" and c.max_staleness >= 1:   # both at once (issue 44)
+        if coll is not None and sampler != "engine" and c.max_staleness >= 1 and not split:   # both at once
             collection = est.total + (coll.rollout_copy or est.params) + coll.call
-        peak = max(est.total, collection)
+        peak = max(est.total, collection, est.params + est.optimizer + staging)
         fits = peak <= usable and (coll is None or coll.budget_tokens is None or coll.states_per_call >= 1
                                    or engine_pages is not None)
         if engine_pages is not None:   # the engine's pool takes what is left: it fits when it holds one slot
@@ -316,9 +334,15 @@ def describe(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *, device_mem
         share = f" x {usable_fraction:.2f} usable = {usable / GIB:.2f} GiB" if usable_fraction < 1 else ""
         what = ("update beside the engine pool" if sampler == "engine" else
                 "update beside collection" if c.max_staleness >= 1 else "collection")
-        lines.append(f"  device memory      {device_memory_gb:8.2f} GiB{share}; peak "
-                     f"{what if collection > est.total else 'train step'} "
-                     f"{peak / GIB:.2f} GiB -> {'fits' if fits else 'DOES NOT FIT'}")
+        if split:   # each half against its own chips
+            train_peak = max(est.total, est.params + est.optimizer + staging)
+            lines.append(f"  device memory      {device_memory_gb:8.2f} GiB{share}; training devices "
+                         f"{train_peak / GIB:.2f} GiB, sampler's devices {collection / GIB:.2f} GiB -> "
+                         f"{'fits' if fits else 'DOES NOT FIT'}")
+        else:
+            lines.append(f"  device memory      {device_memory_gb:8.2f} GiB{share}; peak "
+                         f"{what if collection > est.total else 'train step'} "
+                         f"{peak / GIB:.2f} GiB -> {'fits' if fits else 'DOES NOT FIT'}")
         if engine_pages is None and coll is not None and coll.budget_tokens is not None and coll.states_per_call < 1:
             lines.append("  the largest state does not fit in one sampler call: shorten collect.max_prompt_tokens "
                          "or collect.max_response_tokens, or put more chips on a host")

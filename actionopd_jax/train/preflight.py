@@ -17,8 +17,13 @@ from actionopd_jax.config import Config, ConfigError
 
 
 def mesh_sizes(cfg: Config, device_count: int) -> dict[str, int]:
-    """Resolve the -1 axis against `device_count`; errors say what does not divide."""
+    """The training mesh's axis sizes on a host of `device_count` devices: the -1 axis resolved
+    against the devices training gets (all of them, or with mesh.rollout_devices = k the first
+    device_count - k, which a fixed mesh must then use exactly); errors say what to set."""
     sizes = {"data": cfg.mesh.data, "fsdp": cfg.mesh.fsdp, "tensor": cfg.mesh.tensor}
+    k = cfg.mesh.rollout_devices
+    if k:
+        return _split_mesh_sizes(sizes, device_count, k)
     fixed = math.prod(v for v in sizes.values() if v != -1)
     if -1 in sizes.values():
         if device_count % fixed:
@@ -29,6 +34,43 @@ def mesh_sizes(cfg: Config, device_count: int) -> dict[str, int]:
         raise ConfigError(f"mesh {sizes} needs {fixed} devices but only {device_count} are available; "
                           f"set one axis to -1 or change the sizes")
     return sizes
+
+
+def _split_mesh_sizes(sizes: dict[str, int], device_count: int, k: int) -> dict[str, int]:
+    """`mesh_sizes` with k of the host's devices kept for the sampler (mesh.rollout_devices)."""
+    train = device_count - k
+    if train < 1:
+        raise ConfigError(f"mesh.rollout_devices={k} leaves no device for training on {device_count} device(s); "
+                          f"set mesh.rollout_devices to at most {device_count - 1} (0: share every device)")
+    if train % k:
+        # the rollout copy is laid out in k blocks on the training devices and copied block for
+        # block (sampling/rollout.py); without whole copies of the k blocks it would go through host memory
+        ok = [j for j in range(1, device_count) if device_count % j == 0]
+        raise ConfigError(f"mesh.rollout_devices={k} on {device_count} devices leaves {train} for training, not a "
+                          f"multiple of {k}: the weights move to the sampler block for block, so the training "
+                          f"devices must hold whole copies of the {k} blocks; set mesh.rollout_devices to one of "
+                          f"{ok} (0: share every device)")
+    fixed = math.prod(v for v in sizes.values() if v != -1)
+    if -1 in sizes.values():
+        if train % fixed:
+            raise ConfigError(f"mesh.rollout_devices={k} leaves {train} of {device_count} devices for training, "
+                              f"which mesh {sizes} cannot split (its fixed axes multiply to {fixed}); change "
+                              f"the fixed axes or mesh.rollout_devices")
+        return {a: (train // fixed if v == -1 else v) for a, v in sizes.items()}
+    if fixed != train:
+        raise ConfigError(f"mesh {sizes} uses {fixed} devices but mesh.rollout_devices={k} leaves {train} of "
+                          f"{device_count} for training: make mesh.data x mesh.fsdp x mesh.tensor = {train} "
+                          f"(e.g. mesh.fsdp=-1)")
+    return dict(sizes)
+
+
+def check_rollout_split(cfg: Config, processes: int) -> None:
+    """mesh.rollout_devices splits one host's devices: one process only for now (each process
+    would need its own split of its local devices and a per-host reshard)."""
+    k = cfg.mesh.rollout_devices
+    if k and processes > 1:
+        raise ConfigError(f"mesh.rollout_devices={k} splits one host's devices and runs on one process only "
+                          f"(this run has {processes}); set mesh.rollout_devices=0 for a multi-host run")
 
 
 def check_mesh_covers_processes(sizes: dict[str, int], device_count: int, processes: int) -> None:
@@ -68,7 +110,8 @@ def check_run(cfg: Config, qcfg, sizes: dict[str, int], *, device_count: int, pr
     run's order. The group source's own checks (collection settings, teacher, tasks) belong to
     whoever builds the source and run after these (baselines/wiring.check_collection for
     `actionopd train`)."""
-    check_mesh_covers_processes(sizes, device_count, processes)
+    check_rollout_split(cfg, processes)
+    check_mesh_covers_processes(sizes, device_count - cfg.mesh.rollout_devices, processes)
     check_batch_layout(cfg, sizes, processes)
     check_attention(cfg, qcfg, platform)
 
@@ -114,9 +157,10 @@ def placement(cfg: Config, devices: int = 0) -> Placement:
     platform, kind, n = jax.default_backend(), "", devices or jax.device_count()
     if devices:
         pass
-    elif -1 not in sizes and math.prod(sizes) != n:
-        # a fixed mesh names its device count: plan for it (a plan must not need the devices)
-        n = math.prod(sizes)
+    elif -1 not in sizes and math.prod(sizes) + cfg.mesh.rollout_devices != n:
+        # a fixed mesh names its device count (plus the sampler's own, mesh.rollout_devices): plan
+        # for it (a plan must not need the devices)
+        n = math.prod(sizes) + cfg.mesh.rollout_devices
         notes.append(f"note: planned for the mesh's {n} devices (this machine has {jax.device_count()})")
     else:
         kind = jax.devices()[0].device_kind

@@ -14,7 +14,8 @@ from flax import nnx
 from actionopd_jax.config import Config, ConfigError
 from actionopd_jax.model import PRESETS, Qwen3, Qwen3Config, make_mesh, param_shardings
 from actionopd_jax.model.runtime import RuntimeOptions
-from actionopd_jax.train.preflight import check_attention, check_mesh_covers_processes, mesh_sizes
+from actionopd_jax.train.preflight import (check_attention, check_mesh_covers_processes, check_rollout_split,
+                                           mesh_sizes)
 from actionopd_jax.train.step import StepSettings, TrainStep, make_optimizer, split_params
 from actionopd_jax.jax_compat import set_mesh
 
@@ -46,11 +47,29 @@ def mesh_shape(cfg: Config, device_count: int) -> dict[str, int]:
     return mesh_sizes(cfg, device_count)
 
 
+def rollout_devices(cfg: Config) -> tuple:
+    """The devices the sampler's rollout copy goes to: () = every local device, shared with
+    training (mesh.rollout_devices = 0); else the last k of this host's devices, the training
+    mesh being built on the others (`build_mesh`)."""
+    k = cfg.mesh.rollout_devices
+    if not k:
+        return ()
+    check_rollout_split(cfg, jax.process_count())
+    mesh_shape(cfg, jax.device_count())   # the split's own refusals, before any device is used
+    return tuple(jax.devices()[-k:])
+
+
 def build_mesh(cfg: Config):
+    """The training mesh: the first prod(mesh sizes) devices (with mesh.rollout_devices = k,
+    exactly the first D - k; the sampler's are `rollout_devices(cfg)`)."""
+    check_rollout_split(cfg, jax.process_count())
     shape = mesh_shape(cfg, jax.device_count())
     used = math.prod(shape.values())
     check_mesh_covers_processes(shape, jax.device_count(), jax.process_count())
-    if used < jax.device_count():
+    if cfg.mesh.rollout_devices:
+        log.info("mesh %s trains on the first %d of the %d devices; the sampler has the last %d "
+                 "(mesh.rollout_devices)", shape, used, jax.device_count(), cfg.mesh.rollout_devices)
+    elif used < jax.device_count():
         log.warning("mesh %s uses %d of the %d devices", shape, used, jax.device_count())
     if cfg.mesh.target:
         from actionopd_jax.aot.targets import get_target
