@@ -10,7 +10,9 @@ The schedule is the product's (collect/async_source.py, async_scheduler.py):
 - draws up to v + eta are admitted while v updates are done; collect.concurrency (--concurrency,
   the recipe's 64) runners take the admitted task starts oldest draw first, one trajectory each;
 - update v trains draw v's groups once its last trajectory has ended (whole draws, so eta = 0
-  is today's loop: the one-step replay plus the update, step after step);
+  is today's loop: the one-step replay plus the update, step after step); --train-order
+  finished is not the product's rule but shows what that wait costs: update v trains the
+  oldest ended groups, as many as draw v has, once there are that many;
 - a group carries the version current when its rows entered the slots (a row running on
   across a weight swap keeps the older stamp: the conservative one); an update drops a group
   older than eta (admission by draws means none is: the filter is the guarantee).
@@ -70,6 +72,9 @@ def run_async(steps_work: list[list], eta: int, updates: int, args, split: int =
     draw_of = [k for k, step in enumerate(steps_work) for _ in step]
     left = [len(step) for step in steps_work]          # trajectories of each draw not yet ended
     groups_of = [[] for _ in steps_work]                # (trajectory, decision, stamp) that ended
+    finished: collections.deque = collections.deque()   # --train-order finished: every ended group, in order
+    sizes = [sum(t.decisions for t in step) for step in steps_work]
+    by_draw = args.train_order == "draw"
     dchips, tchips = (split, CHIPS - split) if split else (CHIPS, CHIPS)
     pool = decode_pool_tokens(split) if split else args.pool_tokens
     slots = args.slots
@@ -101,12 +106,26 @@ def run_async(steps_work: list[list], eta: int, updates: int, args, split: int =
         while pending and pending[0][0] <= now:                     # groups done by now
             _, _, t, d, stamp = heapq.heappop(pending)
             groups_of[draw_of[t]].append((t, d, stamp))
+            finished.append((t, d, stamp))
             if d + 1 == work[t].decisions:
                 left[draw_of[t]] -= 1
                 running -= 1
-        if train_end is None and left[v] == 0 and not (pending and pending[0][0] <= now):   # the update
-            batch = [(t, d, stamp) for t, d, stamp in groups_of[v] if trainable(stamp, v, eta)]
-            dropped += len(groups_of[v]) - len(batch)
+        if by_draw:
+            ready_to_train, ended = left[v] == 0, groups_of[v]
+        else:                               # the oldest ended groups, as many as draw v has, none too old
+            ready_to_train = len(finished) >= sizes[v]
+            if ready_to_train:
+                keep = [g for g in finished if trainable(g[2], v, eta)]
+                dropped += len(finished) - len(keep)
+                finished = collections.deque(keep)
+                ready_to_train = len(finished) >= sizes[v]
+            ended = list(finished)[:sizes[v]] if ready_to_train else []
+        if train_end is None and ready_to_train:                        # the update
+            batch = [(t, d, stamp) for t, d, stamp in ended if trainable(stamp, v, eta)]
+            dropped += len(ended) - len(batch)
+            if not by_draw:
+                for _ in batch:
+                    finished.popleft()
             for t, d, stamp in batch:
                 staleness[v - stamp] += 1
             dt = step_update_seconds([(prompts[t][d][0], work[t].replies[d]) for t, d, _ in batch], args, tchips)
@@ -211,6 +230,9 @@ def add_options(ap) -> None:
     ap.add_argument("--unpadded-update", action="store_true",
                     help="an option the trainer lacks: every group at its own length, no minibatch padding")
     ap.add_argument("--concurrency", type=int, default=64, help="collect.concurrency: trajectories running")
+    ap.add_argument("--train-order", default="draw", choices=("draw", "finished"),
+                    help="draw: update v trains draw v once it has ended (the product's rule); finished: the "
+                         "oldest ended groups, as many as draw v has (not the product's: what its wait costs)")
     ap.add_argument("--at-goal", default="", help="41, 42 or 41+42: those issues' goals in place of today's costs")
 
 
@@ -246,7 +268,8 @@ def main() -> None:
     print(f"# {label}: {args.updates} updates of {STARTS} task starts, {args.concurrency} running; engine {args.slots} slots "
           f"({args.engine_fixed_ms:.2f} ms + KV at {args.kernel_efficiency:.0%}, prompt KV read "
           f"{'once a group' if args.shared_prompt_read else 'by every row'}); update {args.remat} remat, "
-          f"{'unpadded' if args.unpadded_update else 'padded minibatches'}, {args.train_mfu:.1%} MFU")
+          f"{'unpadded' if args.unpadded_update else 'padded minibatches'}, {args.train_mfu:.1%} MFU; it trains "
+          f"{'whole draws' if args.train_order == 'draw' else 'the oldest ended groups (not the product rule)'}")
     print(f"{'seed':>4} | {'eta':>3} | {'chips':<17} | {'wall s':>8} | {'vs eta=0':>8} | {'slots busy':>10} | "
           f"{'device busy':>11} | {'update s':>8} | {'upd. waited s':>13} | {'dropped':>7} | staleness | runs?")
     for seed in (int(x) for x in args.seeds.split(",")):

@@ -94,3 +94,15 @@ def test_goal_costs_are_the_issues_definitions():
     assert args.train_mfu == pytest.approx(500 / 799)        # issue 42: 500 TFLOP/s of the measured 799
     with pytest.raises(SystemExit, match="41, 42"):
         A.apply_goals(_args("--at-goal", "43"))
+
+
+def test_train_order_finished_trains_the_oldest_ended_groups():
+    # not the product's rule: an update takes as many ended groups as its draw has, from any
+    # draw, so it never waits for a draw's slowest trajectory; groups older than eta are dropped
+    args = _args("--train-order", "finished", "--teacher-median", "60", "--train-mfu", "4")
+    steps = A.draw_steps(0, 8, args)
+    r = A.run_async(steps, 1, 4, args)
+    assert r["trained"] == sum(t.decisions for s in steps[:4] for t in s)
+    assert max(r["staleness"]) <= 1
+    by_draw = A.run_async(steps, 1, 4, _args("--teacher-median", "60", "--train-mfu", "4"))
+    assert r["wall"] < by_draw["wall"]
