@@ -186,6 +186,10 @@ def _engine_lines(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], coll: Co
     from actionopd_jax.sampling import budget as sb
 
     e = engine_shapes(cfg.collect)
+    # issue 44: with collect.max_staleness >= 1 the engine samples from its own copy while the update runs
+    # (on CPU a copy of the training weights, which the synchronous loop samples as they are)
+    eta = cfg.collect.max_staleness
+    copy = coll.rollout_copy or (est.params if eta >= 1 else 0.0)
     split = cfg.mesh.rollout_devices
     reserve = 0.0 if split else est.total - est.params - est.optimizer   # a split's update runs elsewhere
     tensor = split or mesh.get("tensor", 1)
@@ -196,21 +200,24 @@ def _engine_lines(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], coll: Co
              f"  sampler            engine: {e.slots} slots x {e.max_len:,} tokens ({e.page_size}-token pages, "
              f"{e.pages_per_slot} a slot), segments of {e.segment} steps, prefill chunks of {e.chunk}",
              f"  params + AdamW     {coll.resident / GIB:8.2f} GiB",
-             f"  rollout copy       {coll.rollout_copy / GIB:8.2f} GiB",
+             f"  rollout copy       {copy / GIB:8.2f} GiB",
              f"  update reserve     {reserve / GIB:8.2f} GiB  (gradients, activations, logits of an update)"]
+    if eta >= 1:
+        lines.append(f"  beside the update  the pool and the rollout copy stay resident: the engine keeps sampling "
+                     f"while the update runs (collect.max_staleness={eta}) and takes its weights between steps")
     if usable is None:
         return None, 0.0, lines + ["  KV page pool       sized at start from free memory (device memory unknown here)"]
-    pool = max(0.0, usable - coll.resident - coll.rollout_copy - reserve) * sb.SAFETY
+    pool = max(0.0, usable - coll.resident - copy - reserve) * sb.SAFETY
     pages = int(pool // per_page)
     full = pages // e.pages_per_slot
     lines.append(f"  KV page pool       {pages * per_page / GIB:8.2f} GiB  ({pages:,} pages: {min(full, e.slots)} of "
                  f"{e.slots} slots full at once{', the rest prefix cache' if full > e.slots else ''})")
-    peak = coll.resident + coll.rollout_copy + reserve + pages * per_page
+    peak = coll.resident + copy + reserve + pages * per_page
     lines.append(f"  total (an update) {peak / GIB:9.2f} GiB  (params + AdamW + rollout copy + reserve + pool)")
     lines.append("  programs' scratch  taken off the pool at start: XLA's memory analysis of the chunk and "
                  "segment programs, read before the pool is allocated (engine/pool_fit.py)")
     if pages < e.pages_per_slot + 1:
-        left = usable - coll.resident - coll.rollout_copy - reserve
+        left = usable - coll.resident - copy - reserve
         lines.append(f"  the pool does not hold one slot: {usable / GIB:.2f} GiB usable - params + AdamW, rollout copy "
                      f"and update reserve leaves {left / GIB:.2f} GiB, x {sb.SAFETY:.2f} = {pages:,} pages of "
                      f"{per_page / 2 ** 20:.2f} MiB; one slot of {e.max_len:,} tokens needs {e.pages_per_slot:,} "
