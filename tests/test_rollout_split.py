@@ -143,6 +143,14 @@ def test_bad_splits_are_refused_naming_the_fix(tmp_path):
     split = replace_keys(cfg, **{"mesh.rollout_devices": 4})
     with pytest.raises(ConfigError, match=r"runs on one process only \(this run has 2\); set mesh.rollout_devices=0"):
         check_run(split, model_config(split), {"fsdp": 4}, device_count=8, processes=2, platform="cpu")
+    from actionopd_jax.launch.common import LaunchError, check_config_for_machine
+
+    (tmp_path / "run.yaml").write_text("train:\n  steps: 1\n")
+    with pytest.raises(LaunchError, match=r"runs on one process only \(this run has 2\)"):
+        check_config_for_machine(tmp_path / "run.yaml", ["mesh.rollout_devices=4"], machine="a 2-host slice",
+                                 platform="tpu", chips=16, hosts=2)
+    check_config_for_machine(tmp_path / "run.yaml", ["mesh.rollout_devices=4"], machine="one host", platform="gpu",
+                             chips=8, hosts=1)
     # on this host: the trainer's mesh on the first 4 devices, the sampler's the last 4
     assert set(build_mesh(split).devices.flat) == set(jax.devices()[:4])
     assert rollout_devices(split) == tuple(jax.devices()[4:]) and rollout_devices(cfg) == ()

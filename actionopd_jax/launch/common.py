@@ -102,7 +102,8 @@ def check_config_for_machine(path: Path, overrides: list[str], *, machine: str, 
     and processes (the trainer's own start-up checks, train/preflight.py)."""
     from actionopd_jax.config import ConfigError
     from actionopd_jax.config.load import load_config
-    from actionopd_jax.train.preflight import check_batch_layout, check_mesh_covers_processes, mesh_sizes
+    from actionopd_jax.train.preflight import (check_batch_layout, check_mesh_covers_processes, check_rollout_split,
+                                               mesh_sizes)
 
     try:
         cfg = load_config(path, overrides)
@@ -115,6 +116,7 @@ def check_config_for_machine(path: Path, overrides: list[str], *, machine: str, 
                     f"{path.name} is for mesh.target {t.name} ({t.chips} {t.platform.upper()} chip(s)), but "
                     f"{machine} gives {chips} {generation or platform.upper()} chip(s): pick the config for this "
                     f"machine (configs/*: mesh.target) or override mesh.target=...")
+        check_rollout_split(cfg, hosts)   # a device split is one host's (mesh.rollout_devices)
         sizes = mesh_sizes(cfg, chips)
         check_mesh_covers_processes(sizes, chips, hosts)
         check_batch_layout(cfg, sizes, hosts)
