@@ -258,6 +258,25 @@ def plan_student(tokenizer, plans: dict, find_task: Callable[[str], str], eos_id
     return run
 
 
+def toy_run_config(run_dir, price, **keys):
+    """A training run's config over the toy environment and a loopback teacher (the source is
+    built by the test): tiny model, 4 task starts a step, 4 candidates against 3 teacher samples,
+    priced `price` (USD per million input / cached / output tokens), no checkpoint but the
+    last; `keys` (dotted) on top."""
+    from actionopd_jax.config.load import from_dict, replace_keys
+
+    c = {"kind": "actionopd", "num_candidates": 4, "teacher_samples": 3, "freq_bonus": 0.5,
+         "max_response_tokens": 16, "max_prompt_tokens": 1024, "task_starts_per_step": 4, "concurrency": 4,
+         "max_decisions": 2, "temperature": 1.0}
+    cfg = from_dict({"collect": c, "model": {"preset": "tiny"}, "train": {"steps": 3, "max_seq_len": 2048},
+                     "run": {"seed": 3, "progress": False, "tensorboard": False},
+                     "teacher": {"kind": "openai", "provider": "vllm", "model": "teacher",
+                                 "base_url": "http://127.0.0.1:9/v1", "max_tokens": 16},
+                     "env": {"name": "bfcl", "domains": ["base"], "allow_eval_overlap": True}})
+    return replace_keys(cfg, **{"run.dir": str(run_dir), "checkpoint.every_steps": 0, "checkpoint.async_save": False,
+                                "teacher.price": list(price), **keys})
+
+
 def collector_config(**overrides) -> CollectorConfig:
     kw = dict(seed=1234, n=4, reward=RewardConfig(k=3, lam=0.5), max_new_tokens=16, temperature=1.0,
               top_p=1.0, top_k=0, enable_thinking=False, max_prompt_tokens=1024, max_trajectories_in_flight=8,

@@ -14,7 +14,7 @@ from actionopd_jax.config.load import from_dict, replace_keys
 from actionopd_jax.paid_calls import PROMPT_ALLOWANCE_TOKENS, BudgetReached, Ledger, prompt_token_bound
 from tests._chat_fixtures import tiny_tokenizer, tiny_tokenizer_dir  # noqa: F401 (fixtures)
 from tests._collect_fixtures import (ListTaskStream, Script, ToyEnv, judge_backend, make_matcher, make_teacher, serve,
-                                     teacher_backend, toy_task)
+                                     teacher_backend, toy_run_config, toy_task)
 
 PRICE = (1000.0, 0.0, 1000.0)   # USD per million tokens: $0.001 a token, so a request costs about a dollar
 
@@ -112,16 +112,7 @@ def test_the_check_before_step_0_refuses_a_cap_that_cannot_buy_one_batch():
 
 
 def _cfg(tmp_path, name, **keys):
-    c = {"kind": "actionopd", "num_candidates": 4, "teacher_samples": 3, "freq_bonus": 0.5,
-         "max_response_tokens": 16, "max_prompt_tokens": 1024, "task_starts_per_step": 4, "concurrency": 4,
-         "max_decisions": 2, "temperature": 1.0}
-    cfg = from_dict({"collect": c, "model": {"preset": "tiny"}, "train": {"steps": 3, "max_seq_len": 2048},
-                     "run": {"seed": 3, "progress": False, "tensorboard": False},
-                     "teacher": {"kind": "openai", "provider": "vllm", "model": "teacher",
-                                 "base_url": "http://127.0.0.1:9/v1", "max_tokens": 16},
-                     "env": {"name": "bfcl", "domains": ["base"], "allow_eval_overlap": True}})
-    return replace_keys(cfg, **{"run.dir": str(tmp_path / name), "checkpoint.every_steps": 0,
-                                "checkpoint.async_save": False, "teacher.price": list(PRICE), **keys})
+    return toy_run_config(tmp_path / name, PRICE, **keys)
 
 
 def test_a_budget_stops_the_run_before_a_step_that_could_pass_it_with_the_state_saved(tiny_tokenizer, tmp_path):

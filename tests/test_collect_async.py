@@ -14,23 +14,15 @@ from actionopd_jax.config.load import from_dict, replace_keys
 from tests._chat_fixtures import tiny_tokenizer, tiny_tokenizer_dir  # noqa: F401 (fixtures)
 from tests._collect_fixtures import (A, B, BAD, C, ListTaskStream, Script, ToyEnv, case_of, collector_config,
                                      fixed_text_sample_fn, judge_backend, make_matcher, make_teacher, serve,
-                                     teacher_backend, toy_task)
+                                     teacher_backend, toy_run_config, toy_task)
 
 PRICE = (1000.0, 0.0, 1000.0)
 SCRIPT = Script(teacher={}, student={(f"async{i}", d): [A, B, C, BAD] for i in range(16) for d in range(4)})
 
 
 def _cfg(tmp_path, name="run", **keys):
-    c = {"kind": "actionopd", "num_candidates": 4, "teacher_samples": 3, "freq_bonus": 0.5,
-         "max_response_tokens": 16, "max_prompt_tokens": 1024, "task_starts_per_step": 4, "concurrency": 8,
-         "max_decisions": 2, "temperature": 1.0, "sampler": "static", "max_staleness": 1}
-    cfg = from_dict({"collect": c, "model": {"preset": "tiny"}, "train": {"steps": 2, "max_seq_len": 2048},
-                     "run": {"seed": 3, "progress": False, "tensorboard": False},
-                     "teacher": {"kind": "openai", "provider": "vllm", "model": "teacher",
-                                 "base_url": "http://127.0.0.1:9/v1", "max_tokens": 16},
-                     "env": {"name": "bfcl", "domains": ["base"], "allow_eval_overlap": True}})
-    return replace_keys(cfg, **{"run.dir": str(tmp_path / name), "checkpoint.every_steps": 0,
-                                "checkpoint.async_save": False, "teacher.price": list(PRICE), **keys})
+    return toy_run_config(tmp_path / name, PRICE, **{"train.steps": 2, "collect.concurrency": 8,
+                                                    "collect.sampler": "static", "collect.max_staleness": 1, **keys})
 
 
 def test_config_rules_and_the_synchronous_default(tmp_path):
