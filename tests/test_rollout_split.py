@@ -175,12 +175,13 @@ def test_the_reshard_is_one_program_and_never_goes_through_host_memory(monkeypat
     mesh = make_mesh({"fsdp": 4}, devices=jax.devices()[:4])
     placed = jax.device_put(params, nnx.to_pure_dict(param_shardings(nnx.state(nnx.merge(graphdef, params)), mesh)))
     want = {dt: jax.tree.map(lambda x: np.asarray(x.astype(dt or x.dtype)), placed) for dt in (None, jnp.bfloat16)}
-    target = tuple(jax.devices()[4:])
 
     def no_host(self):
         raise AssertionError("the rollout copy went through host memory")
 
-    for dt in (None, jnp.bfloat16):
+    # 4 training devices -> 4 rollout devices (one staged copy of the blocks), -> 2 (two copies)
+    for target, dt in ((tuple(jax.devices()[4:]), None), (tuple(jax.devices()[6:]), None),
+                       (tuple(jax.devices()[6:]), jnp.bfloat16), (tuple(jax.devices()[4:]), jnp.bfloat16)):
         with monkeypatch.context() as m:
             m.setattr(array_impl.ArrayImpl, "_value", property(no_host))
             copy, rmesh = rollout.rollout_params(placed, graphdef, devices=target, dtype=dt)
@@ -190,6 +191,13 @@ def test_the_reshard_is_one_program_and_never_goes_through_host_memory(monkeypat
         assert all(set(x.sharding.device_set) == set(target) for x in leaves)
         assert any("tensor" in jax.tree.leaves(tuple(x.sharding.spec)) for x in leaves)
         jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), copy, want[dt])
+    # a training mesh whose devices are not in id order (jax.make_mesh orders by topology on
+    # accelerators): staged in that order, which jit requires
+    shuffled = jax.sharding.Mesh(np.array([jax.devices()[i] for i in (2, 0, 3, 1)]), ("fsdp",))
+    moved = jax.device_put(placed, jax.tree.map(lambda x: jax.sharding.NamedSharding(shuffled, x.sharding.spec),
+                                                placed))
+    copy, _ = rollout.rollout_params(moved, graphdef, devices=tuple(jax.devices()[6:]), dtype=jnp.bfloat16)
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(np.asarray(a), b), copy, want[jnp.bfloat16])
     before = len(rollout._RESHARD)
     rollout.rollout_params(jax.tree.map(lambda x: x + 1, placed), graphdef, devices=target, dtype=jnp.bfloat16)
     assert len(rollout._RESHARD) == before and not any(x.is_deleted() for x in jax.tree.leaves(placed))

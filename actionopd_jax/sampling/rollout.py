@@ -75,10 +75,13 @@ def _split_rollout(params: Any, graphdef: Any, devices: Any, dtype: Any) -> tupl
     from jax.sharding import AxisType, Mesh, NamedSharding
 
     devices = list(devices)
-    train = {frozenset(x.sharding.device_set) for x in jax.tree.leaves(params)}
-    if len(train) != 1:
+    leaves = jax.tree.leaves(params)
+    if len({frozenset(x.sharding.device_set) for x in leaves}) != 1:
         raise ValueError("rollout_params: the training parameters are not all on one device set")
-    train_devices = sorted(next(iter(train)), key=lambda d: d.id)
+    # in the training mesh's device order: jit wants its outputs on the inputs' device assignment
+    first = leaves[0].sharding
+    train_devices = list(first.mesh.devices.flat) if hasattr(first, "mesh") else sorted(first.device_set,
+                                                                                         key=lambda d: d.id)
     if set(train_devices) & set(devices):
         raise ValueError(f"rollout_params: the rollout devices {[d.id for d in devices]} overlap the training "
                          f"devices {[d.id for d in train_devices]}")
