@@ -101,7 +101,8 @@ def test_a_split_keeps_trainer_and_sampler_apart_and_trains_the_same(tiny_tokeni
 
 def test_the_engine_samples_the_same_tokens_on_its_own_devices(tiny_tokenizer, tmp_path):
     """The real sampler (the engine, collect.sampler auto on CPU): its weights and page pool on
-    the sampler's devices, and the same tokens at every state as without the split."""
+    the sampler's devices, and the same tokens at every state as without the split; at eta=1
+    its weights stay there across the swaps."""
     keys = {"collect.sampler": "auto", "train.steps": 1}
     with serve(teacher_backend(SCRIPT), judge_backend()) as server:
         _, shared, _, t0 = _run(_cfg(tmp_path, "shared", **keys), tiny_tokenizer, server, steps=1, scripted=False)
@@ -113,6 +114,13 @@ def test_the_engine_samples_the_same_tokens_on_its_own_devices(tiny_tokenizer, t
         assert pool and all(set(x.sharding.device_set) <= set(jax.devices()[4:]) for x in pool)
         t0.close()
         trainer.close()
+        # asynchronous (eta=1): the engine takes each step's weights while rows run, on its own devices
+        eta1 = _cfg(tmp_path, "async", **{**keys, "mesh.rollout_devices": 4, "collect.max_staleness": 1,
+                                           "train.steps": 2})
+        _, _, source, trainer = _run(eta1, tiny_tokenizer, server, steps=2, scripted=False)
+        _placed_apart(source, trainer)
+        trainer.close()
+        source.close()
     assert split == shared and split[0]
 
 
