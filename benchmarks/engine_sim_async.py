@@ -1,7 +1,8 @@
 """Replay of ActionOPD steps on the paged engine with a staleness bound eta (issue 44).
 
     python benchmarks/engine_sim_async.py [--updates 100] [--etas 0,1,2,4] [--seeds 0,1] [--splits 1,2,3]
-        [--train-mfu 0.425] [--remat full] [--unpadded-update] [engine_sim options]
+        [--train-mfu 0.425] [--remat full] [--unpadded-update] [--concurrency 64] [--train-order draw]
+        [--at-goal 41+42] [engine_sim options]
 
 The workload and the engine's costs are engine_sim.py's (its docstring; compiler estimates, not
 a measurement); the update's are engine_sim_update.py's (the recipe's padded minibatches, remat
@@ -13,18 +14,18 @@ The schedule is the product's (collect/async_source.py, async_scheduler.py):
   is today's loop: the one-step replay plus the update, step after step); --train-order
   finished is not the product's rule but shows what that wait costs: update v trains the
   oldest ended groups, as many as draw v has, once there are that many;
-- a group carries the version current when its rows entered the slots (a row running on
-  across a weight swap keeps the older stamp: the conservative one); an update drops a group
-  older than eta (admission by draws means none is: the filter is the guarantee).
+- a group carries the version current when its rows entered the slots (engine/versions.py: a
+  request's version is the one it was admitted under; its rows run on across a swap); an update
+  drops a group older than eta (admission by draws means none is: the filter is the guarantee);
+- a swap drops the engine's prefix index (engine/versions.py), so a trajectory's first state
+  after it prefills its whole prompt again.
 Where the devices go:
 - shared (the default, one host): decoding pauses while the update runs (between segments;
   nothing is drained); teacher calls, the matcher and tools go on;
-- split k (mesh.rollout_devices, being built): k chips decode and prefill (engine_sim.py's
+- split k (mesh.rollout_devices): k chips decode and prefill (engine_sim.py's
   steps take CHIPS / k as long; the pool is what k chips hold beside the weights), CHIPS - k
   chips train at the same per-chip rate, and decoding pauses only while the new weights move
   (once per update). A split the recipe cannot run is replayed and marked (train_fits).
-Not modelled: today collect.max_staleness >= 1 refuses the engine (async_source.py: it takes
-new weights only when no row runs), so the engine rows here are what it would give.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def run_async(steps_work: list[list], eta: int, updates: int, args, split: int =
     pending: list = []                    # (time the group is done, seq, trajectory, decision, stamp)
     startable: collections.deque = collections.deque()
     next_decision = [0] * len(work)
+    admitted_at = [-1] * len(work)       # the version the trajectory's last state was admitted under
     waiting, live, rows_left = [], [], {}
     row_tokens = row_prompts = group_prompts = reserved = 0
     now, v, admitted, running, seq = 0.0, 0, 0, 0, 0
@@ -89,7 +91,7 @@ def run_async(steps_work: list[list], eta: int, updates: int, args, split: int =
     chip_s = update_time = waited = teacher_s = 0.0
     last_update_end = 0.0
     decode_slot_steps = active_slot_steps = 0
-    dropped, asked_total, ahead = 0, 0, 0
+    dropped, asked_total, ahead, reprefilled = 0, 0, 0, 0
     staleness = collections.Counter()
     while v < updates:
         if train_end is not None and now >= train_end:              # split: the new weights move
@@ -156,6 +158,10 @@ def run_async(steps_work: list[list], eta: int, updates: int, args, split: int =
             t, asked = waiting[0]
             d = next_decision[t]
             plen, reused = prompts[t][d]
+            if admitted_at[t] != v:        # a swap since its last state dropped the prefix index
+                reused = 0
+            admitted_at[t] = v
+            reprefilled += prompts[t][d][1] - reused
             if reserved + reservation(plen) > pool:                    # first come, first served
                 break
             waiting.pop(0)
@@ -209,7 +215,7 @@ def run_async(steps_work: list[list], eta: int, updates: int, args, split: int =
     return {"wall": now, "util": active_slot_steps / max(decode_slot_steps, 1), "busy": chip_s / (CHIPS * now),
             "update_s": update_time, "dropped": dropped, "trained": sum(staleness.values()),
             "staleness": dict(sorted(staleness.items())), "asked": asked_total, "waited": waited,
-            "teacher_in_flight": teacher_s / now, "draws_ahead": ahead}
+            "teacher_in_flight": teacher_s / now, "draws_ahead": ahead, "reprefilled": reprefilled}
 
 
 def synchronous_wall(steps_work: list[list], updates: int, args) -> float:

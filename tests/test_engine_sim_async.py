@@ -38,6 +38,7 @@ def test_eta_zero_is_the_synchronous_replay():
     # only the trained steps' states were asked of the teacher: nothing ran ahead
     assert r["asked"] == r["trained"]
     assert r["draws_ahead"] == 1
+    assert r["reprefilled"] == 0          # no swap inside a draw: every prefix is reused
 
 
 @pytest.mark.parametrize("eta", [1, 2])
@@ -50,6 +51,9 @@ def test_whole_draws_and_no_group_older_than_eta_is_trained(eta):
     assert r["trained"] == sum(t.decisions for s in steps[:4] for t in s)   # update v: all of draw v
     assert r["dropped"] == 0              # admission by draws: no group can be too old (the filter is the guarantee)
     assert r["draws_ahead"] == eta + 1    # admission control: draws v .. v + eta
+    # a swap drops the prefix index (engine/versions.py): trajectories running across one prefill again
+    reusable = sum(p[1] for s in steps for t in s for p in A.prompts_of(t))
+    assert 0 < r["reprefilled"] < reusable
 
 
 def test_async_is_faster_than_sync_and_needs_enough_steps():
