@@ -125,7 +125,7 @@ def test_the_engine_samples_the_same_tokens_on_its_own_devices(tiny_tokenizer, t
 
 
 def test_bad_splits_are_refused_naming_the_fix(tmp_path):
-    from actionopd_jax.train.preflight import check_run, mesh_sizes
+    from actionopd_jax.train.preflight import check_run, mesh_sizes, placement
     from actionopd_jax.train.setup import build_mesh, model_config, rollout_devices
 
     with pytest.raises(ConfigError, match="mesh.rollout_devices must be >= 0"):
@@ -146,6 +146,9 @@ def test_bad_splits_are_refused_naming_the_fix(tmp_path):
     with pytest.raises(ConfigError, match=r"uses 4 devices but mesh.rollout_devices=2 leaves 6 of 8 for training: "
                                           r"make mesh.data x mesh.fsdp x mesh.tensor = 6"):
         sizes(**{"mesh.rollout_devices": 2})
+    # --check of a fixed mesh plans for its devices plus the sampler's (here 2 + 2 of this host's 8)
+    small = replace_keys(cfg, **{"mesh.fsdp": 2, "mesh.rollout_devices": 2})
+    assert placement(small).devices == 4 and mesh_sizes(small, 4) == {"data": 1, "fsdp": 2, "tensor": 1}
     with pytest.raises(ConfigError, match="cannot split"):
         sizes(**{"mesh.rollout_devices": 2, "mesh.fsdp": -1, "mesh.tensor": 4})
     split = replace_keys(cfg, **{"mesh.rollout_devices": 4})
