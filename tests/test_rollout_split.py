@@ -94,8 +94,7 @@ def test_a_split_keeps_trainer_and_sampler_apart_and_trains_the_same(tiny_tokeni
     assert all(m["updates"] > 0 for m in shared + stale)
     for a, b in zip(shared, split):
         for key in ("loss", "approx_kl", "ratio_mean", "grad_norm", "updates", "rows", "collect/groups_kept"):
-            if key in a:
-                assert b[key] == a[key], key
+            assert b[key] == a[key], key
     assert stale[1]["collect/async/max_staleness"] == 1 and stale[1]["collect/async/stale_dropped"] == 0
 
 
