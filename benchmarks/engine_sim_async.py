@@ -1,8 +1,8 @@
 """Replay of ActionOPD steps on the paged engine with a staleness bound eta (issue 44).
 
     python benchmarks/engine_sim_async.py [--updates 100] [--etas 0,1,2,4] [--seeds 0,1] [--splits 1,2,3]
-        [--train-mfu 0.425] [--remat full] [--unpadded-update] [--concurrency 64] [--train-order draw]
-        [--at-goal 41+42] [engine_sim options]
+        [--train-mfu 0.425] [--remat full] [--unpadded-update] [--sort-key tiles] [--concurrency 64]
+        [--train-order draw] [--at-goal 41+42] [engine_sim options]
 
 The workload and the engine's costs are engine_sim.py's (its docstring; compiler estimates, not
 a measurement); the update's are engine_sim_update.py's (the recipe's padded minibatches, remat
@@ -42,7 +42,8 @@ from engine_sim import (  # noqa: E402
     BW, CHIPS, KV_TOKEN, N, STARTS, WEIGHTS, build_parser, decode_step_seconds, draw_workload, kv_read, prefill_seconds,
     prompts_of,
     reservation, run_engine)
-from engine_sim_update import decode_pool_tokens, train_fits, update_seconds, weight_move_seconds  # noqa: E402
+from engine_sim_update import (  # noqa: E402
+    SORT_KEYS, decode_pool_tokens, train_fits, update_seconds, weight_move_seconds)
 
 
 def trainable(stamp: int, updating: int, eta: int) -> bool:
@@ -56,7 +57,8 @@ def draw_steps(seed: int, steps: int, args) -> list[list]:
 
 
 def step_update_seconds(groups, args, chips: int = CHIPS) -> float:
-    return update_seconds(groups, args.train_mfu, chips, args.remat, padded=not args.unpadded_update)
+    return update_seconds(groups, args.train_mfu, chips, args.remat, padded=not args.unpadded_update,
+                          sort_key=args.sort_key)
 
 
 def run_async(steps_work: list[list], eta: int, updates: int, args, split: int = 0) -> dict:
@@ -235,6 +237,9 @@ def add_options(ap) -> None:
                     help="the recipe's model.remat (full; auto would take attn on the shared 4 chips)")
     ap.add_argument("--unpadded-update", action="store_true",
                     help="an option the trainer lacks: every group at its own length, no minibatch padding")
+    ap.add_argument("--sort-key", default="tiles", choices=SORT_KEYS,
+                    help="which states share a minibatch: tiles (the product's plan) or length (the sort by real "
+                         "tokens it replaced)")
     ap.add_argument("--concurrency", type=int, default=64, help="collect.concurrency: trajectories running")
     ap.add_argument("--train-order", default="draw", choices=("draw", "finished"),
                     help="draw: update v trains draw v once it has ended (the product's rule); finished: the "
@@ -274,7 +279,8 @@ def main() -> None:
     print(f"# {label}: {args.updates} updates of {STARTS} task starts, {args.concurrency} running; engine {args.slots} slots "
           f"({args.engine_fixed_ms:.2f} ms + KV at {args.kernel_efficiency:.0%}, prompt KV read "
           f"{'once a group' if args.shared_prompt_read else 'by every row'}); update {args.remat} remat, "
-          f"{'unpadded' if args.unpadded_update else 'padded minibatches'}, {args.train_mfu:.1%} MFU; it trains "
+          f"{'unpadded' if args.unpadded_update else f'padded minibatches ({args.sort_key})'}, "
+          f"{args.train_mfu:.1%} MFU; it trains "
           f"{'whole draws' if args.train_order == 'draw' else 'the oldest ended groups (not the product rule)'}")
     print(f"{'seed':>4} | {'eta':>3} | {'chips':<17} | {'wall s':>8} | {'vs eta=0':>8} | {'slots busy':>10} | "
           f"{'device busy':>11} | {'update s':>8} | {'upd. waited s':>13} | {'dropped':>7} | staleness | runs?")

@@ -4,9 +4,12 @@ engine_sim.py's CHIPS, PEAK and BW are a TPU v5p-8, so the recipe is configs/pap
 One update of train/loop.py `update_epoch` under it:
 - train.shared_prompt: a state's N candidates are one packed row [prompt | N response regions]
   (train/batching.SharedRow), the prompt computed once;
-- train.sort_by_length: rows sorted by their real tokens (prompt + responses), minibatches of
-  consecutive runs of MINIBATCH_UNITS = 64 states (minibatch_rows 256 = 16 microbatches x 4 rows
-  x N); a minibatch is padded to all its 64 rows, its prompt region to bucket_length(longest
+- train.sort_by_length: minibatches of MINIBATCH_UNITS = 64 states (minibatch_rows 256 = 16
+  microbatches x 4 rows x N), planned by the product's train/batching.plan_shared_minibatches
+  (imported: bands of prompt length, cut by longest reply inside, the bands chosen for the
+  fewest padded tokens; until issue 44's replay found 71% of the update's FLOPs were padding,
+  the rows were sorted by real tokens, prompt + replies: --sort-key length replays that);
+  a minibatch is padded to all its 64 rows, its prompt region to bucket_length(longest
   prompt, 64) and each response region to bucket_length(longest response, 128) (loop.py:
   logits_chunk 512 // gcd(512, N)); the device computes those padded shapes;
 - train.old_logprobs recompute: one forward over every minibatch before the updates;
@@ -30,6 +33,8 @@ from __future__ import annotations
 import math
 
 from engine_sim import HEAD_DIM, KV_TOKEN, LAYERS, N, PEAK, Q_HEADS, WEIGHTS
+
+from actionopd_jax.train.batching import plan_shared_minibatches
 
 HIDDEN, VOCAB = 2560, 151936
 NON_EMBEDDING = 3_633_511_936          # model/config.count_params(qwen3-4b)["non_embedding"]
@@ -61,16 +66,25 @@ def row_flops(prompt: int, replies) -> dict:
             "head": 2 * HIDDEN * VOCAB * resp}
 
 
-def minibatches(groups) -> list[tuple[int, int]]:
+SORT_KEYS = ("tiles", "length")   # the product's plan; the sort by real tokens it replaced
+
+
+def minibatches(groups, sort_key: str = "tiles") -> list[tuple[int, int]]:
     """(prompt width, response width) of each minibatch the trainer packs from `groups`
-    ((prompt length, N reply lengths) per state), each MINIBATCH_UNITS rows."""
-    units = sorted(groups, key=lambda g: g[0] + sum(g[1]))          # sort_by_length (a stable sort)
-    out = []
-    for i in range(0, len(units), MINIBATCH_UNITS):
-        chunk = units[i:i + MINIBATCH_UNITS]
-        out.append((bucket_length(max(p for p, _ in chunk), PROMPT_MULTIPLE),
-                    bucket_length(max(max(r) for _, r in chunk), RESP_MULTIPLE)))
-    return out
+    ((prompt length, N reply lengths) per state), each MINIBATCH_UNITS rows. sort_key
+    "tiles": the product's plan (the identity order for its seeded tie-breaks); "length": the
+    sort by real tokens, prompt + replies, that it replaced (a stable sort, consecutive runs)."""
+    if sort_key == "tiles":
+        chunks = [[groups[i] for i in c] for c in plan_shared_minibatches(
+            [p for p, _ in groups], [max(r) for _, r in groups], units=MINIBATCH_UNITS, regions=N,
+            multiples=(PROMPT_MULTIPLE, RESP_MULTIPLE), order=range(len(groups)))]
+    elif sort_key == "length":
+        units = sorted(groups, key=lambda g: g[0] + sum(g[1]))
+        chunks = [units[i:i + MINIBATCH_UNITS] for i in range(0, len(units), MINIBATCH_UNITS)]
+    else:
+        raise ValueError(f"sort_key is one of {SORT_KEYS}, got {sort_key!r}")
+    return [(bucket_length(max(p for p, _ in c), PROMPT_MULTIPLE),
+             bucket_length(max(max(r) for _, r in c), RESP_MULTIPLE)) for c in chunks]
 
 
 def hardware_flops(f: dict, remat: str) -> float:
@@ -80,12 +94,14 @@ def hardware_flops(f: dict, remat: str) -> float:
     return 3 * sum(f.values()) + extra
 
 
-def update_seconds(groups, mfu: float, chips: int, remat: str = "full", padded: bool = True) -> float:
+def update_seconds(groups, mfu: float, chips: int, remat: str = "full", padded: bool = True,
+                   sort_key: str = "tiles") -> float:
     """Device seconds of one update over `groups` on `chips` chips: per minibatch the
     old-logprob forward and the train step, at padded shapes (the module docstring).
     padded=False: each group at its own length, as no code here packs them (an option)."""
     if padded:
-        rows = [{k: MINIBATCH_UNITS * v for k, v in row_flops(p, [r] * N).items()} for p, r in minibatches(groups)]
+        rows = [{k: MINIBATCH_UNITS * v for k, v in row_flops(p, [r] * N).items()}
+                for p, r in minibatches(groups, sort_key)]
     else:
         rows = [row_flops(p, r) for p, r in groups]
     total = 0.0
@@ -96,9 +112,9 @@ def update_seconds(groups, mfu: float, chips: int, remat: str = "full", padded: 
     return total
 
 
-def padding_share(groups) -> float:
+def padding_share(groups, sort_key: str = "tiles") -> float:
     """The share of the update's model FLOPs spent on padding (rows, prompt and response regions)."""
-    padded = sum(MINIBATCH_UNITS * sum(row_flops(p, [r] * N).values()) for p, r in minibatches(groups))
+    padded = sum(MINIBATCH_UNITS * sum(row_flops(p, [r] * N).values()) for p, r in minibatches(groups, sort_key))
     return 1.0 - sum(sum(row_flops(p, r).values()) for p, r in groups) / padded
 
 

@@ -51,17 +51,32 @@ def test_constants_are_the_products():
 
 
 def test_minibatches_are_padded_as_the_trainer_packs_them():
-    # 65 states: 64 short ones and one long; sorted by real tokens, the long one is alone in
-    # the second minibatch, which is still padded to all 64 rows
+    # 65 states: 64 short ones and one long. Sorted by real tokens (the old rule), the long one
+    # is alone in the second minibatch, still padded to all 64 rows; the product's tiling fills
+    # those rows with 63 short states, which cost nothing there, and leaves one short state alone
+    # in a narrow first minibatch (the state with the 1,100-token reply no longer widens it)
     groups = [(1000, [100, 200, 700, 50])] * 63 + [(1000, [100, 100, 100, 1100])] + [(9000, [4096] * 4)]
-    assert U.minibatches(groups) == [(1024, 1280), (10240, 4096)]
+    assert U.minibatches(groups, "length") == [(1024, 1280), (10240, 4096)]
+    assert U.minibatches(groups) == U.minibatches(groups, "tiles") == [(1024, 768), (10240, 4096)]
     # widths round up to max(multiple, 2^floor(log2 n) / 4): 1,000 -> 1,024 (128); 1,100 -> 1,280 (256);
-    # 9,000 -> 10,240 (2,048)
-    assert U.bucket_length(1100, 128) == 1280 and U.bucket_length(9000, 64) == 10240
-    padded = 64 * sum(U.row_flops(10240, [4096] * 4).values()) + 64 * sum(U.row_flops(1024, [1280] * 4).values())
+    # 700 -> 768 (128); 9,000 -> 10,240 (2,048)
+    assert U.bucket_length(1100, 128) == 1280 and U.bucket_length(700, 128) == 768
+    assert U.bucket_length(9000, 64) == 10240
     real = sum(sum(U.row_flops(p, r).values()) for p, r in groups)
-    assert U.padding_share(groups) == pytest.approx(1 - real / padded, rel=1e-12)
-    assert U.padding_share(groups) > 0.9          # 63 empty rows of the long minibatch
+    long = 64 * sum(U.row_flops(10240, [4096] * 4).values())
+    for key, resp in (("length", 1280), ("tiles", 768)):
+        padded = long + 64 * sum(U.row_flops(1024, [resp] * 4).values())
+        assert U.padding_share(groups, key) == pytest.approx(1 - real / padded, rel=1e-12)
+    assert U.padding_share(groups) < U.padding_share(groups, "length")
+    assert U.padding_share(groups) > 0.9          # still 64 rows at the long state's widths
+    with pytest.raises(ValueError, match="sort_key"):
+        U.minibatches(groups, "prompt")
+
+
+def test_replay_plans_with_the_products_function():
+    # engine_sim_update imports train/batching.plan_shared_minibatches: the replay cannot drift
+    from actionopd_jax.train import batching
+    assert U.plan_shared_minibatches is batching.plan_shared_minibatches
 
 
 def test_update_time_by_hand():

@@ -10,7 +10,8 @@ from flax import nnx
 
 from actionopd_jax.train import losses as L
 from actionopd_jax.model.runtime import RuntimeOptions
-from actionopd_jax.train.batching import Row, bucket_length, pack_minibatch, plan_minibatches, rows_from_groups
+from actionopd_jax.train.batching import (Row, bucket_length, pack_minibatch, plan_minibatches, rows_from_groups,
+                                         share_prompts)
 from actionopd_jax.train.step import StepSettings, make_optimizer, response_logprobs
 from actionopd_jax.types import Candidate, Message, StateGroup
 from tests._train_fixtures import (TINY, device_params, max_abs_diff, packed, random_rows, tiny_params,
@@ -73,6 +74,50 @@ def test_plan_minibatches_sorted_by_length_and_seeded():
     assert all(max(a) <= min(b) for a, b in zip(lengths, lengths[1:]))
     again = plan_minibatches(rows, minibatch_rows=4, sort_by_length=True, rng=np.random.default_rng(0))
     assert plan == again
+
+
+def _shared_units(shapes):
+    """SharedRows of (prompt length, reply lengths) through share_prompts, as the trainer makes them."""
+    rows = [Row(np.ones(p, np.int32), np.ones(r, np.int32), group=g) for g, (p, replies) in enumerate(shapes)
+            for r in replies]
+    return share_prompts(rows)
+
+
+def test_shared_rows_are_tiled_by_prompt_and_reply():
+    """train.shared_prompt packs a minibatch [rows x (prompt width + N x reply width)], each width
+    its longest: sorting by real tokens paired long prompts with long replies (issue 44's replay:
+    71% padding); the tiling pairs like shapes. Widths under 128 are exact buckets of 16."""
+    shapes = [(112, [16, 16]), (16, [64, 64]), (112, [16, 32]), (16, [64, 80])]   # real tokens 144, 144, 160, 160
+    units = _shared_units(shapes)
+
+    def area(plan):
+        return sum(max(shapes[i][0] for i in c) + 2 * max(max(shapes[i][1]) for i in c) for c in plan)
+
+    old = plan_minibatches(units, minibatch_rows=2, sort_by_length=True, rng=np.random.default_rng(0))
+    new = plan_minibatches(units, minibatch_rows=2, sort_by_length=True, rng=np.random.default_rng(0),
+                           regions=2, multiples=(16, 16))
+    assert sorted(map(sorted, old)) == [[0, 1], [2, 3]] and area(old) == (112 + 2 * 64) + (112 + 2 * 80) == 512
+    assert sorted(map(sorted, new)) == [[0, 2], [1, 3]] and area(new) == 2 * (16 + 2 * 80) == 352
+
+    # the paper recipe's shape at random: minibatch count, trained rows, spare room and seed are kept
+    gen = np.random.default_rng(3)
+    shapes = [(int(gen.integers(500, 24576)), gen.integers(1, 4096, size=4).tolist()) for _ in range(203)]
+    units = _shared_units(shapes)
+    kw = dict(minibatch_rows=16, sort_by_length=True, regions=4, multiples=(64, 128))
+    plan = plan_minibatches(units, rng=np.random.default_rng(7), **kw)
+    assert sorted(sum(plan, [])) == list(range(203)) and sorted(map(len, plan)) == [11] + [16] * 12
+    assert plan == plan_minibatches(units, rng=np.random.default_rng(7), **kw)
+
+    def widths(plan):
+        return [bucket_length(max(shapes[i][0] for i in c), 64)
+                + 4 * bucket_length(max(max(shapes[i][1]) for i in c), 128) for c in plan]
+
+    assert widths(plan) == sorted(widths(plan))      # cheapest first: minibatch i of every process alike
+    by_length = plan_minibatches(units, rng=np.random.default_rng(7), **{**kw, "regions": 0})
+    assert len(by_length) == 13 and sum(widths(plan)) < 0.9 * sum(widths(by_length))
+    # unsorted: a seeded random partition, whatever the regions
+    assert plan_minibatches(units, rng=np.random.default_rng(7), **{**kw, "sort_by_length": False}) == \
+        plan_minibatches(units, rng=np.random.default_rng(7), **{**kw, "sort_by_length": False, "regions": 0})
 
 
 # ---- logits only at response positions ----------------------------------------------------

@@ -6,7 +6,8 @@ step needs fixed shapes, so:
 
 - rows are sorted by length and cut into minibatches of consecutive rows (one optimizer
   update each; the loop shuffles the order of minibatches with a seeded generator), so the
-  rows of a minibatch have similar lengths;
+  rows of a minibatch have similar lengths; shared-prompt rows have two widths (prompt, and
+  the N response regions) and are tiled in both instead (`plan_shared_minibatches`);
 - a minibatch is [microbatches, rows, T] with T (and the response width R) rounded up to a
   small set of bucket sizes, so few distinct shapes are ever compiled;
 - missing rows are zero-weight padding rows (they add nothing to sums or counts).
@@ -143,13 +144,18 @@ def rows_from_groups(groups: Sequence[StateGroup], *, need_teacher_logp: bool = 
 
 
 def plan_minibatches(
-    rows: Sequence[Row], *, minibatch_rows: int, sort_by_length: bool, rng: np.random.Generator
+    rows: Sequence[Row] | Sequence[SharedRow], *, minibatch_rows: int, sort_by_length: bool,
+    rng: np.random.Generator, regions: int = 0, multiples: tuple[int, int] = (64, 16),
 ) -> list[list[int]]:
     """Row indices of each minibatch (one optimizer update each), shortest first.
 
     With `sort_by_length`, minibatches are consecutive runs of length-sorted rows (little
-    padding); otherwise a seeded random partition. The caller shuffles the order of the
-    minibatches (with one permutation shared by all processes).
+    padding); otherwise a seeded random partition. `regions` > 0: `rows` are SharedRows packed
+    with that many response regions (train.shared_prompt), and `sort_by_length` tiles them by
+    prompt and longest response (`plan_shared_minibatches`, bucketed by `multiples`: the prompt
+    and the response region's). Either way ceil(len(rows) / minibatch_rows) minibatches of at
+    most minibatch_rows rows. The caller shuffles the order of the minibatches (with one
+    permutation shared by all processes).
     """
     if minibatch_rows <= 0:
         raise ValueError(f"minibatch_rows must be positive, got {minibatch_rows}")
@@ -157,9 +163,72 @@ def plan_minibatches(
     if n == 0:
         return []
     perm = rng.permutation(n).tolist()
+    if sort_by_length and regions:
+        return plan_shared_minibatches([len(u.prompt) for u in rows], [u.longest_response for u in rows],
+                                       units=minibatch_rows, regions=regions, multiples=multiples, order=perm)
     # stable sort of a seeded permutation: ties are broken by the seed, not by arrival order
     order = sorted(perm, key=lambda i: rows[i].length) if sort_by_length else perm
     return [order[i : i + minibatch_rows] for i in range(0, n, minibatch_rows)]
+
+
+TILE_SPAN = 8   # minibatches a prompt band may hold: wider never won in the replay, and it keeps planning linear
+
+
+def plan_shared_minibatches(prompt_lens: Sequence[int], resp_lens: Sequence[int], *, units: int, regions: int,
+                            multiples: tuple[int, int], order: Sequence[int]) -> list[list[int]]:
+    """Minibatches of shared-prompt rows (indices into the lengths), smallest padded area first.
+
+    A minibatch of shared rows is packed [units rows x (prompt width + regions x response
+    width)], each width the bucket of its longest (train/loop.py update_epoch), so sorting by
+    one length leaves the other wide: sorted by real tokens, nearly every minibatch of the paper
+    recipe held some 4,096-token reply and 71% of the update's FLOPs were padding
+    (benchmarks/engine_sim_update.py). Here the rows are sorted by prompt and cut into bands
+    of whole minibatches; inside a band they are sorted by longest response and cut into
+    minibatches. The bands are chosen by dynamic programming to minimise the padded tokens,
+    units x (bucketed prompt + regions x bucketed response) per minibatch. The count of
+    minibatches stays ceil(n / units), all full but one: the spare room goes to the shortest
+    prompts' minibatch or the longest's, whichever pads fewer. `order` (the seeded permutation) breaks
+    ties: both sorts are stable. The result is ordered by padded area, so minibatch i of every
+    process has a like cost (the loop takes each width's maximum over processes)."""
+    n = len(order)
+    if n == 0:
+        return []
+    prompts, resps = np.asarray(prompt_lens, np.int64), np.asarray(resp_lens, np.int64)
+    by_prompt = np.asarray(sorted(order, key=lambda i: prompts[i]), np.int64)
+    k = -(-n // units)
+    spare = k * units - n
+
+    def plan(starts: list[int]) -> tuple[float, list[np.ndarray]]:
+        """Minibatch c holds by_prompt[starts[c]:starts[c + 1]] of the bands; the fewest padded tokens."""
+
+        def band(a: int, b: int) -> tuple[float, list[np.ndarray]]:
+            """Minibatches a..b-1 as one band: their padded tokens and their rows."""
+            rows = by_prompt[starts[a]:starts[b]]
+            rows = rows[np.argsort(resps[rows], kind="stable")]
+            cuts = [rows[starts[c] - starts[a]:starts[c + 1] - starts[a]] for c in range(a, b)]
+            return float(sum(width(c) for c in cuts)), cuts
+
+        best: list[tuple[float, list[np.ndarray]]] = [(0.0, [])]
+        for b in range(1, k + 1):    # best[b]: minibatches 0..b-1 in bands; ties keep the narrower last band
+            options = []
+            for a in range(b - 1, max(0, b - TILE_SPAN) - 1, -1):
+                area, cuts = band(a, b)
+                options.append((best[a][0] + area, best[a][1] + cuts))
+            best.append(min(options, key=lambda o: o[0]))
+        return best[k]
+
+    def width(rows: np.ndarray) -> int:   # padded tokens of a packed row of these
+        return (bucket_length(int(prompts[rows].max()), multiples[0])
+                + regions * bucket_length(int(resps[rows].max()), multiples[1]))
+
+    # the spare room in the shortest prompts' minibatch (fewer tokens on the replay), or in the
+    # longest's where that pads fewer (one outlier alone); ties keep the first
+    plans = [plan([0] + [c * units - spare for c in range(1, k)] + [n])]
+    if spare and k > 1:
+        plans.append(plan([c * units for c in range(k)] + [n]))
+    _, cuts = min(plans, key=lambda o: o[0])
+    cost = [width(c) for c in cuts]
+    return [cuts[i].tolist() for i in sorted(range(k), key=lambda i: cost[i])]
 
 
 def pack_minibatch(

@@ -290,13 +290,14 @@ class Trainer:
         stale = self.cfg.collect.max_staleness >= 1   # asynchronous collection: mark stale rows
         units = share_prompts(rows) if shared else rows
         micro = t.minibatch_rows // (t.microbatch_rows * (shared or 1))
-        rng = np.random.default_rng([self.cfg.run.seed, step, 1])
-        chunks = plan_minibatches(units, minibatch_rows=micro * local_b, sort_by_length=t.sort_by_length, rng=rng)
-
-        # every process must run the same number of updates with the same shapes
         resp_multiple = t.logits_chunk if t.logits_chunk > 0 else 16
         if shared and t.logits_chunk > 0:  # N regions together must be whole logits chunks
             resp_multiple = max(16, t.logits_chunk // math.gcd(t.logits_chunk, shared))
+        rng = np.random.default_rng([self.cfg.run.seed, step, 1])
+        chunks = plan_minibatches(units, minibatch_rows=micro * local_b, sort_by_length=t.sort_by_length, rng=rng,
+                                  regions=shared, multiples=(t.bucket_multiple, resp_multiple))
+
+        # every process must run the same number of updates with the same shapes
         n_global = int(distributed.allgather(np.asarray([len(chunks)]))[:, 0].max())
         widths = np.zeros((n_global, 2), np.int64)
         for i, chunk in enumerate(chunks):
