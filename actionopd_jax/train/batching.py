@@ -208,14 +208,19 @@ def plan_shared_minibatches(prompt_lens: Sequence[int], resp_lens: Sequence[int]
             cuts = [rows[starts[c] - starts[a]:starts[c + 1] - starts[a]] for c in range(a, b)]
             return float(sum(width(c) for c in cuts)), cuts
 
-        best: list[tuple[float, list[np.ndarray]]] = [(0.0, [])]
-        for b in range(1, k + 1):    # best[b]: minibatches 0..b-1 in bands; ties keep the narrower last band
+        # best[b]: (padded tokens, first minibatch of the last band, its minibatches) for minibatches
+        # 0..b-1 in bands; ties keep the narrower last band
+        best: list[tuple[float, int, list[np.ndarray]]] = [(0.0, 0, [])]
+        for b in range(1, k + 1):
             options = []
             for a in range(b - 1, max(0, b - TILE_SPAN) - 1, -1):
                 area, cuts = band(a, b)
-                options.append((best[a][0] + area, best[a][1] + cuts))
+                options.append((best[a][0] + area, a, cuts))
             best.append(min(options, key=lambda o: o[0]))
-        return best[k]
+        out, b = [], k
+        while b:
+            out[:0], b = best[b][2], best[b][1]
+        return best[k][0], out
 
     def width(rows: np.ndarray) -> int:   # padded tokens of a packed row of these
         return (bucket_length(int(prompts[rows].max()), multiples[0])
