@@ -100,6 +100,24 @@ def test_the_asynchronous_method_takes_eta_from_compare_max_staleness_and_is_che
     load_compare(CONFIGS / "compare_tiny.yaml", ["compare.methods=actionopd", "train.old_logprobs=sampler"])  # eta 0: fine
 
 
+def test_task_starts_per_step_reaches_every_runs_config_and_zero_keeps_every_training_task(tmp_path):
+    """compare.task_starts_per_step makes a run take several collection steps (what eta=1 needs to
+    overlap anything); 0 keeps the main job's phase: every training task started once a step."""
+    cfg, s = load_compare(CONFIGS / "compare_tiny.yaml", ["compare.task_starts_per_step=2"])
+    assert s.task_starts_per_step == 2
+    train = [Task(f"t{i}", "bfcl") for i in range(5)]
+    shared = compare_runner.Shared(cfg=cfg, teacher_cfg=cfg, teacher_over={}, settings=s, train=train,
+                                   heldout={"whole": [Task("h0", "bfcl", split="heldout")]}, tokenizer=None,
+                                   tokenizer_dir=tmp_path, start_dir=tmp_path, trajectories=tmp_path, privileged=False)
+    for name in ("actionopd", "actionopd_async", "kd"):
+        method = compare_plan.resolve_method(name, s)
+        assert compare_runner.method_config(shared, method, 0, tmp_path).collect.task_starts_per_step == 2
+    every = dataclasses.replace(shared, settings=dataclasses.replace(s, task_starts_per_step=0))
+    assert compare_runner.method_config(every, compare_plan.METHODS["actionopd"], 0, tmp_path).collect.task_starts_per_step == 5
+    with pytest.raises(ConfigError, match="task_starts_per_step >= 0"):
+        load_compare(None, ["compare.task_starts_per_step=-1"])
+
+
 class _Stepper:
     """A trainer whose steps update nothing (as when no group is active) or fail at `fail_at`."""
 

@@ -73,6 +73,10 @@ class CompareSettings:
     max_steps: int = 0  # collection steps an on-policy run may take to reach it (0: 4 x updates)
     lr: float = 0.0  # every method's lr (0: experiment.opd_lr, else train.lr)
     max_staleness: int = 1  # eta of actionopd_async (the asynchronous ActionOPD method), >= 1
+    # Task starts per collection step (0: every training task once, the main job's phase). Fewer
+    # starts make a run take several collection steps to spend its updates, which is what an
+    # asynchronous run needs to overlap anything.
+    task_starts_per_step: int = 0
     # Tasks cut to their first n user turns (0: whole tasks): the training tasks (collection,
     # the warm start's trajectories), and each held-out evaluation (every final policy is
     # evaluated once per entry; the first entry is the headline).
@@ -125,8 +129,9 @@ def validate_settings(s: CompareSettings) -> None:
     if s.max_staleness < 1:
         raise ConfigError(f"compare.max_staleness is actionopd_async's eta and must be >= 1 (eta=0 is the "
                           f"method actionopd), got {s.max_staleness}")
-    if s.updates < 1 or s.max_steps < 0 or s.train_user_turns < 0 or s.lr < 0:
-        raise ConfigError("compare.updates must be >= 1; compare.max_steps, train_user_turns and lr >= 0")
+    if s.updates < 1 or s.max_steps < 0 or s.train_user_turns < 0 or s.lr < 0 or s.task_starts_per_step < 0:
+        raise ConfigError("compare.updates must be >= 1; compare.max_steps, train_user_turns, lr and "
+                          "task_starts_per_step >= 0")
     if not s.eval_user_turns or min(s.eval_user_turns) < 0 or len(set(s.eval_user_turns)) != len(s.eval_user_turns):
         raise ConfigError(f"compare.eval_user_turns must be distinct turn counts >= 0 (0: whole tasks), "
                           f"got {list(s.eval_user_turns)}")

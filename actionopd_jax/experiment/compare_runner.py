@@ -221,8 +221,9 @@ def method_config(shared: Shared, method: Method, seed: int, rdir: Path) -> Conf
                                    run_dir=rdir, train_tasks=shared.train,
                                    heldout_tasks=next(iter(shared.heldout.values())),
                                    teacher=shared.teacher_over)
-    return replace_keys(pcfg, **{**method.overrides, "run.seed": seed, "train.lr": shared.lr, "train.steps": s.step_cap,
-                                 "checkpoint.every_steps": 0})
+    starts = {"collect.task_starts_per_step": s.task_starts_per_step} if s.task_starts_per_step else {}
+    return replace_keys(pcfg, **{**method.overrides, **starts, "run.seed": seed, "train.lr": shared.lr,
+                                 "train.steps": s.step_cap, "checkpoint.every_steps": 0})
 
 
 def run_collector_method(shared: Shared, method: Method, seed: int, rdir: Path) -> dict[str, Any]:
