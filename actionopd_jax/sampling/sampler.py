@@ -41,9 +41,7 @@ class Generation:
     token_ids: np.ndarray     # int32[L]
     logprobs: np.ndarray      # float32[L], full softmax at the sampling temperature (T=1 if greedy)
     finish_reason: str        # "stop" (end token) | "length" (max_new_tokens)
-    # int32[L]: the policy version of the weights that sampled each token, where the sampler's
-    # weights can change mid-sequence (the engine's in-flight swaps, engine/versions.py); else None
-    versions: np.ndarray | None = None
+    versions: np.ndarray | None = None  # int32[L] policy version per token (engine/versions.py); else None
 
 
 @dataclasses.dataclass
