@@ -100,7 +100,7 @@ def test_the_asynchronous_method_takes_eta_from_compare_max_staleness_and_is_che
     load_compare(CONFIGS / "compare_tiny.yaml", ["compare.methods=actionopd", "train.old_logprobs=sampler"])  # eta 0: fine
 
 
-def test_task_starts_per_step_reaches_every_runs_config_and_zero_keeps_every_training_task(tmp_path):
+def test_task_starts_per_step_reaches_every_runs_config_and_zero_keeps_every_training_task(tmp_path, monkeypatch):
     """compare.task_starts_per_step makes a run take several collection steps (what eta=1 needs to
     overlap anything); 0 keeps the main job's phase: every training task started once a step."""
     cfg, s = load_compare(CONFIGS / "compare_tiny.yaml", ["compare.task_starts_per_step=2"])
@@ -112,6 +112,18 @@ def test_task_starts_per_step_reaches_every_runs_config_and_zero_keeps_every_tra
     for name in ("actionopd", "actionopd_async", "kd"):
         method = compare_plan.resolve_method(name, s)
         assert compare_runner.method_config(shared, method, 0, tmp_path).collect.task_starts_per_step == 2
+    # and the phase's task stream starts that many a step (the collector itself is not built here)
+    from actionopd_jax.baselines import wiring
+    from actionopd_jax.experiment import phases
+    from actionopd_jax.train import setup
+
+    streams = []
+    monkeypatch.setattr(setup, "model_config", lambda cfg: None)   # no student on disk here
+    monkeypatch.setattr(wiring, "collector_source_class",
+                        lambda cfg: lambda cfg, ctx, stream, buckets: streams.append(stream))
+    pcfg = compare_runner.method_config(shared, compare_plan.METHODS["actionopd"], 0, tmp_path)
+    phases.actionopd_source(pcfg, tasks=train, run_dir=tmp_path, name="bfcl:compare-train")
+    assert streams[0].step_size == 2 and len(streams[0].next_step()) == 2
     every = dataclasses.replace(shared, settings=dataclasses.replace(s, task_starts_per_step=0))
     assert compare_runner.method_config(every, compare_plan.METHODS["actionopd"], 0, tmp_path).collect.task_starts_per_step == 5
     with pytest.raises(ConfigError, match="task_starts_per_step >= 0"):

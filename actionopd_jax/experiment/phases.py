@@ -185,7 +185,7 @@ def actionopd_source(pcfg: Config, *, tasks: list[Task], run_dir: Path, name: st
 
     ctx = SourceContext(model_config=model_config(pcfg), run_dir=str(run_dir), tokenizer_path=pcfg.model.tokenizer,
                         process_index=0, process_count=1, mesh=build_mesh(pcfg))
-    stream = TaskStream([(TaskSource(name, tasks), len(tasks))], seed=pcfg.run.seed)
+    stream = TaskStream([(TaskSource(name, tasks), pcfg.collect.task_starts_per_step)], seed=pcfg.run.seed)
     inner = collector_source_class(pcfg)(pcfg, ctx, stream=stream,
                                  buckets=sampler_buckets(pcfg, pcfg.collect.num_candidates,
                                                          pcfg.collect.max_response_tokens))
