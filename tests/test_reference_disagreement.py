@@ -110,3 +110,40 @@ def test_bad_probabilities_are_refused_with_what_to_set():
         Disagreement(alternative=0.8, wrong=0.3)
     with pytest.raises(ValueError, match=r"wrong=-0.1 must be a probability"):
         Disagreement(wrong=-0.1)
+
+
+def test_latency_holds_each_answer_without_blocking_other_requests(turn2, monkeypatch):
+    """experiment.reference.latency_s (a paid API's latency, for measuring schedules): every
+    answer waits that long on the server's loop, concurrent requests wait together, answers are
+    unchanged. The wait is recorded, not timed: both requests must be waiting at once."""
+    import types
+
+    from actionopd_jax.config import ConfigError
+    from actionopd_jax.config.load import load_config
+    from actionopd_jax.serve import reference_backend
+    from tests._configs import CONFIGS
+
+    task, obs = turn2
+    waiting, most = [], []
+
+    async def recorded_sleep(seconds):
+        waiting.append(seconds)
+        most.append(len(waiting))
+        for _ in range(500):   # let the other request arrive; a blocked loop never lets it
+            if max(most) >= 2:
+                break
+            await asyncio.sleep(0.01)
+        waiting.pop()
+
+    monkeypatch.setattr(reference_backend, "asyncio", types.SimpleNamespace(sleep=recorded_sleep))
+    with serve([ReferenceBackend([task], latency_s=7.5)]) as server:
+        teacher = teacher_for(server, MODEL_NAME)
+
+        async def two():
+            return await asyncio.gather(teacher.sample(obs.messages, obs.tools, 2), teacher.sample(obs.messages, obs.tools, 2))
+
+        answers = asyncio.run(two())
+    assert max(most) == 2 and not waiting
+    assert [s.action for a in answers for s in a] == [CD_PROJECTS] * 4
+    with pytest.raises(ConfigError, match="experiment.reference.latency_s=-1.0 must be 0-600 seconds"):
+        load_config(CONFIGS / "tiny_cpu.yaml", ["experiment.reference.latency_s=-1"])

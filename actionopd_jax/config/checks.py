@@ -282,6 +282,9 @@ def _validate_experiment(exp: ExperimentConfig) -> None:
     if not (0.0 <= r.alternative <= 1.0 and 0.0 <= r.wrong <= 1.0 and r.alternative + r.wrong <= 1.0) or r.seed < 0:
         raise ConfigError(f"experiment.reference: alternative={r.alternative} and wrong={r.wrong} must be probabilities "
                           f"with a sum <= 1, and seed={r.seed} >= 0 (all 0: a deterministic reference teacher)")
+    if not 0.0 <= r.latency_s <= 600.0:
+        raise ConfigError(f"experiment.reference.latency_s={r.latency_s} must be 0-600 seconds (the delay of each "
+                          "answer, standing in for a paid API's latency; 0: answer at once)")
     s = exp.student
     if min(s.hidden_size, s.intermediate_size, s.num_hidden_layers, s.num_attention_heads,
            s.num_key_value_heads, s.head_dim, s.max_position_embeddings) < 1:

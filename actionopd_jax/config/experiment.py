@@ -43,6 +43,9 @@ class ReferenceTeacherSettings:
     alternative: float = 0.0  # P(a sample is another reference call still due in the turn)
     wrong: float = 0.0  # P(a sample is a plausible wrong action)
     seed: int = 0
+    # Seconds each answer waits before it is sent: a paid API's latency (the paper's median is
+    # 12 s), so a schedule (collect.max_staleness) can be measured here. Answers are unchanged.
+    latency_s: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -78,6 +78,7 @@ def warm_start_key(cfg: Config, train: list[Task], student_dir: Path) -> str:
     """Everything the warm start depends on: the config without run.*, the tasks, the student."""
     tree = cfg.to_dict()
     tree.pop("run", None)
+    tree.get("experiment", {}).get("reference", {}).pop("latency_s", None)   # delays answers, changes none
     weights = hashlib.sha256((student_dir / "model.safetensors").read_bytes()).hexdigest()
     blob = json.dumps({"cfg": tree, "tasks": [(t.task_id, t.payload) for t in train], "student": weights},
                       sort_keys=True, default=str)

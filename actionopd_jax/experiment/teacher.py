@@ -156,11 +156,13 @@ def start_teacher(cfg: Config, train_tasks: list[Task]) -> TeacherEndpoint:
                           "could not tell them apart: choose other experiment.bfcl_classes")
     r = cfg.experiment.reference
     disagreement = Disagreement(alternative=r.alternative, wrong=r.wrong, seed=r.seed)
-    server = OpenAIServer(ReferenceBackend(train_tasks, model_name=MODEL_NAME, disagreement=disagreement),
-                          host="127.0.0.1", port=0)
+    server = OpenAIServer(ReferenceBackend(train_tasks, model_name=MODEL_NAME, disagreement=disagreement,
+                                           latency_s=r.latency_s), host="127.0.0.1", port=0)
     url = server.start()
     how = (f"self-disagreeing: alternative {r.alternative:g}, wrong {r.wrong:g}, seed {r.seed}"
            if disagreement.active else "deterministic")
+    if r.latency_s > 0:
+        how += f", each answer held {r.latency_s:g} s as an API's latency"
     log.warning("%s: embedded OpenAI-compatible server at %s answering with the reference policy of %d "
                 "training tasks (it reads their ground truth; %s)", REFERENCE_LABEL.upper(), url, len(train_tasks), how)
     return TeacherEndpoint(base_url=url, model=MODEL_NAME, api_key_env="", privileged=True,

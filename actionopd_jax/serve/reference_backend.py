@@ -13,10 +13,13 @@ in the supported datasets (ambiguity is reported as a 400, never guessed).
 By default it is deterministic: the n choices of a request are identical. With a
 `Disagreement` (envs/reference_disagreement.py) each choice is drawn on its own, seeded, so
 the K teacher samples of a state can differ (the frequency bonus then has something to count).
+`latency_s` holds each answer back that long (without blocking other requests), as a paid API
+would, so schedules that overlap teacher calls can be measured against it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from typing import Any, Iterable
 
@@ -43,8 +46,9 @@ def _digest(text: str) -> str:
 
 class ReferenceBackend:
     def __init__(self, tasks: Iterable[Task], *, model_name: str = MODEL_NAME,
-                 disagreement: Disagreement | None = None):
+                 disagreement: Disagreement | None = None, latency_s: float = 0.0):
         self.model_name = model_name
+        self.latency_s = latency_s
         self.disagreement = disagreement if disagreement is not None and disagreement.active else None
         self._by_id: dict[str, Task] = {}
         self._by_opening: dict[str, list[Task]] = {}
@@ -105,6 +109,8 @@ class ReferenceBackend:
         except ValueError as e:
             raise RequestError(400, f"reference policy cannot answer this state: {e}") from e
         prompt_chars = sum(len(str(m.get("content") or "")) for m in req.messages)
+        if self.latency_s > 0:
+            await asyncio.sleep(self.latency_s)
         return [_choice(a) for a in actions], max(1, prompt_chars // 4)
 
 
