@@ -87,13 +87,23 @@ def test_the_engine_worker_swaps_between_steps_while_a_state_decodes():
     graphdef, old, new = _weights()
     eng = _engine(graphdef, old, 0)
     settings = SamplingSettings(n=2, max_new_tokens=15, temperature=1.0, top_p=1.0, top_k=0)
-    events, pause_after, paused, go = [], {2}, threading.Event(), threading.Event()
+    events, paused, go = [], threading.Event(), threading.Event()
+    left_prompt = _prompt(63, 9)
+
+    def left_decoding():   # `left`'s rows are in the engine with tokens sampled
+        return any(np.array_equal(req.prompt, left_prompt) and any(req.tokens) for req, _ in eng.running.values())
+
+    # the engine's thread waits after a step that makes the first of these true (then drops it):
+    # after its second step, then once `left` decodes (not "the next step": after `second` ends
+    # the worker may step once more before `left` is admitted)
+    pause_when = [lambda: events.count("step") == 2]
     step = eng.step
 
-    def gated_step(*args, **kwargs):      # after the steps named in pause_after, the engine's thread waits
+    def gated_step(*args, **kwargs):
         out = step(*args, **kwargs)
         events.append("step")
-        if events.count("step") in pause_after:
+        if pause_when and pause_when[0]():
+            pause_when.pop(0)
             paused.set()
             assert go.wait(30)
             go.clear()
@@ -117,8 +127,8 @@ def test_the_engine_worker_swaps_between_steps_while_a_state_decodes():
             go.set()
             await swap                              # back: the engine holds the new weights
             first, second = await first, await worker.sample(_prompt(62, 9), jax.random.key(5))
-            pause_after.add(events.count("step") + 1)
-            left = asyncio.create_task(worker.sample(_prompt(63, 9), jax.random.key(6)))
+            pause_when.append(left_decoding)
+            left = asyncio.create_task(worker.sample(left_prompt, jax.random.key(6)))
             await loop.run_in_executor(None, paused.wait)       # `left` is decoding: stop the worker now
             worker._stop.set()
             go.set()
