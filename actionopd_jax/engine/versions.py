@@ -29,19 +29,13 @@ from flax import nnx
 def load_policy(engine: Any, graphdef: Any, params: Any, mesh: Any = None, version: int | None = None) -> None:
     """Engine.load_policy (module docstring). version: the stamp of what the new weights sample
     (a trainer step); None: the previous one + 1."""
-    from actionopd_jax.sampling.sampler import _config_shapes, _leaf_specs, check_policy
+    from actionopd_jax.sampling.policy_specs import check_policy, leaf_specs, policy_record
 
     if engine.busy and mesh is not engine.mesh and mesh != engine.mesh:
         raise RuntimeError("load_policy with another mesh while requests are in the engine: their KV pages live on "
                            "the engine's mesh; change the mesh only when the engine is idle")
-    got = _leaf_specs(params)
-    if engine._policy is None:
-        if engine.model is not None:
-            engine._policy = _leaf_specs(nnx.state(engine.model))
-        else:
-            shapes = _config_shapes(engine.cfg)
-            engine._policy = {path: (shapes[path], *got[path][1:]) if path in got else (shape, None, None)
-                              for path, shape in shapes.items()}
+    got = leaf_specs(params)
+    engine._policy = policy_record(engine._policy, engine.model, engine.cfg, got)
     check_policy(engine._policy, got)
     model = nnx.merge(graphdef, params)
     if jnp.dtype(model.runtime.dtype) != engine.dtype:

@@ -28,6 +28,7 @@ from flax import nnx
 import actionopd_jax.sampling.budget as budget_lib
 import actionopd_jax.sampling.checked_head as checked_head_lib
 import actionopd_jax.sampling.cpu_backend as cpu_backend
+from actionopd_jax.sampling.policy_specs import check_policy, leaf_specs, policy_record
 import actionopd_jax.sampling.decode as decode_lib
 from actionopd_jax.sampling.buckets import Buckets
 from actionopd_jax.sampling.token_choice import DEFAULT_CAP
@@ -91,41 +92,6 @@ def _as_typed_key(key) -> jax.Array:
 def _signature(tree) -> tuple:
     leaves, treedef = jax.tree.flatten(tree)
     return (treedef, tuple((x.shape, x.dtype, getattr(x, "sharding", None)) for x in leaves))
-
-
-def _leaf_specs(params) -> dict[str, tuple]:
-    """{leaf path: (shape, dtype, sharding)} of a parameter tree (pure dict or nnx.State)."""
-    if isinstance(params, nnx.State):
-        params = nnx.to_pure_dict(params)  # the same paths for both forms
-    leaves = jax.tree_util.tree_flatten_with_path(params)[0]
-    return {jax.tree_util.keystr(path): (tuple(x.shape), jnp.dtype(x.dtype), getattr(x, "sharding", None))
-            for path, x in leaves}
-
-
-def _config_shapes(cfg) -> dict[str, tuple]:
-    """{leaf path: shape} of the parameters a model of `cfg` has (abstract: nothing allocated)."""
-    from actionopd_jax.model import Qwen3
-
-    abstract = nnx.eval_shape(lambda: Qwen3(cfg, rngs=nnx.Rngs(0)))
-    return {path: spec[0] for path, spec in _leaf_specs(nnx.state(abstract)).items()}
-
-
-def check_policy(expected: dict[str, tuple], got: dict[str, tuple]) -> None:
-    """Raise ValueError naming the first leaf whose path, shape, dtype or sharding differs from
-    `expected` (a `_leaf_specs` record; a None dtype or sharding there is not checked)."""
-    missing, extra = sorted(set(expected) - set(got)), sorted(set(got) - set(expected))
-    if missing or extra:
-        raise ValueError(f"load_policy: the parameters do not match the sampler's model: missing {missing[:5]}, "
-                         f"unexpected {extra[:5]}")
-    for path, (shape, dtype, sharding) in expected.items():
-        g_shape, g_dtype, g_sharding = got[path]
-        if g_shape != shape:
-            raise ValueError(f"load_policy: parameter {path} has shape {g_shape}, the sampler's model has {shape}")
-        if dtype is not None and g_dtype != dtype:
-            raise ValueError(f"load_policy: parameter {path} has dtype {g_dtype}, the sampler was built for {dtype}")
-        if sharding is not None and g_sharding != sharding:
-            raise ValueError(f"load_policy: parameter {path} is placed as {g_sharding}, the sampler was built "
-                             f"for {sharding}")
 
 
 def _compiler_options(kind: str, backend: str) -> tuple[tuple[str, Any], ...]:
@@ -208,14 +174,8 @@ class Sampler:
         programs are specialised on those, so a changed dtype or placement is a caller's
         mistake, not a reason to compile again. The "checked" head's cache stays: its weak
         reference to the head weights rebuilds it only when the head array changes."""
-        got = _leaf_specs(params)
-        if self._policy is None:
-            if self.model is not None:
-                self._policy = _leaf_specs(nnx.state(self.model))
-            else:
-                shapes = _config_shapes(self.cfg)
-                self._policy = {path: (shapes[path], *got[path][1:]) if path in got else (shape, None, None)
-                                for path, shape in shapes.items()}
+        got = leaf_specs(params)
+        self._policy = policy_record(self._policy, self.model, self.cfg, got)
         check_policy(self._policy, got)
         self.model = nnx.merge(graphdef, params)
         self.mesh = mesh
