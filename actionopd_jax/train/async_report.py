@@ -10,29 +10,23 @@ run writes nothing.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+from actionopd_jax.train.spend_report import rows_by_step
 
 PREFIX = "collect/async/"
 
 
 def async_history(metrics_jsonl: str | Path) -> list[dict[str, float]]:
     """One row per logged step with asynchronous metrics: {"step", "<name>"...} (names without
-    the prefix). A resumed run appends to the same file; a step logged twice keeps its last line."""
-    path = Path(metrics_jsonl)
-    if not path.is_file():
-        return []
-    by_step: dict[int, dict[str, float]] = {}
-    for line in path.read_text().splitlines():
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError:
-            continue   # a line cut by a kill
+    the prefix; a step without the update's wait is not an asynchronous one)."""
+
+    def row_of(rec: dict) -> dict[str, float]:
         row = {k[len(PREFIX):]: float(v) for k, v in rec.items()
                if k.startswith(PREFIX) and isinstance(v, (int, float))}
-        if "wait_s" in row and isinstance(rec.get("step"), (int, float)):
-            by_step[int(rec["step"])] = {"step": float(rec["step"]), **row}
-    return [by_step[s] for s in sorted(by_step)]
+        return row if "wait_s" in row else {}
+
+    return rows_by_step(metrics_jsonl, row_of)
 
 
 def ages(history: list[dict[str, float]]) -> list[float]:

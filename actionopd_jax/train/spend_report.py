@@ -10,16 +10,17 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 ROLES = (("teacher", "teacher"), ("matcher", "judge (matcher)"), ("user", "user simulator"))
 FIELDS = ("requests_total", "cache_hits_total", "prompt_tokens_total", "cached_prompt_tokens_total",
           "completion_tokens_total", "spend_usd_total")
 
 
-def spend_history(metrics_jsonl: str | Path) -> list[dict[str, float]]:
-    """One row per logged step that carries meter totals: {"step", "<role>/<field>"...}. A
-    resumed run appends to the same file; a step logged twice keeps its last line."""
+def rows_by_step(metrics_jsonl: str | Path, row_of: Callable[[dict], dict[str, float]]) -> list[dict[str, float]]:
+    """{"step", **row_of(line)} for each logged step whose line gives a row (an empty row skips
+    it), in step order. A resumed run appends to the same file; a step logged twice keeps its
+    last line; a line cut by a kill is skipped."""
     path = Path(metrics_jsonl)
     if not path.is_file():
         return []
@@ -29,11 +30,17 @@ def spend_history(metrics_jsonl: str | Path) -> list[dict[str, float]]:
             rec = json.loads(line)
         except json.JSONDecodeError:
             continue   # a line cut by a kill
-        row = {f"{role}/{f}": float(rec[f"collect/{role}/{f}"]) for role, _ in ROLES for f in FIELDS
-               if isinstance(rec.get(f"collect/{role}/{f}"), (int, float))}
+        row = row_of(rec)
         if row and isinstance(rec.get("step"), (int, float)):
             by_step[int(rec["step"])] = {"step": float(rec["step"]), **row}
     return [by_step[s] for s in sorted(by_step)]
+
+
+def spend_history(metrics_jsonl: str | Path) -> list[dict[str, float]]:
+    """One row per logged step that carries meter totals: {"step", "<role>/<field>"...}."""
+    return rows_by_step(metrics_jsonl, lambda rec: {
+        f"{role}/{f}": float(rec[f"collect/{role}/{f}"]) for role, _ in ROLES for f in FIELDS
+        if isinstance(rec.get(f"collect/{role}/{f}"), (int, float))})
 
 
 def spend_table(history: list[dict[str, float]], labels: dict[str, str] | None = None) -> str:
