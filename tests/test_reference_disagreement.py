@@ -124,15 +124,18 @@ def test_latency_holds_each_answer_without_blocking_other_requests(turn2, monkey
     from tests._configs import CONFIGS
 
     task, obs = turn2
-    waiting, most = [], []
+    waiting, most, both = [], [], {}
 
     async def recorded_sleep(seconds):
         waiting.append(seconds)
         most.append(len(waiting))
-        for _ in range(500):   # let the other request arrive; a blocked loop never lets it
-            if max(most) >= 2:
-                break
-            await asyncio.sleep(0.01)
+        arrived = both.setdefault("event", asyncio.Event())   # made on the server's loop
+        if len(waiting) == 2:
+            arrived.set()
+        try:   # the first waits for the second; a loop blocked by the first never lets it arrive
+            await asyncio.wait_for(arrived.wait(), 30)
+        except TimeoutError:
+            pass
         waiting.pop()
 
     monkeypatch.setattr(reference_backend, "asyncio", types.SimpleNamespace(sleep=recorded_sleep))
