@@ -141,6 +141,18 @@ def kernel_decode_bytes(lengths: list[int], kv_token_layer: int, layers: int) ->
 BLOCK_K = [PAGE]
 
 
+def kernel_shared_decode_bytes(prompts: list[int], mid_gen: int, kv_token_layer: int, layers: int) -> float:
+    """Kernel model of the decode with prompt sharing (engine/prompt_sharing.py): a prompt's
+    whole pages once for its SAMPLES samples, then each row's own keys (the prompt's partial
+    last page, copied per sample, and its reply), in whole compute blocks, k and v, every layer."""
+    b = BLOCK_K[0]
+    total = 0
+    for p in prompts:
+        shared = p // PAGE * PAGE
+        total += math.ceil(shared / b) * b + SAMPLES * math.ceil((p - shared + mid_gen) / b) * b
+    return total * kv_token_layer * layers
+
+
 def kernel_prefill_bytes(prompts: list[int], kv_token_layer: int, layers: int, after: int = 0) -> float:
     """Kernel model of prefill through the decode kernel (query_rows: one kernel row per
     prompt token past `after`, each reading its slot's pages up to its own position)."""
@@ -219,8 +231,11 @@ def main() -> None:
     # those, plus what the kernel reads (each row's own pages, in kernel blocks)
     gathered = args.rows * shapes.pages_per_slot * PAGE * kv_tl * L
     kernel = s["walk"] - 3 * gathered + kernel_decode_bytes(live_rows, kv_tl, L)
-    row("engine decode, attention=paged_gpu", None, kernel / args.rows, dec_bound, "compiler + kernel model",
-        "no prompt sharing: 4 samples read their prompt's pages 4 times")
+    row("engine decode, attention=paged_gpu, no prompt sharing (before)", None, kernel / args.rows, dec_bound,
+        "compiler + kernel model", "4 samples read their prompt's pages 4 times")
+    shared = s["walk"] - 3 * gathered + kernel_shared_decode_bytes(prompts, mid_gen, kv_tl, L)
+    row("engine decode, attention=paged_gpu, prompts shared (after)", None, shared / args.rows, dec_bound,
+        "compiler + kernel model", "a prompt's whole pages once for its 4 samples (engine/prompt_sharing.py)")
     # --- prefill: bytes per prompt token --------------------------------------------------------
     if not args.skip_static:
         c1, s, one, _ = pair(lambda k: static_compile(cfg, mesh, n_prompts, k, "prefill"))

@@ -75,11 +75,14 @@ def lower_engine_programs(cfg, mesh, shapes: EngineConfig, *, attention: str = "
     chunk = jax.jit(functools.partial(programs.prefill_chunk, page_size=shapes.page_size, attention=impl),
                     static_argnums=(0,), donate_argnums=(2,))
     lanes = shapes.prefill_lanes
+    blocks = shapes.slots // programs.SHARE_WIDTH      # the engine's prompt sharing, where its backend shares
+    groups = programs.Groups(table=i32(blocks, pps), length=i32(blocks), own_start=i32(shapes.slots),
+                             own_table=i32(shapes.slots, pps)) if impl in programs.SHARED_ATTENTION else None
     reports = [
         lower_for(chunk, (graphdef, params, pool, i32(lanes, shapes.chunk), i32(lanes), i32(lanes), i32(lanes, pps)),
                   label=f"engine prefill chunk ({what})", platform=platform, mesh=mesh, traced_for=traced_for),
         lower_for(segment, (graphdef, params, None, pool, abstract_slots(cfg, mesh, shapes.slots, pps),
-                            i32(shapes.slots), i32(shapes.slots), i32(2), None, i32(), i32()),
+                            i32(shapes.slots), i32(shapes.slots), i32(2), groups, i32(), i32()),
                   label=f"engine decode segment ({what})", platform=platform, mesh=mesh, traced_for=traced_for)]
     if impl == "paged_gpu":
         for r in reports:

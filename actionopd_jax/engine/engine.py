@@ -53,8 +53,8 @@ class Engine:
     under when given; reserve_bytes: per-chip memory to leave for state not yet allocated
     (a trainer's), when the pool is sized "auto"."""
 
-    # CPU: a prompt's pages read once for up to SHARE_WIDTH of its samples (programs.Groups,
-    # groups.arrange); False reads them per slot (kept to measure the difference)
+    # a prompt's pages read once for up to SHARE_WIDTH of its samples where the paged backend
+    # returns mergeable parts (prompt_sharing.py); False reads them per slot (kept to measure)
     share_prompts = True
 
     def __init__(self, model, cfg=None, *, eos_ids: Sequence[int], config: EngineConfig | None = None,
@@ -260,17 +260,23 @@ class Engine:
             self.pages.index.insert(keys[k], int(pages[k]))
 
     # --- segments -------------------------------------------------------------------------------
+    def shares_prompts(self) -> bool:
+        return self.share_prompts and self.attention() in programs.SHARED_ATTENTION
+
     def _segment_rows(self) -> tuple[np.ndarray, programs.Groups | None]:
-        """The slots this segment's program runs on, in order, and the CPU path's prompt
-        sharing. Accelerators: every slot (one program, the shape the AOT numbers are for).
-        The CPU backend: only as many rows as hold the running slots (a program per
-        `programs.row_buckets` size; a step's cost is per row there), laid out by
-        groups.arrange so that a prompt's samples read its pages together."""
-        if self.backend != "cpu":
-            return np.arange(self.config.slots), None
-        if self.share_prompts and self.attention() == "live":
-            return arrange(self.running, self.host["table"], self.config)
-        return compact_rows(self.running, self.config.slots), None
+        """The slots this segment's program runs on, in order, and their prompt sharing.
+        Accelerators: every slot (one program, the shape the AOT numbers are for). The CPU
+        backend: only as many rows as hold the running slots (a program per
+        `programs.row_buckets` size; a step's cost is per row there). Where the attention
+        backend merges passes (programs.SHARED_ATTENTION), groups.arrange lays the rows out so
+        that a prompt's samples read its pages together."""
+        c = self.config
+        every = None if self.backend == "cpu" else c.slots
+        if self.shares_prompts():
+            return arrange(self.running, self.host["table"], c, n_rows=every)
+        if every:
+            return np.arange(c.slots), None
+        return compact_rows(self.running, c.slots), None
 
     def _segment(self, run_ahead: bool = False) -> list[Request]:
         c, h = self.config, self.host

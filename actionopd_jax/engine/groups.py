@@ -1,5 +1,5 @@
-"""The host side of the CPU engine's segment rows: which slots a segment runs, in which order,
-and which of them read their prompt's pages together (programs.Groups).
+"""The host side of the engine's segment rows: which slots a segment runs, in which order,
+and which of them read their prompt's pages together (prompt_sharing.Groups).
 
 On the CPU backend a step costs about the same per row whatever the row holds, so a segment
 runs only as many rows as hold its running slots (`programs.row_buckets`), and the rows are
@@ -30,14 +30,14 @@ def compact_rows(running: dict, n_slots: int) -> np.ndarray:
     return np.asarray(busy + idle, np.int64)
 
 
-def arrange(running: dict, table: np.ndarray, config) -> tuple[np.ndarray, programs.Groups]:
+def arrange(running: dict, table: np.ndarray, config, n_rows: int | None = None) -> tuple[np.ndarray, programs.Groups]:
     """running: slot -> (request, sample); table: every slot's page table. Returns the rows
-    (slot ids, `row_count` of them) and their Groups: each request with two or more
+    (slot ids: `n_rows` of them, default `row_count`; accelerators run every slot) and their Groups: each request with two or more
     running samples and a whole prompt page gets a block per SHARE_WIDTH of them (the largest
     first, while blocks are left); the other samples (singles) fill the free rows and read
     all their pages in their own pass."""
     c, width = config, programs.SHARE_WIDTH
-    n_rows = row_count(len(running), c.slots)
+    n_rows = n_rows or row_count(len(running), c.slots)
     n_blocks = n_rows // width
     by_request: dict[int, list[int]] = {}
     for slot in sorted(running):

@@ -24,6 +24,7 @@ import numpy as np
 from flax import nnx
 
 import actionopd_jax.engine.programs as programs
+from actionopd_jax.engine.groups import arrange
 from actionopd_jax.engine.slots import host_slots
 
 
@@ -83,9 +84,11 @@ def engine_needs(engine, pages: int) -> list[ProgramNeeds]:
                            fresh_hidden=np.zeros((c.slots, engine.cfg.hidden_size), engine.dtype), **host)
     static = {"steps": c.max_segment, "page_size": c.page_size, "cap": engine.cap, "head": engine.lm_head,
               "backend": engine.backend, "attention": engine.attention()}
+    # the full-width segment as the engine runs it: with its prompt sharing where it shares
+    groups = arrange({}, host["table"], c, n_rows=c.slots)[1] if engine.shares_prompts() else None
     segment = engine.programs.compile(
         f"segment{c.slots}", programs.segment,
-        (graphdef, params, engine._checked_head(), pool, slots, i32(c.slots), i32(c.slots), engine.eos_ids, None,
+        (graphdef, params, engine._checked_head(), pool, slots, i32(c.slots), i32(c.slots), engine.eos_ids, groups,
          np.int32(c.segment), np.int32(0)), static, donate=(3,))
     found = [program_needs("prefill chunk", chunk), program_needs("decode segment", segment)]
     if engine.attention() in programs.FRESH_PREFILL:   # the chunk program for lanes that all start a prompt

@@ -44,11 +44,11 @@ import actionopd_jax.sampling.cpu_backend as cpu_backend
 import actionopd_jax.sampling.decode as decode_lib
 from actionopd_jax.model.attention.dispatch import causal_self_attention
 from actionopd_jax.model.attention.paged import copy_pages, paged_attention, write_rows
-from actionopd_jax.model.attention.paged_live import (MASK_VALUE, block_pages_for, live_part, merge_parts,
-                                                     paged_attention_live)
+from actionopd_jax.model.attention.paged_live import paged_attention_live
 from actionopd_jax.model.layers import rope_tables
 from actionopd_jax.model.sharding import constrain
 from actionopd_jax.engine.pages import NULL_PAGE
+from actionopd_jax.engine.prompt_sharing import SHARE_WIDTH, SHARED_ATTENTION, Groups, shared_attend
 
 
 @flax.struct.dataclass
@@ -106,51 +106,6 @@ class Slots:
     max_new: jax.Array      # i32[S]
     fresh: jax.Array        # bool[S]: the slot's first token is still to be sampled
     fresh_hidden: jax.Array  # [S, D]: for fresh slots, the hidden state of the prompt's last token
-
-
-SHARE_WIDTH = 4   # samples of one prompt whose queries share one read of its pages (CPU "live" path)
-SHARED_BLOCK_TOKENS = 512   # keys per block of the shared pass (fewer, larger blocks: measured
-                            # 0.58 vs 0.74 ms per layer-step at 128, bench-tiny, 8 x 512-token prompts)
-
-
-@flax.struct.dataclass
-class Groups:
-    """The CPU live path's prompt sharing (the static CPU backend's shared prompt, on pages).
-    The segment's rows are blocks of SHARE_WIDTH (row r: member r % SHARE_WIDTH of block
-    r // SHARE_WIDTH; rows past the last whole block are in none). Block b's queries attend
-    over `table[b]`'s pages, `length[b]` tokens (0: none) in one pass, each row attends over
-    its own pages (`own_table`: its table past the first `own_start` tokens) in a second, and
-    the two online-softmax states are merged. A row with own_start 0 (a sample not sharing,
-    or an idle row) has everything in its own pass (groups.arrange builds these)."""
-
-    table: jax.Array        # i32[B, pages_per_slot]: the block's shared prompt pages, null-padded
-    length: jax.Array       # i32[B]: shared tokens (whole pages)
-    own_start: jax.Array    # i32[S]: tokens of the row's cache in its block's pass
-    own_table: jax.Array    # i32[S, pages_per_slot]: the row's pages from own_start on, null-padded
-
-
-def _shared_attend(q, pk, pv, lengths, groups: Groups, shift):
-    """Live attention with each block's prompt pages read once (Groups)."""
-    n_rows, n_blocks = q.shape[0], groups.length.shape[0]
-    own = live_part(q, pk, pv, lengths - groups.own_start, groups.own_table + shift)
-    if n_blocks == 0:
-        return merge_parts([own], q.dtype)
-    inner = n_blocks * SHARE_WIDTH
-    qm = q[:inner, 0].reshape(n_blocks, SHARE_WIDTH, *q.shape[2:])          # the block's queries as its "tokens"
-    positions = jnp.broadcast_to(groups.length[:, None] - 1, qm.shape[:2])
-    block_pages = block_pages_for(pk.shape[2], groups.table.shape[1], SHARED_BLOCK_TOKENS)
-    parts = live_part(qm, pk, pv, groups.length, groups.table + shift, q_positions=positions,
-                      block_pages=block_pages)                                # [B, KVH, Gq, W(, Dh)]
-
-    def by_row(x, fill):                                                      # -> [S, KVH, Gq, 1(, Dh)]
-        x = jnp.moveaxis(x, 3, 1).reshape(inner, *x.shape[1:3], 1, *x.shape[4:])
-        return jnp.pad(x, [(0, n_rows - inner)] + [(0, 0)] * (x.ndim - 1), constant_values=fill)
-
-    inside = (groups.own_start > 0)[:, None, None, None]
-    top, total, acc = parts
-    shared = (jnp.where(inside, by_row(top, MASK_VALUE), MASK_VALUE), jnp.where(inside, by_row(total, 0.0), 0.0),
-              jnp.where(inside[..., None], by_row(acc, 0.0), 0.0))
-    return merge_parts([shared, own], q.dtype)
 
 
 @flax.struct.dataclass
@@ -278,7 +233,8 @@ def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots
             backend: str, attention: str = "gather", layer_unroll: int = 1) -> tuple[Pool, SegmentOut]:
     """One decode segment (module docstring). copy_src/copy_dst i32[M]: pages to copy first
     (copy-on-write of a shared prompt's last partial page; pad with NULL_PAGE -> NULL_PAGE).
-    groups: the CPU live path's prompt sharing (Groups), or None (each slot reads its pages).
+    groups: prompt sharing (Groups; `attention` one of SHARED_ATTENTION), or None (each slot
+    reads its pages).
     limit i32[]: decode steps this call (<= steps, the token buffers' width; None: steps);
     stop_below i32[]: end after the step that leaves at most this many rows running (the
     engine's run-ahead on CPU: the next smaller row count's program is then cheaper; None or
@@ -327,8 +283,8 @@ def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots
                 q, k, v = attn.project_qkv(layer.input_layernorm(h), cos, sin, qkv_w)   # [S, 1, heads, Dh]
                 at = page + j * per_layer
                 pk, pv = write_rows(pk, at, offset, k[:, 0]), write_rows(pv, at, offset, v[:, 0])
-                if groups is not None and attention == "live":
-                    out = _shared_attend(q, pk, pv, pos + 1, groups, j * per_layer)
+                if groups is not None:
+                    out = shared_attend(q, pk, pv, pos + 1, groups, j * per_layer, attention)
                 else:
                     out = _attend(q, pk, pv, pos + 1, s.table + j * per_layer, attention=attention)
                 h = h + attn.output(out, o_w)
@@ -343,7 +299,10 @@ def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots
             q, k, v = attn.project_qkv(layer.input_layernorm(h), cos, sin)
             at = page + j * per_layer
             pk, pv = write_rows(pk, at, offset, k[:, 0]), write_rows(pv, at, offset, v[:, 0])
-            out = _attend(q, pk, pv, pos + 1, s.table + j * per_layer, attention=attention)
+            if groups is not None:
+                out = shared_attend(q, pk, pv, pos + 1, groups, j * per_layer, attention)
+            else:
+                out = _attend(q, pk, pv, pos + 1, s.table + j * per_layer, attention=attention)
             h = h + attn.output(out)
             h = h + layer.mlp(layer.post_attention_layernorm(h))
             return (constrain(h, ("batch", "length", "act_embed")), pk, pv), None
@@ -395,5 +354,5 @@ def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots
                                         head_fallbacks=fallbacks)
 
 
-__all__ = ["FRESH_PREFILL", "Groups", "Pool", "SHARE_WIDTH", "SegmentOut", "Slots", "empty_pool", "prefill_chunk",
+__all__ = ["FRESH_PREFILL", "Groups", "Pool", "SHARED_ATTENTION", "SHARE_WIDTH", "SegmentOut", "Slots", "empty_pool", "prefill_chunk",
            "row_buckets", "segment"]
