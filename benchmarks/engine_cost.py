@@ -40,6 +40,7 @@ from actionopd_jax.engine import programs  # noqa: E402
 from actionopd_jax.engine.aot import abstract_pool, abstract_slots  # noqa: E402
 from actionopd_jax.engine.sizing import EngineConfig  # noqa: E402
 from actionopd_jax.model.attention.paged_gpu import gpu_blocks  # noqa: E402
+from actionopd_jax.model.attention.paged_gpu_parts import QUERY_BLOCK  # noqa: E402
 from actionopd_jax.model.attention.paged_live import BLOCK_TOKENS  # noqa: E402
 from actionopd_jax.model.config import PRESETS, count_params  # noqa: E402
 from actionopd_jax.model.runtime import RuntimeOptions  # noqa: E402
@@ -160,6 +161,15 @@ def kernel_prefill_bytes(prompts: list[int], kv_token_layer: int, layers: int, a
     return sum(sum(math.ceil(t / b) * b for t in range(after + 1, n + 1)) for n in prompts) * kv_token_layer * layers
 
 
+def kernel_prefill_block_bytes(prompts: list[int], group: int, kv_token_layer: int, layers: int,
+                               after: int = 0) -> float:
+    """Kernel model of prefill chunks past `after` through our kernel (paged_gpu_parts.py):
+    each block of QUERY_BLOCK // group tokens reads its slot's pages up to its last token."""
+    b, per = BLOCK_K[0], QUERY_BLOCK // group
+    return sum(math.ceil(min(n, t + per) / b) * b for n in prompts for t in range(after, n, per)) * \
+        kv_token_layer * layers
+
+
 def live_blocks(prompts: list[int]) -> int:
     """128-key blocks the live path reads over all chunk calls of the workload (per layer, per
     lane), lanes filled in prompt order, a call reading to its longest lane."""
@@ -261,9 +271,14 @@ def main() -> None:
     c1, s, one, pool_shape = pair(lambda k: engine_compile(cfg, mesh, shapes, "paged_gpu", k, "chunk", fresh=True))
     first = math.ceil(n_prompts / LANES)                                # calls of first chunks, all fresh
     later = (rest / calls) * (calls - first) + kernel_prefill_bytes(prompts, kv_tl, L, after=CHUNK)
-    row("engine prefill, paged_gpu, chunk 512, fresh first chunks (after)", None,
+    row("engine prefill, paged_gpu, chunk 512, fresh first chunks, later ones a kernel row a token", None,
         (s["walk"] * first + later) / prompt_tokens, pre_bound, "compiler + kernel model",
         f"{first} fresh calls; pool copies {shape_copies(one, pool_shape, hlo_dt)}")
+    group = cfg.num_attention_heads // cfg.num_key_value_heads
+    later = (rest / calls) * (calls - first) + kernel_prefill_block_bytes(prompts, group, kv_tl, L, after=CHUNK)
+    row("engine prefill, paged_gpu, chunk 512, fresh first chunks, later ones in query blocks (after)", None,
+        (s["walk"] * first + later) / prompt_tokens, pre_bound, "compiler + kernel model",
+        f"blocks of {QUERY_BLOCK // group} tokens x {group} heads (paged_gpu_parts.py)")
     whole = EngineConfig(slots=args.rows, page_size=PAGE, max_len=HI + NEW, chunk=HI, segment=16)
     c1, s, one, pool_shape = pair(lambda k: engine_compile(cfg, mesh, whole, "paged_gpu", k, "chunk", fresh=True))
     row(f"engine prefill, paged_gpu, chunk {HI:,}: every call fresh (after)", s["bytes"] * first / prompt_tokens,

@@ -73,6 +73,25 @@ def test_kernel_equals_gather_on_a_prefill_chunk(impl):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5, atol=2e-5)
 
 
+def test_gpu_chunk_in_query_blocks_over_partitions_equals_gather():
+    """A prefill chunk through "paged_gpu" runs our kernel (paged_gpu_parts.py) in blocks of
+    queries: 40 tokens x 2 heads = 2 blocks of 64, over a 32-page table in 4 partitions; a
+    chunk continuing 150 tokens of history, one at the start of its slot, an idle lane (0
+    tokens: finite, as the decode kernel's rows were)."""
+    rng = np.random.default_rng(7)
+    pps, t = 32, 40
+    k_pages, v_pages = (jnp.asarray(_bf16_exact(rng.normal(size=(KVH, 1 + 3 * pps, PAGE, DH)) * 3)) for _ in range(2))
+    table = jnp.asarray(rng.permutation(np.arange(1, 1 + 3 * pps)).reshape(3, pps), jnp.int32)
+    assert gpu_blocks(pps, PAGE)[0] == 4
+    lengths = jnp.asarray([190, 40, 0], jnp.int32)
+    positions = jnp.asarray([150, 0, 0], jnp.int32)[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
+    q = _q(3, t, seed=8)
+    got = np.asarray(paged_attention(q, k_pages, v_pages, lengths, table, q_positions=positions, impl="paged_gpu"))
+    want = np.asarray(paged_attention_gather(q, k_pages, v_pages, lengths, table, q_positions=positions))
+    np.testing.assert_allclose(got[:2], want[:2], rtol=2e-5, atol=2e-5)
+    assert np.isfinite(got).all()
+
+
 def test_chunk_rows_see_their_own_prefix():
     """query_rows: row (slot, i) sees min(length, position + 1) keys, at least 1."""
     lengths = jnp.asarray([6, 3], jnp.int32)

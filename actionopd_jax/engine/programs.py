@@ -131,8 +131,9 @@ def _attend(q, k_pages, v_pages, lengths, table, *, attention: str, q_positions=
     return paged_attention(q, k_pages, v_pages, lengths, table, q_positions=q_positions, impl=attention)
 
 
-# decode kernels (a chunk of T tokens is T kernel rows, each rereading its pages): a chunk whose lanes
-# all start at 0 runs the model's causal attention (`fresh`; cuDNN on GPU). benchmarks/engine_cost.py
+# paged kernels that read pages for a chunk (paged_gpu: once per block of 16 tokens): a chunk whose
+# lanes all start at 0 runs the model's causal attention instead (`fresh`; cuDNN on GPU), which reads
+# no pages. benchmarks/engine_cost.py
 FRESH_PREFILL = ("paged_gpu",)
 
 

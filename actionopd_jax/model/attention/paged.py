@@ -10,7 +10,9 @@ takes the engine's pool and tables as `paged_gather.paged_attention_gather` does
 - "ragged_tpu" (paged_tpu.py): jax's Pallas TPU ragged paged attention; it stores k and v in
   one interleaved pool (`storage_layout("ragged_tpu") == "combined"`): pass that pool as
   k_pages and v_pages=None (split pools are combined here, a copy per call);
-- "paged_gpu" (paged_gpu.py): jax's Pallas (Triton) GPU paged-attention kernel, same layout.
+- "paged_gpu" (paged_gpu.py): jax's Pallas (Triton) GPU paged-attention kernel for decode,
+  same layout; a chunk of several queries a slot goes to our kernel (paged_gpu_parts.py),
+  which reads the pages once per block of queries.
 
 "auto" picks by the platform of the mesh being traced (dispatch.target_platform). On CPU the
 Pallas backends run interpreted (tests); "ragged_tpu" is refused there.
@@ -18,9 +20,13 @@ Pallas backends run interpreted (tests); "ragged_tpu" is refused there.
 
 from __future__ import annotations
 
+import jax.numpy as jnp
+
 from actionopd_jax.model.attention.dispatch import abstract_mesh, resolve_paged, target_platform
-from actionopd_jax.model.attention.paged_gather import paged_attention_gather
+from actionopd_jax.model.attention.paged_gather import default_positions, paged_attention_gather
 from actionopd_jax.model.attention.paged_gpu import paged_attention_gpu
+from actionopd_jax.model.attention.paged_gpu_parts import paged_parts_gpu
+from actionopd_jax.model.attention.paged_live import merge_parts
 from actionopd_jax.model.attention.paged_tpu import (STORAGE_LAYOUT, combine_pages, paged_attention_tpu,
                                                      ragged_paged_attention_tpu)
 from actionopd_jax.jax_compat import shard_map
@@ -110,6 +116,14 @@ def paged_attention(q, k_pages, v_pages, lengths, page_table, *, q_positions=Non
         pool = k_pages if v_pages is None else combine_pages(k_pages, v_pages)
         return ragged_paged_attention_tpu(q, pool, lengths, page_table, q_positions=q_positions, mesh=mesh,
                                           platform=platform)
+    if impl == "paged_gpu" and q.shape[1] > 1:
+        # a prefill chunk: our kernel with blocks of queries (paged_gpu_parts.py), not jax's
+        # decode kernel with a row per token, each rereading the slot's pages
+        if q_positions is None:
+            q_positions = default_positions(lengths, q.shape[1])
+        parts = paged_parts_gpu(q, k_pages, v_pages, jnp.maximum(lengths, 1), page_table, mesh=mesh,
+                                q_positions=jnp.maximum(q_positions, 0), interpret=interpret)
+        return merge_parts([parts], q.dtype)      # lengths and positions >= 0: key 0 keeps padding finite
     if impl == "paged_gpu":
         return paged_attention_gpu(q, k_pages, v_pages, lengths, page_table, q_positions=q_positions, mesh=mesh,
                                    interpret=interpret)
