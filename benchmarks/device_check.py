@@ -24,7 +24,8 @@ is (nothing installed: the repository on PYTHONPATH and the jax already there).
       and the gradients of q, k, v, bf16, right-padded rows;
    7. the train step at Qwen3-4B shapes (random weights, remat as the H200 recipe sets it),
       fused kernel then xla at 4,096 tokens, then the fused kernel at 16,384: compile s,
-      step s, tokens/s, MFU, peak memory against `train --check`'s plan.
+      step s, tokens/s, MFU, peak memory against `train --check`'s plan; the first of them
+      also once under the profiler, its time split by kind (train/time_split.py).
    The shapes fit the device: device_check_shapes.py plans every train step and decode
    workload from the GPU's memory (nvidia-smi; --memory-gib overrides) with the project's
    plans, and the report names the figure (a step whose plan does not fit runs with bfloat16
@@ -92,13 +93,14 @@ def stages(mode: str, platform: str, shapes: dict | None = None) -> list[tuple[s
     plan.append(("sampler parity", "parity", 90.0, {"fn": "sampler parity"}))
     plan += decode("0.6b")
     plan.append(("attention parity", "parity", 60.0, {"fn": "attention"}))
-    for t in shapes["train"]:
+    for i, t in enumerate(shapes["train"]):
         # named by its master weights where they are not the recipe's (float32): another step's plan
         suffix = (f" {t['param_dtype']} weights" if t["param_dtype"] else "") + \
             (f" remat {t['remat']}" if t.get("remat") else "")
         plan.append((f"train {preset} {t['attention']} {t['seq']}{suffix}", "train_step", 150.0 if dev else 60.0,
                      {"fn": "train", "preset": preset, "attention": t["attention"], "seq": t["seq"], "resp": resp,
-                      "param_dtype": t["param_dtype"], "remat": t.get("remat"), "own": dev}))
+                      "param_dtype": t["param_dtype"], "remat": t.get("remat"), "own": dev,
+                      "split": i == 0}))     # the first (most valuable) step also runs under the profiler
     return plan
 
 
@@ -185,7 +187,8 @@ def child(mode: str, names: list[str], out_dir: Path, memory: int | None = None,
         if fn == "train":
             return w.train_step_timing(spec["preset"], spec["attention"], rows=len(devices), seq=spec["seq"],
                                        resp=spec["resp"], reps=2 if dev else 1, devices=devices,
-                                       param_dtype=spec["param_dtype"], remat=spec.get("remat"))
+                                       param_dtype=spec["param_dtype"], remat=spec.get("remat"),
+                                       split=spec.get("split", False))
         if fn == "sampler parity":
             return w.sampler_parity(devices[0], bf16=dev)
         preset, slots, samples, lo, hi, new = DECODE[mode][spec["work"]]

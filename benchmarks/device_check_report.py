@@ -112,6 +112,7 @@ def markdown(rep: dict) -> str:
                      f"{t['plan_bytes'] / gib:.1f} |")
     if rep["train_step"]:
         lines += ["", FLOPS_NOTE]
+    lines += split_lines(rep["train_step"])
     lines += ["", "| decode | sampler | rows | prompts + new | decode tok/s | of HBM bound | end-to-end tok/s | "
               "vs static | vs transformers |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     by = {(d.get("model"), d.get("sampler"), d.get("rows")): d for d in rep["decode"] if "tokens_per_s" in d}
@@ -135,3 +136,27 @@ def markdown(rep: dict) -> str:
     lines += ["", f"install: {rep['install']['command'] or '-'} ({rep['install']['skipped'] or str(rep['install']['seconds']) + ' s'}); "
               f"elapsed {rep['elapsed_s']} s; {'ALL OK' if rep['ok'] else 'SOME CHECK FAILED'}"]
     return "\n".join(lines) + "\n"
+
+
+def split_lines(train_rows: list[dict]) -> list[str]:
+    """The profiled train step's time by kind (train/time_split.py), largest first."""
+    lines = []
+    for t in train_rows:
+        sp = t.get("split")
+        if not sp:
+            continue
+        head = f"{t['model']} {t['attention']} {t['rows']} x {t['seq_len']}, remat {t['remat']}"
+        if "categories" not in sp or not sp.get("ops"):
+            lines += ["", f"time split of the {head} step: not available ({sp.get('error') or sp.get('note', '')})"]
+            continue
+        total = sp["ops_s"] or 1.0
+        lines += ["", f"time split of the {head} step (profiled once, command buffers {sp['command_buffers']}: "
+                      f"{sp['profiled_step_s']} s a step; op time summed on the {sp['tracks']}'s tracks)", "",
+                  "| kind | ms per step | share of op time |", "| --- | --- | --- |"]
+        for kind, s in sorted(sp["categories"].items(), key=lambda kv: -kv[1]):
+            lines.append(f"| {kind} | {s * 1e3:,.2f} | {s / total:.1%} |")
+        lines.append("largest ops: " + ", ".join(f"{o['op']} ({o['kind']}, {o['s'] * 1e3:,.2f} ms)"
+                                                  for o in sp["top"][:3]))
+        if sp.get("note"):
+            lines.append(f"note: {sp['note']}")
+    return lines

@@ -175,13 +175,16 @@ def train_config(preset: str, attention: str, rows: int, seq: int, resp: int, re
 
 
 def train_step_timing(preset: str, attention: str, *, rows: int, seq: int, resp: int, reps: int,
-                      remat: str | None = None, param_dtype: str | None = None, devices: list | None = None) -> dict:
+                      remat: str | None = None, param_dtype: str | None = None, devices: list | None = None,
+                      split: bool = False) -> dict:
     """One optimizer update of `preset` (random weights) over all local devices (FSDP), remat
     as RECIPE sets it unless `remat` is given ("auto": train/remat_choice's policy for this
     device's usable memory, recorded as the row's remat): compile time, step time, tokens/s, the model
     FLOPs of the step (MFU is taken in device_check.py against the measured matmul ceiling);
     `param_dtype`: the master weights' dtype where the recipe's does not fit (device_check_shapes);
-    peak device memory against the analytic plan of `train --check`."""
+    peak device memory against the analytic plan of `train --check`. split: then one more step
+    under the profiler, its time by kind (train/time_split.py; an error there is the split's,
+    not the row's)."""
     from actionopd_jax.model import make_mesh
     from actionopd_jax.train.aot_check import model_flops
     from actionopd_jax.train.batching import Row, pack_minibatch
@@ -221,10 +224,18 @@ def train_step_timing(preset: str, attention: str, *, rows: int, seq: int, resp:
     used = model_flops(qcfg, rows, seq, resp)
     stats = devices[0].memory_stats() or {}
     plan = estimate_memory(cfg, qcfg, {"data": 1, "fsdp": len(devices), "tensor": 1}, attention).total
+    extra = {}
+    if split:   # after the peak was read: the profiled program is a second compile of the same step
+        from actionopd_jax.train.time_split import profile_update
+
+        try:
+            extra["split"], state = profile_update(step, state, batch)
+        except Exception as e:  # noqa: BLE001 - the timed step stands; the split says why it is missing
+            extra["split"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
     del state, batch
     return {"model": preset, "attention": attention, "devices": len(devices), "rows": rows, "seq_len": seq,
             "resp_len": resp, "remat": cfg.model.remat, "param_dtype": cfg.model.param_dtype,
             "compile_s": round(compile_s, 2), "step_s": float(f"{step_s:.6g}"),
             "tokens_per_s": round(rows * seq / step_s, 1), "loss": loss, "model_flops": used,
-            "peak_bytes": stats.get("peak_bytes_in_use"), "plan_bytes": plan,
+            "peak_bytes": stats.get("peak_bytes_in_use"), "plan_bytes": plan, **extra,
             "ok": bool(np.isfinite(loss))}

@@ -122,6 +122,14 @@ def test_dry_run_on_the_device_image_writes_the_documented_report(tmp_path, half
         # MFU against the matmul ceiling measured in this run
         assert abs(t["mfu"] - t["model_flops"] / (t["step_s"] * ceil["matmul_flops_per_s"])) < 1e-3 and t["plan_bytes"] > 0
     assert "| attention cpu vs xla | ok |" in md and "| tiny | xla | full | 1 x 64 |" in md
+    # the first train step also ran under the profiler (train/time_split.py): every op of the
+    # step matched an instruction, and each kind the scopes name took time
+    split = trains[0]["split"]
+    assert "split" not in trains[1] and split["ops"] > 0 and split["unmatched_events"] == 0, split
+    for kind in ("attention forward", "attention backward", "matmuls forward", "LM head", "optimizer"):
+        assert split["categories"][kind] > 0, (kind, split)
+    assert abs(sum(split["categories"].values()) - split["ops_s"]) < 1e-5
+    assert "time split of the tiny cpu 1 x 64, remat full step" in md and "| LM head |" in md
 
 
 def dc_tol():

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 
 _NEG = -1e30  # finite "minus infinity" for padded vocabulary slots (keeps exp() at exactly 0)
+SCOPE = "lm_head"   # the name scope of its ops in the compiled step (train/time_split.py reads it)
 
 
 def _chunks(w: jax.Array, chunk: int) -> tuple[jax.Array, jax.Array, int]:
@@ -76,6 +77,11 @@ def _head_logprobs(h, w, targets, temperature, chunk, dot_dtype):
 
 
 def _forward(h, w, targets, temperature, chunk, dot_dtype):
+    with jax.named_scope(SCOPE):
+        return _forward_impl(h, w, targets, temperature, chunk, dot_dtype)
+
+
+def _forward_impl(h, w, targets, temperature, chunk, dot_dtype):
     _, w_t, vocab = _chunks(w, chunk)
     lse = _lse(h, w_t, vocab, temperature, dot_dtype)
     logp = _target_logits(h, w, targets, temperature, dot_dtype) - lse
@@ -83,6 +89,11 @@ def _forward(h, w, targets, temperature, chunk, dot_dtype):
 
 
 def _bwd(temperature, chunk, dot_dtype, res, g):
+    with jax.named_scope(SCOPE + "_bwd"):
+        return _bwd_impl(temperature, chunk, dot_dtype, res, g)
+
+
+def _bwd_impl(temperature, chunk, dot_dtype, res, g):
     """d logp_n / d z_{n,j} = delta(j, t_n) - p_{n,j}, with z = h W^T / T. With a = g / T:
     dh = a * W[t] - sum_j (a p)_j W_j,   dW_j = scatter(a h at t) - sum_n (a p)_{n,j} h_n."""
     h, w, targets, lse = res

@@ -24,10 +24,11 @@ from actionopd_jax.model import LOGICAL_AXIS_RULES, param_shardings
 from actionopd_jax.model.attention import SharedPrefix
 from actionopd_jax.model.sharding import constrain
 from actionopd_jax.train import losses as L
-from actionopd_jax.train.head_logprobs import head_logprobs
+from actionopd_jax.train.head_logprobs import SCOPE as HEAD_SCOPE, head_logprobs
 from actionopd_jax.jax_compat import set_mesh
 
 ROW_AXES = ("data", "fsdp")
+OPTIMIZER_SCOPE = "optimizer"   # the name scope of the AdamW update's ops in the compiled step
 LOSS_KINDS = ("actionopd", "kd", "opd")
 
 
@@ -83,6 +84,11 @@ def response_logprobs(model, hidden: jax.Array, resp_index: jax.Array, resp_toke
     otherwise `chunk` > 0 scores response positions `chunk` at a time."""
     h = jnp.take_along_axis(hidden, resp_index[..., None].astype(jnp.int32), axis=1)  # [b, R, D]
     h = constrain(h, ("batch", "length", "act_embed"))
+    with jax.named_scope(HEAD_SCOPE):      # by name in the compiled step (train/time_split.py)
+        return _head(model, h, resp_tokens, temperature, chunk, vocab_chunk)
+
+
+def _head(model, h, resp_tokens, temperature, chunk, vocab_chunk):
     if vocab_chunk > 0:
         return head_logprobs(h, model.head_weight(), resp_tokens, temperature, chunk=vocab_chunk)
 
@@ -229,8 +235,9 @@ class TrainStep:
         # the one division: mean over the active tokens of the whole minibatch
         denom = jnp.maximum(sums.tokens, 1.0)
         grads = jax.tree.map(lambda g, p: (g / denom).astype(p.dtype), g_sum, params)
-        updates, new_opt = self.tx.update(grads, state["opt_state"], params)
-        new_params = optax.apply_updates(params, updates)
+        with jax.named_scope(OPTIMIZER_SCOPE):     # by name in the compiled step (train/time_split.py)
+            updates, new_opt = self.tx.update(grads, state["opt_state"], params)
+            new_params = optax.apply_updates(params, updates)
         # a minibatch without active tokens must not move anything (paper A.4: empty batch
         # skips optimization; AdamW would otherwise still decay weights and moments)
         active = sums.tokens > 0

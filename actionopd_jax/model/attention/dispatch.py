@@ -14,6 +14,8 @@ from actionopd_jax.model.attention.shared_prefix import SharedPrefix, shared_pre
 from actionopd_jax.model.attention.splash import splash_attention
 from actionopd_jax.model.attention.xla import xla_attention
 
+SCOPE = "attention"   # the name scope of its ops in a compiled program (train/time_split.py reads it)
+
 IMPLEMENTATIONS = ("auto", "splash", "cudnn", "xla", "cpu")
 # kernels that keep only (output, log-sum-exp) for the backward, never the [T, T] scores
 FUSED = ("splash", "cudnn")
@@ -111,6 +113,11 @@ def causal_self_attention(q: jax.Array, k: jax.Array, v: jax.Array, key_mask: ja
     platform = target_platform(mesh)
     impl = resolve(impl, platform, shared_prefix=shared_prefix, seq_len=q.shape[1],
                    heads=(q.shape[2] * q.shape[3], q.shape[2], q.shape[4]), dtype=dtype)
+    with jax.named_scope(SCOPE):      # its ops, forward and backward, by name in the compiled step
+        return _attend(q, k, v, key_mask, dtype, impl, shared_prefix, mesh, platform)
+
+
+def _attend(q, k, v, key_mask, dtype, impl, shared_prefix, mesh, platform):
     if impl == "splash":
         return splash_attention(q, k, v, key_mask, dtype, mesh=mesh, interpret=platform == "cpu",
                                 layout=shared_prefix)
