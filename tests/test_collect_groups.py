@@ -345,3 +345,20 @@ def test_a_failed_device_call_stops_the_collection_with_its_error(tiny_tokenizer
         with pytest.raises(SamplerError, match="out of device memory"):
             collect_once(collector, [toy_task(c, c) for c in ("paper", "ties", "judge")], step=0,
                          process_index=0, process_count=1)
+
+
+def test_closing_the_collector_closes_its_http_clients_on_its_loop(tiny_tokenizer):
+    """The teacher's and the judge's AsyncOpenAI clients are closed on the collector's loop
+    before the loop closes; closed with the loop, their own clean-up later ran on a closed loop
+    ("Event loop is closed" on stderr)."""
+    with serve(teacher_backend(SCRIPT), judge_backend()) as server:
+        teacher, matcher = make_teacher(server), make_matcher(server)
+        eos = tiny_tokenizer.convert_tokens_to_ids("<|im_end|>")
+        collector = make_collector(collector_config(), tiny_tokenizer, teacher, matcher,
+                                   fixed_text_sample_fn(tiny_tokenizer, SCRIPT, eos))
+        collector.collect([toy_task("judge", "judge")], step=0, process_index=0, process_count=1)
+        clients = [teacher.inner.endpoint._loop_resources[1], matcher.judge.endpoint._loop_resources[1]]
+        assert not any(c.is_closed() for c in clients)
+        collector.close()
+    assert all(c.is_closed() for c in clients)
+    assert teacher.inner.endpoint._loop_resources is None and matcher.judge.endpoint._loop_resources is None

@@ -30,7 +30,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from actionopd_jax.collect.collector import Collector
+from actionopd_jax.collect.collector import Collector, aclose_clients
 from actionopd_jax.collect.group import GroupOutcome
 from actionopd_jax.collect.metrics import TrajectoryRecord
 from actionopd_jax.collect.engine_worker import EngineSampling, EngineWorker
@@ -209,6 +209,8 @@ class AsyncScheduler:
             self._fatal = self._fatal or err
         finally:
             ready.set()
+            # the HTTP clients were made on this loop: closed here, before the loop is
+            self._loop.run_until_complete(aclose_clients(self.collector.teacher, self.collector.matcher))
             self._loop.run_until_complete(self._loop.shutdown_asyncgens())
             self._loop.close()
 

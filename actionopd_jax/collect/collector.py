@@ -82,6 +82,19 @@ class CollectResult:
                    trajectories=records, metrics=metrics)
 
 
+async def aclose_clients(*owners) -> None:
+    """`await owner.aclose()` for each owner that has one (teacher, matcher); a failure to
+    close is logged, never raised: the step's results are already safe."""
+    for owner in owners:
+        aclose = getattr(owner, "aclose", None)
+        if aclose is None:
+            continue
+        try:
+            await aclose()
+        except Exception as e:  # noqa: BLE001 - shutting down: say it, go on
+            log.warning("closing %s's HTTP client failed: %s: %s", type(owner).__name__, type(e).__name__, e)
+
+
 def local_task_starts(num_starts: int, process_index: int, process_count: int) -> list[int]:
     """The global task-start indices this process collects: every process_count-th one,
     beginning at process_index (balanced to within one start, stable under resumption)."""
@@ -127,8 +140,11 @@ class Collector:
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def close(self) -> None:
-        """Close the collector's event loop (the HTTP pools bound to it go with it)."""
+        """Close the teacher's and the judge's HTTP clients on the collector's event loop, then
+        the loop. (Closed with the loop instead, the clients' own clean-up later found the loop
+        closed: "Event loop is closed" on stderr.)"""
         if self._loop is not None and not self._loop.is_closed():
+            self._loop.run_until_complete(aclose_clients(self.teacher, self.matcher))
             self._loop.run_until_complete(self._loop.shutdown_asyncgens())
             self._loop.close()
         self._loop = None

@@ -125,6 +125,12 @@ class Matcher:
         self.fork_latencies_s: deque[float] = deque(maxlen=100_000)  # per fork run, for benchmarks
         self._decided_by: OrderedDict[str, str] = OrderedDict()  # pair-at-state digest -> "execution"
 
+    async def aclose(self) -> None:
+        """Close the judge's HTTP client on the running loop (where it has one)."""
+        aclose = getattr(self.judge, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
     def evidence_for(self, name: str, env: str | None) -> tuple[str | None, bool]:
         """(evidence for tool `name` in `env`, whether the judge requires it there)."""
         if env is not None and env in self.evidence_by_env:

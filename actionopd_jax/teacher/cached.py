@@ -31,6 +31,12 @@ class CachedTeacher:
     def identity(self) -> dict[str, Any]:
         return self.inner.identity
 
+    async def aclose(self) -> None:
+        """Close the provider's HTTP client on the running loop (where it has one)."""
+        aclose = getattr(self.inner, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
     @property
     def usage(self) -> UsageReport:
         """Provider usage plus this wrapper's cache hits / misses / joins."""
