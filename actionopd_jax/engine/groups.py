@@ -30,9 +30,11 @@ def compact_rows(running: dict, n_slots: int) -> np.ndarray:
     return np.asarray(busy + idle, np.int64)
 
 
-def arrange(running: dict, table: np.ndarray, config, n_rows: int | None = None) -> tuple[np.ndarray, programs.Groups]:
+def arrange(running: dict, table: np.ndarray, config,
+            n_rows: int | None = None) -> tuple[np.ndarray, programs.Groups]:
     """running: slot -> (request, sample); table: every slot's page table. Returns the rows
-    (slot ids: `n_rows` of them, default `row_count`; accelerators run every slot) and their Groups: each request with two or more
+    (slot ids: `n_rows` of them, default `row_count`; accelerators run every slot) and their
+    Groups: each request with two or more
     running samples and a whole prompt page gets a block per SHARE_WIDTH of them (the largest
     first, while blocks are left); the other samples (singles) fill the free rows and read
     all their pages in their own pass."""

@@ -355,5 +355,5 @@ def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots
                                         head_fallbacks=fallbacks)
 
 
-__all__ = ["FRESH_PREFILL", "Groups", "Pool", "SHARED_ATTENTION", "SHARE_WIDTH", "SegmentOut", "Slots", "empty_pool", "prefill_chunk",
-           "row_buckets", "segment"]
+__all__ = ["FRESH_PREFILL", "Groups", "Pool", "SHARED_ATTENTION", "SHARE_WIDTH", "SegmentOut", "Slots", "empty_pool",
+           "prefill_chunk", "row_buckets", "segment"]

@@ -5,9 +5,10 @@ its own layout (paged_gather.py), k/v pages [KVH, total_pages, page_size, Dh], s
 copied. It is a decode kernel (one query per row): called with a chunk of q_len queries it
 runs q_len rows over the same page table, row (slot, i) seeing min(lengths, q_positions + 1)
 keys (paged_tpu.query_rows), each rereading the pages; the switch (paged.py) sends chunks to
-our kernel instead (paged_gpu_parts.py, a read per block of queries). The kernel splits each row's pages into `k_splits` partitions that
-run in parallel and merges them (flash-decoding), and pads the query heads of one KV head to
-a block of 16 (Triton's smallest dot); its softmax has no scale, so q is scaled here.
+our kernel instead (paged_gpu_parts.py, a read per block of queries). The kernel splits each
+row's pages into `k_splits` partitions that run in parallel and merges them
+(flash-decoding), and pads the query heads of one KV head to a block of 16 (Triton's smallest
+dot); its softmax has no scale, so q is scaled here.
 
 Limits (refused by name): head_dim a power of two >= 16 and page_size * pages per block >= 16
 (Triton dot sizes). jax's `ops.gpu.decode_attention` is not used: it takes a contiguous
