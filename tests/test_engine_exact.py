@@ -117,14 +117,15 @@ def test_run_ahead_with_requests_waiting_keeps_the_samples():
 
 
 def test_gpu_kernel_engine_gives_the_static_samples():
-    """The engine with the GPU paged kernel ("paged_gpu", Pallas interpret mode here; pages of
-    16 tokens, its smallest block) in its prefill chunks that continue a prompt and its decode
-    segments, the model's causal attention in chunks that start prompts: the static
+    """The engine with the GPU paged kernels ("paged_gpu", Pallas interpret mode here; pages of
+    16 tokens, its smallest block) in its prefill chunks that continue a prompt (ours, in
+    query blocks) and its decode segments (jax's, each slot reading its own pages), the model's causal attention in chunks that start prompts: the static
     samples, as the device check asks of it on a GPU ("engine tokens float32 ... vs CPU")."""
     prompts, settings, keys = _workload(seed=5)
     want = reference(prompts, keys, **settings)
     eng = engine(3, attention="paged_gpu", page_size=16)
-    assert eng.attention() == "paged_gpu"
+    eng.share_prompts = False       # jax's decode kernel, a row per slot (the shared path: test_prompt_sharing.py)
+    assert eng.attention() == "paged_gpu" and not eng.shares_prompts()
     got = [None] * N_STATES
     for i in range(N_STATES):
         eng.submit(prompts[i], key=keys[i], on_done=lambda r, i=i: got.__setitem__(i, r.generations),
