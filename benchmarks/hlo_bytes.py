@@ -24,10 +24,10 @@ from __future__ import annotations
 import math
 import re
 
+from actionopd_jax.aot.hlo_text import computation_header, instruction
+
 _SIZES = {"pred": 1, "s8": 1, "u8": 1, "bf16": 2, "f16": 2, "s16": 2, "u16": 2, "f32": 4, "s32": 4, "u32": 4,
           "f64": 8, "s64": 8, "u64": 8}
-_HEADER = re.compile(r"^(ENTRY )?%?([\w.\-]+) \(")
-_NAME = re.compile(r"^\s*(?:ROOT )?%?([\w.\-]+) = ")
 _ARRAY = re.compile(r"^(\w+)\[([\d,]*)\]")
 _OPERAND = re.compile(r"%([\w.\-]+)")
 _SKIP = {"parameter", "get-tuple-element", "tuple", "bitcast", "constant", "while", "conditional", "call",
@@ -44,38 +44,18 @@ def _bytes(shape: str) -> int:
     return math.prod(int(d) for d in dims.split(",")) * _SIZES[m.group(1)] if dims else _SIZES[m.group(1)]
 
 
-def _instruction(line: str):
-    """(name, shape text, opcode, text after the opcode's "(") of one HLO instruction line."""
-    m = _NAME.match(line)
-    if not m:
-        return None
-    rest = line[m.end():]
-    if rest.startswith("("):              # a tuple shape: skip to its closing parenthesis
-        depth = 0
-        for i, ch in enumerate(rest):
-            depth += ch == "("
-            depth -= ch == ")"
-            if depth == 0:
-                break
-        shape, rest = rest[:i + 1], rest[i + 1:].lstrip()
-    else:
-        shape, _, rest = rest.partition(" ")
-    op, paren, rest = rest.partition("(")
-    return (m.group(1), shape, op, rest) if paren and re.fullmatch(r"[\w\-]+", op) else None
-
-
 def _parse(text: str) -> tuple[dict, set, str]:
     """{computation: [(name, bytes, op, operands, attrs, is_root)]}, executed computations, entry."""
     comps, executed, entry, cur = {}, set(), "", None
     for line in text.splitlines():
-        h = _HEADER.match(line)
-        if h and line.rstrip().endswith("{"):
-            cur = h.group(2)
+        h = computation_header(line)
+        if h:
+            cur = h[0]
             comps[cur] = []
-            if h.group(1):
+            if h[1]:
                 entry = cur
             continue
-        parsed = _instruction(line)
+        parsed = instruction(line)
         if parsed is None or cur is None:
             continue
         name, shape, op, rest = parsed

@@ -33,6 +33,8 @@ from collections import defaultdict
 
 import jax
 
+from actionopd_jax.aot.hlo_text import computation_header, instruction
+
 CATEGORIES = ("attention forward", "attention backward", "matmuls forward", "matmuls backward", "LM head",
               "optimizer", "collectives", "other")
 NO_COMMAND_BUFFERS = {"xla_gpu_enable_command_buffer": ""}
@@ -41,30 +43,9 @@ _COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "col
 _CONTROL = ("while", "conditional", "call", "tuple", "get-tuple-element", "parameter", "constant", "bitcast")
 _SCOPES = {"attention": "attention", "lm_head": "LM head", "lm_head_bwd": "LM head", "optimizer": "optimizer"}
 
-_HEADER = re.compile(r"^\s*(?:ENTRY\s+)?%?([\w.\-]+)\s.*\{\s*$")
-_INSTR = re.compile(r"^\s*(?:ROOT\s+)?%?([\w.\-]+)\s*=\s*(.*)$")
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
 _TARGET = re.compile(r'custom_call_target="([^"]*)"')
 _CALLS = re.compile(r"calls=%?([\w.\-]+)")
-_COMMENT = re.compile(r"/\*.*?\*/")
-
-
-def _opcode(rest: str) -> str:
-    """`rest` is what follows "name = ": a shape (a tuple in parentheses, or one token), then
-    the opcode up to its operand list."""
-    i = 0
-    if rest.startswith("("):
-        depth = 0
-        for i, ch in enumerate(rest):
-            depth += ch == "("
-            depth -= ch == ")"
-            if depth == 0:
-                break
-        i += 1
-    else:
-        i = rest.find(" ")
-    tail = rest[i:].lstrip()
-    return tail[:tail.find("(")] if "(" in tail else tail.split(" ")[0]
 
 
 def parse_hlo(text: str) -> dict[str, dict]:
@@ -72,26 +53,19 @@ def parse_hlo(text: str) -> dict[str, dict]:
     holds a dot or convolution)} for every instruction of an HLO module's text."""
     instrs, dots, comp = {}, set(), None
     for line in text.splitlines():
-        line = _COMMENT.sub("", line)          # tuple shapes carry /*index=5*/ marks
-        if line.strip() == "}":
-            comp = None
+        header = computation_header(line)
+        if header:
+            comp = header[0]
             continue
-        m = _INSTR.match(line)
-        if m and comp is not None:
-            rest = m.group(2)
-            op = _opcode(rest)
-            if op in ("dot", "convolution"):
-                dots.add(comp)
-            name = _OP_NAME.search(rest)
-            target = _TARGET.search(rest)
-            calls = _CALLS.search(rest)
-            instrs[m.group(1)] = {"opcode": op, "op_name": name.group(1) if name else "",
-                                  "target": target.group(1) if target else "",
-                                  "calls": calls.group(1) if calls else ""}
+        parsed = instruction(line) if comp is not None else None
+        if parsed is None:
             continue
-        h = _HEADER.match(line)
-        if h and "=" not in line.split("{")[0]:
-            comp = h.group(1)
+        name, _, op, rest = parsed
+        if op in ("dot", "convolution"):
+            dots.add(comp)
+        op_name, target, calls = _OP_NAME.search(rest), _TARGET.search(rest), _CALLS.search(rest)
+        instrs[name] = {"opcode": op, "op_name": op_name.group(1) if op_name else "",
+                        "target": target.group(1) if target else "", "calls": calls.group(1) if calls else ""}
     for ins in instrs.values():
         ins["has_dot"] = ins["calls"] in dots
     return instrs
