@@ -23,6 +23,7 @@ written. Also checked per program: the pool (or static's cache) aliased in place
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import math
 import os
@@ -40,7 +41,7 @@ from actionopd_jax.engine import programs  # noqa: E402
 from actionopd_jax.engine.aot import abstract_pool, abstract_slots  # noqa: E402
 from actionopd_jax.engine.sizing import EngineConfig  # noqa: E402
 from actionopd_jax.model.attention.paged_gpu import gpu_blocks  # noqa: E402
-from actionopd_jax.model.attention.paged_gpu_parts import QUERY_BLOCK  # noqa: E402
+from actionopd_jax.model.attention.paged_gpu_parts import MIN_QUERIES, QUERY_BLOCK  # noqa: E402
 from actionopd_jax.model.attention.paged_live import BLOCK_TOKENS  # noqa: E402
 from actionopd_jax.model.config import PRESETS, count_params  # noqa: E402
 from actionopd_jax.model.runtime import RuntimeOptions  # noqa: E402
@@ -58,11 +59,14 @@ LO, HI = 1024, 4096
 
 
 def cost(compiled) -> dict:
+    """XLA's figures and the walk's. The walk follows each conditional's cheapest branch: every
+    `lax.cond` in these programs is a rare fallback (the token chooser's full-vocabulary path,
+    the checked head's float32 head), which counting all branches would charge every step."""
     c = compiled.cost_analysis()
     c = c[0] if isinstance(c, (list, tuple)) else c
     m = compiled.memory_analysis()
     return {"bytes": float(c.get("bytes accessed", 0.0)), "flops": float(c.get("flops", 0.0)),
-            "walk": program_bytes(compiled.as_text()),
+            "walk": program_bytes(compiled.as_text(), branches="cheapest"),
             "alias": m.alias_size_in_bytes, "temp": m.temp_size_in_bytes, "args": m.argument_size_in_bytes}
 
 
@@ -83,10 +87,27 @@ def prompt_lengths(n: int) -> list[int]:
     return [LO + (HI - LO) * i // max(1, n - 1) for i in range(n)]
 
 
+@contextlib.contextmanager
+def attention_left_out():
+    """Trace the engine's programs with their paged attention replaced by a read of nothing
+    (its output is q): compiled so, a program's walk is everything but the attention, which
+    the kernel model then adds for a backend the CPU cannot compile (the Pallas GPU kernel)."""
+    real = programs._attend
+    programs._attend = lambda q, *_, **__: q * 1.0
+    try:
+        yield
+    finally:
+        programs._attend = real
+
+
 def engine_compile(cfg, mesh, shapes: EngineConfig, attention: str, layers: int, which: str, fresh: bool = False,
-                   pages: int | None = None):
+                   pages: int | None = None, without_attention: bool = False):
     """The engine's prefill chunk ("chunk") or decode segment over an abstract pool of `pages`
-    (default: every slot full), compiled for this host; (compiled, pool array shape)."""
+    (default: every slot full), compiled for this host; (compiled, pool array shape).
+    without_attention: the paged attention left out (attention_left_out)."""
+    if without_attention:
+        with attention_left_out():
+            return engine_compile(cfg, mesh, shapes, attention, layers, which, fresh, pages)
     c = cfg.replace(num_hidden_layers=layers)
     graphdef, params = abstract_model(c, mesh, RuntimeOptions(dtype=c.param_dtype, attention="xla", scan_unroll=0))
     pps = shapes.pages_per_slot
@@ -140,6 +161,14 @@ def kernel_decode_bytes(lengths: list[int], kv_token_layer: int, layers: int) ->
 
 
 BLOCK_K = [PAGE]
+SPLITS = [1]      # the kernels' table partitions (gpu_blocks at the engine's table)
+
+
+def parts_bytes(programs_rows: int, kv_heads: int, head_dim: int, layers: int) -> float:
+    """The kernels' partial results (kernel model): each (row, KV head, partition) writes a
+    block of MIN_QUERIES float32 (acc, top, total) rows, read back once by the merge in jax
+    (jax's decode kernel writes the same per 16 query heads)."""
+    return 2 * SPLITS[0] * programs_rows * kv_heads * MIN_QUERIES * (head_dim + 2) * 4 * layers
 
 
 def kernel_shared_decode_bytes(prompts: list[int], mid_gen: int, kv_token_layer: int, layers: int) -> float:
@@ -198,7 +227,8 @@ def main() -> None:
     n_prompts = args.rows // SAMPLES
     prompts = prompt_lengths(n_prompts)
     shapes = EngineConfig(slots=args.rows, page_size=PAGE, max_len=HI + NEW, chunk=CHUNK, segment=16)
-    BLOCK_K[0] = gpu_blocks(shapes.pages_per_slot, PAGE)[1] * PAGE
+    SPLITS[0], block_pages = gpu_blocks(shapes.pages_per_slot, PAGE)
+    BLOCK_K[0] = block_pages * PAGE
     L = args.layers
     kv_tl = 2 * cfg.num_key_value_heads * cfg.head_dim * item       # k and v of one token, one layer
     n = count_params(cfg)
@@ -237,15 +267,22 @@ def main() -> None:
     row("engine decode, attention=gather (whole table)", s["bytes"] / args.rows, s["walk"] / args.rows, dec_bound,
         "compiler", f"pool aliased {c1['alias'] / 2**20:,.0f} of {pool_bytes / 2**20:,.0f} MiB (1 layer); "
         f"pool copies {shape_copies(one, pool_shape, hlo_dt)}", s["flops"] / args.rows)
-    # the gather path reads the table, writes it gathered and reads it again in the dot: less
-    # those, plus what the kernel reads (each row's own pages, in kernel blocks)
-    gathered = args.rows * shapes.pages_per_slot * PAGE * kv_tl * L
-    kernel = s["walk"] - 3 * gathered + kernel_decode_bytes(live_rows, kv_tl, L)
+    # everything but the attention, compiled without it; plus what the kernel reads (kernel model)
+    _, s, _, _ = pair(lambda k: engine_compile(cfg, mesh, shapes, "gather", k, "segment", without_attention=True))
+    outside = s["walk"]
+    row("engine decode, outside attention (attention left out)", None, outside / args.rows, dec_bound,
+        "compiler", f"weights {weights / args.rows / 2**20:,.1f} MiB/token of it; the rest activations, "
+        "the LM head's logits and the token chooser")
+    kvh, dh = cfg.num_key_value_heads, cfg.head_dim
+    kernel = outside + kernel_decode_bytes(live_rows, kv_tl, L) + parts_bytes(args.rows, kvh, dh, L)
     row("engine decode, attention=paged_gpu, no prompt sharing (before)", None, kernel / args.rows, dec_bound,
         "compiler + kernel model", "4 samples read their prompt's pages 4 times")
-    shared = s["walk"] - 3 * gathered + kernel_shared_decode_bytes(prompts, mid_gen, kv_tl, L)
+    shared = outside + kernel_shared_decode_bytes(prompts, mid_gen, kv_tl, L) + \
+        parts_bytes(args.rows + n_prompts, kvh, dh, L)                  # the own pass's rows, the shared one's blocks
     row("engine decode, attention=paged_gpu, prompts shared (after)", None, shared / args.rows, dec_bound,
-        "compiler + kernel model", "a prompt's whole pages once for its 4 samples (engine/prompt_sharing.py)")
+        "compiler + kernel model", "a prompt's whole pages once for its 4 samples (engine/prompt_sharing.py); "
+        f"the kernels' partial results {parts_bytes(args.rows + n_prompts, kvh, dh, L) / args.rows / 2**20:,.1f} "
+        "MiB/token of it")
     # --- prefill: bytes per prompt token --------------------------------------------------------
     if not args.skip_static:
         c1, s, one, _ = pair(lambda k: static_compile(cfg, mesh, n_prompts, k, "prefill"))
@@ -259,7 +296,8 @@ def main() -> None:
     c1, s, one, pool_shape = pair(lambda k: engine_compile(cfg, mesh, shapes, "live", k, "chunk"))
     block = block_bytes(cfg, mesh, shapes.pages_per_slot, args.dtype)   # one block + the merge, walked
     blocks = live_blocks(prompts)
-    rest = s["walk"] * calls - L * calls * block                        # the chunk calls less their attention
+    _, s, _, _ = pair(lambda k: engine_compile(cfg, mesh, shapes, "gather", k, "chunk", without_attention=True))
+    rest = s["walk"] * calls                                            # the chunk calls less their attention
     row("engine prefill, attention=live", None, (rest + L * blocks * block) / prompt_tokens, pre_bound,
         "compiler x blocks", f"{blocks / calls:.1f} blocks of {BLOCK_TOKENS} keys per call (a loop body is "
         f"counted once); temp {c1['temp'] / 2**30:,.2f} GiB (1 layer); pool copies "

@@ -16,6 +16,11 @@ each once, as XLA does; fusion bodies are not executed on their own):
 - a fusion that only slices and bitcasts (an unrolled layer's view of the stacked weights or
   cache, which the CPU compiler materializes): nothing, its consumer counts what it reads.
 
+A conditional runs one branch. `branches="all"` counts every branch (an upper figure);
+`branches="cheapest"` follows each conditional's cheapest branch: the common path of programs
+whose `lax.cond`s are rare fallbacks (the token chooser's full-vocabulary path, the checked
+head's float32 head), which the walk would otherwise charge every step.
+
 A model over the compiler's program, not a device measurement (benchmarks/engine_cost.py).
 """
 
@@ -44,14 +49,15 @@ def _bytes(shape: str) -> int:
     return math.prod(int(d) for d in dims.split(",")) * _SIZES[m.group(1)] if dims else _SIZES[m.group(1)]
 
 
-def _parse(text: str) -> tuple[dict, set, str]:
-    """{computation: [(name, bytes, op, operands, attrs, is_root)]}, executed computations, entry."""
-    comps, executed, entry, cur = {}, set(), "", None
+def _parse(text: str) -> tuple[dict, dict, str]:
+    """{computation: [(name, bytes, op, operands, attrs, is_root)]}, {computation: [(op, [called])]}
+    (the computations a while / call / conditional of it runs), entry."""
+    comps, calls, entry, cur = {}, {}, "", None
     for line in text.splitlines():
         h = computation_header(line)
         if h:
             cur = h[0]
-            comps[cur] = []
+            comps[cur], calls[cur] = [], []
             if h[1]:
                 entry = cur
             continue
@@ -61,15 +67,37 @@ def _parse(text: str) -> tuple[dict, set, str]:
         name, shape, op, rest = parsed
         args, _, attrs = rest.partition(")")
         comps[cur].append((name, _bytes(shape), op, _OPERAND.findall(args), attrs, "ROOT " in line))
-        for key in ("body", "condition", "to_apply", "true_computation", "false_computation"):
-            a = re.search(rf"{key}=%?([\w.\-]+)", attrs)
-            if a and op in ("while", "call", "conditional"):
-                executed.add(a.group(1))
+        if op not in ("while", "call", "conditional"):
+            continue
+        called = [a.group(1) for key in ("body", "condition", "to_apply", "true_computation", "false_computation")
+                  if (a := re.search(rf"{key}=%?([\w.\-]+)", attrs))]
         b = re.search(r"branch_computations=\{([^}]*)\}", attrs)
         if b:
-            executed.update(x.strip().lstrip("%") for x in b.group(1).split(","))
-    executed.add(entry)
-    return comps, executed, entry
+            called += [x.strip().lstrip("%") for x in b.group(1).split(",")]
+        calls[cur].append((op, called))
+    return comps, calls, entry
+
+
+def _executed(comps: dict, calls: dict, entry: str, branches: str) -> set:
+    """The computations one pass runs (each once, as XLA's cost analysis counts a loop body):
+    from the entry through while / call and every branch of a conditional ("all"), or each
+    conditional's cheapest branch ("cheapest": by its own walk, what it runs included)."""
+    def walk(comp: str, seen: set) -> None:
+        if comp in seen:
+            return
+        seen.add(comp)
+        for op, called in calls.get(comp, []):
+            if op == "conditional" and branches == "cheapest" and len(called) > 1:
+                called = [min(called, key=lambda c: sum(b for b, _ in _instructions(comps, walk_from(c))))]
+            for c in called:
+                walk(c, seen)
+
+    def walk_from(comp: str) -> set:
+        seen: set = set()
+        walk(comp, seen)
+        return seen
+
+    return walk_from(entry)
 
 
 def _fusion_cost(body: list, out_bytes: int) -> int:
@@ -101,14 +129,21 @@ def _fusion_cost(body: list, out_bytes: int) -> int:
     return total
 
 
-def program_bytes(text: str) -> float:
+def program_bytes(text: str, branches: str = "all") -> float:
     """Bytes moved by one pass over the executed computations (module docstring)."""
-    return float(sum(b for b, _ in instruction_bytes(text)))
+    return float(sum(b for b, _ in instruction_bytes(text, branches)))
 
 
-def instruction_bytes(text: str) -> list[tuple[int, str]]:
-    """[(bytes, "computation/instruction opcode")] of every executed instruction, largest first."""
-    comps, executed, _ = _parse(text)
+def instruction_bytes(text: str, branches: str = "all") -> list[tuple[int, str]]:
+    """[(bytes, "computation/instruction opcode")] of every executed instruction, largest first;
+    `branches`: "all" or "cheapest" (module docstring)."""
+    if branches not in ("all", "cheapest"):
+        raise ValueError(f'branches must be "all" or "cheapest", not {branches!r}')
+    comps, calls, entry = _parse(text)
+    return sorted(_instructions(comps, _executed(comps, calls, entry, branches)), reverse=True)
+
+
+def _instructions(comps: dict, executed: set) -> list[tuple[int, str]]:
     sizes = {i[0]: i[1] for body in comps.values() for i in body}
     out = []
     for comp in executed:
@@ -126,7 +161,7 @@ def instruction_bytes(text: str) -> list[tuple[int, str]]:
             else:
                 b = size + sum(sizes.get(o, 0) for o in ops)
             out.append((b, f"{comp}/{name} {op}"))
-    return sorted(out, reverse=True)
+    return out
 
 
 __all__ = ["instruction_bytes", "program_bytes"]

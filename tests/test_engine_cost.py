@@ -36,3 +36,20 @@ def test_decode_and_fresh_prefill_update_the_pool_in_place():
         largest, name = instruction_bytes(compiled.as_text())[0]
         assert largest < pool_bytes / 8, (which, name, largest)           # no instruction touches a whole pool array
         assert c["bytes"] > pool_bytes, (which, c["bytes"])                 # XLA's count: a scatter as the pool
+
+
+def test_the_walk_follows_a_conditionals_cheapest_branch_when_asked():
+    """A `lax.cond` runs one branch: "all" charges both (an upper figure), "cheapest" the small
+    one, the common path of the engine's rare fallbacks (the full-vocabulary chooser)."""
+    import jax.numpy as jnp
+
+    from hlo_bytes import program_bytes
+
+    big = jax.ShapeDtypeStruct((1 << 20,), jnp.float32)          # 4 MiB read by the rare branch only
+
+    def f(x, table):
+        return jax.lax.cond(x[0] > 0, lambda: x * 2.0, lambda: x + table[:8].sum() * jnp.exp(table).sum())
+
+    text = jax.jit(f).lower(jax.ShapeDtypeStruct((8,), jnp.float32), big).compile().as_text()
+    every, common = program_bytes(text), program_bytes(text, branches="cheapest")
+    assert every > 4 * 2**20 > 4096 > common, (every, common)
