@@ -16,9 +16,11 @@ is (nothing installed: the repository on PYTHONPATH and the jax already there).
       (MFU, fraction of the HBM bound) is taken against these measured figures;
    2. decode at Qwen3-4B shapes, 256 slots, prompts of 1,024-4,096 tokens, 256 new tokens:
       the engine, then the static sampler, against the HBM bound; then the same at 64 slots;
-   3. the outside reference: transformers' `generate` (PyTorch) on the 64-slot workload;
+   3. the outside reference: transformers' `generate` (PyTorch) on the 64-slot workload, in
+      its fastest setting that runs (static cache, compiled; else dynamic, eager; named);
    4. greedy tokens of the tiny model on the device, static sampler and engine, float32,
-      equal to the CPU's (bf16 with the fused kernel reported);
+      equal to the CPU's (bf16 with the fused kernel reported); then `generate` on the
+      256-slot workload, in calls as many prompts as the device's memory holds;
    5. decode at Qwen3-0.6B shapes, 256 slots;
    6. attention parity: the platform's fused kernel (cudnn / splash) against "xla", forward
       and the gradients of q, k, v, bf16, right-padded rows;
@@ -85,12 +87,15 @@ def stages(mode: str, platform: str, shapes: dict | None = None) -> list[tuple[s
     # reference, the device's token parity), then the 0.6B decodes; the kernels' parity and
     # the train steps (measured on the H200 in run 1) last
     plan = [("ceilings", "ceilings", 60.0, {"fn": "ceilings"})] + decode("big") + decode("small")
-    wp, slots, *_ = DECODE[mode]["small"]
-    # torch: in its own process, after the jax one has exited (jax holds its share of the GPU
-    # until then, and torch needs the rest)
-    plan.append((f"generate {wp} transformers {slots}", "decode", 120.0 if dev else 60.0,
-                 {"fn": "transformers", "work": "small", "own": True, "torch": True}))
-    plan.append(("sampler parity", "parity", 90.0, {"fn": "sampler parity"}))
+    def generate(work):
+        # torch: in its own process, after the jax one has exited (jax holds its share of the GPU
+        # until then, and torch needs the rest); the limit leaves room for generate's compile
+        wp, slots, *_ = DECODE[mode][work]
+        return (f"generate {wp} transformers {slots}", "decode", 180.0 if dev else 60.0,
+                {"fn": "transformers", "work": work, "own": True, "torch": True,
+                 "prompts_per_call": shapes["decode"][work].get("torch_prompts_per_call")})
+
+    plan += [generate("small"), ("sampler parity", "parity", 90.0, {"fn": "sampler parity"}), generate("big")]
     plan += decode("0.6b")
     plan.append(("attention parity", "parity", 60.0, {"fn": "attention"}))
     for i, t in enumerate(shapes["train"]):
@@ -196,7 +201,8 @@ def child(mode: str, names: list[str], out_dir: Path, memory: int | None = None,
             return dec.decode_timing(preset, slots=slots, samples=samples, lo=lo, hi=hi, max_new=new,
                                      sampler=spec["sampler"], pool_pages=spec["pool_pages"],
                                      token_budget=spec["token_budget"])
-        return dec.transformers_timing(preset, slots=slots, samples=samples, lo=lo, hi=hi, max_new=new)
+        return dec.transformers_timing(preset, slots=slots, samples=samples, lo=lo, hi=hi, max_new=new,
+                                       prompts_per_call=spec["prompts_per_call"])
 
     def note(what: str) -> None:
         print(f"[device_check]   {what}", file=sys.stderr, flush=True)

@@ -127,6 +127,13 @@ def markdown(rep: dict) -> str:
                      f"{d['end_to_end_tokens_per_s']:,.0f} | "
                      f"{_ratio(d['tokens_per_s'], static.get('tokens_per_s')) if d['sampler'] == 'engine' else '-'} | "
                      f"{_ratio(d['end_to_end_tokens_per_s'], hf.get('end_to_end_tokens_per_s')) if d['sampler'] != 'transformers' else '-'} |")
+    torch_rows = [d for d in rep["decode"] if d.get("sampler") == "transformers" and "setting" in d]
+    lines += [""] if torch_rows else []
+    for d in torch_rows:
+        lines.append(f"- transformers {d['model']} {d['rows']} rows: {d['setting']} (compiled: "
+                     f"{'yes' if d['compiled'] else 'no'}), {d['attention']} attention, {d['calls']} call(s) of "
+                     f"{d['prompts_per_call']} prompts" + (f"; not run: {'; '.join(d['setting_errors'])}"
+                                                          if d["setting_errors"] else ""))
     if rep["timed_out"]:
         lines += ["", "timed out (killed at their time limit): " + ", ".join(rep["timed_out"])]
     if rep["skipped"]:

@@ -41,6 +41,11 @@ POOL_MARGIN = 1.25    # pages beyond what the workload fills (its samples' own p
 # 1.67 x the 36.0 GiB prompt cache plus the 9.0 GiB generated cache; 64 rows 1.68. budget.
 # PREFILL_FACTOR (1.25) is the TPU's: with it the 256-row call plans 61.5 GiB and ran at 76.6.
 GPU_PREFILL_FACTOR = 1.68
+# transformers' generate (PyTorch): its peak per byte of static cache, estimated (not yet measured:
+# the row records torch's peak to calibrate it): at Qwen3-4B's 64 rows x 4,352 positions the
+# cache is 38.3 GiB, and an eager prefill of 64 x 4,096 tokens holds about 16 GiB beside it
+# (the MLP's three [tokens, 9,728] bf16 activations, q, k, v, the output, the padding mask)
+TORCH_PREFILL_FACTOR = 1.45
 
 
 def gpu_memory_bytes() -> int | None:
@@ -90,7 +95,7 @@ def _auto_remat(preset: str, attention: str, seq: int, resp: int, usable: float)
     return choice.policy, choice.estimate.total
 
 
-def _decode_plan(work: str, spec: tuple, usable: float, platform: str) -> dict:
+def _decode_plan(work: str, spec: tuple, usable: float, platform: str, total: float) -> dict:
     from actionopd_jax.engine.requests import pages_needed
     from actionopd_jax.engine.sizing import EngineConfig, pages_for
     from actionopd_jax.model import PRESETS, count_params
@@ -121,6 +126,7 @@ def _decode_plan(work: str, spec: tuple, usable: float, platform: str) -> dict:
                                  f"beside the weights ({weights / 2 ** 30:.1f} GiB) in {SAFETY:.0%} of the rest of "
                                  f"the usable {usable / 2 ** 30:.1f} GiB")
     prompts = len(lens)
+    out["torch_prompts_per_call"] = _torch_prompts_per_call(prompts, samples, hi + new, per_token, weights, total)
     group = 2 ** math.floor(math.log2(prompts)) if prompts & (prompts - 1) else prompts
     while group > 1 and call(group) > SAFETY * (usable - weights):
         group //= 2
@@ -134,6 +140,24 @@ def _decode_plan(work: str, spec: tuple, usable: float, platform: str) -> dict:
         out["static_calls"] = math.ceil(prompts / group)
         out["static_token_budget"] = int(chunk_tokens(group, plen, samples, new))
     return out
+
+
+def _torch_prompts_per_call(prompts: int, samples: int, positions: int, per_token: int, weights: int,
+                            total: float) -> int:
+    """Prompts a transformers `generate` call takes (all, else the largest power of two that
+    fits, at least one: a call that runs out of memory is halved, device_check_decode): its
+    static cache (every row at `positions`) times TORCH_PREFILL_FACTOR within SAFETY of the
+    memory beside the weights. torch is not held to XLA's share (its process keeps jax from
+    preallocating), so the device's `total` counts."""
+    from actionopd_jax.sampling.budget import SAFETY
+
+    fits = lambda p: TORCH_PREFILL_FACTOR * p * samples * positions * per_token <= SAFETY * (total - weights)  # noqa: E731
+    if fits(prompts):
+        return prompts
+    group = 1 << (prompts.bit_length() - 1)
+    while group > 1 and not fits(group):
+        group //= 2
+    return group
 
 
 def choose(mode: str, platform: str, memory_bytes: int | None, source: str = "") -> dict:
@@ -180,9 +204,11 @@ def choose(mode: str, platform: str, memory_bytes: int | None, source: str = "")
                                    "why": f"no plan fits the usable {usable / 2 ** 30:.1f} GiB: {'; '.join(tried)}"})
     for work, spec in DECODE[mode].items():
         if usable is None:   # decode_timing's own rule; nothing imported (a dry run's parent stays light)
-            out["decode"][work] = {"work": work, "pool_pages": None, "static_calls": 1, "static_token_budget": None}
+            # a dry run's generate calls take a prompt each: the calls' path runs at tiny shapes
+            out["decode"][work] = {"work": work, "pool_pages": None, "static_calls": 1, "static_token_budget": None,
+                                   "torch_prompts_per_call": 1 if not dev else None}
             continue
-        out["decode"][work] = plan = _decode_plan(work, spec, usable, platform)
+        out["decode"][work] = plan = _decode_plan(work, spec, usable, platform, memory_bytes)
         for sampler in ("engine", "static"):
             if f"{sampler}_dropped" in plan:
                 out["dropped"].append({"stage": f"decode {spec[0]} {sampler} {spec[1]}",
@@ -190,4 +216,4 @@ def choose(mode: str, platform: str, memory_bytes: int | None, source: str = "")
     return out
 
 
-__all__ = ["DECODE", "GPU_PREFILL_FACTOR", "TRAIN", "choose", "gpu_memory_bytes", "prompt_lengths"]
+__all__ = ["DECODE", "GPU_PREFILL_FACTOR", "TORCH_PREFILL_FACTOR", "TRAIN", "choose", "gpu_memory_bytes", "prompt_lengths"]

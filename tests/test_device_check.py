@@ -69,7 +69,7 @@ def test_the_dry_run_plan_has_every_measurement_in_the_order_of_value():
     assert plan == [("ceilings", "ceilings"), ("decode tiny engine 8", "decode"), ("decode tiny static 8", "decode"),
                     ("decode tiny engine 4", "decode"), ("decode tiny static 4", "decode"),
                     ("generate tiny transformers 4", "decode"), ("sampler parity", "parity"),
-                    ("decode tiny engine 6", "decode"), ("decode tiny static 6", "decode"),
+                    ("generate tiny transformers 8", "decode"), ("decode tiny engine 6", "decode"), ("decode tiny static 6", "decode"),
                     ("attention parity", "parity"), ("train tiny cpu 64", "train_step"),
                     ("train tiny xla 64", "train_step"), ("train tiny cpu 128", "train_step")]
 
@@ -105,6 +105,12 @@ def test_dry_run_on_the_device_image_writes_the_documented_report(tmp_path, half
             assert abs(dec["hbm_bound_tokens_per_s"] - bound) < 0.01 * bound + 0.1, dec
             assert 16 <= dec["prompt_tokens"] / dec["prompts"] <= 48
         assert "| tiny | engine | 4 | 16-48 + 8 |" in md and "| tiny | transformers | 4 | 16-48 + 8 |" in md
+        # generate's fastest setting that runs here (the CPU: a static cache, not compiled), named,
+        # in calls of the planned prompts (a dry run: one a call, so the calls add up)
+        hf = decodes[2]
+        assert hf["setting"].startswith("static cache") and not hf["compiled"] and hf["setting_errors"] == []
+        assert hf["calls"] == hf["prompts"] == 2 and hf["prompts_per_call"] == 1 and hf["attention"] == "sdpa"
+        assert "- transformers tiny 4 rows: static cache, torch.compile" in md and "2 call(s) of 1 prompts" in md
         return
     # rollout first (issue 41: the device's token parity right after the decodes), the kernels last
     assert plan[1] == "sampler parity" and plan[2] == "attention parity" and plan[-1].startswith("train")

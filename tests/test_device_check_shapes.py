@@ -95,6 +95,11 @@ def test_an_h100_and_an_h200_get_different_shapes_each_within_its_memory():
     assert spec["decode qwen3-4b engine 256"]["pool_pages"] == big100["pool_pages"]
     spec200 = {n: s for n, _, _, s in dc.stages("device", "gpu", h200)}
     assert spec200["decode qwen3-4b static 256"]["token_budget"] is None
+    # transformers' generate: its static cache (every row at 4,352 positions) x 1.45: 64 rows a
+    # call on either; the 256-row workload in 4 calls on the H100, 2 on the H200
+    assert spec["generate qwen3-4b transformers 64"]["prompts_per_call"] == 16
+    assert spec["generate qwen3-4b transformers 256"]["prompts_per_call"] == 16
+    assert spec200["generate qwen3-4b transformers 256"]["prompts_per_call"] == 32
     (line,) = report._shapes_lines(h100)
     assert line.startswith("shapes planned for 79.6 GiB (nvidia-smi memory.total), usable 71.7 GiB") and \
         "static calls big 2" in line
