@@ -46,14 +46,12 @@ from actionopd_jax.jax_compat import shard_map
 
 MIN_QUERIES = 16        # Triton's smallest dot: a query block is padded to it
 QUERY_BLOCK = 64        # queries per program when a row has more (a prefill chunk: 16 tokens x 4 heads)
+# 8 warps for both blocks, 2 stages. Compiled for sm_90a by Triton 3.6 at Qwen3-4B's shapes
+# (benchmarks/kernel_resources.py; compiler facts, not timings): with 4 warps the 16-query block
+# took 232 registers a thread, so an SM held 8 of the decode's warps, with 8 warps 124 and 16; the
+# 64-query block took 254 (4 warps: 4 warps an SM at 2 stages) and 171 (8). No spills in any.
+NUM_WARPS = 8
 NUM_STAGES = 2
-
-
-def _warps(m: int) -> int:
-    """4 warps for a 16-query block (jax's decode kernel runs 8 on its 16); 8 for 64 queries,
-    whose scores and accumulator are 4x larger (Triton's flash-attention tutorial's setting).
-    Starting points, not yet timed on a GPU."""
-    return 4 if m <= MIN_QUERIES else 8
 
 
 def _pow2_at_least(n: int, floor: int) -> int:
@@ -141,7 +139,7 @@ def _local(q, k_pages, v_pages, lengths, page_table, q_positions, *, interpret):
                    pl.BlockSpec((None, None, None, m, dh), lambda s, h, b, p: (p, s, h, b, 0))],
         out_shape=[part_shape, part_shape,
                    jax.ShapeDtypeStruct((splits, rows, kvh, q_blocks * m, dh), jnp.float32)],
-        compiler_params=plgpu.CompilerParams(num_warps=_warps(m), num_stages=NUM_STAGES),
+        compiler_params=plgpu.CompilerParams(num_warps=NUM_WARPS, num_stages=NUM_STAGES),
         interpret=interpret,
         name=f"paged_parts_m{m}_pages{block_pages}",
     )(qb, pos, k_pages, v_pages, page_table.reshape(rows, splits, per_part), lengths.astype(jnp.int32))
@@ -172,4 +170,4 @@ def paged_parts_gpu(q, k_pages, v_pages, lengths, page_table, *, q_positions=Non
                      out_specs=(parts, parts, parts))(q, k_pages, v_pages, lengths, page_table, q_positions)
 
 
-__all__ = ["MIN_QUERIES", "paged_parts_gpu"]
+__all__ = ["MIN_QUERIES", "NUM_STAGES", "NUM_WARPS", "QUERY_BLOCK", "paged_parts_gpu"]
