@@ -244,7 +244,7 @@ def transformers_timing(preset: str, *, slots: int, samples: int, lo: int, hi: i
         return isinstance(e, torch.cuda.OutOfMemoryError) or "out of memory" in str(e).lower()
 
     per = prompts_per_call or len(prompts)
-    progress(f"transformers model built in {t_built:.1f} s ({hf_cfg._attn_implementation} attention)")
+    progress(f"transformers model built in {t_built:.1f} s ({model.config._attn_implementation} attention)")
     errors, chosen, warm_s = [], None, 0.0
     for setting in settings:
         while chosen is None:
@@ -279,7 +279,7 @@ def transformers_timing(preset: str, *, slots: int, samples: int, lo: int, hi: i
     return {"model": preset, "sampler": "transformers", "rows": rows, "prompts": len(prompts),
             "prompt_lens": [lo, hi], "prompt_tokens": int(sum(len(p) for p in prompts)), "max_new": max_new,
             "setting": TORCH_SETTINGS[chosen], "compiled": hasattr(model, "_compiled_call"),
-            "attention": hf_cfg._attn_implementation, "setting_errors": errors,
+            "attention": model.config._attn_implementation, "setting_errors": errors,
             "calls": len(steps), "prompts_per_call": per, "warm_up_s": round(warm_s, 2),
             "decode_steps": min(steps), "prefill_s": round(prefill_s, 6), "decode_s": round(decode_s, 6),
             "wall_s": round(wall, 4), "generated_tokens": rows * min(steps), "decode_tokens": decode_tokens,
