@@ -177,3 +177,31 @@ def test_the_engine_stage_checks_its_pool_beside_the_programs_before_allocating(
     with pytest.raises(RuntimeError, match=r"the planned pool \(48 pages, .* GiB\) and the programs' needs beside "
                                            r"their arguments .* exceed the free 0\.00 GiB"):
         dec.pool_check(eng, {})
+
+
+def test_generate_falls_back_to_the_next_setting_and_halves_a_call_out_of_memory_saying_both(monkeypatch):
+    """device_check_decode.transformers_timing: a setting generate cannot run (here: the static
+    cache raising, as a failed compile would) gives the row the next setting, named with why;
+    a call out of memory is halved and retried. Tiny model, CPU."""
+    import transformers
+
+    import device_check_decode as dec
+
+    real = transformers.Qwen3ForCausalLM.generate
+    calls = []
+
+    def generate(self, **kw):
+        calls.append((kw.get("cache_implementation"), kw["input_ids"].shape[0]))
+        if kw.get("cache_implementation") == "static":
+            raise RuntimeError("inductor: compile failed")
+        if kw["input_ids"].shape[0] > 1:
+            raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+        return real(self, **kw)
+
+    monkeypatch.setattr(transformers.Qwen3ForCausalLM, "generate", generate)
+    row = dec.transformers_timing("tiny", slots=4, samples=2, lo=16, hi=48, max_new=4, prompts_per_call=2)
+    assert row["setting"] == "dynamic cache, eager" and not row["compiled"] and row["ok"]
+    assert row["setting_errors"] == ["static: RuntimeError: inductor: compile failed",
+                                     "dynamic: out of memory at 2 prompts a call; halved"]
+    assert row["calls"] == 2 and row["prompts_per_call"] == 1 and row["generated_tokens"] == 4 * 4
+    assert calls == [("static", 2), (None, 2), (None, 1), (None, 1), (None, 1)]   # warm-up, then 2 timed calls
