@@ -9,7 +9,8 @@ is (nothing installed: the repository on PYTHONPATH and the jax already there).
    / `'.[tpu]'`.
 2. Runs the measurements in a child interpreter (this process never starts jax, so it never
    holds the device), in order of value, each with a time limit (STAGES; --stage-timeout-s
-   overrides); none starts past --budget-s from the start. A measurement over its limit is
+   overrides); none starts with less than half its limit left of --budget-s, and the budget's
+   end cuts one running (both go on the rerun list). A measurement over its own limit is
    killed with its process, recorded as timed out, and the rest go on in a fresh child.
    Every finished row is written to the report at once, so a call cut short keeps its rows.
    1. the ceilings: device memory bandwidth (a copy) and a bf16 matmul; every ratio below
@@ -45,10 +46,8 @@ from __future__ import annotations
 
 import argparse
 import gc
-import glob
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -58,10 +57,10 @@ ROOT = Path(__file__).resolve().parents[1]
 # the modules beside this file (on sys.path when run as a script; not when loaded by path, as the tests do)
 if str(ROOT / "benchmarks") not in sys.path:
     sys.path.insert(0, str(ROOT / "benchmarks"))
-from device_check_report import apply_ceilings, markdown  # noqa: E402 - after the path above
+from device_check_host import detect_platform, install  # noqa: E402 - after the path above
+from device_check_report import apply_ceilings, markdown  # noqa: E402
 from device_check_shapes import DECODE, choose, gpu_memory_bytes  # noqa: E402
 
-EXTRA = {"gpu": "cuda", "tpu": "tpu"}
 STARTUP_LIMIT_S = 180.0  # the child's jax import and device start, before its first measurement
 EVENTS = "device_check_events.jsonl"
 SECTIONS = ("ceilings", "parity", "train_step", "decode")
@@ -107,35 +106,6 @@ def stages(mode: str, platform: str, shapes: dict | None = None) -> list[tuple[s
                       "param_dtype": t["param_dtype"], "remat": t.get("remat"), "own": dev,
                       "split": i == 0}))     # the first (most valuable) step also runs under the profiler
     return plan
-
-
-def detect_platform() -> str:
-    if shutil.which("nvidia-smi") or os.path.exists("/dev/nvidia0"):
-        return "gpu"
-    if glob.glob("/dev/accel*") or os.path.exists("/dev/vfio/0"):
-        return "tpu"
-    return "cpu"
-
-
-def _jax_sees(platform: str) -> bool:
-    probe = f"import jax, actionopd_jax.model; assert jax.devices()[0].platform == {platform!r}"
-    return subprocess.run([sys.executable, "-c", probe], capture_output=True, cwd=ROOT).returncode == 0
-
-
-def install(platform: str, dry_run: bool, skip: bool) -> dict:
-    extra = EXTRA.get(platform, "")
-    cmd = [sys.executable, "-m", "pip", "install", "-q", "-e", f".[{extra}]"] if extra else []
-    info = {"extra": extra, "command": " ".join(cmd), "seconds": 0.0, "skipped": ""}
-    if dry_run or skip or not extra:
-        info["skipped"] = "dry run" if dry_run else ("--no-install" if skip else "no accelerator")
-        return info
-    if _jax_sees(platform):
-        info["skipped"] = f"jax already sees the {platform}"
-        return info
-    t0 = time.perf_counter()
-    subprocess.run(cmd, check=True, cwd=ROOT)
-    info["seconds"] = round(time.perf_counter() - t0, 1)
-    return info
 
 
 def child(mode: str, names: list[str], out_dir: Path, memory: int | None = None, source: str = "") -> int:
@@ -230,10 +200,17 @@ def child(mode: str, names: list[str], out_dir: Path, memory: int | None = None,
     return 0
 
 
+def budget_cut(began: float, limit: float, deadline: float) -> bool:
+    """Whether a measurement started at `began` and killed is the budget's cut (the deadline
+    came before its own time limit) rather than over its limit."""
+    return deadline < began + limit
+
+
 def run_stages(mode: str, platform: str, out_dir: Path, plan, deadline: float, stage_timeout: float | None,
                on_record=lambda out: None, shapes: dict | None = None) -> dict:
     """Every measurement of `plan` in child interpreters, each killed at its time limit or at
-    `deadline`; what the deadline leaves unstarted is listed under "skipped". `on_record(out)`
+    `deadline`; what the deadline leaves unstarted or cuts is listed under "skipped" (the rerun
+    list), a measurement with less than half its limit left passed over. `on_record(out)`
     runs after each measurement (the caller writes the report there); `shapes`: the memory
     figure the plan was chosen for, passed on to each child."""
     out = {"platform": platform, "jax": "", "devices": [], **{sec: [] for sec in SECTIONS},
@@ -258,8 +235,12 @@ def run_stages(mode: str, platform: str, out_dir: Path, plan, deadline: float, s
         on_record(out)
 
     while todo:
-        if time.time() >= deadline:
-            out["skipped"] += todo
+        # a measurement starts only with half its limit left in the budget: one started with less
+        # is mostly cut at the deadline, device time spent for nothing. Those passed over go to
+        # the rerun list; a shorter one after them may still run
+        while todo and deadline - time.time() < limit[todo[0]] / 2:
+            out["skipped"].append(todo.pop(0))
+        if not todo:
             break
         # one process runs the measurements up to the next one that must run alone
         batch = todo[:1] if todo[0] in alone else [n for n in todo[:next(
@@ -297,15 +278,21 @@ def run_stages(mode: str, platform: str, out_dir: Path, plan, deadline: float, s
                 proc.wait()
             if current is not None:
                 spent = round(now - began, 1)
-                if rc is None:
+                cut = rc is None and budget_cut(began, limit[current], deadline)
+                if cut:        # the budget's end, not the measurement's own limit: it goes on the rerun list
+                    why = f"cut by the time budget after {spent} s (its limit {limit[current]:g} s): rerun it"
+                elif rc is None:
                     out["timed_out"].append(current)
-                    why = f"timed out after {spent} s (limit {round(min(limit[current], deadline - began), 1):g} s)"
-                    if current in last_step:
-                        why += f"; last step: {last_step[current][0]} (at {last_step[current][1]:g} s)"
+                    why = f"timed out after {spent} s (limit {limit[current]:g} s)"
                 else:
                     why = f"its process exited with code {rc} during the measurement"
-                record(current, [{"check": current, "stage": current, "ok": False, "timed_out": rc is None,
-                                  "error": why}], spent)
+                if rc is None and current in last_step:
+                    why += f"; last step: {last_step[current][0]} (at {last_step[current][1]:g} s)"
+                name = current
+                record(name, [{"check": name, "stage": name, "ok": False, "timed_out": rc is None and not cut,
+                               "cut": cut, "error": why}], spent)
+                if cut:
+                    out["skipped"].append(name)
             elif any(n in todo for n in batch):
                 out["errors"].append(f"the measuring process did not start ({'timed out' if rc is None else f'exit code {rc}'})"
                                      f"; not run: {', '.join(todo)}")

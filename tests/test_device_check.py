@@ -186,3 +186,17 @@ def test_a_spent_budget_lists_what_it_left_with_the_only_argument_and_out_defaul
     assert rep["skipped"] == plan and not rep["ok"]
     tail = capsys.readouterr().out.rstrip().splitlines()
     assert tail[-3] == f"run them: --only '{','.join(plan)}'" and tail[-1].endswith("SOME CHECK FAILED")
+
+
+def test_a_measurement_starts_only_with_half_its_limit_left_and_a_cut_one_is_rerun(tmp_path, capsys):
+    """The budget's end is not a measurement's failure: one that could not have finished in the
+    time left is not started (device time spent for nothing), and one the deadline cuts goes on
+    the rerun list like those left unstarted; over its own limit it is a timeout."""
+    dc = _module()
+    plan = ["ceilings", "attention parity"]
+    assert dc.main(["--dry-run", "--out", str(tmp_path), "--budget-s", "100", "--stage-timeout-s", "1000",
+                    "--only", ",".join(plan)]) == 1
+    rep = json.loads((tmp_path / "device_check.json").read_text())
+    assert rep["skipped"] == plan and rep["stage_s"] == {} and not rep["timed_out"] and not rep["errors"]
+    assert capsys.readouterr().out.rstrip().splitlines()[-3] == f"run them: --only '{','.join(plan)}'"
+    assert dc.budget_cut(began=10.0, limit=60.0, deadline=50.0) and not dc.budget_cut(10.0, 30.0, 50.0)
