@@ -13,8 +13,10 @@ decode step (the step loop's body) and the per-layer cost is the 2-layer compile
 
 Every figure in the table is a COMPILER ESTIMATE (HloCostAnalysis of the CPU compile:
 "bytes accessed", flops) or a count from the paged kernel's own loop bounds where XLA cannot
-see (the Pallas Triton kernel is a custom call; marked "kernel model"), never a device
-timing. "bound": the bytes one step must read: the weights plus each row's live KV, a shared
+see (the Pallas Triton kernel is a custom call; marked "kernel model": the program compiled
+with its paged attention left out, plus what the kernel's loops read and its partial results
+written), never a device timing. The walk follows each `lax.cond`'s cheapest branch (the
+programs' conds are rare fallbacks). "bound": the bytes one step must read: the weights plus each row's live KV, a shared
 prompt read once (issue 41's definition); for prefill the weights once per call plus the KV
 written. Also checked per program: the pool (or static's cache) aliased in place
 (memory_analysis().alias_size_in_bytes) and no copy of a pool-shaped buffer in the HLO.
