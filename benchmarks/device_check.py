@@ -20,15 +20,16 @@ is (nothing installed: the repository on PYTHONPATH and the jax already there).
    3. the outside reference: transformers' `generate` (PyTorch) on the 64-slot workload, in
       its fastest setting that runs (static cache, compiled; else dynamic, eager; named);
    4. greedy tokens of the tiny model on the device, static sampler and engine, float32,
-      equal to the CPU's (bf16 with the fused kernel reported); then `generate` on the
-      256-slot workload, in calls as many prompts as the device's memory holds;
-   5. decode at Qwen3-0.6B shapes, 256 slots;
-   6. attention parity: the platform's fused kernel (cudnn / splash) against "xla", forward
-      and the gradients of q, k, v, bf16, right-padded rows;
-   7. the train step at Qwen3-4B shapes (random weights, remat as the H200 recipe sets it),
-      fused kernel then xla at 4,096 tokens, then the fused kernel at 16,384: compile s,
-      step s, tokens/s, MFU, peak memory against `train --check`'s plan; the first of them
-      also once under the profiler, its time split by kind (train/time_split.py).
+      equal to the CPU's (bf16 with the fused kernel reported);
+   5. the train step at Qwen3-4B shapes (random weights) under the remat `model.remat=auto`
+      picks for this device's memory (the recipe's where that is full), once more under the
+      profiler, its time split by kind (train/time_split.py): compile s, step s, tokens/s,
+      MFU, peak memory against `train --check`'s plan;
+   6. `generate` on the 256-slot workload, in calls of as many prompts as memory holds;
+      decode at Qwen3-0.6B shapes, 256 slots;
+   7. attention parity: the platform's fused kernel (cudnn / splash) against "xla", forward
+      and the gradients of q, k, v, bf16, right-padded rows; the other train steps, as the
+      H200 recipe sets remat: fused kernel then xla at 4,096 tokens, the fused one at 16,384.
    The shapes fit the device: device_check_shapes.py plans every train step and decode
    workload from the GPU's memory (nvidia-smi; --memory-gib overrides) with the project's
    plans, and the report names the figure (a step whose plan does not fit runs with bfloat16
@@ -82,10 +83,6 @@ def stages(mode: str, platform: str, shapes: dict | None = None) -> list[tuple[s
                   "token_budget": shapes["decode"][work]["static_token_budget"] if sampler == "static" else None})
                 for sampler in ("engine", "static") if f"decode {wp} {sampler} {slots}" not in dropped]
 
-    # issue 41's order of value: rollout (the 4B decodes at 256 and 64 rows, the transformers
-    # reference, the device's token parity), then the 0.6B decodes; the kernels' parity and
-    # the train steps (measured on the H200 in run 1) last
-    plan = [("ceilings", "ceilings", 60.0, {"fn": "ceilings"})] + decode("big") + decode("small")
     def generate(work):
         # torch: in its own process, after the jax one has exited (jax holds its share of the GPU
         # until then, and torch needs the rest); the limit leaves room for generate's compile
@@ -94,18 +91,24 @@ def stages(mode: str, platform: str, shapes: dict | None = None) -> list[tuple[s
                 {"fn": "transformers", "work": work, "own": True, "torch": True,
                  "prompts_per_call": shapes["decode"][work].get("torch_prompts_per_call")})
 
-    plan += [generate("small"), ("sampler parity", "parity", 90.0, {"fn": "sampler parity"}), generate("big")]
-    plan += decode("0.6b")
-    plan.append(("attention parity", "parity", 60.0, {"fn": "attention"}))
+    train = []
     for i, t in enumerate(shapes["train"]):
         # named by its master weights where they are not the recipe's (float32): another step's plan
         suffix = (f" {t['param_dtype']} weights" if t["param_dtype"] else "") + \
             (f" remat {t['remat']}" if t.get("remat") else "")
-        plan.append((f"train {preset} {t['attention']} {t['seq']}{suffix}", "train_step", 150.0 if dev else 60.0,
-                     {"fn": "train", "preset": preset, "attention": t["attention"], "seq": t["seq"], "resp": resp,
-                      "param_dtype": t["param_dtype"], "remat": t.get("remat"), "own": dev,
-                      "split": i == 0}))     # the first (most valuable) step also runs under the profiler
-    return plan
+        train.append((f"train {preset} {t['attention']} {t['seq']}{suffix}", "train_step", 150.0 if dev else 60.0,
+                      {"fn": "train", "preset": preset, "attention": t["attention"], "seq": t["seq"], "resp": resp,
+                       "param_dtype": t["param_dtype"], "remat": t.get("remat"), "own": dev,
+                       "split": i == 0}))     # the first (most valuable) step also runs under the profiler
+    # the order of value: rollout, issue 41's weak half (the 4B decodes at 256 and 64 rows, the
+    # transformers reference at 64, the device's token parity); then issue 42's first train step
+    # (remat by this device's memory, with its time split), which one visit's two calls should
+    # still reach; then the rest of 41 (transformers at 256 rows, the 0.6B decodes), the kernels'
+    # parity and the other train steps (the recipe's, measured on the H200 in run 1)
+    return ([("ceilings", "ceilings", 60.0, {"fn": "ceilings"})] + decode("big") + decode("small") +
+            [generate("small"), ("sampler parity", "parity", 90.0, {"fn": "sampler parity"})] + train[:1] +
+            [generate("big")] + decode("0.6b") + [("attention parity", "parity", 60.0, {"fn": "attention"})] +
+            train[1:])
 
 
 def child(mode: str, names: list[str], out_dir: Path, memory: int | None = None, source: str = "") -> int:
