@@ -31,3 +31,14 @@ def test_train_rows_give_tflops_per_chip_and_the_formula():
     by_formula = 6 * n * t + 12 * q.num_hidden_layers * q.num_attention_heads * q.head_dim * t * t / 2 \
         + 6 * q.hidden_size * q.vocab_size * r
     assert model_flops(q, 1, t, r) == by_formula == rep["train_step"][0]["model_flops"]
+
+
+def test_the_engine_row_compares_with_static_by_decode_and_end_to_end():
+    """Issue 41's goal 2 is end to end (prefill + decode): the engine's row gives both ratios to
+    static; on run 1 (H200, 64 rows) 0.57x by decode, 0.24x end to end."""
+    rep = json.loads((ROOT / "docs/results/device_check_h200_2026-12-04_run1.json").read_text())
+    lines = report.markdown({**rep, "elapsed_s": 0, "ok": True}).splitlines()
+    at = next(i for i, x in enumerate(lines) if x.startswith("| decode | sampler"))
+    cols = [c.strip() for c in lines[at].strip("|").split("|")]
+    engine = next([c.strip() for c in x.strip("|").split("|")] for x in lines[at + 2:] if x.startswith("| qwen3-4b | engine"))
+    assert engine[cols.index("vs static, decode / end to end")] == "0.57x / 0.24x"
