@@ -97,19 +97,20 @@ def markdown(rep: dict) -> str:
                   if "forward_rel_err" in p else f"{p.get('rows_equal', '-')}/{p.get('rows', '-')} rows equal"
                   if "rows" in p else p.get("error", ""))
         lines.append(f"| {p['check']} | {'ok' if p['ok'] else 'FAILED'} | {detail} |")
+    # issue 42: TFLOP/s per chip (>= 500), and `train --check`'s plan within 1.15x of the peak
     lines += ["", "| train step | attention | remat | rows x tokens | compile s | step s | tokens/s | TFLOP/s | MFU | "
-              "peak GiB | plan GiB |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+              "peak GiB | plan GiB | plan / peak |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     gib = 1024 ** 3
     for t in rep["train_step"]:
         if "step_s" not in t:
-            lines.append(f"| {t['check']} | FAILED: {t.get('error', '')} | | | | | | | | | |")
+            lines.append(f"| {t['check']} | FAILED: {t.get('error', '')} | | | | | | | | | | |")
             continue
         remat = t["remat"] + (f", {t['param_dtype']} weights" if t.get("param_dtype", "float32") != "float32" else "")
         lines.append(f"| {t['model']} | {t['attention']} | {remat} | {t['rows']} x {t['seq_len']} | "
                      f"{t['compile_s']} | {t['step_s']} | {t['tokens_per_s']:,.0f} | "
                      f"{t['model_flops'] / (t['step_s'] * t.get('devices', 1)) / 1e12:.0f} | "
                      f"{_fmt(t.get('mfu'), '{:.1%}')} | {_fmt(t['peak_bytes'] and t['peak_bytes'] / gib, '{:.1f}')} | "
-                     f"{t['plan_bytes'] / gib:.1f} |")
+                     f"{t['plan_bytes'] / gib:.1f} | {_ratio(t['plan_bytes'], t['peak_bytes'])} |")
     if rep["train_step"]:
         lines += ["", FLOPS_NOTE]
     lines += split_lines(rep["train_step"])

@@ -23,6 +23,9 @@ def test_train_rows_give_tflops_per_chip_and_the_formula():
     rows = [[c.strip() for c in x.strip("|").split("|")] for x in lines[at + 2:at + 5]]
     got = [int(r[cols.index("TFLOP/s")]) for r in rows]
     assert got == [339, 165, 397]  # issue 42's table: about 340 and 397 with cuDNN
+    # the plan of run 1's time against the measured peak (issue 42: 1.36-1.42x before calibration)
+    first = rep["train_step"][0]
+    assert rows[0][cols.index("plan / peak")] == f"{first['plan_bytes'] / first['peak_bytes']:.2f}x" == "1.37x"
     assert report.FLOPS_NOTE in text and "no remat recompute" in report.FLOPS_NOTE
     # the note's formula is the one the rows were counted with
     q = PRESETS["qwen3-4b"]
