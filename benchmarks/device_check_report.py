@@ -140,6 +140,8 @@ def markdown(rep: dict) -> str:
                      f"{'yes' if d['compiled'] else 'no'}), {d['attention']} attention, {d['calls']} call(s) of "
                      f"{d['prompts_per_call']} prompts" + (f"; not run: {'; '.join(d['setting_errors'])}"
                                                           if d["setting_errors"] else ""))
+    if rep["mode"] == "device":
+        lines += ["", "| goal | verdict |", "| --- | --- |"] + [f"| {g} | {v} |" for g, v in goals(rep)]
     if rep["timed_out"]:
         lines += ["", "timed out (killed at their time limit): " + ", ".join(rep["timed_out"])]
     if rep["skipped"]:
@@ -173,3 +175,53 @@ def split_lines(train_rows: list[dict]) -> list[str]:
         if sp.get("note"):
             lines.append(f"note: {sp['note']}")
     return lines
+
+
+OOM = ("out of memory", "resource_exhausted")
+
+
+def goals(rep: dict) -> list[tuple[str, str]]:
+    """Issues 41's and 42's goals read off this report: "met", "NOT MET (...)" or "not measured"
+    (the row missing or failed other than out of memory), so a device call's last lines say
+    where the work stands."""
+    ok = {(d.get("model"), d.get("sampler"), d.get("rows")): d for d in rep["decode"] if "tokens_per_s" in d}
+    failed = {d.get("check", ""): d.get("error", "") for d in rep["decode"] if "tokens_per_s" not in d}
+
+    def verdict(value, floor, fmt="{:.2f}x", ceiling=False):
+        if value is None:
+            return "not measured"
+        good = value <= floor if ceiling else value >= floor
+        return ("met" if good else "NOT MET") + f" ({fmt.format(value)})"
+
+    def ratio(a, b, key="end_to_end_tokens_per_s"):
+        return a[key] / b[key] if a and b and a.get(key) and b.get(key) else None
+
+    out = []
+    engine = {rows: ok.get(("qwen3-4b", "engine", rows)) for rows in (256, 64)}
+    for rows, d in engine.items():
+        out.append((f"41.1 engine decode, 4B, {rows} rows, >= 60% of the HBM bound",
+                    verdict(d and d.get("fraction_of_bound"), 0.60, "{:.1%}")))
+    for rows, d in engine.items():
+        out.append((f"41.2 engine vs static end to end, {rows} rows, >= 1.5x",
+                    verdict(ratio(d, ok.get(("qwen3-4b", "static", rows))), 1.5)))
+        out.append((f"41.2 engine vs transformers end to end, {rows} rows, >= 3x",
+                    verdict(ratio(d, ok.get(("qwen3-4b", "transformers", rows))), 3.0)))
+    names = [f"decode {m} {s} 256" for m in ("qwen3-4b", "qwen3-0.6b") for s in ("engine", "static")]
+    ran = [n for n in names if (n.split()[1], n.split()[2], 256) in ok]
+    oom = [n for n in names if any(w in failed.get(n, "").lower() for w in OOM)]
+    out.append(("41.3 no out of memory at 256 rows (4B, 0.6B; engine, static)",
+                f"NOT MET ({', '.join(oom)})" if oom else "met" if len(ran) == len(names) else
+                f"not measured ({len(ran)} of {len(names)} rows ran)"))
+    exact = [p for p in rep["parity"] if p.get("exact_required")]
+    out.append(("41.4 float32 tokens on the device equal the CPU's (sampler, engine)",
+                "not measured" if len(exact) < 2 else "met" if all(p["ok"] for p in exact) else
+                "NOT MET (" + ", ".join(f"{p['rows_equal']}/{p['rows']}" for p in exact) + " rows equal)"))
+    trains = [t for t in rep["train_step"] if "step_s" in t and t.get("model") == "qwen3-4b" and t["seq_len"] == 4096
+              and t["attention"] in ("cudnn", "splash")]
+    best = max((t["model_flops"] / (t["step_s"] * t.get("devices", 1)) / 1e12 for t in trains), default=None)
+    out.append(("42.1 4B train step at 4,096 tokens, >= 500 TFLOP/s per chip", verdict(best, 500, "{:.0f} TFLOP/s")))
+    worst = max((t["plan_bytes"] / t["peak_bytes"] for t in rep["train_step"] if t.get("peak_bytes")
+                 and t.get("plan_bytes")), default=None)
+    out.append(("42.2 train --check's plan within 1.15x of the measured peak", verdict(worst, 1.15, ceiling=True)))
+    return out
+
