@@ -291,11 +291,10 @@ def run_stages(mode: str, platform: str, out_dir: Path, plan, deadline: float, s
                     why = f"its process exited with code {rc} during the measurement"
                 if rc is None and current in last_step:
                     why += f"; last step: {last_step[current][0]} (at {last_step[current][1]:g} s)"
-                name = current
-                record(name, [{"check": name, "stage": name, "ok": False, "timed_out": rc is None and not cut,
-                               "cut": cut, "error": why}], spent)
+                record(current, [{"check": current, "stage": current, "ok": False,
+                                  "timed_out": rc is None and not cut, "cut": cut, "error": why}], spent)
                 if cut:
-                    out["skipped"].append(name)
+                    out["skipped"].append(current)
             elif any(n in todo for n in batch):
                 out["errors"].append(f"the measuring process did not start ({'timed out' if rc is None else f'exit code {rc}'})"
                                      f"; not run: {', '.join(todo)}")

@@ -119,7 +119,7 @@ def markdown(rep: dict) -> str:
     lines += ["", "| decode | sampler | rows | prompts + new | decode tok/s | of HBM bound | end-to-end tok/s | "
               "vs static, decode / end to end | vs transformers, end to end |",
               "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    by = {(d.get("model"), d.get("sampler"), d.get("rows")): d for d in rep["decode"] if "tokens_per_s" in d}
+    by = _measured_decodes(rep)
     for d in rep["decode"]:
         if "tokens_per_s" not in d:
             lines.append(f"| {d['check']} | FAILED: {d.get('error', '')} | | | | | | | |")
@@ -180,11 +180,16 @@ def split_lines(train_rows: list[dict]) -> list[str]:
 OOM = ("out of memory", "resource_exhausted")
 
 
+def _measured_decodes(rep: dict) -> dict:
+    """{(model, sampler, rows): row} of the decode rows that measured."""
+    return {(d.get("model"), d.get("sampler"), d.get("rows")): d for d in rep["decode"] if "tokens_per_s" in d}
+
+
 def goals(rep: dict) -> list[tuple[str, str]]:
     """Issues 41's and 42's goals read off this report: "met", "NOT MET (...)" or "not measured"
     (the row missing or failed other than out of memory), so a device call's last lines say
     where the work stands."""
-    ok = {(d.get("model"), d.get("sampler"), d.get("rows")): d for d in rep["decode"] if "tokens_per_s" in d}
+    ok = _measured_decodes(rep)
     failed = {d.get("check", ""): d.get("error", "") for d in rep["decode"] if "tokens_per_s" not in d}
 
     def verdict(value, floor, fmt="{:.2f}x", ceiling=False):

@@ -127,9 +127,7 @@ def _decode_plan(work: str, spec: tuple, usable: float, platform: str, total: fl
                                  f"the usable {usable / 2 ** 30:.1f} GiB")
     prompts = len(lens)
     out["torch_prompts_per_call"] = _torch_prompts_per_call(prompts, samples, hi + new, per_token, weights, total)
-    group = 2 ** math.floor(math.log2(prompts)) if prompts & (prompts - 1) else prompts
-    while group > 1 and call(group) > SAFETY * (usable - weights):
-        group //= 2
+    group = _halved_to_fit(prompts, lambda p: call(p) <= SAFETY * (usable - weights))
     out["static_plan_bytes"] = weights + call(group)
     if call(group) > SAFETY * (usable - weights):
         out["static_dropped"] = (f"one prompt's call plans {call(1) / 2 ** 30:.1f} GiB beside the weights "
@@ -152,8 +150,12 @@ def _torch_prompts_per_call(prompts: int, samples: int, positions: int, per_toke
     from actionopd_jax.sampling.budget import SAFETY
 
     fits = lambda p: TORCH_PREFILL_FACTOR * p * samples * positions * per_token <= SAFETY * (total - weights)  # noqa: E731
-    if fits(prompts):
-        return prompts
+    return prompts if fits(prompts) else _halved_to_fit(prompts, fits)
+
+
+def _halved_to_fit(prompts: int, fits) -> int:
+    """The largest power of two <= prompts, halved while a call of that many does not fit
+    (`fits(p)`), down to 1 (the caller says whether 1 fits)."""
     group = 1 << (prompts.bit_length() - 1)
     while group > 1 and not fits(group):
         group //= 2

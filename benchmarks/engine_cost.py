@@ -279,12 +279,11 @@ def main() -> None:
     kernel = outside + kernel_decode_bytes(live_rows, kv_tl, L) + parts_bytes(args.rows, kvh, dh, L)
     row("engine decode, attention=paged_gpu, no prompt sharing (before)", None, kernel / args.rows, dec_bound,
         "compiler + kernel model", "4 samples read their prompt's pages 4 times")
-    shared = outside + kernel_shared_decode_bytes(prompts, mid_gen, kv_tl, L) + \
-        parts_bytes(args.rows + n_prompts, kvh, dh, L)                  # the own pass's rows, the shared one's blocks
+    parts = parts_bytes(args.rows + n_prompts, kvh, dh, L)             # the own pass's rows, the shared one's blocks
+    shared = outside + kernel_shared_decode_bytes(prompts, mid_gen, kv_tl, L) + parts
     row("engine decode, attention=paged_gpu, prompts shared (after)", None, shared / args.rows, dec_bound,
         "compiler + kernel model", "a prompt's whole pages once for its 4 samples (engine/prompt_sharing.py); "
-        f"the kernels' partial results {parts_bytes(args.rows + n_prompts, kvh, dh, L) / args.rows / 2**20:,.1f} "
-        "MiB/token of it")
+        f"the kernels' partial results {parts / args.rows / 2**20:,.1f} MiB/token of it")
     # --- prefill: bytes per prompt token --------------------------------------------------------
     if not args.skip_static:
         c1, s, one, _ = pair(lambda k: static_compile(cfg, mesh, n_prompts, k, "prefill"))
