@@ -7,6 +7,7 @@ fixed in one place, and a failure names the jax version and what was looked for.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 
 import jax
@@ -53,4 +54,27 @@ def pallas_kernel(name: str):
     raise ImportError(f"jax {jax.__version__}: no Pallas kernel {name!r}; looked in " + "; ".join(tried))
 
 
-__all__ = ["pallas_kernel", "set_mesh", "shard_map"]
+@contextlib.contextmanager
+def triton_lowers_on_cpu_as(version: str = "H100"):
+    """Within: Pallas Triton kernels lower for CUDA on a host whose default device is a CPU, as
+    for GPU `version` (a name of jax's GpuVersion). jax 0.11 asks the default device (or the
+    abstract mesh's) for its compute capability and refuses a CPU one ("No supported GPU
+    devices found"); it looks a kind it does not know up in its registry, where this puts
+    "cpu" for the block. jax 0.10 assumed sm_90 itself: nothing to do there."""
+    try:
+        from jax._src.pallas.triton import gpu_info
+    except ImportError:
+        yield
+        return
+    added = "cpu" not in gpu_info.registry
+    if added:
+        gpu_info.registry["cpu"] = lambda: gpu_info.get_gpu_info_from_version(gpu_info.GpuVersion[version])
+    try:
+        yield
+    finally:
+        if added:
+            gpu_info.registry.pop("cpu", None)
+            getattr(gpu_info.get_gpu_info, "cache_clear", lambda: None)()   # no stand-in answer kept
+
+
+__all__ = ["pallas_kernel", "triton_lowers_on_cpu_as", "set_mesh", "shard_map"]

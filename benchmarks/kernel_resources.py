@@ -44,13 +44,13 @@ def triton_ir(fn, *args) -> list[str]:
     when a pallas_call is made with debug=True), without locations."""
     from jax.experimental import pallas
 
-    from actionopd_jax.aot.lowering import lowering_for
+    from actionopd_jax.aot.lowering import cuda_stand_in, lowering_for
 
     real = pallas.pallas_call
     pallas.pallas_call = functools.partial(real, debug=True)
     out = io.StringIO()
     try:
-        with contextlib.redirect_stdout(out), lowering_for("gpu"):
+        with contextlib.redirect_stdout(out), lowering_for("gpu"), cuda_stand_in():
             jax.jit(fn).trace(*args).lower(lowering_platforms=("cuda",))
     finally:
         pallas.pallas_call = real

@@ -52,9 +52,10 @@ def main() -> int:
                    "local_devices": len(jax.local_devices()), "global_devices": len(jax.devices()),
                    "platforms": sorted(devices), "groups": signature_json(result),
                    "trajectory_starts": [r.task_start for r in result.trajectories]}, f)
-    jax.distributed.shutdown()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from tests._subprocess_fixtures import leave_jax_cluster
+
+    leave_jax_cluster(main())

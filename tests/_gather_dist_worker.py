@@ -93,4 +93,6 @@ if __name__ == "__main__":
     # only as a script: the test process imports build/greedy_tokens and keeps its own settings
     os.environ.setdefault("JAX_PLATFORMS", "cpu")
     os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=2")
-    sys.exit(main())
+    from tests._subprocess_fixtures import leave_jax_cluster
+
+    leave_jax_cluster(main())

@@ -3,19 +3,19 @@ lowering (what the device's XLA compiles) as one module of text a Triton compile
 no location attributes, nothing after the module's closing brace (Pallas prints more there).
 Compiling it needs the open-source Triton, which the suite does not install."""
 
-import importlib.util
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import kernel_resources  # noqa: E402
+from actionopd_jax.aot.lowering import cuda_plugin  # noqa: E402
 from tests._required import REQUIRE_CUDA, skip_or_fail  # noqa: E402
 
 
 def test_each_kernel_gives_one_clean_triton_module_named_for_its_block():
-    if importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
-        skip_or_fail(REQUIRE_CUDA, "jax's CUDA 12 plugin is not installed: lowering for CUDA needs it")
+    if cuda_plugin() is None:
+        skip_or_fail(REQUIRE_CUDA, "jax's CUDA plugin is not installed: lowering for CUDA needs it")
     found = {}
     for name, fn, args, (warps, stages) in kernel_resources.kernels():
         (ir,) = kernel_resources.triton_ir(fn, *args)

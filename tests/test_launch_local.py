@@ -94,17 +94,22 @@ def test_gpu_xla_flags_parse_in_this_jaxlib():
 
 
 WORKER = r"""
-import json, sys
+import json, os, sys
 import numpy as np
 from actionopd_jax.train.distributed_env import initialize_from_env
 assert initialize_from_env(), "ACTIONOPD_* variables missing"
 import jax
 from jax.experimental import multihost_utils
 gathered = multihost_utils.process_allgather(np.array([10 * (jax.process_index() + 1)]))
-json.dump({"index": jax.process_index(), "count": jax.process_count(),
-           "global_devices": jax.device_count(), "local_devices": jax.local_device_count(),
-           "gathered": np.asarray(gathered).ravel().tolist()}, open(sys.argv[1], "w"))
+with open(sys.argv[1], "w") as f:
+    json.dump({"index": jax.process_index(), "count": jax.process_count(),
+               "global_devices": jax.device_count(), "local_devices": jax.local_device_count(),
+               "gathered": np.asarray(gathered).ravel().tolist()}, f)
 jax.distributed.shutdown()
+# past the interpreter's teardown, which can hang with several CPU devices a process
+# (tests/_subprocess_fixtures.leave_jax_cluster says why)
+sys.stdout.flush(); sys.stderr.flush()
+os._exit(0)
 """
 
 

@@ -115,13 +115,11 @@ def test_the_shared_decode_lowers_to_one_triton_kernel_block_of_16_queries_at_qw
     """For CUDA, at Qwen3-4B's heads (32 query, 8 KV, 128 wide) and the H200 run's table (272
     pages of 16): the shared pass puts a block's 4 samples x 4 query heads in one 16-query
     block, the own pass pads its 4 to 16, both are the Pallas kernel lowered to Triton."""
-    import importlib.util
-
-    from actionopd_jax.aot.lowering import lowering_for
+    from actionopd_jax.aot.lowering import cuda_plugin, cuda_stand_in, lowering_for
     from tests._required import REQUIRE_CUDA, skip_or_fail
 
-    if importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
-        skip_or_fail(REQUIRE_CUDA, "jax's CUDA 12 plugin is not installed: lowering for CUDA needs it")
+    if cuda_plugin() is None:
+        skip_or_fail(REQUIRE_CUDA, "jax's CUDA plugin is not installed: lowering for CUDA needs it")
     rows, pps = 16, 272
     SDS = jax.ShapeDtypeStruct
     i32 = lambda *s: SDS(s, jnp.int32)  # noqa: E731
@@ -129,7 +127,7 @@ def test_the_shared_decode_lowers_to_one_triton_kernel_block_of_16_queries_at_qw
                     own_table=i32(rows, pps))
     pages = SDS((8, rows * pps + 1, 16, 128), jnp.bfloat16)
     fn = jax.jit(lambda q, k, v, n, g: shared_attend(q, k, v, n, g, 0, "paged_gpu"))
-    with lowering_for("gpu"):
+    with lowering_for("gpu"), cuda_stand_in():
         text = fn.trace(SDS((rows, 1, 32, 128), jnp.bfloat16), pages, pages, i32(rows), groups).lower(
             lowering_platforms=("cuda",)).as_text()
     calls = [line for line in text.splitlines() if "__gpu$xla.gpu.triton" in line]

@@ -13,8 +13,9 @@ sampler's accelerator path), so tracing for CUDA over CPU stand-ins runs under
 `lowering_for("gpu")`; `traced_platform()` is what `model.attention.target_platform` reads.
 
 Lowering for CUDA needs the `cuda-lower` extra (`jax[cuda12-local]`: the plugin that registers
-the CUDA lowerings) and cuDNN's library (jax asks its version while tracing a cuDNN call);
-`cuda_lowering_missing()` names what is not installed.
+the CUDA lowerings; jax 0.11's CUDA 13 plugin does as well, as on the GPU hosts) and cuDNN's
+library (jax asks its version while tracing a cuDNN call); `cuda_lowering_missing()` names what
+is not installed.
 """
 
 from __future__ import annotations
@@ -22,11 +23,12 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
+import importlib.util
 import re
 import time
 
 import jax
-from actionopd_jax.jax_compat import set_mesh
+from actionopd_jax.jax_compat import set_mesh, triton_lowers_on_cpu_as
 
 _TRACED_FOR: contextvars.ContextVar[str | None] = contextvars.ContextVar("traced_for", default=None)
 _CUSTOM_CALL = re.compile(r'custom_call @([\w$.\-]+)|call_target_name = "([^"]+)"')
@@ -43,16 +45,39 @@ def lowering_for(platform: str):
         _TRACED_FOR.reset(token)
 
 
+@contextlib.contextmanager
+def cuda_stand_in():
+    """Within: programs lower for CUDA on this CPU host as for an H100 where jax asks the GPU's
+    kind (jax 0.11's Pallas Triton kernels; jax_compat.triton_lowers_on_cpu_as). Trace and
+    lower both inside. Nothing changes on a GPU host."""
+    if jax.devices()[0].platform == "gpu":
+        yield
+        return
+    with triton_lowers_on_cpu_as("H100"):
+        yield
+
+
 def traced_platform() -> str | None:
     """The platform set by an enclosing `lowering_for`, else None."""
     return _TRACED_FOR.get()
 
 
+# jax's CUDA plugins by CUDA major version, the newest first (jax 0.10: 12; the GPU hosts' 0.11: 13)
+CUDA_PLUGINS = {13: "jax_cuda13_plugin", 12: "jax_cuda12_plugin"}
+
+
+def cuda_plugin() -> int | None:
+    """The CUDA major version of the jax plugin installed here (None: none is)."""
+    for major, module in CUDA_PLUGINS.items():
+        if importlib.util.find_spec(module) is not None:
+            return major
+    return None
+
+
 def cuda_lowering_missing() -> str:
     """What this environment lacks to lower for CUDA ("" when nothing)."""
-    try:
-        import jax_cuda12_plugin  # noqa: F401
-    except ImportError:
+    major = cuda_plugin()
+    if major is None:
         return "the CUDA plugin is not installed: pip install -e '.[cuda-lower]' (or '.[cuda]' on a GPU host)"
     try:
         from jax._src.lib import cuda_versions
@@ -61,7 +86,7 @@ def cuda_lowering_missing() -> str:
         cuda_versions.cudnn_get_version()
     except Exception as e:  # noqa: BLE001 - the reason is the result
         return (f"cuDNN's library is not installed ({str(e).splitlines()[0][:120]}): "
-                "pip install --no-deps nvidia-cudnn-cu12 (what `bash install.sh test` does)")
+                f"pip install --no-deps nvidia-cudnn-cu{major} (what `bash install.sh test` does)")
     return ""
 
 
@@ -93,7 +118,8 @@ def lower_for(jitted, args: tuple, *, label: str, platform: str = "cuda", mesh=N
     report = LoweringReport(label=label, platform=platform)
     t0 = time.perf_counter()
     try:
-        with lowering_for(traced_for), set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+        with lowering_for(traced_for), set_mesh(mesh) if mesh is not None else contextlib.nullcontext(), \
+                cuda_stand_in() if platform == "cuda" else contextlib.nullcontext():
             lowered = jitted.trace(*args, **(kwargs or {})).lower(lowering_platforms=(platform,))
             text = lowered.as_text()
     except Exception as e:  # noqa: BLE001 - the lowering's verdict is the result
