@@ -1,5 +1,6 @@
-"""The few jax APIs whose names moved between the releases we run on: the CPU hosts' jax (0.10)
-and the H200 host's preinstalled jax 0.11, which cannot be installed here to try first.
+"""The few jax APIs whose names moved between the releases we run on: the CPU hosts' and CI's
+jax (0.10) and the GPU hosts' preinstalled 0.11 (on Python 3.12; BUILD_NOTES.md, "Test", says
+how to run the suite under it here).
 
 Every use of them in the package goes through this module, so a rename in a new release is
 fixed in one place, and a failure names the jax version and what was looked for.
