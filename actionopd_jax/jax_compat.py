@@ -42,6 +42,15 @@ _KERNELS = {
 }
 
 
+def has_pallas_kernel(name: str) -> bool:
+    """Whether this jax has the Pallas kernel `name` (`_KERNELS`) anywhere we look."""
+    try:
+        pallas_kernel(name)
+    except ImportError:
+        return False
+    return True
+
+
 def pallas_kernel(name: str):
     """A Pallas kernel function by our name (`_KERNELS`); ImportError naming jax's version and
     every place looked in when none has it."""
@@ -80,4 +89,4 @@ def triton_lowers_on_cpu_as(version: str = "H100"):
             getattr(gpu_info.get_gpu_info, "cache_clear", lambda: None)()   # no stand-in answer kept
 
 
-__all__ = ["pallas_kernel", "triton_lowers_on_cpu_as", "set_mesh", "shard_map"]
+__all__ = ["has_pallas_kernel", "pallas_kernel", "triton_lowers_on_cpu_as", "set_mesh", "shard_map"]

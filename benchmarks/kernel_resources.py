@@ -91,9 +91,9 @@ def resources(ir: str, warps: int, stages: int) -> dict:
 
 
 def kernels() -> list[tuple[str, object, tuple, tuple[int, int]]]:
-    """(name, fn, args, the project's (num_warps, num_stages)) at Qwen3-4B's decode shapes."""
-    from jax.experimental.pallas.ops.gpu.paged_attention import paged_attention
-
+    """(name, fn, args, the project's (num_warps, num_stages)) at Qwen3-4B's decode shapes; jax's
+    paged_attention last, where this jax has it (0.12 removed it)."""
+    from actionopd_jax.jax_compat import has_pallas_kernel, pallas_kernel
     from actionopd_jax.model.attention import paged_gpu_parts as parts
     from actionopd_jax.model.attention.paged_gpu import BLOCK_H, gpu_blocks
 
@@ -102,15 +102,17 @@ def kernels() -> list[tuple[str, object, tuple, tuple[int, int]]]:
     pages = sds((kvh, rows * pps + 1, 16, dh), jnp.bfloat16)
     lengths, table = sds((rows,), jnp.int32), sds((rows, pps), jnp.int32)
     ours = lambda q, k, v, n, t: parts.paged_parts_gpu(q, k, v, n, t)  # noqa: E731
-    splits, block = gpu_blocks(pps, 16)
-    theirs = functools.partial(paged_attention, block_h=BLOCK_H, pages_per_compute_block=block, k_splits=splits,
-                               debug=True)     # it passes its own debug flag to pallas_call
-    return [("paged_parts, decode (16 queries)", ours, (sds((rows, 1, hq, dh), jnp.bfloat16), pages, pages,
+    found = [("paged_parts, decode (16 queries)", ours, (sds((rows, 1, hq, dh), jnp.bfloat16), pages, pages,
                                                          lengths, table), (parts.NUM_WARPS, parts.NUM_STAGES)),
             ("paged_parts, prefill chunk (64 queries)", ours, (sds((rows, 16, hq, dh), jnp.bfloat16), pages, pages,
-                                                                lengths, table), (parts.NUM_WARPS, parts.NUM_STAGES)),
-            ("jax paged_attention, decode (before)", lambda q, k, v, n, t: theirs(q, k, v, t, n),
-             (sds((rows, hq, dh), jnp.bfloat16), pages, pages, lengths, table), (8, 2))]   # jax's defaults, as paged_gpu.py calls it
+                                                                lengths, table), (parts.NUM_WARPS, parts.NUM_STAGES))]
+    if has_pallas_kernel("gpu_paged_attention"):
+        splits, block = gpu_blocks(pps, 16)
+        theirs = functools.partial(pallas_kernel("gpu_paged_attention"), block_h=BLOCK_H, pages_per_compute_block=block,
+                                   k_splits=splits, debug=True)     # it passes its own debug flag to pallas_call
+        found.append(("jax paged_attention, decode (before)", lambda q, k, v, n, t: theirs(q, k, v, t, n),
+                      (sds((rows, hq, dh), jnp.bfloat16), pages, pages, lengths, table), (8, 2)))   # jax's defaults, as paged_gpu.py calls it
+    return found
 
 
 def main(argv=None) -> int:

@@ -61,6 +61,23 @@ def test_kernel_equals_gather_at_decode(impl):
     np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5, atol=2e-5)
 
 
+def test_gpu_decode_without_jaxs_kernel_runs_ours_and_equals_gather(monkeypatch):
+    """jax 0.12 removed the Pallas GPU paged_attention: "paged_gpu" decode then runs our kernel
+    (paged_gpu_parts.py) with one query a slot, and gives the gather path's answer."""
+    import actionopd_jax.model.attention.paged as paged_mod
+
+    calls = []
+    monkeypatch.setattr(paged_mod, "has_pallas_kernel", lambda name: calls.append(name) or False)
+    monkeypatch.setattr(paged_mod, "paged_attention_gpu", lambda *a, **k: pytest.fail("jax's kernel was called"))
+    lengths = jnp.asarray([1, 13, 32], jnp.int32)
+    k_pages, v_pages, table = _pool([1, 13, 32], seed=1)
+    q = _q(3, 1, seed=2)
+    want = paged_attention_gather(q, k_pages, v_pages, lengths, table)
+    got = paged_attention(q, k_pages, v_pages, lengths, table, impl="paged_gpu")
+    assert calls == ["gpu_paged_attention"]
+    np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=2e-5, atol=2e-5)
+
+
 @pytest.mark.parametrize("impl", ["paged_tpu", "paged_gpu"])
 def test_kernel_equals_gather_on_a_prefill_chunk(impl):
     lengths = jnp.asarray([7, 20], jnp.int32)

@@ -12,7 +12,8 @@ takes the engine's pool and tables as `paged_gather.paged_attention_gather` does
   k_pages and v_pages=None (split pools are combined here, a copy per call);
 - "paged_gpu" (paged_gpu.py): jax's Pallas (Triton) GPU paged-attention kernel for decode,
   same layout; a chunk of several queries a slot goes to our kernel (paged_gpu_parts.py),
-  which reads the pages once per block of queries.
+  which reads the pages once per block of queries, and so does decode where jax has no such
+  kernel (0.12 removed it).
 
 "auto" picks by the platform of the mesh being traced (dispatch.target_platform). On CPU the
 Pallas backends run interpreted (tests); "ragged_tpu" is refused there.
@@ -29,7 +30,7 @@ from actionopd_jax.model.attention.paged_gpu_parts import paged_parts_gpu
 from actionopd_jax.model.attention.paged_live import merge_parts
 from actionopd_jax.model.attention.paged_tpu import (STORAGE_LAYOUT, combine_pages, paged_attention_tpu,
                                                      ragged_paged_attention_tpu)
-from actionopd_jax.jax_compat import shard_map
+from actionopd_jax.jax_compat import has_pallas_kernel, shard_map
 
 
 def storage_layout(impl: str, platform: str | None = None) -> str:
@@ -116,9 +117,10 @@ def paged_attention(q, k_pages, v_pages, lengths, page_table, *, q_positions=Non
         pool = k_pages if v_pages is None else combine_pages(k_pages, v_pages)
         return ragged_paged_attention_tpu(q, pool, lengths, page_table, q_positions=q_positions, mesh=mesh,
                                           platform=platform)
-    if impl == "paged_gpu" and q.shape[1] > 1:
+    if impl == "paged_gpu" and (q.shape[1] > 1 or not has_pallas_kernel("gpu_paged_attention")):
         # a prefill chunk: our kernel with blocks of queries (paged_gpu_parts.py), not jax's
-        # decode kernel with a row per token, each rereading the slot's pages
+        # decode kernel with a row per token, each rereading the slot's pages; decode too where
+        # this jax has no such kernel (0.12 removed it)
         if q_positions is None:
             q_positions = default_positions(lengths, q.shape[1])
         parts = paged_parts_gpu(q, k_pages, v_pages, jnp.maximum(lengths, 1), page_table, mesh=mesh,
