@@ -9,6 +9,7 @@ fixed in one place, and a failure names the jax version and what was looked for.
 from __future__ import annotations
 
 import contextlib
+import functools
 import importlib
 
 import jax
@@ -42,6 +43,7 @@ _KERNELS = {
 }
 
 
+@functools.cache   # asked at every trace of a GPU decode; a missing module would be searched again each time
 def has_pallas_kernel(name: str) -> bool:
     """Whether this jax has the Pallas kernel `name` (`_KERNELS`) anywhere we look."""
     try:

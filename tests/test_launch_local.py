@@ -107,7 +107,7 @@ with open(sys.argv[1], "w") as f:
                "gathered": np.asarray(gathered).ravel().tolist()}, f)
 jax.distributed.shutdown()
 # past the interpreter's teardown, which can hang with several CPU devices a process
-# (tests/_subprocess_fixtures.leave_jax_cluster says why)
+# (leave_jax_cluster in tests/_subprocess_fixtures.py says why)
 sys.stdout.flush(); sys.stderr.flush()
 os._exit(0)
 """
