@@ -36,6 +36,7 @@ PACKAGE = "actionopd_jax"
 LAYERS: dict[str, int] = {
     "types": 0,
     "compile_cache": 0,
+    "cuda_plugin": 0,  # which jax CUDA plugin is installed, asked without importing jax
     "jax_compat": 0,  # the jax APIs whose names moved between releases
     "config": 0,  # the package __init__: re-exports schema + errors only
     "providers": 0,  # what each OpenAI-compatible vendor can be sent, and how

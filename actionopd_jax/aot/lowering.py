@@ -23,11 +23,11 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import dataclasses
-import importlib.util
 import re
 import time
 
 import jax
+from actionopd_jax.cuda_plugin import cuda_plugin  # noqa: F401 - re-exported: tests ask aot.lowering
 from actionopd_jax.jax_compat import set_mesh, triton_lowers_on_cpu_as
 
 _TRACED_FOR: contextvars.ContextVar[str | None] = contextvars.ContextVar("traced_for", default=None)
@@ -60,18 +60,6 @@ def cuda_stand_in():
 def traced_platform() -> str | None:
     """The platform set by an enclosing `lowering_for`, else None."""
     return _TRACED_FOR.get()
-
-
-# jax's CUDA plugins by CUDA major version, the newest first (jax 0.10: 12; the GPU hosts' 0.11: 13)
-CUDA_PLUGINS = {13: "jax_cuda13_plugin", 12: "jax_cuda12_plugin"}
-
-
-def cuda_plugin() -> int | None:
-    """The CUDA major version of the jax plugin installed here (None: none is)."""
-    for major, module in CUDA_PLUGINS.items():
-        if importlib.util.find_spec(module) is not None:
-            return major
-    return None
 
 
 def cuda_lowering_missing() -> str:

@@ -21,14 +21,14 @@ unaffected: the plugin still loads and registers, only its lines are dropped.
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import os
 import shutil
 import sys
 import tempfile
 
+from actionopd_jax.cuda_plugin import cuda_plugin  # jax-free: this module runs before jax's import
+
 NOISE: tuple[bytes, ...] = (b"cudart_stub.cc:", b"All log messages before absl::InitializeLog() is called")
-CUDA_PLUGINS = ("jax_cuda12_plugin", "jax_cuda13_plugin")
 
 
 def _has_nvidia_device() -> bool:
@@ -36,7 +36,7 @@ def _has_nvidia_device() -> bool:
 
 
 def _cuda_plugin_installed() -> bool:
-    return any(importlib.util.find_spec(name) is not None for name in CUDA_PLUGINS)
+    return cuda_plugin() is not None
 
 
 @contextlib.contextmanager
