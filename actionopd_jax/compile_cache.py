@@ -44,3 +44,22 @@ def enable_compile_cache(path: str = "") -> str | None:
     if jax.config.jax_persistent_cache_min_compile_time_secs > MIN_COMPILE_SECONDS:
         jax.config.update("jax_persistent_cache_min_compile_time_secs", MIN_COMPILE_SECONDS)
     return str(directory)
+
+
+def off_for_cpu_cluster() -> str | None:
+    """Turn the persistent cache off in a multi-process run on CPU devices; returns why (None:
+    left as it was). Call after `jax.distributed.initialize`, before the first compile.
+
+    Why: jax keys a CPU program's cache entry per process and only process 0 writes, so on a
+    rerun process 0 loads its programs while every other process compiles its own. The
+    processes wait for each other at the first collective anyway, so the cache saves nothing
+    there, and under jax 0.12.1 that mix deadlocked in the first gloo all-reduce of a resumed
+    two-process run (docs/decisions.md, "jax versions"). GPU and TPU keys are shared between
+    processes, so every process loads or every process compiles: left on."""
+    import jax
+
+    if jax.process_count() < 2 or jax.default_backend() != "cpu" or not jax.config.jax_enable_compilation_cache:
+        return None
+    jax.config.update("jax_enable_compilation_cache", False)
+    return ("persistent compile cache off: a CPU cluster's cache entries are per process, so process 0 "
+            "would load programs the others compile (no time saved; jax 0.12 deadlocked on the mix)")

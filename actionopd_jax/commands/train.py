@@ -191,7 +191,7 @@ def check_aot(cfg: Config, target: str, lengths: str = "", cost: bool = True) ->
 def train(cfg: Config, args) -> int:
     import os
 
-    from actionopd_jax.compile_cache import enable_compile_cache
+    from actionopd_jax.compile_cache import enable_compile_cache, off_for_cpu_cluster
 
     # before the first device query: on GPU, XLA takes the share every plan assumes
     os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{USABLE_MEMORY_FRACTION:.2f}")
@@ -211,6 +211,7 @@ def train(cfg: Config, args) -> int:
     from actionopd_jax.train.reporting import setup_logging, write_config
 
     distributed.initialize(cfg.run.distributed)
+    cache_note = off_for_cpu_cluster()
     if cfg.model.remat == "auto":  # chosen as --check chose it, from this host's devices
         from actionopd_jax.train.preflight import mesh_sizes, placement
         from actionopd_jax.train.setup import plan_model_config
@@ -227,6 +228,8 @@ def train(cfg: Config, args) -> int:
     setup_logging(run_dir, primary=primary, process_index=jax.process_index())
     log.info("run directory %s; process %d of %d, %d local / %d global devices", run_dir,
              jax.process_index(), jax.process_count(), jax.local_device_count(), jax.device_count())
+    if cache_note:
+        log.info(cache_note)
     resume = None if args.resume is None else (args.resume if args.resume == "latest" else int(args.resume))
     resume, auto = resume_choice(cfg, run_dir, resume)
     try:
