@@ -54,7 +54,7 @@ def off_for_cpu_cluster() -> str | None:
     rerun process 0 loads its programs while every other process compiles its own. The
     processes wait for each other at the first collective anyway, so the cache saves nothing
     there, and under jax 0.12.1 that mix deadlocked in the first gloo all-reduce of a resumed
-    two-process run (docs/decisions.md, "jax versions"). GPU and TPU keys are shared between
+    two-process run (docs/decisions_runs.md, "jax versions"). GPU and TPU keys are shared between
     processes, so every process loads or every process compiles: left on."""
     import jax
 

@@ -52,3 +52,21 @@ def test_off(restore_jax_cache_config):
     before = jax.config.jax_compilation_cache_dir
     assert compile_cache.enable_compile_cache("none") is None
     assert jax.config.jax_compilation_cache_dir == before
+
+
+def test_a_single_process_keeps_the_cache_and_a_cpu_cluster_turns_it_off(monkeypatch, restore_jax_cache_config):
+    """compile_cache.off_for_cpu_cluster: one process (this one) is left as it was; two
+    processes on CPU devices turn the cache off and say why (the real two-process run is
+    tests/test_multihost.py); two processes on another platform keep it."""
+    saved = jax.config.jax_enable_compilation_cache
+    try:
+        jax.config.update("jax_enable_compilation_cache", True)
+        assert compile_cache.off_for_cpu_cluster() is None and jax.config.jax_enable_compilation_cache
+        monkeypatch.setattr(jax, "process_count", lambda: 2)
+        monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
+        assert compile_cache.off_for_cpu_cluster() is None and jax.config.jax_enable_compilation_cache
+        monkeypatch.setattr(jax, "default_backend", lambda: "cpu")
+        note = compile_cache.off_for_cpu_cluster()
+        assert note.startswith("persistent compile cache off") and not jax.config.jax_enable_compilation_cache
+    finally:
+        jax.config.update("jax_enable_compilation_cache", saved)
