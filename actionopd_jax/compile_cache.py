@@ -54,8 +54,9 @@ def off_for_cpu_cluster() -> str | None:
     rerun process 0 loads its programs while every other process compiles its own. The
     processes wait for each other at the first collective anyway, so the cache saves nothing
     there, and under jax 0.12.1 that mix deadlocked in the first gloo all-reduce of a resumed
-    two-process run (docs/decisions_runs.md, "jax versions"). GPU and TPU keys are shared between
-    processes, so every process loads or every process compiles: left on."""
+    two-process run (docs/decisions_runs.md, "jax versions"). On GPU jax leaves the device
+    assignment out of the key so that every process shares an entry, and it documents shared
+    entries for TPU hosts: there every process loads or every process compiles, so it stays on."""
     import jax
 
     if jax.process_count() < 2 or jax.default_backend() != "cpu" or not jax.config.jax_enable_compilation_cache:
