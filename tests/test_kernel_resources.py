@@ -9,7 +9,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 import kernel_resources  # noqa: E402
-from actionopd_jax.aot.lowering import cuda_plugin  # noqa: E402
+from actionopd_jax.cuda_plugin import cuda_plugin  # noqa: E402
 from actionopd_jax.jax_compat import has_pallas_kernel  # noqa: E402
 from tests._required import REQUIRE_CUDA, skip_or_fail  # noqa: E402
 

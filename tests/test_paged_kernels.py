@@ -17,7 +17,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from actionopd_jax.aot.lowering import cuda_plugin, cuda_stand_in
+from actionopd_jax.aot.lowering import cuda_stand_in
+from actionopd_jax.cuda_plugin import cuda_plugin
 from actionopd_jax.model.attention.dispatch import PAGED_IMPLEMENTATIONS, resolve_paged
 from actionopd_jax.model.attention.paged import paged_attention, storage_layout, write_rows
 from actionopd_jax.model.attention.paged_gather import paged_attention_gather

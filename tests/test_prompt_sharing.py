@@ -115,7 +115,8 @@ def test_the_shared_decode_lowers_to_one_triton_kernel_block_of_16_queries_at_qw
     """For CUDA, at Qwen3-4B's heads (32 query, 8 KV, 128 wide) and the H200 run's table (272
     pages of 16): the shared pass puts a block's 4 samples x 4 query heads in one 16-query
     block, the own pass pads its 4 to 16, both are the Pallas kernel lowered to Triton."""
-    from actionopd_jax.aot.lowering import cuda_plugin, cuda_stand_in, lowering_for
+    from actionopd_jax.aot.lowering import cuda_stand_in, lowering_for
+    from actionopd_jax.cuda_plugin import cuda_plugin
     from tests._required import REQUIRE_CUDA, skip_or_fail
 
     if cuda_plugin() is None:

@@ -27,7 +27,7 @@ import re
 import time
 
 import jax
-from actionopd_jax.cuda_plugin import cuda_plugin  # noqa: F401 - re-exported: tests ask aot.lowering
+from actionopd_jax.cuda_plugin import cuda_plugin
 from actionopd_jax.jax_compat import set_mesh, triton_lowers_on_cpu_as
 
 _TRACED_FOR: contextvars.ContextVar[str | None] = contextvars.ContextVar("traced_for", default=None)
