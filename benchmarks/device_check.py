@@ -26,7 +26,8 @@ is (nothing installed: the repository on PYTHONPATH and the jax already there).
       profiler, its time split by kind (train/time_split.py): compile s, step s, tokens/s,
       MFU, peak memory against `train --check`'s plan;
    6. `generate` on the 256-slot workload, in calls of as many prompts as memory holds;
-      decode at Qwen3-0.6B shapes, 256 slots;
+      decode at Qwen3-0.6B shapes, 256 slots; on a GPU, step 5's train step again under each
+      XLA flag candidate (device_check_shapes.TRAIN_XLA_FLAGS), each in a process of its own;
    7. attention parity: the platform's fused kernel (cudnn / splash) against "xla", forward
       and the gradients of q, k, v, bf16, right-padded rows; the other train steps, as the
       H200 recipe sets remat: fused kernel then xla at 4,096 tokens, the fused one at 16,384.
@@ -60,7 +61,7 @@ if str(ROOT / "benchmarks") not in sys.path:
     sys.path.insert(0, str(ROOT / "benchmarks"))
 from device_check_host import detect_platform, install  # noqa: E402 - after the path above
 from device_check_report import apply_ceilings, markdown  # noqa: E402
-from device_check_shapes import DECODE, choose, gpu_memory_bytes  # noqa: E402
+from device_check_shapes import DECODE, TRAIN_XLA_FLAGS, choose, gpu_memory_bytes  # noqa: E402
 
 STARTUP_LIMIT_S = 180.0  # the child's jax import and device start, before its first measurement
 EVENTS = "device_check_events.jsonl"
@@ -100,6 +101,11 @@ def stages(mode: str, platform: str, shapes: dict | None = None) -> list[tuple[s
                       {"fn": "train", "preset": preset, "attention": t["attention"], "seq": t["seq"], "resp": resp,
                        "param_dtype": t["param_dtype"], "remat": t.get("remat"), "own": dev,
                        "split": i == 0}))     # the first (most valuable) step also runs under the profiler
+    # issue 42's XLA flag candidates (on a GPU; a dry run proves the path): the first step again,
+    # each alone, as XLA reads the flags once per process
+    flagged = [(f"{name} flags {label}", sec, lim, {**spec, "split": False, "own": True, "xla_flags": flags})
+               for label, flags in TRAIN_XLA_FLAGS.items() for name, sec, lim, spec in train[:1]
+               if platform == "gpu" or not dev]
     # the order of value: rollout, issue 41's weak half (the 4B decodes at 256 and 64 rows, the
     # transformers reference at 64, the device's token parity); then issue 42's first train step
     # (remat by this device's memory, with its time split), which one visit's two calls should
@@ -107,8 +113,8 @@ def stages(mode: str, platform: str, shapes: dict | None = None) -> list[tuple[s
     # parity and the other train steps (the recipe's, measured on the H200 in run 1)
     return ([("ceilings", "ceilings", 60.0, {"fn": "ceilings"})] + decode("big") + decode("small") +
             [generate("small"), ("sampler parity", "parity", 90.0, {"fn": "sampler parity"})] + train[:1] +
-            [generate("big")] + decode("0.6b") + [("attention parity", "parity", 60.0, {"fn": "attention"})] +
-            train[1:])
+            [generate("big")] + decode("0.6b") + flagged + [("attention parity", "parity", 60.0, {"fn": "attention"})]
+            + train[1:])
 
 
 def child(mode: str, names: list[str], out_dir: Path, memory: int | None = None, source: str = "") -> int:
@@ -123,6 +129,9 @@ def child(mode: str, names: list[str], out_dir: Path, memory: int | None = None,
 
     shapes = choose(mode, detect_platform(), memory, source)
     specs = {name: spec for name, _, _, spec in stages(mode, detect_platform(), shapes)}
+    flags = [specs[n]["xla_flags"] for n in names if specs.get(n, {}).get("xla_flags")]
+    if flags:  # a flagged measurement runs alone ("own"): its flags are this process's, read at jax's start
+        os.environ["XLA_FLAGS"] = " ".join([os.environ.get("XLA_FLAGS", ""), *flags]).strip()
     if all(specs.get(n, {}).get("torch") for n in names):
         # torch's own measurement: jax only names the device, and must not take its memory
         os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
@@ -198,6 +207,8 @@ def child(mode: str, names: list[str], out_dir: Path, memory: int | None = None,
         rows = res if isinstance(res, list) else [res]
         for r in rows:
             r.setdefault("stage", name)
+            if calls[name].get("xla_flags"):
+                r["xla_flags"] = calls[name]["xla_flags"]
         emit(event="done", name=name, result=rows, seconds=round(time.time() - t0, 1))
         gc.collect()    # a failed stage's frames (and what they hold on the device) are cycles
     return 0

@@ -33,6 +33,14 @@ DECODE = {"device": {"big": ("qwen3-4b", 256, 4, 1024, 4096, 256), "small": ("qw
           "dry-run": {"big": ("tiny", 8, 2, 16, 48, 8), "small": ("tiny", 4, 2, 16, 48, 8),
                       "0.6b": ("tiny", 6, 2, 16, 48, 8)}}
 TRAIN = {"device": ("qwen3-4b", 4096, 16384, 512), "dry-run": ("tiny", 64, 128, 16)}  # preset, seq, long seq, resp
+# Issue 42's XLA flag candidates for the train step, each timed as the first train step again
+# in a process of its own (XLA reads XLA_FLAGS once, at start-up): label -> flags. cuBLAS-only
+# GEMMs: XLA:GPU autotunes its Triton GEMMs against cuBLAS per shape, and JAX-Toolbox images
+# once turned Triton GEMMs off by default. Not candidates: command buffers (the first step's
+# profiled run has them off, so its split already times that against the row), the
+# latency-hiding scheduler (it orders collectives; one GPU has none). Each flag parses under
+# jax 0.10.2 (tests/test_device_check.py) and 0.11.2 (the device's jax, checked by hand).
+TRAIN_XLA_FLAGS = {"cublas gemms": "--xla_gpu_enable_triton_gemm=false"}
 PAGE_SIZE = 16
 POOL_MARGIN = 1.25    # pages beyond what the workload fills (its samples' own pages are allocated at admission)
 # The static sampler's prefill peak per prompt-cache byte on a GPU (cache written + the

@@ -66,3 +66,19 @@ def test_the_report_ends_with_the_issues_goals_read_off_its_rows():
     verdicts = dict(report.goals(fast))
     assert verdicts["42.1 4B train step at 4,096 tokens, >= 500 TFLOP/s per chip"] == "met (679 TFLOP/s)"
     assert verdicts["42.2 train --check's plan within 1.15x of the measured peak"] == "met (1.10x)"
+
+
+def test_a_train_row_under_an_xla_flag_candidate_names_its_flags():
+    """Issue 42's XLA flag candidates (device_check_shapes.TRAIN_XLA_FLAGS): the row's attention
+    cell gives the flags, and the goal's best figure says when it came from a flagged step."""
+    rep = json.loads((ROOT / "docs/results/device_check_h200_2026-12-04_run1.json").read_text())
+    first = rep["train_step"][0]
+    flagged = {**first, "step_s": first["step_s"] / 2, "xla_flags": "--xla_gpu_enable_triton_gemm=false"}
+    rep = {**rep, "train_step": [first, flagged]}
+    text = report.markdown({**rep, "elapsed_s": 0, "ok": True})
+    assert "| qwen3-4b | cudnn, XLA_FLAGS=--xla_gpu_enable_triton_gemm=false | full |" in text
+    assert dict(report.goals(rep))["42.1 4B train step at 4,096 tokens, >= 500 TFLOP/s per chip"] == \
+        "met (679 TFLOP/s, XLA_FLAGS=--xla_gpu_enable_triton_gemm=false)"
+    slower = {**rep, "train_step": [first, {**flagged, "step_s": first["step_s"] * 2}]}
+    assert dict(report.goals(slower))["42.1 4B train step at 4,096 tokens, >= 500 TFLOP/s per chip"] == \
+        "NOT MET (339 TFLOP/s)"

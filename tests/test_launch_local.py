@@ -104,7 +104,8 @@ gathered = multihost_utils.process_allgather(np.array([10 * (jax.process_index()
 with open(sys.argv[1], "w") as f:
     json.dump({"index": jax.process_index(), "count": jax.process_count(),
                "global_devices": jax.device_count(), "local_devices": jax.local_device_count(),
-               "gathered": np.asarray(gathered).ravel().tolist()}, f)
+               "gathered": np.asarray(gathered).ravel().tolist(),
+               "compile_cache": jax.config.jax_enable_compilation_cache}, f)
 jax.distributed.shutdown()
 # past the interpreter's teardown, which can hang with several CPU devices a process
 # (leave_jax_cluster in tests/_subprocess_fixtures.py says why)
@@ -128,6 +129,8 @@ def test_two_local_processes_form_one_jax_cluster(tmp_path):
     for r in results:
         assert r["count"] == 2
         assert r["global_devices"] == 2 * r["local_devices"]
+        # a CPU cluster's persistent compile cache is off, as in the trainer (compile_cache.off_for_cpu_cluster)
+        assert r["compile_cache"] is False
         assert r["gathered"] == [10, 20]  # a real cross-process collective
 
 

@@ -12,7 +12,8 @@ id; launchers set them as
     ACTIONOPD_PROCESS_ID         this process's id in [0, ACTIONOPD_NUM_PROCESSES)
     ACTIONOPD_LOCAL_DEVICE_IDS   optional, comma-separated local device ids this process owns
 
-and the trainer calls `initialize_from_env()` before touching any device.
+and the trainer reads them in `train/distributed.initialize`. `initialize_from_env()` is the
+same start-up for a script of one's own: call it before touching any device.
 """
 
 from __future__ import annotations
@@ -106,12 +107,22 @@ def initialize_from_env(environ: Mapping[str, str] | None = None) -> bool:
     """Call `jax.distributed.initialize` with the ACTIONOPD_* settings if they are set.
 
     Returns True if it initialised, False when the variables are absent (single process, or
-    a TPU pod where the trainer calls `jax.distributed.initialize()` without arguments).
+    a TPU pod where the trainer calls `jax.distributed.initialize()` without arguments). As
+    the trainer does, it then turns the persistent compile cache off on a CPU cluster
+    (compile_cache.off_for_cpu_cluster: there a rerun's processes would mix loaded and
+    compiled programs).
     """
     settings = settings_from_env(environ)
     if settings is None:
         return False
+    import logging
+
     import jax
 
+    from actionopd_jax.compile_cache import off_for_cpu_cluster
+
     jax.distributed.initialize(**settings.init_kwargs())
+    note = off_for_cpu_cluster()
+    if note:
+        logging.getLogger(__name__).info(note)
     return True
