@@ -125,8 +125,9 @@ def markdown(rep: dict) -> str:
         if "tokens_per_s" not in d:
             lines.append(f"| {d['check']} | FAILED: {d.get('error', '')} | | | | | | | |")
             continue
-        static = by.get((d["model"], "static", d["rows"]), {})
-        hf = by.get((d["model"], "transformers", d["rows"]), {})
+        clean = d.get("ok", True)   # an unclean row (listed below the table) is compared with nothing
+        static = by.get((d["model"], "static", d["rows"]), {}) if clean else {}
+        hf = by.get((d["model"], "transformers", d["rows"]), {}) if clean else {}
         lines.append(f"| {d['model']} | {d['sampler']} | {d['rows']} | {d['prompt_lens'][0]}-{d['prompt_lens'][1]} + "
                      f"{d['max_new']} | {d['tokens_per_s']:,.0f} | {_fmt(d.get('fraction_of_bound'), '{:.1%}')} | "
                      f"{d['end_to_end_tokens_per_s']:,.0f} | "
@@ -134,8 +135,12 @@ def markdown(rep: dict) -> str:
                         f"{_ratio(d['end_to_end_tokens_per_s'], static.get('end_to_end_tokens_per_s'))} | "
                         if d["sampler"] == "engine" else "- | ") +
                      f"{_ratio(d['end_to_end_tokens_per_s'], hf.get('end_to_end_tokens_per_s')) if d['sampler'] != 'transformers' else '-'} |")
+    unclean = [d for d in rep["decode"] if "tokens_per_s" in d and not d.get("ok", True)]
     torch_rows = [d for d in rep["decode"] if d.get("sampler") == "transformers" and "setting" in d]
-    lines += [""] if torch_rows else []
+    lines += [""] if torch_rows or unclean else []
+    for d in unclean:   # timed, but not a timing of the workload: left out of the ratios and goals
+        lines.append(f"- {d['model']} {d['sampler']} {d['rows']} rows: FAILED, not a clean timing ({_unclean(d)}); "
+                     "left out of the ratios and the goals")
     for d in torch_rows:
         lines.append(f"- transformers {d['model']} {d['rows']} rows: {d['setting']} (compiled: "
                      f"{'yes' if d['compiled'] else 'no'}), {d['attention']} attention, {d['calls']} call(s) of "
@@ -182,8 +187,21 @@ OOM = ("out of memory", "resource_exhausted")
 
 
 def _measured_decodes(rep: dict) -> dict:
-    """{(model, sampler, rows): row} of the decode rows that measured."""
-    return {(d.get("model"), d.get("sampler"), d.get("rows")): d for d in rep["decode"] if "tokens_per_s" in d}
+    """{(model, sampler, rows): row} of the decode rows that measured the workload cleanly."""
+    return {(d.get("model"), d.get("sampler"), d.get("rows")): d for d in rep["decode"]
+            if "tokens_per_s" in d and d.get("ok", True)}
+
+
+def _unclean(d: dict) -> str:
+    """Why a timed decode row is not a timing of its workload (device_check_decode's checks)."""
+    why = []
+    if (d.get("timed_call_compiles") or [0])[-1]:
+        why.append(f"its timed call compiled {d['timed_call_compiles'][-1]} program(s)")
+    if "prefilled_tokens" in d and d["prefilled_tokens"] != d["prompt_tokens"]:
+        why.append(f"its timed call prefilled {d['prefilled_tokens']:,} of {d['prompt_tokens']:,} prompt tokens")
+    if d.get("generated_tokens") != d.get("rows", 0) * d.get("max_new", 0):
+        why.append(f"{d.get('generated_tokens')} tokens generated of {d.get('rows', 0) * d.get('max_new', 0)}")
+    return "; ".join(why) or "see the JSON"
 
 
 def goals(rep: dict) -> list[tuple[str, str]]:

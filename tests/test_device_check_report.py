@@ -82,3 +82,23 @@ def test_a_train_row_under_an_xla_flag_candidate_names_its_flags():
     slower = {**rep, "train_step": [first, {**flagged, "step_s": first["step_s"] * 2}]}
     assert dict(report.goals(slower))["42.1 4B train step at 4,096 tokens, >= 500 TFLOP/s per chip"] == \
         "NOT MET (339 TFLOP/s)"
+
+
+def test_a_decode_row_whose_timed_call_was_not_the_workload_is_failed_and_compared_with_nothing():
+    """The engine's timed call must prefill every prompt token (its prefix cache would otherwise
+    serve the prompts the first call read) and compile nothing: a row that did not is FAILED,
+    says why, and is left out of the ratios and the goals."""
+    rep = json.loads((ROOT / "docs/results/device_check_h200_2026-12-04_run1.json").read_text())
+    engine = next(d for d in rep["decode"] if d.get("sampler") == "engine")
+    fast = {**engine, "end_to_end_tokens_per_s": engine["end_to_end_tokens_per_s"] * 10}
+    clean = {**rep, "decode": [fast if d is engine else d for d in rep["decode"]]}
+    assert dict(report.goals(clean))["41.2 engine vs static end to end, 64 rows, >= 1.5x"] == "met (2.40x)"
+    cached = {**fast, "ok": False, "prefilled_tokens": 1024, "timed_call_compiles": [2, 1]}
+    rep = {**rep, "decode": [cached if d is engine else d for d in rep["decode"]]}
+    text = report.markdown({**rep, "elapsed_s": 0, "ok": False})
+    assert (f"- qwen3-4b engine 64 rows: FAILED, not a clean timing (its timed call compiled 1 program(s); its timed "
+            f"call prefilled 1,024 of {engine['prompt_tokens']:,} prompt tokens); left out of the ratios and the goals"
+            ) in text
+    row = next(x for x in text.splitlines() if x.startswith("| qwen3-4b | engine | 64 |"))
+    assert row.endswith("| - / - | - |")
+    assert dict(report.goals(rep))["41.2 engine vs static end to end, 64 rows, >= 1.5x"] == "not measured"

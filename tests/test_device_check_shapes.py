@@ -205,3 +205,16 @@ def test_generate_falls_back_to_the_next_setting_and_halves_a_call_out_of_memory
                                      "dynamic: out of memory at 2 prompts a call; halved"]
     assert row["calls"] == 2 and row["prompts_per_call"] == 1 and row["generated_tokens"] == 4 * 4
     assert calls == [("static", 2), (None, 2), (None, 1), (None, 1), (None, 1)]   # warm-up, then 2 timed calls
+
+
+def test_the_engines_timed_call_is_timed_again_where_it_compiled_and_prefills_every_prompt():
+    """device_check_decode.decode_timing, engine: the first call reads only the WARM_PROMPTS
+    longest prompts. Here (the CPU backend, whose decode programs are per row count) the timed
+    call's 12 rows need a program those 8 rows did not, so it is timed once more, and each
+    timed call prefills all 6 prompts: the prefix cache the calls before filled is dropped."""
+    import device_check_decode as dec
+
+    row = dec.decode_timing("tiny", slots=12, samples=2, lo=16, hi=48, max_new=4, sampler="engine")
+    assert dec.WARM_PROMPTS == 4 and row["prompts"] == 6 and row["rows"] == 12
+    assert len(row["timed_call_compiles"]) == 2 and row["timed_call_compiles"][0] > 0, row["timed_call_compiles"]
+    assert row["timed_call_compiles"][1] == 0 and row["prefilled_tokens"] == row["prompt_tokens"] and row["ok"]
