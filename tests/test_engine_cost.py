@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import jax
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
@@ -53,3 +54,18 @@ def test_the_walk_follows_a_conditionals_cheapest_branch_when_asked():
     text = jax.jit(f).lower(jax.ShapeDtypeStruct((8,), jnp.float32), big).compile().as_text()
     every, common = program_bytes(text), program_bytes(text, branches="cheapest")
     assert every > 4 * 2**20 > 4096 > common, (every, common)
+
+
+def test_the_static_samplers_layer_scan_writes_its_generated_cache_in_place():
+    """The static sampler's decode step (accelerator path) with its layers unrolled, as the cost
+    model compiles it, copies the generated cache: a layer's attention read is not ordered
+    before the step's in-place write. The layer scan the sampler runs has no such copy, so
+    engine_cost leaves those copies' bytes (copies_walk) out of static's figure."""
+    cfg = PRESETS["tiny"].replace(param_dtype="float32")
+    mesh = make_mesh({"data": 1}, devices=jax.devices()[:1])
+    unrolled, shape = engine_cost.static_compile(cfg, mesh, 2, 2, "decode")
+    scanned, _ = engine_cost.static_compile(cfg, mesh, 2, 2, "decode", layer_unroll=1)
+    assert engine_cost.shape_copies(scanned, shape, "f32") == 0
+    n = engine_cost.shape_copies(unrolled, shape, "f32")
+    buffer = 4 * int(np.prod(shape))
+    assert n > 0 and engine_cost.copies_walk(unrolled, shape, "f32") == 2 * n * buffer   # each read and written once
