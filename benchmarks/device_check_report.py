@@ -209,7 +209,10 @@ def goals(rep: dict) -> list[tuple[str, str]]:
     (the row missing or failed other than out of memory), so a device call's last lines say
     where the work stands."""
     ok = _measured_decodes(rep)
-    failed = {d.get("check", ""): d.get("error", "") for d in rep["decode"] if "tokens_per_s" not in d}
+    # with the traceback's tail: XLA's autotuner reports its own out-of-memory failures under
+    # "NOT_FOUND: All configs failed during profiling" (run 1, 0.6B static at 256 rows)
+    failed = {d.get("check", ""): " ".join([d.get("error", ""), *d.get("traceback", [])])
+              for d in rep["decode"] if "tokens_per_s" not in d}
 
     def verdict(value, floor, fmt="{:.2f}x", ceiling=False):
         if value is None:
