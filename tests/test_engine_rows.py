@@ -79,3 +79,28 @@ def test_two_sample_states_in_a_small_engine_give_the_static_samples():
     assert_same(got, want)
     segments = [kind for kind in ran if kind != "chunk"]
     assert set(segments) == {"segment4", "segment8"}, segments
+
+
+def test_the_batch_api_prefills_every_admitted_prompt_before_its_first_segment(monkeypatch):
+    """`sample` (run_ahead: nothing more is submitted) prefills every prompt it admitted before
+    it decodes, here 3 prompts with one chunk call a step: on an accelerator a segment computes
+    every slot, so a first segment over 1 prompt's rows would pay for all 6 slots. The samples
+    stay the static sampler's."""
+    import actionopd_jax.engine.engine as engine_module
+
+    eng = engine(chunks_per_step=1, prefill_lanes=1)
+    started = []
+    real = engine_module.start_samples
+
+    def spy(starting, *args, **kwargs):
+        started.append(len(starting))
+        return real(starting, *args, **kwargs)
+
+    monkeypatch.setattr(engine_module, "start_samples", spy)
+    rng = np.random.default_rng(5)
+    prompts = [rng.integers(20, 200, size=n).astype(np.int32) for n in (9, 5, 12)]
+    keys = [jax.random.key(40 + i) for i in range(3)]
+    settings = dict(n=[2, 2, 2], max_new_tokens=[5, 5, 5], temperature=[1.0, 1.0, 1.0], top_p=[1.0] * 3, top_k=[0] * 3)
+    got = eng.sample(prompts, key=keys, **settings).generations
+    assert started[0] == 3, started          # all three prompts' samples start in the first segment
+    assert_same(got, reference(prompts, keys, **settings))

@@ -4,7 +4,8 @@
 1. admits waiting requests (first come, first served) while N slots and their worst-case pages
    are free: the prompt's cached prefix (prefix index, page-granular) is held, not prefilled;
 2. runs up to `chunks_per_step` prefill chunk calls for admitted prompts (`prefill_lanes`
-   prompts x `chunk` tokens each), so a long prompt never stalls running rows for long;
+   prompts x `chunk` tokens each), so a long prompt never stalls running rows for long (under
+   `run_ahead`, where nothing more is submitted, every admitted prompt before the segment);
 3. starts the samples of fully prefilled prompts in their slots (page tables: the prompt's full
    pages shared, the last partial page copied for samples 1..N-1) and runs one segment;
 4. retires finished rows: each sample's full pages enter the prefix index (a trajectory's next
@@ -179,6 +180,12 @@ class Engine:
         finished = self._drop_cancelled()
         self._admit()
         self._prefill()
+        while run_ahead and self.prefilling:
+            # nothing more is submitted (the static sampler's API): every admitted prompt is
+            # prefilled before the segment. On accelerators a segment computes every slot, so
+            # one run while prompts still wait pays for rows that produce nothing (the device
+            # check's 64 prompts: 3 of every 4 slots idle in its first segment)
+            self._prefill()
         if self.running or self.starting:
             finished += self._segment(run_ahead and not self.waiting and not self.prefilling)
         return finished
