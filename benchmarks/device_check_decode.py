@@ -126,7 +126,7 @@ def decode_timing(preset: str, *, slots: int, samples: int, lo: int, hi: int, ma
     first = time.perf_counter() - t0
     progress(f"first call {first:.1f} s (prefill {warm.prefill_s:.1f} s, decode {warm.decode_s:.1f} s); timed call")
     extra["timed_call_compiles"] = []
-    for attempt in range(2):
+    for _ in range(2):   # once more where the timed call compiled
         if engine:   # the prefix cache the last call filled: the timed call prefills every prompt
             s.invalidate()
         before_compiles, before_prefilled = compiles(), s.stats.prefilled_tokens if engine else 0

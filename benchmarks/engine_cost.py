@@ -287,7 +287,7 @@ def main() -> None:
         row("static decode", s["bytes"] / args.rows, (s["walk"] - copied) / args.rows, dec_bound, "compiler",
             f"cache aliased {c1['alias'] / 2**20:,.0f} MiB (1 layer); generated-cache copies per step: "
             f"{n_scanned} in the layer scan it runs" + (f" (the unrolled compile's {n_unrolled}, "
-                                                        f"{copied / args.rows / 2**20:,.1f} MiB/token, left out)"
+                                                        f"{copied / args.rows / 2**20:,.1f} MiB/token, left out of the walk)"
                                                         if copied else ""), s["flops"] / args.rows)
     c1, s, one, pool_shape = pair(lambda k: engine_compile(cfg, mesh, shapes, "gather", k, "segment"))
     pool_bytes = 2 * math.prod(pool_shape) * item
