@@ -36,7 +36,8 @@ class EngineConfig:
     # platform's kernel, the gather path on CPU; "ragged_tpu" is refused by the engine)
     attention: str = "auto"
     # chunk calls one scheduler step may run before the next segment (prefill is interleaved
-    # with decode so running rows are not stalled by a long prompt)
+    # with decode so running rows are not stalled by a long prompt; a run_ahead step, where
+    # nothing more is submitted, prefills every admitted prompt first: Engine.step)
     chunks_per_step: int = 4
 
     def __post_init__(self):
