@@ -114,6 +114,13 @@ def markdown(rep: dict) -> str:
                      f"{t['plan_bytes'] / gib:.1f} | {_ratio(t['plan_bytes'], t['peak_bytes'])} |")
     if rep["train_step"]:
         lines += ["", FLOPS_NOTE]
+    for t in rep["train_step"]:   # the remat choice, confirmed by XLA's compile against the device's limit
+        if t.get("remat_compiled"):
+            got = "; ".join(f"{c['policy']}: XLA " + (f"{c['xla_bytes'] / gib:.2f} GiB" if c["xla_bytes"] is not None
+                                                      else f"did not compile ({c['error'][:80]})")
+                            + f", planned {c['plan_bytes'] / gib:.2f}" for c in t["remat_compiled"])
+            lines.append(f"- {t['model']} {t['attention']} {t['seq_len']}: remat compiled against the "
+                         f"{t['bytes_limit'] / gib:.2f} GiB limit: {got}; ran {t['remat']}")
     lines += split_lines(rep["train_step"])
     # issue 41's goals: the engine's decode against the HBM bound; end to end (prefill + decode)
     # against static (>= 1.5x) and transformers (>= 3x)

@@ -182,6 +182,8 @@ def train_step_timing(preset: str, attention: str, *, rows: int, seq: int, resp:
     device's usable memory, recorded as the row's remat): compile time, step time, tokens/s, the model
     FLOPs of the step (MFU is taken in device_check.py against the measured matmul ceiling);
     `param_dtype`: the master weights' dtype where the recipe's does not fit (device_check_shapes);
+    a given `remat` on an accelerator is first confirmed by compiling the update against the
+    device's limit (train/remat_confirm.py; the row's remat_compiled: each policy compiled);
     peak device memory against the analytic plan of `train --check`. split: then one more step
     under the profiler, its time by kind (train/time_split.py; an error there is the split's,
     not the row's)."""
@@ -200,6 +202,16 @@ def train_step_timing(preset: str, attention: str, *, rows: int, seq: int, resp:
         cfg, _ = resolve_remat(cfg, qcfg, {"data": 1, "fsdp": len(devices), "tensor": 1}, platform=devices[0].platform,
                                usable_bytes=(devices[0].memory_stats() or {}).get("bytes_limit"))
     mesh = make_mesh({"fsdp": len(devices)}, devices=devices)
+    compiled = None
+    limit = (devices[0].memory_stats() or {}).get("bytes_limit")
+    if remat and limit and devices[0].platform != "cpu":
+        # the plan's choice confirmed by XLA's compile of the update, as `actionopd train` does
+        # (train/remat_confirm.py): a policy over this device's limit steps down to the next
+        from actionopd_jax.train.remat_confirm import confirm_by_compile
+
+        cfg, _, tried = confirm_by_compile(cfg, qcfg, mesh, attention=attention, usable_bytes=limit)
+        compiled = [{"policy": t.policy, "plan_bytes": t.plan_bytes, "xla_bytes": t.xla_bytes, "error": t.error}
+                    for t in tried]
     step = build_train_step(cfg, qcfg, mesh)
     state = step.init_state(initial_params(cfg, qcfg, mesh))
     rng = np.random.default_rng(0)
@@ -237,5 +249,6 @@ def train_step_timing(preset: str, attention: str, *, rows: int, seq: int, resp:
             "resp_len": resp, "remat": cfg.model.remat, "param_dtype": cfg.model.param_dtype,
             "compile_s": round(compile_s, 2), "step_s": float(f"{step_s:.6g}"),
             "tokens_per_s": round(rows * seq / step_s, 1), "loss": loss, "model_flops": used,
-            "peak_bytes": stats.get("peak_bytes_in_use"), "plan_bytes": plan, **extra,
+            "peak_bytes": stats.get("peak_bytes_in_use"), "plan_bytes": plan,
+            **({"remat_compiled": compiled, "bytes_limit": limit} if compiled else {}), **extra,
             "ok": bool(np.isfinite(loss))}

@@ -103,3 +103,17 @@ def test_a_decode_row_whose_timed_call_was_not_the_workload_is_failed_and_compar
     row = next(x for x in text.splitlines() if x.startswith("| qwen3-4b | engine | 64 |"))
     assert row.endswith("| - / - | - |")
     assert dict(report.goals(rep))["41.2 engine vs static end to end, 64 rows, >= 1.5x"] == "not measured"
+
+
+def test_a_remat_choice_compiled_against_the_limit_is_listed_under_the_train_table():
+    """The first train row's policy (auto's plan) is confirmed by XLA's compile on the device
+    (train/remat_confirm.py): the report lists each policy compiled, and the one that ran."""
+    rep = json.loads((ROOT / "docs/results/device_check_h200_2026-12-04_run1.json").read_text())
+    gib = 1024 ** 3
+    first = {**rep["train_step"][0], "bytes_limit": 71.25 * gib, "remat_compiled": [
+        {"policy": "dots", "plan_bytes": 70.6 * gib, "xla_bytes": 72.5 * gib, "error": ""},
+        {"policy": "full", "plan_bytes": 62.5 * gib, "xla_bytes": 61.0 * gib, "error": ""}]}
+    text = report.markdown({**rep, "train_step": [first], "elapsed_s": 0, "ok": True})
+    assert ("- qwen3-4b cudnn 4096: remat compiled against the 71.25 GiB limit: dots: XLA 72.50 GiB, planned "
+            "70.60; full: XLA 61.00 GiB, planned 62.50; ran full") in text
+    assert "remat compiled" not in report.markdown({**rep, "elapsed_s": 0, "ok": True})

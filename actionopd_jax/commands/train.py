@@ -216,10 +216,18 @@ def train(cfg: Config, args) -> int:
         from actionopd_jax.train.preflight import mesh_sizes, placement
         from actionopd_jax.train.setup import plan_model_config
 
+        from actionopd_jax.train.plan import GIB
+        from actionopd_jax.train.remat_confirm import confirm_for_run
+
         where = placement(cfg)
-        cfg, remat_line = remat_choice.resolve_for(cfg, plan_model_config(cfg, [])[1], mesh_sizes(cfg, where.devices),
-                                                   where)
+        qcfg = plan_model_config(cfg, [])[1]
+        cfg, remat_line = remat_choice.resolve_for(cfg, qcfg, mesh_sizes(cfg, where.devices), where)
         print(remat_line, flush=True)
+        # the plan's choice, compiled on these devices before anything is collected: a policy
+        # XLA puts over the usable memory steps down to the next (train/remat_confirm.py)
+        cfg, confirmed = confirm_for_run(cfg, qcfg, where.usable_gib and where.usable_gib * GIB)
+        if confirmed:
+            print(confirmed, flush=True)
     run_dir = run_dir_for(cfg, args)
     primary = distributed.is_primary()
     before = entries(run_dir)

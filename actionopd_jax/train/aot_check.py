@@ -107,9 +107,9 @@ def target_mesh(cfg: Config, target: Target):
     return make_mesh(shape, devices=devices[:math.prod(shape.values())])
 
 
-def estimate_step(cfg: Config, qcfg: Qwen3Config, target: Target, seq_len: int, *,
-                  cost: bool = True) -> StepEstimate:
-    mesh = target_mesh(cfg, target)
+def update_shapes(cfg: Config, seq_len: int) -> tuple[int, int, int, SharedPrefix | None, str]:
+    """(rows, tokens a row, response tokens a row, shared-prompt layout, label) of the update
+    program at `seq_len`: one microbatch of `train.microbatch_rows` rows, as the trainer packs it."""
     rows = cfg.train.microbatch_rows
     region = bucket_length(cfg.collect.max_response_tokens, 16)
     layout, label = None, f"{rows} x {seq_len:,}"
@@ -121,6 +121,20 @@ def estimate_step(cfg: Config, qcfg: Qwen3Config, target: Target, seq_len: int, 
         label = f"{rows} x {seq_len:,} ({prompt:,} + {n} x {region:,})"
     else:
         resp_len = min(region, seq_len - 1)
+    return rows, seq_len, resp_len, layout, label
+
+
+def update_memory(cfg: Config, qcfg: Qwen3Config, mesh) -> CompileReport:
+    """The run's update at its largest sequence bucket, compiled on `mesh` (this host's devices
+    or a target's): the compiler's memory verdict, without the cost twins."""
+    rows, seq_len, resp_len, _, label = update_shapes(cfg, aot_lengths(cfg)[-1])
+    return _compile_step(cfg, qcfg, mesh, rows, seq_len, resp_len, label)
+
+
+def estimate_step(cfg: Config, qcfg: Qwen3Config, target: Target, seq_len: int, *,
+                  cost: bool = True) -> StepEstimate:
+    mesh = target_mesh(cfg, target)
+    rows, seq_len, resp_len, layout, label = update_shapes(cfg, seq_len)
     impl = resolve(cfg.model.attention, target.platform)
     est = StepEstimate(rows=rows, seq_len=seq_len, resp_len=resp_len, attention=impl,
                        real=_compile_step(cfg, qcfg, mesh, rows, seq_len, resp_len, label))

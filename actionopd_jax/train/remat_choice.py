@@ -30,7 +30,9 @@ two, which copies k layers' weights and concatenates their gradients inside the 
 4B), or the parameters stored as two stacks, which changes every checkpoint's layout. Not built.
 
 `resolve_for` is called by `actionopd train` at start-up, by `--check` and by `--check --aot`,
-with the same device memory, so the run uses the policy `--check` printed.
+with the same device memory, so the run uses the policy `--check` printed, unless XLA's compile
+of that policy's update on the run's accelerators puts it over the same memory: the run then
+steps down the order and prints why (train/remat_confirm.py).
 """
 
 from __future__ import annotations
