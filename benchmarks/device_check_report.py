@@ -185,9 +185,23 @@ def split_lines(train_rows: list[dict]) -> list[str]:
             lines.append(f"| {kind} | {s * 1e3:,.2f} | {s / total:.1%} |")
         lines.append("largest ops: " + ", ".join(f"{o['op']} ({o['kind']}, {o['s'] * 1e3:,.2f} ms)"
                                                   for o in sp["top"][:3]))
+        lines += _without_optimizer(t, sp["categories"].get("optimizer", 0.0))
         if sp.get("note"):
             lines.append(f"note: {sp['note']}")
     return lines
+
+
+def _without_optimizer(t: dict, optimizer_s: float) -> list[str]:
+    """The timed step is one microbatch and one AdamW update; the recipe's update runs
+    `recipe_microbatches` microbatches before its one AdamW update. Its rate, derived from the
+    timed step less the split's optimizer time (not timed as such)."""
+    m, mb = t.get("recipe_microbatches"), t["step_s"] - optimizer_s
+    if not (optimizer_s > 0 and m and mb > 0):
+        return []
+    per = lambda s: t["model_flops"] / (s * t.get("devices", 1)) / 1e12  # noqa: E731 - TFLOP/s per chip
+    return [f"derived, not timed: the step less the split's {optimizer_s * 1e3:,.1f} ms of optimizer runs its "
+            f"forward and backward at {per(mb):.0f} TFLOP/s per chip; the recipe's update ({m} microbatches, then "
+            f"one AdamW update) at {per(mb + optimizer_s / m):.0f}"]
 
 
 OOM = ("out of memory", "resource_exhausted")

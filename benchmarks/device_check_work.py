@@ -8,6 +8,7 @@ grain, mcp, ...; tests/test_device_check.py holds us to that)."""
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -159,8 +160,6 @@ RECIPE = "configs/paper/qwen3_4b_h200.yaml"   # the train step is timed as this 
 def train_config(preset: str, attention: str, rows: int, seq: int, resp: int, remat: str | None,
                  param_dtype: str | None = None):
     """RECIPE at these shapes; `remat` / `param_dtype`: the recipe's where None."""
-    from pathlib import Path
-
     from actionopd_jax.config.load import load_config
 
     recipe = Path(__file__).resolve().parents[1] / RECIPE
@@ -245,6 +244,10 @@ def train_step_timing(preset: str, attention: str, *, rows: int, seq: int, resp:
         except Exception as e:  # noqa: BLE001 - the timed step stands; the split says why it is missing
             extra["split"] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300] if str(e) else ''}"}
     del state, batch
+    from actionopd_jax.config.load import load_config
+
+    whole = load_config(Path(__file__).resolve().parents[1] / RECIPE, ["model.hf_path=", "mesh.target="]).train
+    extra["recipe_microbatches"] = whole.minibatch_rows // whole.microbatch_rows   # in the recipe's own update
     return {"model": preset, "attention": attention, "devices": len(devices), "rows": rows, "seq_len": seq,
             "resp_len": resp, "remat": cfg.model.remat, "param_dtype": cfg.model.param_dtype,
             "compile_s": round(compile_s, 2), "step_s": float(f"{step_s:.6g}"),

@@ -146,6 +146,7 @@ def test_dry_run_on_the_device_image_writes_the_documented_report(tmp_path, half
         assert split["categories"][kind] > 0, (kind, split)
     assert abs(sum(split["categories"].values()) - split["ops_s"]) < 1e-5
     assert "time split of the tiny cpu 1 x 64, remat full step" in md and "| LM head |" in md
+    assert {t["recipe_microbatches"] for t in trains} == {256}   # the H200 recipe's 256 rows, one a microbatch
 
 
 def dc_tol():

@@ -117,3 +117,23 @@ def test_a_remat_choice_compiled_against_the_limit_is_listed_under_the_train_tab
     assert ("- qwen3-4b cudnn 4096: remat compiled against the 71.25 GiB limit: dots: XLA 72.50 GiB, planned "
             "70.60; full: XLA 61.00 GiB, planned 62.50; ran full") in text
     assert "remat compiled" not in report.markdown({**rep, "elapsed_s": 0, "ok": True})
+
+
+def test_the_split_derives_the_recipes_rate_without_the_per_step_optimizer():
+    """The timed step is one microbatch and one AdamW update; the recipe's update runs 256
+    microbatches before its one. From a split with 30 ms of optimizer in a 0.310 s step:
+    105.34 TFLOP / 0.280 s = 376 TFLOP/s; 105.34 / (0.280 + 0.030 / 256) = 376 as well."""
+    rep = json.loads((ROOT / "docs/results/device_check_h200_2026-12-04_run1.json").read_text())
+    first = {**rep["train_step"][0], "recipe_microbatches": 256, "split": {
+        "categories": {"matmuls forward": 0.1, "optimizer": 0.030}, "ops_s": 0.3, "ops": 10, "command_buffers": "off",
+        "profiled_step_s": 0.31, "tracks": "device", "top": [{"op": "dot", "kind": "matmuls forward", "s": 0.1}]}}
+    text = report.markdown({**rep, "train_step": [first], "elapsed_s": 0, "ok": True})
+    mb = first["step_s"] - 0.030
+    assert f"{first['model_flops'] / mb / 1e12:.0f}" == "376"
+    assert ("derived, not timed: the step less the split's 30.0 ms of optimizer runs its forward and backward at "
+            "376 TFLOP/s per chip; the recipe's update (256 microbatches, then one AdamW update) at 376") in text
+    two = {**first, "recipe_microbatches": 2}    # 105.34 / (0.280 + 0.015) = 357
+    assert "(2 microbatches, then one AdamW update) at 357" in \
+        report.markdown({**rep, "train_step": [two], "elapsed_s": 0, "ok": True})
+    no_opt = {**first, "split": {**first["split"], "categories": {"matmuls forward": 0.1}}}
+    assert "derived, not timed" not in report.markdown({**rep, "train_step": [no_opt], "elapsed_s": 0, "ok": True})
