@@ -70,7 +70,8 @@ def check(cfg: Config, devices: int = 0) -> int:
     nothing. Every start-up check of the run (the trainer's, train/preflight.py, then its group
     source's, baselines/wiring.check_collection) runs here for the target's devices and
     processes: what the run would refuse raises the same ConfigError. 0 when the plan fits, 1
-    when the estimate exceeds the usable memory."""
+    when the estimate exceeds the usable memory. Planned for this host's own accelerators,
+    `model.remat: auto`'s choice is compiled here as the run's start-up compiles it."""
     from actionopd_jax.baselines.wiring import check_collection
     from actionopd_jax.train import remat_choice
     from actionopd_jax.train.plan import describe
@@ -98,6 +99,13 @@ def check(cfg: Config, devices: int = 0) -> int:
     print(text)
     if remat_line:
         print(remat_line)
+        if not (devices or cfg.mesh.target or where.notes) and where.usable_gib:  # planned for this host's devices:
+            from actionopd_jax.train.plan import GIB       # compile the choice here, as the run will at start-up
+            from actionopd_jax.train.remat_confirm import confirm_for_run
+
+            cfg, confirmed = confirm_for_run(cfg, qcfg, where.usable_gib * GIB)
+            if confirmed:
+                print(confirmed)
     from actionopd_jax.collect.source import check_training_tasks, prompt_room
     from actionopd_jax.train import cost_estimate
 
