@@ -25,7 +25,9 @@ is (nothing installed: the repository on PYTHONPATH and the jax already there).
       picks for this device's memory (the recipe's where that is full), once more under the
       profiler, its time split by kind (train/time_split.py): compile s, step s, tokens/s,
       MFU, peak memory against `train --check`'s plan;
-   6. `generate` on the 256-slot workload, in calls of as many prompts as memory holds;
+   6. the engine's time split at 256 slots, 32 new tokens (device_check_split.py: one call under
+      the profiler, each program's ops by kind); `generate` on the 256-slot workload, in calls
+      of as many prompts as memory holds;
       decode at Qwen3-0.6B shapes, 256 slots; on a GPU, step 5's train step again under each
       XLA flag candidate (device_check_shapes.TRAIN_XLA_FLAGS), each in a process of its own;
    7. attention parity: the platform's fused kernel (cudnn / splash) against "xla", forward
@@ -61,11 +63,11 @@ if str(ROOT / "benchmarks") not in sys.path:
     sys.path.insert(0, str(ROOT / "benchmarks"))
 from device_check_host import detect_platform, install  # noqa: E402 - after the path above
 from device_check_report import apply_ceilings, markdown  # noqa: E402
-from device_check_shapes import DECODE, TRAIN_XLA_FLAGS, choose, gpu_memory_bytes  # noqa: E402
+from device_check_shapes import DECODE, TRAIN_XLA_FLAGS, choose, gpu_memory_bytes, only  # noqa: E402
 
 STARTUP_LIMIT_S = 180.0  # the child's jax import and device start, before its first measurement
 EVENTS = "device_check_events.jsonl"
-SECTIONS = ("ceilings", "parity", "train_step", "decode")
+SECTIONS = ("ceilings", "parity", "train_step", "decode", "decode_split")
 
 def stages(mode: str, platform: str, shapes: dict | None = None) -> list[tuple[str, str, float, dict]]:
     """(name, report section, time limit s, call) of every measurement, in the order they run:
@@ -101,6 +103,11 @@ def stages(mode: str, platform: str, shapes: dict | None = None) -> list[tuple[s
                       {"fn": "train", "preset": preset, "attention": t["attention"], "seq": t["seq"], "resp": resp,
                        "param_dtype": t["param_dtype"], "remat": t.get("remat"), "own": dev,
                        "split": i == 0}))     # the first (most valuable) step also runs under the profiler
+    # issue 41's diagnosis: where the engine's time goes at 256 rows (device_check_split.py)
+    wp, slots, *_ = DECODE[mode]["big"]
+    split = [] if f"decode {wp} engine {slots}" in dropped else [
+        (f"split decode {wp} engine {slots}", "decode_split", 120.0 if dev else 60.0,
+         {"fn": "split", "work": "big", "own": dev, "pool_pages": shapes["decode"]["big"]["pool_pages"]})]
     # issue 42's XLA flag candidates (on a GPU; a dry run proves the path): the first step again,
     # each alone, as XLA reads the flags once per process
     flagged = [(f"{name} flags {label}", sec, lim, {**spec, "split": False, "own": True, "xla_flags": flags})
@@ -112,7 +119,7 @@ def stages(mode: str, platform: str, shapes: dict | None = None) -> list[tuple[s
     # still reach; then the rest of 41 (transformers at 256 rows, the 0.6B decodes), the kernels'
     # parity and the other train steps (the recipe's, measured on the H200 in run 1)
     return ([("ceilings", "ceilings", 60.0, {"fn": "ceilings"})] + decode("big") + decode("small") +
-            [generate("small"), ("sampler parity", "parity", 90.0, {"fn": "sampler parity"})] + train[:1] +
+            [generate("small"), ("sampler parity", "parity", 90.0, {"fn": "sampler parity"})] + train[:1] + split +
             [generate("big")] + decode("0.6b") + flagged + [("attention parity", "parity", 60.0, {"fn": "attention"})]
             + train[1:])
 
@@ -144,6 +151,7 @@ def child(mode: str, names: list[str], out_dir: Path, memory: int | None = None,
     import jax
 
     import device_check_decode as dec
+    import device_check_split as sp
     import device_check_work as w
 
     log = open(out_dir / EVENTS, "a")
@@ -179,6 +187,9 @@ def child(mode: str, names: list[str], out_dir: Path, memory: int | None = None,
         if fn == "sampler parity":
             return w.sampler_parity(devices[0], bf16=dev)
         preset, slots, samples, lo, hi, new = DECODE[mode][spec["work"]]
+        if fn == "split":   # a short run: the trace of 32 steps says enough, and reads in seconds
+            return sp.engine_split(preset, slots=slots, samples=samples, lo=lo, hi=hi, max_new=min(new, 32),
+                                   pool_pages=spec["pool_pages"])
         if fn == "decode":
             return dec.decode_timing(preset, slots=slots, samples=samples, lo=lo, hi=hi, max_new=new,
                                      sampler=spec["sampler"], pool_pages=spec["pool_pages"],
@@ -357,19 +368,10 @@ def main(argv=None) -> int:
     shapes = choose(mode, platform, memory, source)   # from the memory figure; this process never starts jax
     plan = stages(mode, platform, shapes)
     if args.only:
-        wanted = [n.strip() for n in args.only.split(",") if n.strip()]
-        unknown = sorted(set(wanted) - {name for name, _, _, _ in plan})
-        left_out = [d for d in shapes["dropped"] if d["stage"] in unknown]
-        if left_out:
-            print("device_check: --only " + "; ".join(f"{d['stage']}: not planned on this device ({d['why']})"
-                                                     for d in left_out), file=sys.stderr)
+        plan, refused = only(plan, shapes, args.only)
+        if refused:
+            print(f"device_check: --only {refused}", file=sys.stderr)
             return 2
-        if unknown:
-            print(f"device_check: --only {', '.join(unknown)}: no such measurement; the measurements are: "
-                  f"{', '.join(name for name, _, _, _ in plan)}", file=sys.stderr)
-            return 2
-        by_name = {row[0]: row for row in plan}
-        plan = [by_name[n] for n in dict.fromkeys(wanted)]      # in the order given
     rep = {"schema": 3, "mode": mode, "install": info, "shapes": shapes}
 
     def write(out: dict, final: bool = False) -> None:

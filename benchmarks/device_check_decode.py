@@ -64,17 +64,11 @@ def step_bytes(cfg, prompts, samples: int, max_new: int) -> dict:
     return {"weight_bytes": 2 * count_params(cfg)["total"], "kv_bytes_mean": int(kv)}
 
 
-def decode_timing(preset: str, *, slots: int, samples: int, lo: int, hi: int, max_new: int,
-                  sampler: str, pool_pages: int | None = None, token_budget: int | None = None) -> dict:
-    """Our decode on one device: sampler "engine" (paged, continuous batching, each prompt's
-    pages shared by its samples) or "static" (one batched call, prompts padded to a bucket).
-    The second call is timed (the first compiles: static's the whole workload, whose shapes
-    are its programs'; the engine's only its WARM_PROMPTS longest prompts for a few segments,
-    as its programs have the engine's shapes, and its prefix cache is dropped after it, so the
-    timed call prefills every prompt token as static and generate do). A timed call that
-    compiled anything is timed once more. decode tokens/s = generated / decode s;
-    end-to-end tokens/s counts prefill too. pool_pages: the engine's pool, token_budget: the
-    static sampler's (None: one call), as device_check_shapes planned them for the device's memory."""
+def build(preset: str, sampler: str, *, slots: int, samples: int, lo: int, hi: int, max_new: int,
+          pool_pages: int | None = None, token_budget: int | None = None, options: dict | None = None):
+    """(the sampler, the model's config, the device, the workload's prompts, rows, the row's
+    extra fields) for decode_timing's workload on one device, random bf16 weights. options: XLA
+    options the engine's programs compile with beside their own (a profile's)."""
     from flax import nnx
 
     from actionopd_jax.model import PRESETS, Qwen3, make_mesh
@@ -109,12 +103,29 @@ def decode_timing(preset: str, *, slots: int, samples: int, lo: int, hi: int, ma
         extra["auto_pool_pages"] = auto_pages(cfg, shapes, mesh=mesh, dtype="bfloat16")
         shapes = dataclasses.replace(shapes, pages=extra["pool_pages"])
         s = Engine(model, eos_ids=[], config=shapes, mesh=mesh)
+        s.programs.options = dict(options or {})
         pool_check(s, extra)
     else:
         from actionopd_jax.sampling import Sampler
 
         s = Sampler(model, eos_ids=[], mesh=mesh, token_budget=token_budget)
         extra["token_budget"] = token_budget
+    return s, cfg, device, prompts, rows, extra
+
+
+def decode_timing(preset: str, *, slots: int, samples: int, lo: int, hi: int, max_new: int,
+                  sampler: str, pool_pages: int | None = None, token_budget: int | None = None) -> dict:
+    """Our decode on one device: sampler "engine" (paged, continuous batching, each prompt's
+    pages shared by its samples) or "static" (one batched call, prompts padded to a bucket).
+    The second call is timed (the first compiles: static's the whole workload, whose shapes
+    are its programs'; the engine's only its WARM_PROMPTS longest prompts for a few segments,
+    as its programs have the engine's shapes, and its prefix cache is dropped after it, so the
+    timed call prefills every prompt token as static and generate do). A timed call that
+    compiled anything is timed once more. decode tokens/s = generated / decode s;
+    end-to-end tokens/s counts prefill too. pool_pages: the engine's pool, token_budget: the
+    static sampler's (None: one call), as device_check_shapes planned them for the device's memory."""
+    s, cfg, device, prompts, rows, extra = build(preset, sampler, slots=slots, samples=samples, lo=lo, hi=hi,
+                                                 max_new=max_new, pool_pages=pool_pages, token_budget=token_budget)
     kw = dict(n=samples, max_new_tokens=max_new, temperature=1.0, top_p=1.0, top_k=0)
     engine = sampler == "engine"
     warm_prompts = sorted(prompts, key=len)[-WARM_PROMPTS:] if engine else prompts

@@ -153,6 +153,7 @@ def markdown(rep: dict) -> str:
                      f"{'yes' if d['compiled'] else 'no'}), {d['attention']} attention, {d['calls']} call(s) of "
                      f"{d['prompts_per_call']} prompts" + (f"; not run: {'; '.join(d['setting_errors'])}"
                                                           if d["setting_errors"] else ""))
+    lines += engine_split_lines(rep.get("decode_split", []))
     if rep["mode"] == "device":
         lines += ["", "| goal | verdict |", "| --- | --- |"] + [f"| {g} | {v} |" for g, v in goals(rep)]
     if rep["timed_out"]:
@@ -202,6 +203,28 @@ def _without_optimizer(t: dict, optimizer_s: float) -> list[str]:
     return [f"derived, not timed: the step less the split's {optimizer_s * 1e3:,.1f} ms of optimizer runs its "
             f"forward and backward at {per(mb):.0f} TFLOP/s per chip; the recipe's update ({m} microbatches, then "
             f"one AdamW update) at {per(mb + optimizer_s / m):.0f}"]
+
+
+def engine_split_lines(rows: list[dict]) -> list[str]:
+    """The engine's programs' op time by kind (device_check_split.py): the prefill chunk's over
+    the whole call, the decode segment's per decode step, each with its share."""
+    lines = []
+    for r in rows:
+        if "programs" not in r:
+            lines += ["", f"engine time split: FAILED: {r.get('error', '')}"]
+            continue
+        kinds = list(next(iter(r["programs"].values()))["categories"]) if r["programs"] else []
+        lines += ["", f"engine time split, {r['model']} {r['rows']} rows, {r['prompt_tokens']:,} prompt tokens + "
+                      f"{r['max_new']} new (one call under the profiler, command buffers {r['command_buffers']}: "
+                      f"prefill {r['prefill_s']:.3f} s, decode {r['decode_s']:.3f} s in {r['decode_steps']} steps)", "",
+                  "| program | ms per | " + " | ".join(kinds) + " | all ops |", "| --- |" + " --- |" * (len(kinds) + 2)]
+        for name, sp in r["programs"].items():
+            steps = r["decode_steps"] if name.startswith("segment") and r["decode_steps"] else 1
+            total = sp["ops_s"] or 1.0
+            cells = [f"{v / steps * 1e3:,.2f} ({v / total:.0%})" for v in sp["categories"].values()]
+            lines.append(f"| {name} | {'decode step' if steps > 1 else 'call'} | " + " | ".join(cells)
+                         + f" | {sp['ops_s'] / steps * 1e3:,.2f} |")
+    return lines
 
 
 OOM = ("out of memory", "resource_exhausted")

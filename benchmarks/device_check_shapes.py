@@ -226,4 +226,19 @@ def choose(mode: str, platform: str, memory_bytes: int | None, source: str = "")
     return out
 
 
-__all__ = ["DECODE", "GPU_PREFILL_FACTOR", "TORCH_PREFILL_FACTOR", "TRAIN", "choose", "gpu_memory_bytes", "prompt_lengths"]
+def only(plan: list, shapes: dict, names: str) -> tuple[list, str]:
+    """(the measurements of `plan` named in `names` (comma-separated), in that order; "") or
+    ([], why not): a name the plan left out for this device's memory, or no such measurement."""
+    wanted = [n.strip() for n in names.split(",") if n.strip()]
+    unknown = sorted(set(wanted) - {name for name, _, _, _ in plan})
+    left_out = [d for d in shapes["dropped"] if d["stage"] in unknown]
+    if left_out:
+        return [], "; ".join(f"{d['stage']}: not planned on this device ({d['why']})" for d in left_out)
+    if unknown:
+        return [], (f"{', '.join(unknown)}: no such measurement; the measurements are: "
+                    f"{', '.join(name for name, _, _, _ in plan)}")
+    by_name = {row[0]: row for row in plan}
+    return [by_name[n] for n in dict.fromkeys(wanted)], ""
+
+
+__all__ = ["DECODE", "GPU_PREFILL_FACTOR", "TORCH_PREFILL_FACTOR", "TRAIN", "choose", "gpu_memory_bytes", "only", "prompt_lengths"]

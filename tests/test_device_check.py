@@ -58,7 +58,8 @@ def test_the_image_hides_what_the_device_lacks_and_the_editable_install():
 # One measurement of each kind runs: on the CPU the plan's other decodes (the 8- and 6-row
 # workloads) and the longer train step are the same code at other sizes, each a compile of
 # its own (~20 s under load); the plan itself is checked whole below.
-HALVES = {"decode": ("ceilings", "decode tiny engine 4", "decode tiny static 4", "generate tiny transformers 4"),
+HALVES = {"decode": ("ceilings", "decode tiny engine 4", "decode tiny static 4", "generate tiny transformers 4",
+                     "split decode tiny engine 8"),
           "kernels and train": ("ceilings", "sampler parity", "attention parity", "train tiny cpu 64",
                                 "train tiny xla 64", "train tiny cpu 64 flags cublas gemms")}
 
@@ -69,7 +70,8 @@ def test_the_dry_run_plan_has_every_measurement_in_the_order_of_value():
     assert plan == [("ceilings", "ceilings"), ("decode tiny engine 8", "decode"), ("decode tiny static 8", "decode"),
                     ("decode tiny engine 4", "decode"), ("decode tiny static 4", "decode"),
                     ("generate tiny transformers 4", "decode"), ("sampler parity", "parity"),
-                    ("train tiny cpu 64", "train_step"), ("generate tiny transformers 8", "decode"),
+                    ("train tiny cpu 64", "train_step"), ("split decode tiny engine 8", "decode_split"),
+                    ("generate tiny transformers 8", "decode"),
                     ("decode tiny engine 6", "decode"), ("decode tiny static 6", "decode"),
                     ("train tiny cpu 64 flags cublas gemms", "train_step"), ("attention parity", "parity"), ("train tiny xla 64", "train_step"),
                     ("train tiny cpu 128", "train_step")]
@@ -116,6 +118,16 @@ def test_dry_run_on_the_device_image_writes_the_documented_report(tmp_path, half
         assert hf["setting"].startswith("static cache") and not hf["compiled"] and hf["setting_errors"] == []
         assert hf["calls"] == hf["prompts"] == 2 and hf["prompts_per_call"] == 1 and hf["attention"] == "sdpa"
         assert "- transformers tiny 4 rows: static cache, torch.compile" in md and "2 call(s) of 1 prompts" in md
+        # issue 41's diagnosis: the engine's programs under the profiler, their ops by the scopes
+        # engine/programs.py names (every op event matched an instruction of its program)
+        (sp,) = rep["decode_split"]
+        assert sp["rows"] == 8 and sp["decode_steps"] == 8 and sp["ok"], sp
+        segment = next(v for k, v in sp["programs"].items() if k.startswith("segment"))
+        assert "chunk" in sp["programs"] and segment["unmatched_events"] == 0 and segment["ops"] > 0
+        for kind in ("attention", "KV writes", "LM head and sampling", "matmuls"):
+            assert segment["categories"][kind] > 0, (kind, segment)
+        assert sp["programs"]["chunk"]["categories"]["LM head and sampling"] == 0   # prefill chooses no token
+        assert "engine time split, tiny 8 rows" in md and "| decode step |" in md
         return
     # rollout first (issue 41: the device's token parity right after the decodes), the kernels last
     assert plan[1] == "sampler parity" and plan[2] == "attention parity" and plan[-1].startswith("train")

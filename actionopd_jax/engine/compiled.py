@@ -24,6 +24,9 @@ class Programs:
 
     def __init__(self, backend: str, mesh):
         self.backend, self.mesh = backend, mesh
+        # XLA options beside the backend's own, part of every program's key: a profile compiles
+        # with command buffers off (benchmarks/device_check_split.py); empty for every run
+        self.options: dict[str, str] = {}
         self.stats = CompileStats()
         self._local: dict[str, tuple] = {}
 
@@ -44,13 +47,14 @@ class Programs:
         any of `args` may be abstract (jax.ShapeDtypeStruct, nothing allocated for it: the pool
         sizing compiles against a pool not allocated yet, engine/pool_fit.py), and a later
         `run` with concrete arguments of the same shapes, dtypes and placement finds it."""
-        key = (kind, args[0], _signature(args[1:]), tuple(sorted(static.items())), self.backend)
+        key = (kind, args[0], _signature(args[1:]), tuple(sorted(static.items())), self.backend,
+               tuple(sorted(self.options.items())))
         program = _PROGRAMS.get(key)
         if program is not None:
             return program
         t0 = time.perf_counter()
-        options = cpu_backend.compiler_options("decode" if kind.startswith("segment") else "prefill") \
-            if self.backend == "cpu" else ()
+        options = {**dict(cpu_backend.compiler_options("decode" if kind.startswith("segment") else "prefill")
+                          if self.backend == "cpu" else ()), **self.options}
         jitted = jax.jit(functools.partial(fn, **static), static_argnums=(0,), donate_argnums=donate)
         mesh = self.mesh()
         with set_mesh(mesh) if mesh is not None else contextlib.nullcontext():

@@ -42,7 +42,7 @@ from flax import nnx
 
 import actionopd_jax.sampling.cpu_backend as cpu_backend
 import actionopd_jax.sampling.decode as decode_lib
-from actionopd_jax.model.attention.dispatch import causal_self_attention
+from actionopd_jax.model.attention.dispatch import SCOPE as ATTENTION_SCOPE, causal_self_attention
 from actionopd_jax.model.attention.paged import copy_pages, paged_attention, write_rows
 from actionopd_jax.model.attention.paged_live import paged_attention_live
 from actionopd_jax.model.layers import rope_tables
@@ -123,12 +123,29 @@ def _layer_modules(model):
             for i in range(model.cfg.num_hidden_layers)]
 
 
+# Name scopes a profile sorts the engine's ops by (benchmarks/device_check_split.py, as
+# train/time_split.py sorts the update's): attention is model/attention's own scope
+KV_WRITE_SCOPE = "kv_write"        # the new keys and values written into their pages
+HEAD_SCOPE = "decode_head"         # the LM head and the token chooser
+
+
 def _attend(q, k_pages, v_pages, lengths, table, *, attention: str, q_positions=None):
     """The paged switch (model/attention/paged.py) with the engine's setting; "gather" on
     the CPU backend reads only the pages live slots have filled (paged_live.py)."""
-    if attention == "live":
-        return paged_attention_live(q, k_pages, v_pages, lengths, table, q_positions=q_positions)
-    return paged_attention(q, k_pages, v_pages, lengths, table, q_positions=q_positions, impl=attention)
+    with jax.named_scope(ATTENTION_SCOPE):
+        if attention == "live":
+            return paged_attention_live(q, k_pages, v_pages, lengths, table, q_positions=q_positions)
+        return paged_attention(q, k_pages, v_pages, lengths, table, q_positions=q_positions, impl=attention)
+
+
+def _shared_attend(q, pk, pv, lengths, groups, base: int, attention: str):
+    with jax.named_scope(ATTENTION_SCOPE):
+        return shared_attend(q, pk, pv, lengths, groups, base, attention)
+
+
+def _write(pk, pv, at, offset, k, v):
+    with jax.named_scope(KV_WRITE_SCOPE):
+        return write_rows(pk, at, offset, k), write_rows(pv, at, offset, v)
 
 
 # paged kernels that read pages for a chunk (paged_gpu: once per block of 16 tokens): a chunk whose
@@ -178,7 +195,7 @@ def prefill_chunk(graphdef: nnx.GraphDef, params: Any, pool: Pool, tokens: jax.A
         attn = layer.self_attn
         q, k, v = attn.project_qkv(layer.input_layernorm(h), cos, sin)     # [lanes, chunk, heads, Dh]
         at = page + i * per_layer
-        pk, pv = write_rows(pk, at, offset, k), write_rows(pv, at, offset, v)
+        pk, pv = _write(pk, pv, at, offset, k, v)
         if fresh:
             out = causal_self_attention(attn.group_queries(q), k, v, keys_seen, dt, fresh_impl, None)
         else:
@@ -283,9 +300,9 @@ def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots
                 qkv_w, o_w, gate_up_w, down_w = fused[j]
                 q, k, v = attn.project_qkv(layer.input_layernorm(h), cos, sin, qkv_w)   # [S, 1, heads, Dh]
                 at = page + j * per_layer
-                pk, pv = write_rows(pk, at, offset, k[:, 0]), write_rows(pv, at, offset, v[:, 0])
+                pk, pv = _write(pk, pv, at, offset, k[:, 0], v[:, 0])
                 if groups is not None:
-                    out = shared_attend(q, pk, pv, pos + 1, groups, j * per_layer, attention)
+                    out = _shared_attend(q, pk, pv, pos + 1, groups, j * per_layer, attention)
                 else:
                     out = _attend(q, pk, pv, pos + 1, s.table + j * per_layer, attention=attention)
                 h = h + attn.output(out, o_w)
@@ -299,9 +316,9 @@ def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots
             attn = layer.self_attn
             q, k, v = attn.project_qkv(layer.input_layernorm(h), cos, sin)
             at = page + j * per_layer
-            pk, pv = write_rows(pk, at, offset, k[:, 0]), write_rows(pv, at, offset, v[:, 0])
+            pk, pv = _write(pk, pv, at, offset, k[:, 0], v[:, 0])
             if groups is not None:
-                out = shared_attend(q, pk, pv, pos + 1, groups, j * per_layer, attention)
+                out = _shared_attend(q, pk, pv, pos + 1, groups, j * per_layer, attention)
             else:
                 out = _attend(q, pk, pv, pos + 1, s.table + j * per_layer, attention=attention)
             h = h + attn.output(out)
@@ -337,7 +354,8 @@ def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots
         h, pk, pv = decoder(h, pk, pv, s, page, offset, cos, sin)
         hidden = jnp.where(s.fresh[:, None], s.fresh_hidden.astype(dt), model.norm(h)[:, 0])
         running = ~s.done
-        tok, logp, fell_back = choose(hidden, step_keys(s), rows, running)
+        with jax.named_scope(HEAD_SCOPE):
+            tok, logp, fell_back = choose(hidden, step_keys(s), rows, running)
         s = s.replace(lengths=jnp.where(feeding, pos + 1, pos), fresh=jnp.zeros_like(s.fresh))
         s, out_tok, out_lp, produced = record(s, out_tok, out_lp, produced, tok, logp, running)
         return i + 1, pk, pv, s, out_tok, out_lp, produced, fallbacks + fell_back.astype(jnp.int32)
@@ -355,5 +373,5 @@ def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots
                                         head_fallbacks=fallbacks)
 
 
-__all__ = ["FRESH_PREFILL", "Groups", "Pool", "SHARED_ATTENTION", "SHARE_WIDTH", "SegmentOut", "Slots", "empty_pool",
+__all__ = ["FRESH_PREFILL", "Groups", "HEAD_SCOPE", "KV_WRITE_SCOPE", "Pool", "SHARED_ATTENTION", "SHARE_WIDTH", "SegmentOut", "Slots", "empty_pool",
            "prefill_chunk", "row_buckets", "segment"]

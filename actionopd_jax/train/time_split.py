@@ -38,9 +38,9 @@ from actionopd_jax.aot.hlo_text import computation_header, instruction
 CATEGORIES = ("attention forward", "attention backward", "matmuls forward", "matmuls backward", "LM head",
               "optimizer", "collectives", "other")
 NO_COMMAND_BUFFERS = {"xla_gpu_enable_command_buffer": ""}
-_COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
+COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
                 "ragged-all-to-all", "collective-broadcast")
-_CONTROL = ("while", "conditional", "call", "tuple", "get-tuple-element", "parameter", "constant", "bitcast")
+CONTROL = ("while", "conditional", "call", "tuple", "get-tuple-element", "parameter", "constant", "bitcast")
 _SCOPES = {"attention": "attention", "lm_head": "LM head", "lm_head_bwd": "LM head", "optimizer": "optimizer"}
 
 _OP_NAME = re.compile(r'op_name="([^"]*)"')
@@ -71,10 +71,11 @@ def parse_hlo(text: str) -> dict[str, dict]:
     return instrs
 
 
-def _scope(op_name: str) -> str | None:
+def scope_of(op_name: str, scopes: dict[str, str] = _SCOPES) -> str | None:
+    """The kind `scopes` gives the first of the op's name scopes it names."""
     for part in re.split(r"[/()]", op_name):
-        if part in _SCOPES:
-            return _SCOPES[part]
+        if part in scopes:
+            return scopes[part]
     return None
 
 
@@ -82,12 +83,12 @@ def category(ins: dict) -> str | None:
     """The kind of one instruction (module docstring); None: control flow, not timed itself."""
     op, name, target = ins["opcode"], ins["op_name"], ins["target"].lower()
     base = op.removesuffix("-start").removesuffix("-done")
-    if base in _COLLECTIVES:
+    if base in COLLECTIVES:
         return "collectives"
-    if op in _CONTROL:
+    if op in CONTROL:
         return None
     backward = "transpose(" in name
-    scope = _scope(name)
+    scope = scope_of(name)
     if scope == "attention" or "fmha" in target:
         return "attention backward" if backward or "backward" in target else "attention forward"
     if scope:
@@ -97,7 +98,8 @@ def category(ins: dict) -> str | None:
     return "other"
 
 
-def _events(trace_dir: str) -> list[dict]:
+def events_in(trace_dir: str) -> list[dict]:
+    """The trace events jax's profiler wrote under `trace_dir` (its newest trace)."""
     paths = sorted(glob.glob(os.path.join(trace_dir, "**", "perfetto_trace.json.gz"), recursive=True)) or \
         sorted(glob.glob(os.path.join(trace_dir, "**", "*.trace.json.gz"), recursive=True))
     if not paths:
@@ -107,9 +109,12 @@ def _events(trace_dir: str) -> list[dict]:
     return data["traceEvents"] if isinstance(data, dict) else data
 
 
-def split_events(events: list[dict], hlo_text: str, steps: int = 1) -> dict:
+def split_events(events: list[dict], hlo_text: str, steps: int = 1, *, categorize=category,
+                 categories: tuple[str, ...] = CATEGORIES, scopes: dict[str, str] = _SCOPES) -> dict:
     """Seconds per step by kind, from trace events of `steps` runs of the program `hlo_text`.
-    Device tracks ("/device:...") where the trace has them, else the host's (CPU backend)."""
+    Device tracks ("/device:...") where the trace has them, else the host's (CPU backend).
+    `categorize(instruction) -> kind | None` over `categories`, whose name `scopes` are counted
+    (the update's by default; the engine's programs have their own, benchmarks/device_check_split.py)."""
     module = re.search(r"HloModule\s+([\w.\-]+)", hlo_text)
     module = module.group(1) if module else ""
     names = {e["pid"]: e.get("args", {}).get("name", "") for e in events
@@ -128,16 +133,16 @@ def split_events(events: list[dict], hlo_text: str, steps: int = 1) -> dict:
             unknown += 1
             continue
         per_op[op] += float(e.get("dur", 0.0)) * 1e-6 / steps
-    totals = dict.fromkeys(CATEGORIES, 0.0)
+    totals = dict.fromkeys(categories, 0.0)
     top = []
     for op, s in per_op.items():
-        kind = category(instrs[op])
+        kind = categorize(instrs[op])
         if kind is None:
             continue
         totals[kind] += s
         top.append((s, op, kind))
     top.sort(reverse=True)
-    scoped = sum(_scope(ins["op_name"]) is not None for ins in instrs.values())
+    scoped = sum(scope_of(ins["op_name"], scopes) is not None for ins in instrs.values())
     return {"categories": {k: round(v, 6) for k, v in totals.items()}, "ops_s": round(sum(totals.values()), 6),
             "ops": len(per_op), "unmatched_events": unknown, "scoped_instructions": scoped,
             "tracks": "device" if device else "host",
@@ -173,7 +178,7 @@ def profile_update(step, state, batch, *, steps: int = 1) -> tuple[dict, dict]:
                 wall = (time.perf_counter() - t0) / steps
             finally:
                 jax.profiler.stop_trace()
-            out = split_events(_events(trace_dir), compiled.as_text(), steps)
+            out = split_events(events_in(trace_dir), compiled.as_text(), steps)
     out["profiled_step_s"] = float(f"{wall:.6g}")
     out["command_buffers"] = buffers
     if not out["ops"]:
@@ -186,4 +191,6 @@ def profile_update(step, state, batch, *, steps: int = 1) -> tuple[dict, dict]:
     return out, state
 
 
-__all__ = ["CATEGORIES", "category", "parse_hlo", "profile_update", "split_events"]
+__all__ = ["CATEGORIES", "COLLECTIVES", "CONTROL", "NO_COMMAND_BUFFERS", "category", "events_in", "parse_hlo",
+           "profile_update", "scope_of", "split_events"]
+
