@@ -120,3 +120,52 @@ def test_the_run_confirms_on_accelerators_only(compiled, monkeypatch):
     assert confirm_for_run(cfg, qcfg, None) == (cfg, None)     # no known memory: nothing to hold it to
     got, line = confirm_for_run(cfg, qcfg, limit)
     assert got.model.remat in ("dots", "full") and "over it: none XLA" in line
+
+
+def test_the_confirming_compile_is_loaded_by_the_runs_own_update(tmp_path):
+    """The confirmation compiles through the persistent cache: a fresh TrainStep's first update
+    of the same shapes (what the trainer builds) is a cache hit, not a second compile."""
+    import numpy as np
+    from jax._src import compilation_cache
+
+    from actionopd_jax.train.aot_check import aot_lengths, update_shapes
+    from actionopd_jax.train.batching import Row, pack_minibatch
+    from actionopd_jax.train.setup import build_train_step, initial_params
+
+    events = []
+
+    def listen(event, **_):
+        events.append(event)
+    jax.monitoring.register_event_listener(listen)
+    saved = {k: getattr(jax.config, k) for k in ("jax_enable_compilation_cache", "jax_compilation_cache_dir",
+                                                 "jax_persistent_cache_min_compile_time_secs",
+                                                 "jax_persistent_cache_min_entry_size_bytes")}
+    cfg = tiny("dots")
+    qcfg = model_config(cfg)
+    mesh = make_mesh({"data": 1, "fsdp": 1, "tensor": 1}, devices=jax.devices()[:1])
+    try:
+        jax.config.update("jax_enable_compilation_cache", True)
+        jax.config.update("jax_compilation_cache_dir", str(tmp_path))
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+        jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+        compilation_cache.reset_cache()
+        got, _, _ = confirm_by_compile(cfg, qcfg, mesh, attention="xla", usable_bytes=2.0**40)
+        assert got.model.remat == "dots" and any(tmp_path.iterdir())
+        step = build_train_step(got, qcfg, mesh)        # another step object: no in-memory reuse
+        rows, seq, resp, _, _ = update_shapes(got, aot_lengths(got)[-1])
+        rng = np.random.default_rng(0)
+        data = [Row(rng.integers(10, qcfg.vocab_size, size=seq - resp).astype(np.int32),
+                    rng.integers(10, qcfg.vocab_size, size=resp).astype(np.int32), 1.0) for _ in range(rows)]
+        mb = pack_minibatch(data, list(range(rows)), microbatches=1, microbatch_rows=rows, seq_len=seq, resp_len=resp)
+        state = step.init_state(initial_params(got, qcfg, mesh))
+        events.clear()
+        state, m = step.update(state, step.put_batch(mb.arrays))
+        assert np.isfinite(float(m["loss"]))
+        assert "/jax/compilation_cache/cache_hits" in events, events
+    finally:
+        for k, v in saved.items():
+            jax.config.update(k, v)
+        compilation_cache.reset_cache()
+        from jax._src import monitoring
+
+        getattr(monitoring, "_unregister_event_listener_by_callback", lambda _: None)(listen)

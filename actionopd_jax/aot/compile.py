@@ -86,13 +86,17 @@ def _verdict(text: str) -> tuple[str, bool]:
     return (lines[0] if lines else "compile failed")[:300], "RESOURCE_EXHAUSTED" in text
 
 
-def compile_for(jitted, args: tuple, *, label: str, mesh=None, kwargs: dict | None = None) -> CompileReport:
+def compile_for(jitted, args: tuple, *, label: str, mesh=None, kwargs: dict | None = None,
+                persistent_cache: bool = False) -> CompileReport:
     """`jitted.lower(*args).compile()` (under `mesh`), never raising for compiler errors: an
-    out-of-memory or lowering failure is a result to print, not a crash of the check."""
+    out-of-memory or lowering failure is a result to print, not a crash of the check.
+    persistent_cache: compiled for this host's own devices, through the persistent cache where
+    it is on (a later compile of the same program then loads it); else never (a target's)."""
     report = CompileReport(label=label)
     t0 = time.perf_counter()
     try:
-        with no_persistent_cache(), set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
+        with contextlib.nullcontext() if persistent_cache else no_persistent_cache(), \
+                set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
             compiled = jitted.lower(*args, **(kwargs or {})).compile()
     except Exception as e:  # noqa: BLE001 - the compiler's verdict is the result
         report.compile_s = time.perf_counter() - t0

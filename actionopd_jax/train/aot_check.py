@@ -91,12 +91,12 @@ def _abstract_batch(step, rows: int, seq_len: int, resp_len: int, behaviour: boo
 
 
 def _compile_step(cfg: Config, qcfg: Qwen3Config, mesh, rows: int, seq_len: int, resp_len: int,
-                  label: str, runtime=None) -> CompileReport:
+                  label: str, runtime=None, persistent_cache: bool = False) -> CompileReport:
     from actionopd_jax.train.setup import build_train_step
 
     step = build_train_step(cfg, qcfg, mesh, runtime)
     args = (step.abstract_state(), _abstract_batch(step, rows, seq_len, resp_len, cfg.collect.max_staleness >= 1))
-    return compile_for(step._update, args, label=label, mesh=mesh)
+    return compile_for(step._update, args, label=label, mesh=mesh, persistent_cache=persistent_cache)
 
 
 def target_mesh(cfg: Config, target: Target):
@@ -124,11 +124,12 @@ def update_shapes(cfg: Config, seq_len: int) -> tuple[int, int, int, SharedPrefi
     return rows, seq_len, resp_len, layout, label
 
 
-def update_memory(cfg: Config, qcfg: Qwen3Config, mesh) -> CompileReport:
+def update_memory(cfg: Config, qcfg: Qwen3Config, mesh, *, persistent_cache: bool = False) -> CompileReport:
     """The run's update at its largest sequence bucket, compiled on `mesh` (this host's devices
-    or a target's): the compiler's memory verdict, without the cost twins."""
+    or a target's): the compiler's memory verdict, without the cost twins. persistent_cache:
+    `mesh` is this host's own devices (aot.compile_for)."""
     rows, seq_len, resp_len, _, label = update_shapes(cfg, aot_lengths(cfg)[-1])
-    return _compile_step(cfg, qcfg, mesh, rows, seq_len, resp_len, label)
+    return _compile_step(cfg, qcfg, mesh, rows, seq_len, resp_len, label, persistent_cache=persistent_cache)
 
 
 def estimate_step(cfg: Config, qcfg: Qwen3Config, target: Target, seq_len: int, *,

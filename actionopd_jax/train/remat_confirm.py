@@ -14,8 +14,11 @@ compiler itself runs out of memory, the next policy in the order is compiled, un
 where none does, the run is refused with every policy's figures. On a GPU, XLA allocates a
 program's temporaries as one block, so its analysis is the program's own peak.
 
-Cost: one compile of the update at start-up, one more for each policy that does not fit. The
-CPU reports no memory limit and is not checked (auto needs mesh.device_memory_gb there).
+Cost: one compile of the update at start-up, one more for each policy that does not fit. It
+goes through the persistent compilation cache (`run.compile_cache_dir`), so the run's update at
+its largest sequence bucket loads that program instead of compiling it again
+(tests/test_remat_confirm.py: a fresh TrainStep's first update at that bucket hits the cache). The CPU reports no memory limit and is not checked
+(auto needs mesh.device_memory_gb there).
 """
 
 from __future__ import annotations
@@ -51,8 +54,11 @@ def confirm_by_compile(cfg: Config, qcfg: Qwen3Config, mesh, *, attention: str, 
     `compile_update(cfg, qcfg, mesh) -> aot.CompileReport`: train/aot_check.update_memory unless
     given. A compile error other than running out of memory is raised: every later policy would
     meet it at the run's first update too."""
-    if compile_update is None:
-        from actionopd_jax.train.aot_check import update_memory as compile_update
+    if compile_update is None:   # through the persistent cache: the run's own compile then loads it
+        import functools
+
+        from actionopd_jax.train.aot_check import update_memory
+        compile_update = functools.partial(update_memory, persistent_cache=True)
     order = order_for(attention)
     if cfg.model.remat not in order:
         raise ValueError(f"confirm_by_compile: remat {cfg.model.remat!r} is not one of {order}")
