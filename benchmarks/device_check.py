@@ -26,7 +26,8 @@ is (nothing installed: the repository on PYTHONPATH and the jax already there).
       profiler, its time split by kind (train/time_split.py): compile s, step s, tokens/s,
       MFU, peak memory against `train --check`'s plan;
    6. the engine's time split at 256 slots, 32 new tokens (device_check_split.py: one call under
-      the profiler, each program's ops by kind); `generate` on the 256-slot workload, in calls
+      the profiler, each program's ops by kind); issue 41's attention candidates on one layer
+      at those shapes (device_check_kernels.py); `generate` on the 256-slot workload, in calls
       of as many prompts as memory holds;
       decode at Qwen3-0.6B shapes, 256 slots; on a GPU, step 5's train step again under each
       XLA flag candidate (device_check_shapes.TRAIN_XLA_FLAGS), each in a process of its own;
@@ -67,7 +68,7 @@ from device_check_shapes import DECODE, TRAIN_XLA_FLAGS, choose, gpu_memory_byte
 
 STARTUP_LIMIT_S = 180.0  # the child's jax import and device start, before its first measurement
 EVENTS = "device_check_events.jsonl"
-SECTIONS = ("ceilings", "parity", "train_step", "decode", "decode_split")
+SECTIONS = ("ceilings", "parity", "train_step", "decode", "decode_split", "attention_kernels")
 
 def stages(mode: str, platform: str, shapes: dict | None = None) -> list[tuple[str, str, float, dict]]:
     """(name, report section, time limit s, call) of every measurement, in the order they run:
@@ -108,6 +109,7 @@ def stages(mode: str, platform: str, shapes: dict | None = None) -> list[tuple[s
     split = [] if f"decode {wp} engine {slots}" in dropped else [
         (f"split decode {wp} engine {slots}", "decode_split", 120.0 if dev else 60.0,
          {"fn": "split", "work": "big", "own": dev, "pool_pages": shapes["decode"]["big"]["pool_pages"]})]
+    split.append((f"kernels {wp} {slots}", "attention_kernels", 90.0 if dev else 60.0, {"fn": "kernels", "own": dev}))
     # issue 42's XLA flag candidates (on a GPU; a dry run proves the path): the first step again,
     # each alone, as XLA reads the flags once per process
     flagged = [(f"{name} flags {label}", sec, lim, {**spec, "split": False, "own": True, "xla_flags": flags})
@@ -151,6 +153,7 @@ def child(mode: str, names: list[str], out_dir: Path, memory: int | None = None,
     import jax
 
     import device_check_decode as dec
+    import device_check_kernels as kn
     import device_check_split as sp
     import device_check_work as w
 
@@ -186,7 +189,9 @@ def child(mode: str, names: list[str], out_dir: Path, memory: int | None = None,
                                        split=spec.get("split", False))
         if fn == "sampler parity":
             return w.sampler_parity(devices[0], bf16=dev)
-        preset, slots, samples, lo, hi, new = DECODE[mode][spec["work"]]
+        preset, slots, samples, lo, hi, new = DECODE[mode][spec.get("work", "big")]
+        if fn == "kernels":   # issue 41's attention candidates on one layer of the 256-row workload
+            return kn.kernel_stage(mode, DECODE[mode]["big"])
         if fn == "split":   # a short run: the trace of 32 steps says enough, and reads in seconds
             return sp.engine_split(preset, slots=slots, samples=samples, lo=lo, hi=hi, max_new=min(new, 32),
                                    pool_pages=spec["pool_pages"])

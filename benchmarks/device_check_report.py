@@ -38,6 +38,9 @@ def apply_ceilings(rep: dict) -> None:
     for t in rep.get("train_step", []):
         if "step_s" in t:
             t["mfu"] = None if flops is None else round(t["model_flops"] / (t["step_s"] * flops * n), 4)
+    for k in rep.get("attention_kernels", []):   # the bound's bytes over the call's time, against the copy's
+        if "s" in k:
+            k["fraction_of_copy"] = None if bw is None else round(k["kv_bytes"] / k["s"] / bw, 4)
     for d in rep.get("decode", []):
         if "tokens_per_s" in d:
             bound = None if bw is None else d["rows"] * bw / (d["weight_bytes"] + d["kv_bytes_mean"])
@@ -153,7 +156,7 @@ def markdown(rep: dict) -> str:
                      f"{'yes' if d['compiled'] else 'no'}), {d['attention']} attention, {d['calls']} call(s) of "
                      f"{d['prompts_per_call']} prompts" + (f"; not run: {'; '.join(d['setting_errors'])}"
                                                           if d["setting_errors"] else ""))
-    lines += engine_split_lines(rep.get("decode_split", []))
+    lines += engine_split_lines(rep.get("decode_split", [])) + kernel_lines(rep.get("attention_kernels", []))
     if rep["mode"] == "device":
         lines += ["", "| goal | verdict |", "| --- | --- |"] + [f"| {g} | {v} |" for g, v in goals(rep)]
     if rep["timed_out"]:
@@ -203,6 +206,26 @@ def _without_optimizer(t: dict, optimizer_s: float) -> list[str]:
     return [f"derived, not timed: the step less the split's {optimizer_s * 1e3:,.1f} ms of optimizer runs its "
             f"forward and backward at {per(mb):.0f} TFLOP/s per chip; the recipe's update ({m} microbatches, then "
             f"one AdamW update) at {per(mb + optimizer_s / m):.0f}"]
+
+
+def kernel_lines(rows: list[dict]) -> list[str]:
+    """Issue 41's attention candidates on one layer (device_check_kernels.py)."""
+    if not rows:
+        return []
+    r0 = rows[0]
+    lines = ["", f"decode attention, one layer: {r0['rows']} rows, {r0['prompts']} prompts of "
+                 f"{r0['prompt_lens'][0]:,}-{r0['prompt_lens'][1]:,} tokens + {r0['reply']} each, "
+                 f"{r0['q_heads']} query / {r0['kv_heads']} KV heads of {r0['head_dim']}; the bound's bytes "
+                 f"{r0['kv_bytes'] / 2 ** 20:,.1f} MiB (each prompt once)", "",
+             "| kernel | ms a call | bound's bytes / s, of the copy ceiling | max abs diff from gather | |",
+             "| --- | --- | --- | --- | --- |"]
+    for k in rows:
+        if "s" in k:
+            lines.append(f"| {k['kernel']} | {k['s'] * 1e3:,.3f} | {_fmt(k.get('fraction_of_copy'), '{:.1%}')} | "
+                         f"{k['max_abs_err']:.4f} | {'' if k['ok'] else 'FAILED (differs)'} |")
+        else:
+            lines.append(f"| {k['kernel']} | - | - | - | {k.get('not_run') or 'FAILED: ' + k.get('error', '')} |")
+    return lines
 
 
 def engine_split_lines(rows: list[dict]) -> list[str]:

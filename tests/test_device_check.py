@@ -60,7 +60,7 @@ def test_the_image_hides_what_the_device_lacks_and_the_editable_install():
 # its own (~20 s under load); the plan itself is checked whole below.
 HALVES = {"decode": ("ceilings", "decode tiny engine 4", "decode tiny static 4", "generate tiny transformers 4",
                      "split decode tiny engine 8"),
-          "kernels and train": ("ceilings", "sampler parity", "attention parity", "train tiny cpu 64",
+          "kernels and train": ("ceilings", "sampler parity", "attention parity", "kernels tiny 8", "train tiny cpu 64",
                                 "train tiny xla 64", "train tiny cpu 64 flags cublas gemms")}
 
 
@@ -71,6 +71,7 @@ def test_the_dry_run_plan_has_every_measurement_in_the_order_of_value():
                     ("decode tiny engine 4", "decode"), ("decode tiny static 4", "decode"),
                     ("generate tiny transformers 4", "decode"), ("sampler parity", "parity"),
                     ("train tiny cpu 64", "train_step"), ("split decode tiny engine 8", "decode_split"),
+                    ("kernels tiny 8", "attention_kernels"),
                     ("generate tiny transformers 8", "decode"),
                     ("decode tiny engine 6", "decode"), ("decode tiny static 6", "decode"),
                     ("train tiny cpu 64 flags cublas gemms", "train_step"), ("attention parity", "parity"), ("train tiny xla 64", "train_step"),
@@ -131,6 +132,14 @@ def test_dry_run_on_the_device_image_writes_the_documented_report(tmp_path, half
         return
     # rollout first (issue 41: the device's token parity right after the decodes), the kernels last
     assert plan[1] == "sampler parity" and plan[2] == "attention parity" and plan[-1].startswith("train")
+    # issue 41's attention candidates on one layer: ours (shared and per slot) and jax's kernel in
+    # interpret mode, equal to the gather reference; cuDNN not run on a CPU, and said so
+    kernels = {k["kernel"]: k for k in rep["attention_kernels"]}
+    assert list(kernels) == ["gather", "ours, shared prompt", "ours, per slot", "jax paged kernel", "cuDNN paged"]
+    for name in ("gather", "ours, shared prompt", "ours, per slot"):
+        assert kernels[name]["ok"] and kernels[name]["s"] > 0 and kernels[name]["max_abs_err"] <= 0.05, kernels[name]
+    assert "cuDNN" in kernels["cuDNN paged"]["not_run"] and kernels["gather"]["max_abs_err"] == 0
+    assert "decode attention, one layer: 8 rows, 2 prompts" in md and "| ours, shared prompt |" in md
     checks = {p["check"]: p for p in rep["parity"]}
     attention = checks["attention cpu vs xla"]
     assert attention["forward_rel_err"] <= dc_tol()[0] and attention["grad_rel_err"] <= dc_tol()[1]

@@ -137,3 +137,21 @@ def test_the_split_derives_the_recipes_rate_without_the_per_step_optimizer():
         report.markdown({**rep, "train_step": [two], "elapsed_s": 0, "ok": True})
     no_opt = {**first, "split": {**first["split"], "categories": {"matmuls forward": 0.1}}}
     assert "derived, not timed" not in report.markdown({**rep, "train_step": [no_opt], "elapsed_s": 0, "ok": True})
+
+
+def test_attention_candidates_are_held_to_the_copy_ceiling_and_failures_named():
+    """Issue 41's kernel candidates (device_check_kernels.py): the bound's bytes over a call's
+    time against the run's measured copy bandwidth; a candidate that failed shows its error."""
+    rep = json.loads((ROOT / "docs/results/device_check_h200_2026-12-04_run1.json").read_text())
+    bw = next(c for c in rep["ceilings"] if c.get("ok"))["copy_bytes_per_s"]
+    common = {"rows": 256, "prompts": 64, "prompt_lens": [1024, 4096], "reply": 128, "kv_heads": 8, "q_heads": 32,
+              "head_dim": 128, "kv_bytes": int(bw * 0.002)}       # the bound's bytes: 2 ms at the copy's rate
+    rep["attention_kernels"] = [
+        {**common, "kernel": "gather", "s": 0.008, "max_abs_err": 0.0, "ok": True},
+        {**common, "kernel": "ours, shared prompt", "s": 0.0025, "max_abs_err": 0.004, "ok": True},
+        {**common, "kernel": "cuDNN paged", "ok": True, "error": "XlaRuntimeError: UNIMPLEMENTED: paged decode"}]
+    report.apply_ceilings(rep)
+    assert [k.get("fraction_of_copy") for k in rep["attention_kernels"]] == [0.25, 0.8, None]
+    text = report.markdown({**rep, "elapsed_s": 0, "ok": True})
+    assert "| ours, shared prompt | 2.500 | 80.0% | 0.0040 |  |" in text
+    assert "| cuDNN paged | - | - | - | FAILED: XlaRuntimeError: UNIMPLEMENTED: paged decode |" in text
