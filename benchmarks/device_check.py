@@ -104,22 +104,22 @@ def stages(mode: str, platform: str, shapes: dict | None = None) -> list[tuple[s
                       {"fn": "train", "preset": preset, "attention": t["attention"], "seq": t["seq"], "resp": resp,
                        "param_dtype": t["param_dtype"], "remat": t.get("remat"), "own": dev,
                        "split": i == 0}))     # the first (most valuable) step also runs under the profiler
-    # issue 41's diagnosis: where the engine's time goes at 256 rows (device_check_split.py)
-    wp, slots, *_ = DECODE[mode]["big"]
+    wp, slots, *_ = DECODE[mode]["big"]     # issue 41's diagnosis at 256 rows: the engine's split, the kernels
     split = [] if f"decode {wp} engine {slots}" in dropped else [
         (f"split decode {wp} engine {slots}", "decode_split", 120.0 if dev else 60.0,
          {"fn": "split", "work": "big", "own": dev, "pool_pages": shapes["decode"]["big"]["pool_pages"]})]
-    split.append((f"kernels {wp} {slots}", "attention_kernels", 90.0 if dev else 60.0, {"fn": "kernels", "own": dev}))
-    # issue 42's XLA flag candidates (on a GPU; a dry run proves the path): the first step again,
-    # each alone, as XLA reads the flags once per process
+    split += [(f"kernels {wp} {slots}", "attention_kernels", 90.0 if dev else 60.0, {"fn": "kernels", "own": dev})
+              ] if platform == "gpu" or not dev else []       # the candidates are GPU kernels
+    # issue 42's XLA flag candidates (GPU; a dry run proves the path): the first step, alone (flags are read once)
     flagged = [(f"{name} flags {label}", sec, lim, {**spec, "split": False, "own": True, "xla_flags": flags})
                for label, flags in TRAIN_XLA_FLAGS.items() for name, sec, lim, spec in train[:1]
                if platform == "gpu" or not dev]
     # the order of value: rollout, issue 41's weak half (the 4B decodes at 256 and 64 rows, the
     # transformers reference at 64, the device's token parity); then issue 42's first train step
     # (remat by this device's memory, with its time split), which one visit's two calls should
-    # still reach; then the rest of 41 (transformers at 256 rows, the 0.6B decodes), the kernels'
-    # parity and the other train steps (the recipe's, measured on the H200 in run 1)
+    # still reach; 41's diagnosis (the engine's split, the attention candidates), what the next
+    # fix needs if the decodes miss; the rest of 41 (transformers at 256, the 0.6B decodes), the
+    # kernels' parity and the other train steps (the recipe's, measured on the H200 in run 1)
     return ([("ceilings", "ceilings", 60.0, {"fn": "ceilings"})] + decode("big") + decode("small") +
             [generate("small"), ("sampler parity", "parity", 90.0, {"fn": "sampler parity"})] + train[:1] + split +
             [generate("big")] + decode("0.6b") + flagged + [("attention parity", "parity", 60.0, {"fn": "attention"})]

@@ -221,11 +221,10 @@ def train(cfg: Config, args) -> int:
     distributed.initialize(cfg.run.distributed)
     cache_note = off_for_cpu_cluster()
     if cfg.model.remat == "auto":  # chosen as --check chose it, from this host's devices
-        from actionopd_jax.train.preflight import mesh_sizes, placement
-        from actionopd_jax.train.setup import plan_model_config
-
         from actionopd_jax.train.plan import GIB
+        from actionopd_jax.train.preflight import mesh_sizes, placement
         from actionopd_jax.train.remat_confirm import confirm_for_run
+        from actionopd_jax.train.setup import plan_model_config
 
         where = placement(cfg)
         qcfg = plan_model_config(cfg, [])[1]

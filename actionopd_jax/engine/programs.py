@@ -373,5 +373,5 @@ def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots
                                         head_fallbacks=fallbacks)
 
 
-__all__ = ["FRESH_PREFILL", "Groups", "HEAD_SCOPE", "KV_WRITE_SCOPE", "Pool", "SHARED_ATTENTION", "SHARE_WIDTH", "SegmentOut", "Slots", "empty_pool",
-           "prefill_chunk", "row_buckets", "segment"]
+__all__ = ["FRESH_PREFILL", "Groups", "HEAD_SCOPE", "KV_WRITE_SCOPE", "Pool", "SHARED_ATTENTION", "SHARE_WIDTH",
+           "SegmentOut", "Slots", "empty_pool", "prefill_chunk", "row_buckets", "segment"]

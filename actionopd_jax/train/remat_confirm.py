@@ -11,14 +11,15 @@ So on an accelerator the chosen policy's update is compiled at start-up against 
 (nothing is allocated), and XLA's memory analysis (arguments + temporaries + outputs not written
 in place + code) is held to the same usable memory as the plan. Where it is over, or the
 compiler itself runs out of memory, the next policy in the order is compiled, until one fits;
-where none does, the run is refused with every policy's figures. On a GPU, XLA allocates a
-program's temporaries as one block, so its analysis is the program's own peak.
+where none does, the run is refused with every policy's figures. The compiler's figure counts
+its own buffers (library workspaces among its temporaries), not the allocator's fragmentation:
+the device check records it beside the measured peak, to say how close they come.
 
 Cost: one compile of the update at start-up, one more for each policy that does not fit. It
 goes through the persistent compilation cache (`run.compile_cache_dir`), so the run's update at
 its largest sequence bucket loads that program instead of compiling it again
-(tests/test_remat_confirm.py: a fresh TrainStep's first update at that bucket hits the cache). The CPU reports no memory limit and is not checked
-(auto needs mesh.device_memory_gb there).
+(tests/test_remat_confirm.py: a fresh TrainStep's first update at that bucket hits the cache).
+The CPU reports no memory limit and is not checked (auto needs mesh.device_memory_gb there).
 """
 
 from __future__ import annotations

@@ -39,7 +39,7 @@ CATEGORIES = ("attention forward", "attention backward", "matmuls forward", "mat
               "optimizer", "collectives", "other")
 NO_COMMAND_BUFFERS = {"xla_gpu_enable_command_buffer": ""}
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute",
-                "ragged-all-to-all", "collective-broadcast")
+               "ragged-all-to-all", "collective-broadcast")
 CONTROL = ("while", "conditional", "call", "tuple", "get-tuple-element", "parameter", "constant", "bitcast")
 _SCOPES = {"attention": "attention", "lm_head": "LM head", "lm_head_bwd": "LM head", "optimizer": "optimizer"}
 
@@ -193,4 +193,3 @@ def profile_update(step, state, batch, *, steps: int = 1) -> tuple[dict, dict]:
 
 __all__ = ["CATEGORIES", "COLLECTIVES", "CONTROL", "NO_COMMAND_BUFFERS", "category", "events_in", "parse_hlo",
            "profile_update", "scope_of", "split_events"]
-
