@@ -222,7 +222,7 @@ def kernel_lines(rows: list[dict]) -> list[str]:
     for k in rows:
         if "s" in k:
             lines.append(f"| {k['kernel']} | {k['s'] * 1e3:,.3f} | {_fmt(k.get('fraction_of_copy'), '{:.1%}')} | "
-                         f"{k['max_abs_err']:.4f} | {'' if k['ok'] else 'FAILED (differs)'} |")
+                         f"{_fmt(k['max_abs_err'], '{:.4f}')} | {'' if k['ok'] else 'FAILED (differs)'} |")
         else:
             lines.append(f"| {k['kernel']} | - | - | - | {k.get('not_run') or 'FAILED: ' + k.get('error', '')} |")
     return lines

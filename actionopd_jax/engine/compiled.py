@@ -55,7 +55,7 @@ class Programs:
         t0 = time.perf_counter()
         options = {**dict(cpu_backend.compiler_options("decode" if kind.startswith("segment") else "prefill")
                           if self.backend == "cpu" else ()), **self.options}
-        jitted = jax.jit(functools.partial(fn, **static), static_argnums=(0,), donate_argnums=donate)
+        jitted = jax.jit(_named(kind, fn, static), static_argnums=(0,), donate_argnums=donate)
         mesh = self.mesh()
         with set_mesh(mesh) if mesh is not None else contextlib.nullcontext():
             program = jitted.lower(*args).compile(compiler_options=dict(options))
@@ -65,6 +65,18 @@ class Programs:
         self.stats.shapes.append((kind, round(took, 2)))
         _PROGRAMS[key] = program
         return program
+
+
+def _named(kind: str, fn, static: dict):
+    """fn(*args, **static) named `kind`: the compiled module is then jit_<kind>, so a profile (or
+    an out-of-memory message) tells the engine's programs apart, a fresh prefill chunk from a
+    continuing one and each row count's segment (all were jit_prefill_chunk / jit_segment)."""
+    bound = functools.partial(fn, **static)
+
+    def program(*args):
+        return bound(*args)
+    program.__name__ = program.__qualname__ = kind
+    return program
 
 
 __all__ = ["Programs"]
