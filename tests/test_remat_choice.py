@@ -237,3 +237,16 @@ def test_check_aot_compiles_the_policy_auto_chose(capsys):
     assert "remat      auto -> full: planned peak" in out
     assert "AOT compiles full remat (model.remat=auto's choice)" in out
     assert code == 2 and "AOT: h200x1: this jax cannot compile for a GPU without one" in out
+
+
+def test_check_takes_the_runs_share_of_gpu_memory(monkeypatch, capsys):
+    """On a GPU host `--check` plans with this host's usable memory, jax's `bytes_limit`: it
+    sets XLA's share as the run does (USABLE_MEMORY_FRACTION), not jax's default 75%, so the
+    policy it prints is the one the run chooses. (On this CPU host the share changes nothing;
+    the variable is what the GPU reads at start-up.)"""
+    import os
+
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    args = ["--config", str(CONFIGS / "qwen3_4b_h200.yaml"), "--check", "mesh.target=h200x1"]
+    assert train_cli.main(args) in (0, 1), capsys.readouterr()
+    assert os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] == f"{USABLE_MEMORY_FRACTION:.2f}"

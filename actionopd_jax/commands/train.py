@@ -72,6 +72,9 @@ def check(cfg: Config, devices: int = 0) -> int:
     processes: what the run would refuse raises the same ConfigError. 0 when the plan fits, 1
     when the estimate exceeds the usable memory. Planned for this host's own accelerators,
     `model.remat: auto`'s choice is compiled here as the run's start-up compiles it."""
+    # before the first device query, as `train` sets it: on a GPU this host's usable memory is
+    # then the run's share (jax's own default is 75%: `--check` planned, and chose remat, for less)
+    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{USABLE_MEMORY_FRACTION:.2f}")
     from actionopd_jax.baselines.wiring import check_collection
     from actionopd_jax.train import remat_choice
     from actionopd_jax.train.plan import describe
