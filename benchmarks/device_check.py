@@ -108,7 +108,7 @@ def stages(mode: str, platform: str, shapes: dict | None = None) -> list[tuple[s
     split = [] if f"decode {wp} engine {slots}" in dropped else [
         (f"split decode {wp} engine {slots}", "decode_split", 120.0 if dev else 60.0,
          {"fn": "split", "work": "big", "own": dev, "pool_pages": shapes["decode"]["big"]["pool_pages"]})]
-    split += [(f"kernels {wp} {slots}", "attention_kernels", 90.0 if dev else 60.0, {"fn": "kernels", "own": dev})
+    split += [(f"kernels {wp} {slots}", "attention_kernels", 90.0 if dev else 60.0, {"fn": "kernels", "work": "big", "own": dev})
               ] if platform == "gpu" or not dev else []       # the candidates are GPU kernels
     # issue 42's XLA flag candidates (GPU; a dry run proves the path): the first step, alone (flags are read once)
     flagged = [(f"{name} flags {label}", sec, lim, {**spec, "split": False, "own": True, "xla_flags": flags})
@@ -189,9 +189,9 @@ def child(mode: str, names: list[str], out_dir: Path, memory: int | None = None,
                                        split=spec.get("split", False))
         if fn == "sampler parity":
             return w.sampler_parity(devices[0], bf16=dev)
-        preset, slots, samples, lo, hi, new = DECODE[mode][spec.get("work", "big")]
+        preset, slots, samples, lo, hi, new = DECODE[mode][spec["work"]]
         if fn == "kernels":   # issue 41's attention candidates on one layer of the 256-row workload
-            return kn.kernel_stage(mode, DECODE[mode]["big"])
+            return kn.kernel_stage(mode, preset, slots=slots, lo=lo, hi=hi)
         if fn == "split":   # a short run: the trace of 32 steps says enough, and reads in seconds
             return sp.engine_split(preset, slots=slots, samples=samples, lo=lo, hi=hi, max_new=min(new, 32),
                                    pool_pages=spec["pool_pages"])

@@ -113,6 +113,13 @@ def build(preset: str, sampler: str, *, slots: int, samples: int, lo: int, hi: i
     return s, cfg, device, prompts, rows, extra
 
 
+def first_call(engine, prompts: list, kw: dict) -> tuple[list, dict]:
+    """The engine's compiling first call: its WARM_PROMPTS longest prompts for at most two
+    segments (its programs have the engine's shapes, not the workload's)."""
+    return (sorted(prompts, key=len)[-WARM_PROMPTS:],
+            {**kw, "max_new_tokens": min(kw["max_new_tokens"], 2 * engine.config.segment)})
+
+
 def decode_timing(preset: str, *, slots: int, samples: int, lo: int, hi: int, max_new: int,
                   sampler: str, pool_pages: int | None = None, token_budget: int | None = None) -> dict:
     """Our decode on one device: sampler "engine" (paged, continuous batching, each prompt's
@@ -128,8 +135,7 @@ def decode_timing(preset: str, *, slots: int, samples: int, lo: int, hi: int, ma
                                                  max_new=max_new, pool_pages=pool_pages, token_budget=token_budget)
     kw = dict(n=samples, max_new_tokens=max_new, temperature=1.0, top_p=1.0, top_k=0)
     engine = sampler == "engine"
-    warm_prompts = sorted(prompts, key=len)[-WARM_PROMPTS:] if engine else prompts
-    warm_kw = {**kw, "max_new_tokens": min(max_new, 2 * s.config.segment)} if engine else kw
+    warm_prompts, warm_kw = first_call(s, prompts, kw) if engine else (prompts, kw)
     progress(f"{sampler} built{' with ' + str(extra['pool_pages']) + ' pages' if 'pool_pages' in extra else ''}; "
              f"first call (compiles; {len(warm_prompts)} prompts x {samples}, {warm_kw['max_new_tokens']} new)")
     t0 = time.perf_counter()

@@ -11,17 +11,15 @@ row 128 tokens into its reply), every candidate on the same keys and values.
                         pages a row, as it requires);
   gather                the pages gathered by XLA, then dense attention: the reference.
 
-Each row: milliseconds a call (the median of 20 after a compile and a warm-up), the bytes the
-HBM bound counts (every prompt once, every reply once; the per-slot kernels read each prompt 4
-times) over that time against the copy ceiling, and the largest difference from the gather
-reference. A candidate that fails (an unsupported shape, a jax without it) is a row with its
+Each row: milliseconds a call (20 calls queued back to back, the best of 3 rounds, as the copy
+ceiling is timed, so the two compare), the bytes the HBM bound counts (every prompt once, every
+reply once; the per-slot kernels read each prompt 4 times) over that time against the copy
+ceiling, and the largest difference from the gather reference. A candidate that fails (an unsupported shape, a jax without it) is a row with its
 error: issue 41 records the losers with their numbers. On the CPU (a dry run) the Pallas
 kernels run in interpret mode at tiny shapes, and cuDNN is not run.
 """
 
 from __future__ import annotations
-
-import time
 
 import jax
 import jax.numpy as jnp
@@ -56,21 +54,11 @@ def layout(prompt_lens: list[int], samples: int, reply: int, page: int = PAGE):
     return table, lengths, (shared, np.asarray(prompt_lens, np.int32), own_start, own_table), nxt
 
 
-def _time(fn, args, reps: int) -> float:
-    out = fn(*args)
-    jax.block_until_ready(out)          # compile
-    jax.block_until_ready(fn(*args))    # warm
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
-
-
 def kernel_timing(mode: str, *, prompts: int, samples: int, lo: int, hi: int, kv_heads: int, q_heads: int,
                   head_dim: int, reps: int = 20) -> list[dict]:
     """One row per candidate (module docstring)."""
+    from device_check_work import queued_time   # timed as the copy ceiling is: calls queued, one wait
+
     from actionopd_jax.engine.prompt_sharing import Groups, shared_attend
     from actionopd_jax.jax_compat import has_pallas_kernel
     from actionopd_jax.model.attention.paged import paged_attention
@@ -118,7 +106,7 @@ def kernel_timing(mode: str, *, prompts: int, samples: int, lo: int, hi: int, kv
             reference = got if name == "gather" else reference
             # bf16 outputs of unit-scale values; None where the reference itself failed
             row["max_abs_err"] = None if reference is None else float(np.max(np.abs(got - reference)))
-            row["s"] = _time(jitted, call_args, reps if not cpu else 2)
+            row["s"] = queued_time(lambda a, f=jitted: f(*a), call_args, reps if not cpu else 2)
             row["ok"] = row["max_abs_err"] is None or row["max_abs_err"] <= 0.05
         except Exception as e:  # noqa: BLE001 - a candidate that fails is a result
             # jax's and cuDNN's kernels are candidates: their failure is recorded, not ours
@@ -151,14 +139,13 @@ def _cudnn(args):
 EXTERNAL = ("jax paged kernel", "cuDNN paged")
 
 
-def kernel_stage(mode: str, work: tuple) -> list[dict]:
-    """kernel_timing at a device_check_shapes.DECODE workload (preset, slots, samples, lo, hi,
-    new), with the preset's heads, its rows in prompts of the engine's SHARE_WIDTH samples (the
-    device's workload has 4, the width; a dry run's 2)."""
+def kernel_stage(mode: str, preset: str, *, slots: int, lo: int, hi: int) -> list[dict]:
+    """kernel_timing at a decode workload's shapes (device_check_shapes.DECODE), with the
+    preset's heads, its rows in prompts of the engine's SHARE_WIDTH samples (the device's
+    workload has 4, the width; a dry run's 2)."""
     from actionopd_jax.engine.prompt_sharing import SHARE_WIDTH
     from actionopd_jax.model import PRESETS
 
-    preset, slots, _, lo, hi, _ = work
     c = PRESETS[preset]
     return kernel_timing(mode, prompts=max(1, slots // SHARE_WIDTH), samples=SHARE_WIDTH, lo=lo, hi=hi,
                          kv_heads=c.num_key_value_heads, q_heads=c.num_attention_heads, head_dim=c.head_dim)

@@ -98,8 +98,8 @@ def engine_split(preset: str, *, slots: int, samples: int, lo: int, hi: int, max
         s, cfg, device, prompts, rows, extra = dec.build(preset, "engine", **shape)
     kw = dict(n=samples, max_new_tokens=max_new, temperature=1.0, top_p=1.0, top_k=0)
     dec.progress(f"engine built with {extra['pool_pages']} pages, command buffers {buffers}; first call (compiles)")
-    s.sample(sorted(prompts, key=len)[-dec.WARM_PROMPTS:], key=jax.random.key(0),
-             **{**kw, "max_new_tokens": min(max_new, 2 * s.config.segment)})
+    warm_prompts, warm_kw = dec.first_call(s, prompts, kw)
+    s.sample(warm_prompts, key=jax.random.key(0), **warm_kw)
     s.invalidate()
     dec.progress("profiled call")
     with tempfile.TemporaryDirectory() as trace_dir:

@@ -7,6 +7,7 @@ grain, mcp, ...; tests/test_device_check.py holds us to that)."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from pathlib import Path
 
@@ -28,7 +29,7 @@ def fast_kernel(platform: str) -> str:
     return {"gpu": "cudnn", "tpu": "splash"}.get(platform, "cpu")
 
 
-def _queued_time(fn, arg, reps: int, rounds: int = 3) -> float:
+def queued_time(fn, arg, reps: int, rounds: int = 3) -> float:
     """Seconds per call of `reps` calls queued back to back (one wait at the end), the best of
     `rounds`: a ceiling without the host's per-call launch and wait, which timing single calls
     counted (on the H200 a 4 GiB copy timed alone gave 2.75 TB/s, 0.64x the 4.3 seen with torch)."""
@@ -47,14 +48,14 @@ def ceilings(device, *, copy_mib: int, matmul_n: int, reps: int = 10) -> dict:
     """The two measured ceilings every later ratio is taken against: device memory bandwidth
     (an elementwise pass over a bf16 array of `copy_mib` MiB: every byte read once and written
     once, counted both ways) and a bf16 matmul (n x n x n on random data, 2 n^3 FLOPs), each
-    timed over calls queued back to back (`_queued_time`)."""
+    timed over calls queued back to back (`queued_time`)."""
     k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
     with jax.default_device(device):
         x = jax.random.normal(k1, (copy_mib * 2 ** 19,), jnp.bfloat16)   # 2 bytes an element
         a = jax.random.normal(k2, (matmul_n, matmul_n), jnp.bfloat16)
         b = jax.random.normal(k3, (matmul_n, matmul_n), jnp.bfloat16)
-    copy_s = _queued_time(jax.jit(lambda x: x + jnp.bfloat16(1)), x, reps)
-    matmul_s = _queued_time(jax.jit(lambda a: a @ b), a, reps)
+    copy_s = queued_time(jax.jit(lambda x: x + jnp.bfloat16(1)), x, reps)
+    matmul_s = queued_time(jax.jit(lambda a: a @ b), a, reps)
     flops, bw = peaks(device)
     copy_bw = 2 * x.nbytes / copy_s
     rate = 2 * matmul_n ** 3 / matmul_s
@@ -209,8 +210,7 @@ def train_step_timing(preset: str, attention: str, *, rows: int, seq: int, resp:
         from actionopd_jax.train.remat_confirm import confirm_by_compile
 
         cfg, _, tried = confirm_by_compile(cfg, qcfg, mesh, attention=attention, usable_bytes=limit)
-        compiled = [{"policy": t.policy, "plan_bytes": t.plan_bytes, "xla_bytes": t.xla_bytes, "error": t.error}
-                    for t in tried]
+        compiled = [dataclasses.asdict(t) for t in tried]
     step = build_train_step(cfg, qcfg, mesh)
     state = step.init_state(initial_params(cfg, qcfg, mesh))
     rng = np.random.default_rng(0)
