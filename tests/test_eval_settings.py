@@ -65,6 +65,24 @@ def test_check_lists_table8_evaluation_settings_and_the_tau_splits(capsys):
         assert f"{spec:<22} {n:>4} tasks x 4 trial(s) = {4 * n:,} episodes" in out
 
 
+def test_every_command_takes_the_runs_share_of_gpu_memory(monkeypatch, capsys):
+    """`actionopd eval` (and every other command) sets XLA's GPU memory share to the one `train`
+    plans with before any device query, so the engine's pool and the static sampler's budget in
+    eval and serve are sized from the same limit (jax's own default is 75%); a share the user set
+    is kept. (On this CPU host the variable changes nothing: it is what the GPU reads.)"""
+    import os
+
+    from actionopd_jax.aot.targets import USABLE_MEMORY_FRACTION
+
+    monkeypatch.delenv("XLA_PYTHON_CLIENT_MEM_FRACTION", raising=False)
+    assert main(["eval", "--config", str(TAU2), "--check"]) == 0
+    assert os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] == f"{USABLE_MEMORY_FRACTION:.2f}"
+    monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", "0.5")
+    assert main(["eval", "--config", str(TAU2), "--check"]) == 0
+    assert os.environ["XLA_PYTHON_CLIENT_MEM_FRACTION"] == "0.5"
+    capsys.readouterr()
+
+
 def test_transfer_recipes_score_all_base_tasks_and_800_bfcl_tasks_once(capsys):
     assert main(["eval", "--config", str(CONFIG_DIR / "paper" / "qwen3_4b_tpu.yaml"), "--check"]) == 0
     out = capsys.readouterr().out

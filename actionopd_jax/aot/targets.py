@@ -21,6 +21,15 @@ GiB = 1024 ** 3
 USABLE_MEMORY_FRACTION = 0.90
 
 
+def take_usable_memory_share() -> None:
+    """Before a job's first device query: on a GPU, XLA's allocator takes the share every plan
+    assumes (jax's own default is 75%), so what a job sizes from the device's limit (the engine's
+    pool, the static sampler's budget, `--check`'s plan) is what `train` plans. Every `actionopd`
+    command calls it (commands/main.py), so eval and serve size their pools as training does. A
+    value the user set is kept. No effect off GPU."""
+    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{USABLE_MEMORY_FRACTION:.2f}")
+
+
 @dataclasses.dataclass(frozen=True)
 class Target:
     name: str

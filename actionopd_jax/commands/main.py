@@ -58,8 +58,10 @@ def _main(argv: list[str] | None) -> int:
     from actionopd_jax.commands.native_noise import import_jax_quietly
 
     import_jax_quietly()  # first: importing aot.targets below imports jax
-    from actionopd_jax.aot.targets import quiet_cuda_plugin_without_gpus, quiet_libtpu_without_chips
+    from actionopd_jax.aot.targets import (quiet_cuda_plugin_without_gpus, quiet_libtpu_without_chips,
+                                           take_usable_memory_share)
 
+    take_usable_memory_share()   # every job: eval's and serve's pools are sized as train plans them
     quiet_libtpu_without_chips()  # before any subcommand starts jax's backends
     quiet_cuda_plugin_without_gpus()
     module = importlib.import_module(SUBCOMMANDS[name][0])

@@ -21,7 +21,7 @@ import os
 import sys
 from pathlib import Path
 
-from actionopd_jax.aot.targets import USABLE_MEMORY_FRACTION
+from actionopd_jax.aot.targets import USABLE_MEMORY_FRACTION, take_usable_memory_share
 from actionopd_jax.commands.train_run_dir import entries, remove_created, resume_choice, run_dir_for
 from actionopd_jax.config import Config, ConfigError
 from actionopd_jax.config.load import load_config, replace_keys
@@ -72,9 +72,9 @@ def check(cfg: Config, devices: int = 0) -> int:
     processes: what the run would refuse raises the same ConfigError. 0 when the plan fits, 1
     when the estimate exceeds the usable memory. Planned for this host's own accelerators,
     `model.remat: auto`'s choice is compiled here as the run's start-up compiles it."""
-    # before the first device query, as `train` sets it: on a GPU this host's usable memory is
+    # before the first device query, as `train` does: on a GPU this host's usable memory is
     # then the run's share (jax's own default is 75%: `--check` planned, and chose remat, for less)
-    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{USABLE_MEMORY_FRACTION:.2f}")
+    take_usable_memory_share()
     from actionopd_jax.baselines.wiring import check_collection
     from actionopd_jax.train import remat_choice
     from actionopd_jax.train.plan import describe
@@ -200,12 +200,9 @@ def check_aot(cfg: Config, target: str, lengths: str = "", cost: bool = True) ->
 
 
 def train(cfg: Config, args) -> int:
-    import os
-
     from actionopd_jax.compile_cache import enable_compile_cache, off_for_cpu_cluster
 
-    # before the first device query: on GPU, XLA takes the share every plan assumes
-    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", f"{USABLE_MEMORY_FRACTION:.2f}")
+    take_usable_memory_share()   # before the first device query (also called by `actionopd`'s main)
     enable_compile_cache(cfg.run.compile_cache_dir)
     from actionopd_jax.train import remat_choice
 

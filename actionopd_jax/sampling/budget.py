@@ -21,8 +21,8 @@ safety / bytes per cached token, per chip: the usable limit minus `memory_stats(
 ['bytes_in_use']` (the parameters, and whatever else lives there -- a colocated trainer's
 optimizer state included) on an accelerator. The usable limit is the share of memory every
 plan assumes (aot.targets.USABLE_MEMORY_FRACTION): on GPU the runtime's `bytes_limit` already is
-that share (XLA_PYTHON_CLIENT_MEM_FRACTION, set from it), elsewhere `bytes_limit` x the
-fraction -- so `train --check` plans the budget the sampler will take. CPUs report no limit:
+that share (XLA_PYTHON_CLIENT_MEM_FRACTION, which every `actionopd` command sets from it),
+elsewhere `bytes_limit` x the fraction -- so `train --check` plans the budget the sampler will take. CPUs report no limit:
 no budget (unchanged chunking by the buckets' prompts/max_rows).
 """
 
