@@ -107,7 +107,8 @@ def test_h200x8_check_lowers_every_program_of_the_run():
     code, text = _check(["--config", H200X8, "--check", *SMALL, "collect.sampler=static"])
     assert code == 0, text
     assert "memory per device (analytic estimate, not a compiler figure)" in text
-    assert "a deviceless GPU compile is not available in this jax" in text
+    # and that `--aot` compiles them here, for the target's own GPUs (aot/gpu_topology.py)
+    assert "`actionopd train --check --aot` compiles these programs for 8 NVIDIA H200 with XLA's GPU compiler" in text
     assert _row(text, "train update, 8 x 256")[1:4] == ["lowered", "8", "behind the partitioner"]
     assert _row(text, "old logprobs, 8 x 256")[1:3] == ["lowered", "8"]
     assert _row(text, "train update, one GPU's program: 1 x 256")[1:4] == ["lowered", "1", f"{FWD}, {BWD}"]

@@ -91,15 +91,16 @@ def target_devices(name: str) -> tuple:
         local = [d for d in jax.devices() if d.platform == "gpu"]
         if len(local) >= target.chips:  # on the GPU host itself: compile for its devices
             return tuple(local[:target.chips])
-        # jax's CUDA plugin answers "topology not implemented for cuda" for a deviceless GPU
-        # topology (jax 0.10.2); try anyway so a future jax that can is used, and say why not
+        # elsewhere XLA's deviceless GPU compiler, from the kind's description (aot/gpu_topology.py)
+        from actionopd_jax.aot.gpu_topology import compile_devices
+
         try:
-            return tuple(topologies.get_topology_desc(topology_name=target.name, platform="cuda").devices)
+            return compile_devices(target.name, target.chips)
         except Exception as e:  # noqa: BLE001 - reported to the user as the reason
             raise TargetUnavailable(
-                f"{name}: this jax cannot compile for a GPU without one (get_topology_desc(platform='cuda'): "
-                f"{str(e).splitlines()[0][:200]}). GPU memory is planned by `--check` only; "
-                f"run the same command on a host with {target.chips} GPUs") from None
+                f"{name}: cannot compile for these GPUs without them here ({str(e).splitlines()[0][:300]}). "
+                f"GPU memory is planned by `--check` only; or run the same command on a host with "
+                f"{target.chips} GPUs") from None
     try:
         import libtpu  # noqa: F401
     except ImportError:
@@ -153,4 +154,7 @@ def quiet_cuda_plugin_without_gpus() -> None:
 
     if os.path.exists("/dev/nvidia0") or shutil.which("nvidia-smi"):
         return
+    # no driver to check against: without this the plugin's version check fails and it does not
+    # register, and with it goes the deviceless GPU compiler (`--check --aot --target h100x1`)
+    os.environ.setdefault("JAX_SKIP_CUDA_CONSTRAINTS_CHECK", "1")
     logging.getLogger("jax._src.xla_bridge").addFilter(_NoCudaPluginNoise())

@@ -165,12 +165,15 @@ def format_lowering(target: Target, reports: list[LoweringReport], attention: st
 
 
 def compile_note(target: Target) -> str:
-    """Why the programs are lowered, not compiled (or that this host could compile them)."""
+    """Why the programs are lowered, not compiled (or that `--aot` can compile them here)."""
     try:
-        target_devices(target.name)
+        devices = target_devices(target.name)
     except TargetUnavailable as e:
         return f"a deviceless GPU compile is not available in this jax ({jax.__version__}): {e}"
-    return f"this host has {target.chips} GPU(s): `actionopd train --check --aot` compiles for them"
+    where = ("this host's GPUs" if getattr(devices[0].client, "runtime_type", "") != "compile_only_runtime"
+             else "XLA's GPU compiler without the GPUs (aot/gpu_topology.py)")
+    return (f"`actionopd train --check --aot` compiles these programs for {target.chips} {devices[0].device_kind} "
+            f"with {where}: the compiler's memory figures, not the plan's")
 
 
 def gpu_target(cfg: Config, devices: int = 0) -> Target | None:

@@ -81,6 +81,7 @@ def write_rows(pages, page, offset, values, *, mesh=None):
 
 
 def _copy_pages_local(pages, src, dst):
+    import jax
     import jax.numpy as jnp
 
     kvh, n, size, dh = pages.shape
@@ -89,7 +90,12 @@ def _copy_pages_local(pages, src, dst):
     src_rows = (heads + (src * size)[None, :, None] + within).reshape(-1)
     dst_rows = (heads + (dst * size)[None, :, None] + within).reshape(-1)
     flat = pages.reshape(kvh * n * size, dh)
-    return flat.at[dst_rows].set(flat[src_rows]).reshape(kvh, n, size, dh)
+    # the source rows read out first, as a buffer of their own: fused into the scatter, a read of
+    # the pool it writes made XLA:GPU copy the whole pool around the scatter, twice a loop trip
+    # (the copy-on-write pass held a pool-sized temporary: at 256 rows of the 4B on an H100,
+    # 20 GiB and the pool no longer fit; aot/gpu_topology.py's compile showed it)
+    rows = jax.lax.optimization_barrier(flat[src_rows])
+    return flat.at[dst_rows].set(rows).reshape(kvh, n, size, dh)
 
 
 def copy_pages(pages, src, dst, *, mesh=None):
