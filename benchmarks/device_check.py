@@ -62,7 +62,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # the modules beside this file (on sys.path when run as a script; not when loaded by path, as the tests do)
 if str(ROOT / "benchmarks") not in sys.path:
     sys.path.insert(0, str(ROOT / "benchmarks"))
-from device_check_host import detect_platform, install  # noqa: E402 - after the path above
+from device_check_host import describe, detect_platform, install  # noqa: E402 - after the path above
 from device_check_report import apply_ceilings, markdown  # noqa: E402
 from device_check_shapes import DECODE, TRAIN_XLA_FLAGS, choose, gpu_memory_bytes, only  # noqa: E402
 
@@ -166,9 +166,7 @@ def child(mode: str, names: list[str], out_dir: Path, memory: int | None = None,
     # a dry run on one CPU device whatever the host has (the smallest programs to compile)
     devices = jax.local_devices() if mode == "device" else jax.local_devices()[:1]
     platform = devices[0].platform if mode == "device" else "cpu"
-    emit(event="devices", platform=platform, jax=jax.__version__,
-         devices=[{"kind": d.device_kind, "platform": d.platform,
-                   "bytes_limit": (d.memory_stats() or {}).get("bytes_limit")} for d in devices])
+    emit(event="devices", platform=platform, jax=jax.__version__, devices=[describe(d) for d in devices])
     dev = mode == "device"
     calls = {name: spec for name, _, _, spec in stages(mode, platform, shapes)}
 

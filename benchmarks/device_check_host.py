@@ -45,4 +45,16 @@ def install(platform: str, dry_run: bool, skip: bool) -> dict:
     return info
 
 
-__all__ = ["EXTRA", "detect_platform", "install"]
+def describe(device) -> dict:
+    """One device as the report lists it; a GPU's with the description XLA's deviceless compiler
+    takes (aot/gpu_topology.py), so later compiles here use the lent kind's exact one."""
+    out = {"kind": device.device_kind, "platform": device.platform,
+           "bytes_limit": (device.memory_stats() or {}).get("bytes_limit")}
+    if device.platform == "gpu":
+        from actionopd_jax.aot.gpu_topology import device_target_config
+
+        out["target_config"] = device_target_config([device])
+    return out
+
+
+__all__ = ["EXTRA", "describe", "detect_platform", "install"]

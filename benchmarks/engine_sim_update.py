@@ -43,10 +43,10 @@ PROMPT_MULTIPLE, RESP_MULTIPLE = 64, 128
 HBM_GIB, USABLE = 95.74, 0.9           # aot/targets.py v5p; config.USABLE_MEMORY_FRACTION
 MICROBATCH_ROWS = 4                    # train.microbatch_rows: rows split over the fsdp chips
 # `train --check`'s plan (train/plan.estimate_memory) of the recipe's update per chip, GiB, by fsdp chips
-REMAT_PLAN_GIB = {1: {"none": 680.3, "dots": 468.1, "attn": 194.7, "full": 144.4},
-                  2: {"none": 340.2, "dots": 234.0, "attn": 97.4, "full": 72.2},
-                  3: {"none": 327.7, "dots": 221.5, "attn": 84.9, "full": 59.7},
-                  4: {"none": 170.1, "dots": 117.0, "attn": 48.7, "full": 36.1}}
+REMAT_PLAN_GIB = {1: {"none": 1405.5, "dots": 468.1, "attn": 194.7, "full": 144.4},
+                  2: {"none": 702.8, "dots": 234.0, "attn": 97.4, "full": 72.2},
+                  3: {"none": 689.0, "dots": 221.5, "attn": 84.9, "full": 59.7},
+                  4: {"none": 351.4, "dots": 117.0, "attn": 48.7, "full": 36.1}}
 
 
 def bucket_length(n: int, multiple: int) -> int:

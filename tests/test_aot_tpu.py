@@ -50,10 +50,12 @@ def test_out_of_memory_is_reported_as_the_compilers_verdict():
     assert "| OOM |" in text and "out of HBM" in text, text
 
 
-def test_unknown_target_and_gpu_targets_say_why():
-    code, text = _run(["--config", RECIPE, "--check", "--aot", "--target", "h200x8", *TINY,
+def test_gpu_targets_compile_here_and_an_unknown_target_says_why():
+    """8 H200s by XLA's deviceless GPU compiler (aot/gpu_topology.py): FSDP over 8, rows split."""
+    code, text = _run(["--config", RECIPE, "--check", "--aot", "--target", "h200x8", "--no-cost", *TINY,
                        "train.max_seq_len=512", "train.microbatch_rows=8"])  # rows split over 8 GPUs
-    assert code == 2 and "cannot compile for a GPU without one" in text, text
+    assert code == 0 and "compiled on this host by the GPU compiler" in text, text
+    assert "mesh {'data': 1, 'fsdp': 8, 'tensor': 1}" in text and "8 x 512 | cudnn | fits" in text, text
     assert cli.main(["--config", RECIPE, "--check", "--aot", "--target", "v9-1", *TINY]) == 2
 
 

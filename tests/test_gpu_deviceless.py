@@ -13,7 +13,7 @@ import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
 from actionopd_jax.aot.compile import compile_for
-from actionopd_jax.aot.gpu_topology import HOPPER, compile_devices, facts_for, target_config
+from actionopd_jax.aot.gpu_topology import HOPPER, compile_devices, device_target_config, facts_for, target_config
 from actionopd_jax.aot.targets import TargetUnavailable, target_devices
 from actionopd_jax.model import make_mesh
 
@@ -34,6 +34,10 @@ def test_the_kinds_descriptions_and_a_compile_for_eight_h100s():
     devices = compile_devices("h100x8", 8)
     assert len(devices) == 8 and _compile_only(devices)
     assert {d.device_kind for d in devices} == {"NVIDIA H100 80GB HBM3"}
+    # what the device check records of a real GPU (device_check_host.describe) is taken back as is
+    read_back = device_target_config(devices[:1])
+    assert "core_count: 132" in read_back
+    assert compile_devices("h100x1", 1, config=read_back)[0].device_kind == "NVIDIA H100 80GB HBM3"
     # an FSDP matmul over the 8 GPUs: XLA's GPU pipeline partitions it and gathers the weight
     mesh = jax.sharding.Mesh(devices, ("fsdp",))
     x = jax.ShapeDtypeStruct((8 * 128, 512), jnp.bfloat16, sharding=NamedSharding(mesh, PartitionSpec("fsdp")))

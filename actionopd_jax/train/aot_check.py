@@ -1,7 +1,8 @@
 """`actionopd train --check --aot`: compile the run's real train-step program for its target.
 
-The program is the trainer's own `TrainStep._update` (one optimizer update over one
-microbatch of `train.microbatch_rows` rows), with the config's model, optimizer, remat,
+The program is the trainer's own `TrainStep._update` (one optimizer update over the run's
+microbatches of `train.microbatch_rows` rows, update_microbatches: with more than one, the f32
+gradient accumulator is in the memory figure), with the config's model, optimizer, remat,
 attention and mesh, on the target's devices (a TPU topology from libtpu; no hardware needed).
 Reported per chip: memory by kind against HBM, the compiler's FLOPs and estimated seconds,
 the model FLOPs utilisation those imply, and the compile time.
@@ -79,23 +80,32 @@ def attention_kernel_flops(qcfg: Qwen3Config, rows: int, seq_len: int, layout: S
     return one_matmul * (2 + 5 + recompute)
 
 
-def _abstract_batch(step, rows: int, seq_len: int, resp_len: int, behaviour: bool = False) -> dict:
+def _abstract_batch(step, rows: int, seq_len: int, resp_len: int, behaviour: bool = False,
+                    microbatches: int = 1) -> dict:
     out = {}
     shared = step.settings.shared_prompt > 0  # shared rows carry per-token advantages
     # collect.max_staleness >= 1: the update also reads the correction's behaviour log-probs
     fields = {**BATCH_FIELDS, **({"behav_logp": ("float32", "R")} if behaviour else {})}
     for name, (dtype, dim) in fields.items():
         width = (seq_len,) if dim == "T" else (resp_len,) if dim == "R" or shared else ()
-        out[name] = jax.ShapeDtypeStruct((1, rows) + width, jnp.dtype(dtype), sharding=step.row_sharding)
+        out[name] = jax.ShapeDtypeStruct((microbatches, rows) + width, jnp.dtype(dtype), sharding=step.row_sharding)
     return out
 
 
+def update_microbatches(cfg: Config) -> int:
+    """Microbatches one optimizer update scans over, as train/loop.py packs a minibatch: with
+    more than one, an f32 gradient accumulator is live beside each microbatch's gradient."""
+    t = cfg.train
+    return max(1, t.minibatch_rows // (t.microbatch_rows * (cfg.collect.num_candidates if t.shared_prompt else 1)))
+
+
 def _compile_step(cfg: Config, qcfg: Qwen3Config, mesh, rows: int, seq_len: int, resp_len: int,
-                  label: str, runtime=None, persistent_cache: bool = False) -> CompileReport:
+                  label: str, runtime=None, persistent_cache: bool = False, microbatches: int = 1) -> CompileReport:
     from actionopd_jax.train.setup import build_train_step
 
     step = build_train_step(cfg, qcfg, mesh, runtime)
-    args = (step.abstract_state(), _abstract_batch(step, rows, seq_len, resp_len, cfg.collect.max_staleness >= 1))
+    args = (step.abstract_state(), _abstract_batch(step, rows, seq_len, resp_len, cfg.collect.max_staleness >= 1,
+                                                   microbatches))
     return compile_for(step._update, args, label=label, mesh=mesh, persistent_cache=persistent_cache)
 
 
@@ -129,7 +139,8 @@ def update_memory(cfg: Config, qcfg: Qwen3Config, mesh, *, persistent_cache: boo
     or a target's): the compiler's memory verdict, without the cost twins. persistent_cache:
     `mesh` is this host's own devices (aot.compile_for)."""
     rows, seq_len, resp_len, _, label = update_shapes(cfg, aot_lengths(cfg)[-1])
-    return _compile_step(cfg, qcfg, mesh, rows, seq_len, resp_len, label, persistent_cache=persistent_cache)
+    return _compile_step(cfg, qcfg, mesh, rows, seq_len, resp_len, label, persistent_cache=persistent_cache,
+                         microbatches=update_microbatches(cfg))
 
 
 def estimate_step(cfg: Config, qcfg: Qwen3Config, target: Target, seq_len: int, *,
@@ -138,7 +149,8 @@ def estimate_step(cfg: Config, qcfg: Qwen3Config, target: Target, seq_len: int, 
     rows, seq_len, resp_len, layout, label = update_shapes(cfg, seq_len)
     impl = resolve(cfg.model.attention, target.platform)
     est = StepEstimate(rows=rows, seq_len=seq_len, resp_len=resp_len, attention=impl,
-                       real=_compile_step(cfg, qcfg, mesh, rows, seq_len, resp_len, label))
+                       real=_compile_step(cfg, qcfg, mesh, rows, seq_len, resp_len, label,
+                                          microbatches=update_microbatches(cfg)))
     est.model_flops_per_chip = model_flops(qcfg, rows, seq_len, resp_len, layout) / mesh.size  # the training chips
     if not (cost and est.real.ok):
         return est
@@ -191,7 +203,8 @@ def format_estimates(cfg: Config, qcfg: Qwen3Config, target: Target, estimates: 
             f"{target.peak_bf16_flops / 1e12:.0f} TFLOP/s bf16 each), compiled on this host by the "
             f"{target.platform.upper()} compiler\n"
             f"model {qcfg.num_hidden_layers} layers x {qcfg.hidden_size}, params {qcfg.param_dtype}, compute "
-            f"{cfg.model.dtype}, remat {cfg.model.remat}; mesh {mesh_sizes}; one microbatch per program\n")
+            f"{cfg.model.dtype}, remat {cfg.model.remat}; mesh {mesh_sizes}; {update_microbatches(cfg)} microbatch(es) "
+            f"an update (memory: the whole update; TFLOP/chip, est. s and MFU: one microbatch)\n")
     cols = ("rows x tokens", "attention", "result", "args", "temps", "host", "peak/chip", "HBM free",
             "TFLOP/chip", "est. s", "MFU", "compile s")
     lines = [" | ".join(cols), " | ".join("---" for _ in cols)]

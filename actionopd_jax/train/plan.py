@@ -72,13 +72,14 @@ def estimate_memory(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], attent
     pbytes, abytes = _BYTES[qcfg.param_dtype], _BYTES[cfg.model.dtype]
     params = n * pbytes / shards
     # The step scans over microbatches with an f32 accumulator (train/step.py). With more than
-    # one, the accumulator and one microbatch's gradient are both live. With one (as the
-    # device check times the step), XLA inlines the one-trip scan and folds `zeros + g`: the f32
-    # gradient is the only buffer -- with float32 parameters, the gradient itself; with bf16
-    # ones, its f32 cast beside it (not measured; counted).
+    # one, the accumulator and one microbatch's gradient (in the parameters' dtype) are both
+    # live. With one (as the device check times the step), XLA inlines the one-trip scan and
+    # folds `zeros + g`: the gradient in the parameters' dtype is the only buffer (XLA:GPU's
+    # compile of the 4B update, aot/gpu_topology.py: f32 n x 4 / n x 8 with 1 / 2 microbatches,
+    # bf16 n x 2 / n x 6; bf16 with one was counted n x 6 before, 1.46x over its compiled peak)
     t = cfg.train
     microbatches = max(1, t.minibatch_rows // max(1, t.microbatch_rows))
-    grads = n * (4 + (pbytes if microbatches > 1 or pbytes != 4 else 0)) / shards
+    grads = n * (pbytes + (4 if microbatches > 1 else 0)) / shards
     optimizer = 2 * n * pbytes / shards  # AdamW mu, nu (stored like the parameters)
 
     rows = math.ceil(t.microbatch_rows / (mesh.get("data", 1) * mesh.get("fsdp", 1)))
@@ -94,6 +95,13 @@ def estimate_memory(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], attent
     per_token_layer = (4 * d + (2 * h * dh + 2 * kv * dh + 3 * i) / tp) * abytes
     # what "dots" keeps: the outputs of the weight matmuls only (q, k, v, o, gate, up, down)
     per_token_dots = (2 * d + (h * dh + 2 * kv * dh + 2 * i) / tp) * abytes
+    # what "none" keeps, as XLA:GPU's compile of the 4B update lays it out (buffer report of
+    # aot/gpu_topology.py's compile; docs/measurements_compiler.md): six MLP-wide values (gate,
+    # up, activation, product and the backward's own), q-, k- and v-wide values after the norms
+    # and rotary, three model-wide ones, and in f32 the two RMSNorms' inputs, q, k and v. 213 KiB
+    # a layer-token at the 4B against 214 compiled (per_token_layer's 97 put "none" 0.65-0.79x
+    # under its compiled peak, and `auto` would choose it where it does not fit)
+    per_token_none = ((6 * i + 4 * h * dh + 4 * kv * dh) / tp + 3 * d) * abytes + (2 * d + (h * dh + 2 * kv * dh) / tp) * 4
     # dense attention at the backward peak of one layer: the recomputed probabilities and their
     # gradient in the compute dtype, the scores' gradient in f32. The f32 scores and softmax of
     # the forward are consumed by the fused softmax before the backward starts, so they are not
@@ -114,7 +122,9 @@ def estimate_memory(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], attent
     elif remat == "dots":  # matmul outputs kept; one layer's attention/elementwise recomputed at a time
         activations = layers * tokens * per_token_dots + tokens * per_token_layer + scores_peak
     else:  # everything kept, including every layer's attention probabilities
-        activations = layers * (tokens * per_token_layer + score_elems * abytes) + scores_peak
+        activations = layers * (tokens * per_token_none + score_elems * abytes) + scores_peak
+        if pbytes != abytes:   # and the layers' weights cast to the compute dtype (compiled: 60% of them)
+            activations += count_params(qcfg)["per_layer"] * layers * abytes / shards
     resp = t.logits_chunk if t.logits_chunk > 0 and t.vocab_chunk == 0 else cfg.collect.max_response_tokens
     vocab = min(t.vocab_chunk, qcfg.vocab_size) if t.vocab_chunk > 0 else qcfg.vocab_size / tp
     logits = 3 * rows * min(resp, seq) * vocab * 4  # logits, softmax, gradient (f32)
