@@ -16,7 +16,8 @@ remat, 66,435,741,440 bytes) is what this compile gives (tests/test_gpu_devicele
   workload's shapes (device_check_decode.build's: rows = slots, chunk = the longest prompt,
   pages of 16, the planned pool): what each needs beside its arguments, and the pool plus the
   weights plus the largest need against the usable memory (engine/pool_fit.py's test, which
-  the device check's `pool_check` applies on the device).
+  the device check's `pool_check` applies on the device);
+- static: the static sampler's prefill and decode at each workload's planned call.
 """
 
 from __future__ import annotations
@@ -112,10 +113,49 @@ def engine_rows(kind: str, usable: float) -> list[dict]:
     return rows
 
 
+def static_rows(kind: str, usable: float) -> list[dict]:
+    """The static sampler's prefill and decode at each decode workload's planned call (its
+    prompts a call: device_check_shapes splits the workload where one call does not fit)."""
+    import math
+
+    import device_check_shapes as shapes
+
+    from actionopd_jax.aot.gpu_topology import HOPPER
+    from actionopd_jax.aot.targets import target_devices
+    from actionopd_jax.model import PRESETS, make_mesh
+    from actionopd_jax.model.runtime import RuntimeOptions
+    from actionopd_jax.sampling.aot import compile_sampler_programs, memory_gib
+    from actionopd_jax.sampling.buckets import Buckets
+
+    plan = shapes.choose("device", "gpu", HOPPER[kind].memory_bytes, source=f"{kind} facts")
+    mesh = make_mesh({"tensor": 1}, devices=target_devices(f"{kind}x1")[:1])
+    rows = []
+    for work, spec in shapes.DECODE["device"].items():
+        preset, slots, samples, lo, hi, new = spec
+        prompts = math.ceil(slots // samples / plan["decode"][work]["static_calls"])
+        t0 = time.perf_counter()
+        try:
+            programs = compile_sampler_programs(PRESETS[preset].replace(param_dtype="bfloat16"), mesh, prompts=prompts,
+                                                prompt_len=Buckets.fit(hi, Buckets().prompt_len, "prompt_len"),
+                                                samples=samples, max_new=new, runtime=RuntimeOptions(dtype="bfloat16"))
+        except Exception as e:  # noqa: BLE001 - the compiler's verdict is the row
+            rows.append({"section": "static", "work": work, "prompts_a_call": prompts, "ok": False,
+                         "error": str(e).splitlines()[0][:200]})
+            continue
+        found = {"prefill": memory_gib(programs.prefill), "decode": memory_gib(programs.decode)}
+        peak = max(m["peak"] for m in found.values())
+        rows.append({"section": "static", "work": work, "preset": preset, "prompts_a_call": prompts,
+                     "calls": plan["decode"][work]["static_calls"],
+                     "programs": {k: {n: round(v, 2) for n, v in m.items()} for k, m in found.items()},
+                     "peak_gib": round(peak, 2), "usable_gib": _gib(usable), "ok": peak * GIB <= usable,
+                     "compile_s": round(time.perf_counter() - t0, 1)})
+    return rows
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--kind", choices=("h100", "h200"), default="h100")
-    p.add_argument("--only", choices=("train", "engine"), default="")
+    p.add_argument("--only", choices=("train", "engine", "static"), default="")
     p.add_argument("--lengths", default="4096,16384")
     p.add_argument("--out", default="")
     args = p.parse_args(argv)
@@ -143,6 +183,17 @@ def main(argv=None) -> int:
                               for k, v in r["programs"].items())
             print(f"  {r['work']} ({r['preset']}, {r['slots']} rows) | {r['pool_pages']:,} | {r['total_gib']} | "
                   f"{r['usable_gib']} | {'yes' if r['ok'] else 'NO'} | {temps}")
+    if args.only in ("", "static"):
+        found = static_rows(args.kind, usable)
+        rows += found
+        print("static: work | prompts a call (calls) | peak GiB (prefill, decode) | usable | fits")
+        for r in found:
+            if not r["ok"] and "programs" not in r:
+                print(f"  {r['work']} | {r['prompts_a_call']} | ERROR {r['error'][:100]}")
+                continue
+            print(f"  {r['work']} ({r['preset']}) | {r['prompts_a_call']} ({r['calls']}) | {r['peak_gib']} "
+                  f"({r['programs']['prefill']['peak']}, {r['programs']['decode']['peak']}) | {r['usable_gib']} | "
+                  f"{'yes' if r['ok'] else 'NO'}")
     if args.out:
         Path(args.out).write_text(json.dumps({"kind": args.kind, "usable_gib": _gib(usable), "rows": rows}, indent=1))
     return 0

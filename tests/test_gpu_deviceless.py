@@ -12,7 +12,7 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import NamedSharding, PartitionSpec
 
-from actionopd_jax.aot.compile import compile_for
+from actionopd_jax.aot.compile import compile_for, no_persistent_cache
 from actionopd_jax.aot.gpu_topology import HOPPER, compile_devices, device_target_config, facts_for, target_config
 from actionopd_jax.aot.targets import TargetUnavailable, target_devices
 from actionopd_jax.model import make_mesh
@@ -109,3 +109,69 @@ def test_the_engines_programs_compile_for_an_h100_and_copy_on_write_copies_pages
     segment = reports[1]
     assert segment.alias_bytes == 2 * one_array          # the pool updated in place
     assert segment.temp_bytes < one_array / 20, (segment.temp_bytes, one_array)
+
+
+def _copied_bytes(hlo: str) -> int:
+    """Bytes written by copies in a compiled GPU program's text: copy instructions, and fusions
+    whose root is a copy (XLA:GPU's dynamic-slice copies out of a stacked array)."""
+    import re
+
+    bodies = {m.group(1): m.group(2) for m in re.finditer(r"^%(\S+) \(.*?\n((?:  .*\n)*?)\}", hlo, re.M)}
+    width = {"bf16": 2, "f32": 4, "s32": 4, "u32": 4, "pred": 1}
+    total = 0
+    for line in hlo.splitlines():
+        m = re.match(r"\s*(?:ROOT )?%\S+ = (\w+)\[([\d,]*)\]\S* (copy|fusion)\(", line)
+        if not m:
+            continue
+        if m.group(3) == "fusion":
+            called = re.search(r"calls=%([^,\s]+)", line)
+            root = re.search(r"ROOT %\S+ = \S+ (\S+?)\(", bodies.get(called.group(1), "") if called else "")
+            if not (root and root.group(1) == "copy"):
+                continue
+        n = 1
+        for d in filter(None, m.group(2).split(",")):
+            n *= int(d)
+        total += n * width.get(m.group(1), 4)
+    return total
+
+
+@pytest.mark.parametrize("sampler", ["engine", "static"])
+def test_gpu_decode_reads_each_layers_weights_in_place(sampler):
+    """A scanned layer loop makes XLA:GPU copy each trip's slice of the stacked weights out
+    before its matmuls (and the static sampler's slice of the prompt cache): every layer's
+    weights copied every decode step. On GPU the decode programs unroll their layers
+    (decode.layer_unroll_for), so the copies are gone; with one layer a trip they are back."""
+    import functools
+
+    from actionopd_jax.aot.lowering import cuda_stand_in
+    from actionopd_jax.engine import programs
+    from actionopd_jax.engine.aot import _engine_programs
+    from actionopd_jax.engine.sizing import EngineConfig
+    from actionopd_jax.jax_compat import set_mesh
+    from actionopd_jax.model import PRESETS
+    from actionopd_jax.model.runtime import RuntimeOptions
+    from actionopd_jax.sampling.aot import abstract_model, compile_decode
+
+    cfg, runtime = PRESETS["tiny"], RuntimeOptions(dtype="bfloat16")
+    mesh = make_mesh({"tensor": 1}, devices=target_devices("h100x1")[:1])
+    params = abstract_model(cfg.replace(param_dtype="bfloat16"), mesh, runtime)[1]
+    layer_weights = sum(x.size for x in jax.tree.leaves(params)) * 2 // cfg.num_hidden_layers   # bytes, about
+
+    def copied(unroll):
+        if sampler == "static":
+            compiled, _ = compile_decode(cfg.replace(param_dtype="bfloat16"), mesh, prompts=2, prompt_len=64, samples=2,
+                                         max_new=8, layer_unroll=unroll, runtime=runtime)
+            return _copied_bytes(compiled.as_text())
+        config = EngineConfig(slots=4, page_size=16, max_len=128, chunk=64, segment=4, pages=64)
+        what, jitted, args = _engine_programs(cfg, mesh, config, "paged_gpu", runtime=runtime, head="checked", cap=64,
+                                              label="")[1]
+        if unroll is not None:
+            jitted = jax.jit(functools.partial(programs.segment, steps=config.max_segment, page_size=16, cap=64,
+                                               head="checked", backend="accelerator", attention="paged_gpu",
+                                               layer_unroll=unroll), static_argnums=(0,), donate_argnums=(3,))
+        with cuda_stand_in(), set_mesh(mesh), no_persistent_cache():   # a compile-only target: never cached
+            return _copied_bytes(jitted.lower(*args).compile().as_text())
+
+    scanned, default = copied(1), copied(None)
+    assert scanned > layer_weights / 4, (scanned, layer_weights)    # a trip's weights copied out of the stack
+    assert default < scanned / 20, (default, scanned)

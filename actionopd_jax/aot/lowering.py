@@ -5,8 +5,8 @@ jax lowers to StableHLO for any registered platform without its devices:
 mesh of this host's CPU devices (the stand-ins: same count and layout as the target's GPUs).
 What lowering proves: every primitive has a CUDA lowering, the cuDNN custom calls accept the
 shapes and dtypes (jax checks them while tracing), and the shardings partition. What it does
-not: XLA's GPU compile (memory, cuDNN's own graph validation), which needs the GPU; jax 0.10.2
-has no deviceless CUDA topology (`aot.targets.target_devices` says so).
+not: XLA's GPU compile (memory, fusion), which aot/gpu_topology.py's deviceless GPU compiler does
+(`aot.targets.target_devices`); cuDNN builds its graphs only on the device.
 
 The platform a program is *traced for* decides which kernels it picks (cuDNN attention, the
 sampler's accelerator path), so tracing for CUDA over CPU stand-ins runs under

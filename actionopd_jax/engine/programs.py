@@ -248,7 +248,7 @@ def _is_end(tokens, end_ids):
 def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots: Slots, copy_src: jax.Array,
             copy_dst: jax.Array, end_ids: jax.Array, groups: Groups | None = None, limit: jax.Array | None = None,
             stop_below: jax.Array | None = None, *, steps: int, page_size: int, cap: int, head: str,
-            backend: str, attention: str = "gather", layer_unroll: int = 1) -> tuple[Pool, SegmentOut]:
+            backend: str, attention: str = "gather", layer_unroll: int | None = None) -> tuple[Pool, SegmentOut]:
     """One decode segment (module docstring). copy_src/copy_dst i32[M]: pages to copy first
     (copy-on-write of a shared prompt's last partial page; pad with NULL_PAGE -> NULL_PAGE).
     groups: prompt sharing (Groups; `attention` one of SHARED_ATTENTION), or None (each slot
@@ -258,7 +258,9 @@ def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots
     engine's run-ahead on CPU: the next smaller row count's program is then cheaper; None or
     0: never). Both are traced, so one program serves every segment length. layer_unroll:
     layers per trip of the accelerator's layer scan (the number of layers: no loop, for the
-    compiler's cost model, which counts a loop body once: benchmarks/engine_cost.py)."""
+    compiler's cost model, which counts a loop body once: benchmarks/engine_cost.py; None: the
+    platform's, decode.layer_unroll_for: every layer on GPU, where a scanned trip copies its
+    layer's weights out of the stack)."""
     model = nnx.merge(graphdef, params)
     cfg, dt = model.cfg, jnp.dtype(model.runtime.dtype)
     n_slots = slots.last.shape[0]
@@ -327,7 +329,7 @@ def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots
 
         (h, pk, pv), _ = jax.lax.scan(layer_body, (h, pk, pv),
                                       (layer_state, jnp.arange(cfg.num_hidden_layers, dtype=jnp.int32)),
-                                      unroll=layer_unroll)
+                                      unroll=decode_lib.layer_unroll_for(layer_unroll, cfg.num_hidden_layers))
         return h, pk, pv
 
     if backend == "cpu":

@@ -88,7 +88,7 @@ def _prefill_fn(samples, max_new, cap, head, span_ladder):
                                      span_ladder=span_ladder), static_argnums=(0,))
 
 
-def _decode_fn(cap, head, layer_unroll=1):
+def _decode_fn(cap, head, layer_unroll=None):
     return jax.jit(functools.partial(decode_lib.decode, cap=cap, head=head, layer_unroll=layer_unroll),
                    static_argnums=(0,), donate_argnums=(2,))
 
@@ -119,7 +119,7 @@ def compile_sampler_programs(cfg: Qwen3Config, mesh, *, prompts: int, prompt_len
 
 
 def compile_decode(cfg: Qwen3Config, mesh, *, prompts: int, prompt_len: int, samples: int, max_new: int,
-                   cap: int = DEFAULT_CAP, head: str = "checked", layer_unroll: int = 1, runtime=None):
+                   cap: int = DEFAULT_CAP, head: str = "checked", layer_unroll: int | None = None, runtime=None):
     """AOT-compile the Sampler's decode program alone (prefill is only traced for the state's
     shapes; the state takes decode.state_shardings). Returns (compiled, seconds)."""
     graphdef, params = abstract_model(cfg, mesh, runtime)

@@ -1,7 +1,6 @@
 """`actionopd train --check` for a GPU target: the run's real programs lowered for CUDA.
 
-On a host without the GPUs, jax 0.10.2 cannot compile for them (no deviceless CUDA
-topology), but it lowers: every program the run compiles on its GPUs is traced for "gpu" over
+On a host without the GPUs every program the run compiles on its GPUs is traced for "gpu" over
 CPU stand-ins of the target's devices (same count, same mesh) and lowered to CUDA StableHLO
 (aot/lowering.py), with abstract shapes at the run's real sizes, nothing allocated:
 
@@ -17,7 +16,9 @@ CPU stand-ins of the target's devices (same count, same mesh) and lowered to CUD
   (engine/aot.py, the same layout), whose paged attention must be the Triton kernel.
 
 A program that uses cuDNN attention but whose one-device lowering holds no cuDNN call is a
-failure too (the kernel was not what ran). Memory stays the analytic plan.
+failure too (the kernel was not what ran). Memory stays the analytic plan here; `--check --aot`
+compiles the update for the target's GPUs by XLA's deviceless GPU compiler (aot/gpu_topology.py)
+for the compiler's memory figure.
 """
 
 from __future__ import annotations

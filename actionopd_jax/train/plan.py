@@ -4,8 +4,10 @@ The memory estimate is per device and deliberately simple (it is a planning aid,
 compiler report): sharded parameters, gradient accumulator, AdamW moments, and the
 activations of one microbatch. With the CPU or xla attention, activations include the
 [heads, T, T] scores, which dominate at long context; the fused kernels (splash on TPU, cuDNN
-on GPU) never hold them. `actionopd train --check --aot` replaces the estimate by the TPU
-compiler's own numbers (train/aot_check.py).
+on GPU) never hold them. `actionopd train --check --aot` replaces the estimate by the compiler's
+own numbers (TPU, or GPU by XLA's deviceless GPU compiler; train/aot_check.py). The terms are
+calibrated on XLA:GPU's compile of the 4B update (within 1.00-1.08x of it for every policy at
+1,024-16,384 tokens; the compile equals run 1's measured peak).
 
 Collection is planned too, since it is often the peak: the trainer's parameters and AdamW
 moments stay resident while the sampler holds its bf16 rollout copy (tensor-parallel over a

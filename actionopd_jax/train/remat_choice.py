@@ -7,8 +7,8 @@ Policies are tried in the order of the work their backward pass repeats (model/q
   attn  keeps each layer's input and attention residuals, recomputes the matmuls (splash only);
   full  keeps each layer's input only: the whole forward runs twice.
 
-The first whose plan (train/plan.estimate_memory, calibrated on run 1's measured peaks) fits the
-usable device memory is chosen.
+The first whose plan (train/plan.estimate_memory, calibrated on XLA:GPU's compile of the update,
+which equals run 1's measured peak) fits the usable device memory is chosen.
 
 "attn" is tried with splash (TPU) only: there the kernel's own residuals carry the checkpoint
 name, so its backward never reruns the attention forward. cuDNN's and XLA's attention name only
