@@ -16,7 +16,7 @@ before jax starts its backends:
   fails, so the check is skipped where there is no NVIDIA device
   (JAX_SKIP_CUDA_CONSTRAINTS_CHECK; JAX_PLATFORMS=cpu skips it too);
 - the description is the device's own. The two lent kinds' facts are below, as the machines
-  report them (KINDS.md: 132 multiprocessors; 81,559 MiB and 50 MB of L2 on the "NVIDIA H100
+  report them (nvidia-smi and torch there: 132 multiprocessors; 81,559 MiB and 50 MB of L2 on the "NVIDIA H100
   80GB HBM3", 143,771 MiB and 60 MB on the "NVIDIA H200"). On a GPU host jax gives the exact
   description (`device_target_config`), which the device check records.
 """
