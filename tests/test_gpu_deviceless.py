@@ -137,10 +137,11 @@ def _copied_bytes(hlo: str) -> int:
 
 @pytest.mark.parametrize("sampler", ["engine", "static"])
 def test_gpu_decode_reads_each_layers_weights_in_place(sampler):
-    """A scanned layer loop makes XLA:GPU copy each trip's slice of the stacked weights out
-    before its matmuls (and the static sampler's slice of the prompt cache): every layer's
-    weights copied every decode step. On GPU the decode programs unroll their layers
-    (decode.layer_unroll_for), so the copies are gone; with one layer a trip they are back."""
+    """Each decode step reads every layer's weights in place. jaxlib 0.10's XLA:GPU copies each
+    scanned trip's slice of the stacked weights out before its matmuls (and the static
+    sampler's slice of the prompt cache): there the decode programs unroll their layers on GPU
+    (decode.layer_unroll_for), and with one layer a trip the copies are back. jaxlib 0.11 (the
+    lent GPUs') reads the scanned slices in place, and keeps the scan."""
     import functools
 
     from actionopd_jax.aot.lowering import cuda_stand_in
@@ -172,6 +173,10 @@ def test_gpu_decode_reads_each_layers_weights_in_place(sampler):
         with cuda_stand_in(), set_mesh(mesh), no_persistent_cache():   # a compile-only target: never cached
             return _copied_bytes(jitted.lower(*args).compile().as_text())
 
-    scanned, default = copied(1), copied(None)
-    assert scanned > layer_weights / 4, (scanned, layer_weights)    # a trip's weights copied out of the stack
-    assert default < scanned / 20, (default, scanned)
+    from actionopd_jax.jax_compat import gpu_copies_scanned_slices
+
+    default = copied(None)
+    assert default < layer_weights / 20, (default, layer_weights)
+    if gpu_copies_scanned_slices():
+        scanned = copied(1)
+        assert scanned > layer_weights / 4, (scanned, layer_weights)    # a trip's weights copied out of the stack

@@ -46,6 +46,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from actionopd_jax.jax_compat import gpu_copies_scanned_slices
 from actionopd_jax.model import KVCache, left_pad_positions
 from actionopd_jax.model.attention.decode import shared_prompt_step
 from actionopd_jax.model.attention.dispatch import resolve, target_platform
@@ -78,17 +79,17 @@ def resolve_backend(backend: str = "auto", platform: str | None = None) -> str:
 
 
 def layer_unroll_for(layer_unroll: int | None, layers: int) -> int:
-    """Layers per trip of an accelerator decode's layer scan: `layer_unroll`, or for None the
-    traced platform's. GPU: all of them. XLA:GPU copies each trip's dynamic slice of the stacked
-    weights (and the static sampler's prompt cache) out before its GEMMs read it, so every
-    decode step copied every layer's weights: 386 MiB a layer, about 13.6 GiB a step, for the
-    engine's 4B segment at 256 rows, compiled for an H100 (aot/gpu_topology.py). Unrolled, the
-    slices are static and read in place (1.3 MiB of copies; the segment compiled in 27 s
-    instead of 10 here). Elsewhere one: the TPU compiler fuses the dynamic slice into its
-    matmuls, and the compile stays small."""
+    """Layers per trip of an accelerator decode's layer scan: `layer_unroll`, or for None one,
+    except on GPU under a jax whose XLA:GPU copies each trip's dynamic slice of the stacked
+    weights (and the static sampler's prompt cache) out before its matmuls read it
+    (jax_compat.gpu_copies_scanned_slices: jaxlib 0.10). There every decode step copied every
+    layer's weights, about 13.6 GiB a step for the engine's 4B segment at 256 rows compiled
+    for an H100 (aot/gpu_topology.py), so all layers are unrolled: the slices are static and
+    read in place (1.3 MiB of copies), at 2.7x the segment's compile (27 s against 10 here).
+    jaxlib 0.11 reads the scanned slices in place, and TPU fuses them: one layer a trip."""
     if layer_unroll is not None:
         return layer_unroll
-    return layers if target_platform() == "gpu" else 1
+    return layers if target_platform() == "gpu" and gpu_copies_scanned_slices() else 1
 
 
 @flax.struct.dataclass
