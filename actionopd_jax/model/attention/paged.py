@@ -92,8 +92,8 @@ def _copy_pages_local(pages, src, dst):
     flat = pages.reshape(kvh * n * size, dh)
     # the source rows read out first, as a buffer of their own: fused into the scatter, a read of
     # the pool it writes made XLA:GPU copy the whole pool around the scatter, twice a loop trip
-    # (the copy-on-write pass held a pool-sized temporary: at 256 rows of the 4B on an H100,
-    # 20 GiB and the pool no longer fit; aot/gpu_topology.py's compile showed it)
+    # (a pool-sized temporary, 20 GiB at 256 rows of the 4B on an H100, and 80 GiB of copies a
+    # trip of 8 pages; aot/gpu_topology.py's compile showed it)
     rows = jax.lax.optimization_barrier(flat[src_rows])
     return flat.at[dst_rows].set(rows).reshape(kvh, n, size, dh)
 
