@@ -23,6 +23,7 @@ remat, 66,435,741,440 bytes) is what this compile gives (tests/test_gpu_devicele
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import sys
@@ -74,20 +75,31 @@ def train_rows(kind: str, usable: float, lengths: tuple[int, ...]) -> list[dict]
     return rows
 
 
+@functools.cache
+def _decode_setup(kind: str):
+    """(device_check_shapes' plan for this kind's memory, a one-GPU mesh of it): the engine's
+    and the static sampler's sections share them."""
+    import device_check_shapes as shapes
+
+    from actionopd_jax.aot.gpu_topology import HOPPER
+    from actionopd_jax.aot.targets import target_devices
+    from actionopd_jax.model import make_mesh
+
+    plan = shapes.choose("device", "gpu", HOPPER[kind].memory_bytes, source=f"{kind} facts")
+    return plan, make_mesh({"tensor": 1}, devices=target_devices(f"{kind}x1")[:1])
+
+
 def engine_rows(kind: str, usable: float) -> list[dict]:
     import device_check_shapes as shapes
 
-    from actionopd_jax.aot.targets import target_devices
     from actionopd_jax.engine.aot import compile_engine_programs
+    from actionopd_jax.engine.pool_fit import ProgramNeeds
     from actionopd_jax.engine.sizing import EngineConfig
-    from actionopd_jax.model import PRESETS, count_params, make_mesh
+    from actionopd_jax.model import PRESETS, count_params
     from actionopd_jax.model.runtime import RuntimeOptions
     from actionopd_jax.sampling.budget import cache_bytes_per_token
 
-    from actionopd_jax.aot.gpu_topology import HOPPER
-
-    plan = shapes.choose("device", "gpu", HOPPER[kind].memory_bytes, source=f"{kind} facts")
-    mesh = make_mesh({"tensor": 1}, devices=target_devices(f"{kind}x1")[:1])
+    plan, mesh = _decode_setup(kind)
     rows = []
     for work, spec in shapes.DECODE["device"].items():
         preset, slots, samples, lo, hi, new = spec
@@ -101,7 +113,9 @@ def engine_rows(kind: str, usable: float) -> list[dict]:
                                           runtime=RuntimeOptions(dtype="bfloat16"))
         weights = 2 * count_params(cfg)["total"]
         pool = pages * shapes.PAGE_SIZE * cache_bytes_per_token(cfg, "bfloat16")
-        beside = [r.temp_bytes + r.code_bytes + max(0.0, r.output_bytes - r.alias_bytes) for r in reports if r.ok]
+        # what each needs beside its arguments, as engine/pool_fit.py counts it
+        beside = [ProgramNeeds(r.label, r.argument_bytes, r.output_bytes, r.alias_bytes, r.temp_bytes,
+                               r.code_bytes).beside_arguments for r in reports if r.ok]
         rows.append({"section": "engine", "work": work, "preset": preset, "slots": slots, "pool_pages": pages,
                      "weights_gib": _gib(weights), "pool_gib": _gib(pool),
                      "programs": {r.label.split(" (")[0]: ({"temp_gib": _gib(r.temp_bytes), "args_gib": _gib(r.argument_bytes),
@@ -120,15 +134,12 @@ def static_rows(kind: str, usable: float) -> list[dict]:
 
     import device_check_shapes as shapes
 
-    from actionopd_jax.aot.gpu_topology import HOPPER
-    from actionopd_jax.aot.targets import target_devices
-    from actionopd_jax.model import PRESETS, make_mesh
+    from actionopd_jax.model import PRESETS
     from actionopd_jax.model.runtime import RuntimeOptions
     from actionopd_jax.sampling.aot import compile_sampler_programs, memory_gib
     from actionopd_jax.sampling.buckets import Buckets
 
-    plan = shapes.choose("device", "gpu", HOPPER[kind].memory_bytes, source=f"{kind} facts")
-    mesh = make_mesh({"tensor": 1}, devices=target_devices(f"{kind}x1")[:1])
+    plan, mesh = _decode_setup(kind)
     rows = []
     for work, spec in shapes.DECODE["device"].items():
         preset, slots, samples, lo, hi, new = spec
@@ -152,6 +163,31 @@ def static_rows(kind: str, usable: float) -> list[dict]:
     return rows
 
 
+TRAIN_HEAD = "train: tokens | remat | compiled GiB | plan GiB | plan / compiled | auto by plan -> confirmed"
+ENGINE_HEAD = "engine: work | pool pages | weights + pool + largest need GiB | usable | fits | temps by program"
+STATIC_HEAD = "static: work | prompts a call (calls) | peak GiB (prefill, decode) | usable | fits"
+
+
+def _train_line(r: dict) -> str:
+    return (f"{r['seq']:>6,} | {r['remat']:<4} | {r['compiled_gib'] if r['ok'] else r['error'][:60]} | "
+            f"{r['plan_gib']} | {r['plan_over_compiled']} | {r['auto_by_plan']} -> {r['auto_confirmed']}")
+
+
+def _engine_line(r: dict) -> str:
+    temps = ", ".join(f"{k.removeprefix('engine ')} {v.get('temp_gib', v.get('error', '')[:60])}"
+                      for k, v in r["programs"].items())
+    return (f"{r['work']} ({r['preset']}, {r['slots']} rows) | {r['pool_pages']:,} | {r['total_gib']} | "
+            f"{r['usable_gib']} | {'yes' if r['ok'] else 'NO'} | {temps}")
+
+
+def _static_line(r: dict) -> str:
+    if "programs" not in r:
+        return f"{r['work']} | {r['prompts_a_call']} | ERROR {r['error'][:100]}"
+    return (f"{r['work']} ({r['preset']}) | {r['prompts_a_call']} ({r['calls']}) | {r['peak_gib']} "
+            f"({r['programs']['prefill']['peak']}, {r['programs']['decode']['peak']}) | {r['usable_gib']} | "
+            f"{'yes' if r['ok'] else 'NO'}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--kind", choices=("h100", "h200"), default="h100")
@@ -167,33 +203,18 @@ def main(argv=None) -> int:
     usable = USABLE_MEMORY_FRACTION * HOPPER[args.kind].memory_bytes
     print(f"{HOPPER[args.kind].description}: usable {usable / GIB:.1f} GiB ({USABLE_MEMORY_FRACTION:.0%}); "
           f"XLA's deviceless GPU compile, compiler estimates")
+    lengths = tuple(int(n) for n in args.lengths.split(","))
+    sections = {"train": (lambda: train_rows(args.kind, usable, lengths), TRAIN_HEAD, _train_line),
+                "engine": (lambda: engine_rows(args.kind, usable), ENGINE_HEAD, _engine_line),
+                "static": (lambda: static_rows(args.kind, usable), STATIC_HEAD, _static_line)}
     rows = []
-    if args.only in ("", "train"):
-        rows += train_rows(args.kind, usable, tuple(int(n) for n in args.lengths.split(",")))
-        print("train: tokens | remat | compiled GiB | plan GiB | plan / compiled | auto by plan -> confirmed")
-        for r in (r for r in rows if r["section"] == "train"):
-            print(f"  {r['seq']:>6,} | {r['remat']:<4} | {r['compiled_gib'] if r['ok'] else r['error'][:60]} | "
-                  f"{r['plan_gib']} | {r['plan_over_compiled']} | {r['auto_by_plan']} -> {r['auto_confirmed']}")
-    if args.only in ("", "engine"):
-        found = engine_rows(args.kind, usable)
-        rows += found
-        print("engine: work | pool pages | weights + pool + largest need GiB | usable | fits | temps by program")
-        for r in found:
-            temps = ", ".join(f"{k.removeprefix('engine ')} {v.get('temp_gib', v.get('error', '')[:60])}"
-                              for k, v in r["programs"].items())
-            print(f"  {r['work']} ({r['preset']}, {r['slots']} rows) | {r['pool_pages']:,} | {r['total_gib']} | "
-                  f"{r['usable_gib']} | {'yes' if r['ok'] else 'NO'} | {temps}")
-    if args.only in ("", "static"):
-        found = static_rows(args.kind, usable)
-        rows += found
-        print("static: work | prompts a call (calls) | peak GiB (prefill, decode) | usable | fits")
-        for r in found:
-            if not r["ok"] and "programs" not in r:
-                print(f"  {r['work']} | {r['prompts_a_call']} | ERROR {r['error'][:100]}")
-                continue
-            print(f"  {r['work']} ({r['preset']}) | {r['prompts_a_call']} ({r['calls']}) | {r['peak_gib']} "
-                  f"({r['programs']['prefill']['peak']}, {r['programs']['decode']['peak']}) | {r['usable_gib']} | "
-                  f"{'yes' if r['ok'] else 'NO'}")
+    for name, (compile_rows, head, line) in sections.items():
+        if args.only in ("", name):
+            found = compile_rows()
+            rows += found
+            print(head)
+            for r in found:
+                print(f"  {line(r)}")
     if args.out:
         Path(args.out).write_text(json.dumps({"kind": args.kind, "usable_gib": _gib(usable), "rows": rows}, indent=1))
     return 0
