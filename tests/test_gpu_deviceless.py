@@ -7,6 +7,9 @@ bytes. The same update compiled here for the H200 must give that figure."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -16,6 +19,8 @@ from actionopd_jax.aot.compile import compile_for, no_persistent_cache
 from actionopd_jax.aot.gpu_topology import HOPPER, compile_devices, device_target_config, facts_for, target_config
 from actionopd_jax.aot.targets import TargetUnavailable, target_devices
 from actionopd_jax.model import make_mesh
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))   # device_check_work, hlo_bytes
 
 RUN1_PEAK = 66_435_741_440   # bytes: run 1's "train qwen3-4b cudnn 4096" row, peak_bytes_in_use
 
@@ -56,10 +61,6 @@ def test_target_devices_of_a_gpu_target_compile_without_the_gpus():
 def test_the_4b_update_compiled_for_the_h200_is_run_1s_measured_peak():
     """Compiled here (abstract state, nothing allocated) as the device check's first train row
     ran on the H200: XLA's figure equals the peak the device measured, within 0.5%."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
     import device_check_work as work
 
     from actionopd_jax.train.aot_check import update_memory
@@ -113,25 +114,27 @@ def test_the_engines_programs_compile_for_an_h100_and_copy_on_write_copies_pages
 
 def _copied_bytes(hlo: str) -> int:
     """Bytes written by copies in a compiled GPU program's text: copy instructions, and fusions
-    whose root is a copy (XLA:GPU's dynamic-slice copies out of a stacked array)."""
+    whose root is a copy (XLA:GPU's dynamic-slice copies out of a stacked array). Read with the
+    project's HLO line parser (aot/hlo_text.py) and benchmarks/hlo_bytes.py's shape sizes."""
     import re
 
-    bodies = {m.group(1): m.group(2) for m in re.finditer(r"^%(\S+) \(.*?\n((?:  .*\n)*?)\}", hlo, re.M)}
-    width = {"bf16": 2, "f32": 4, "s32": 4, "u32": 4, "pred": 1}
-    total = 0
+    from actionopd_jax.aot.hlo_text import computation_header, instruction
+    from hlo_bytes import _bytes as shape_bytes
+
+    roots, found, current = {}, [], None
     for line in hlo.splitlines():
-        m = re.match(r"\s*(?:ROOT )?%\S+ = (\w+)\[([\d,]*)\]\S* (copy|fusion)\(", line)
-        if not m:
-            continue
-        if m.group(3) == "fusion":
-            called = re.search(r"calls=%([^,\s]+)", line)
-            root = re.search(r"ROOT %\S+ = \S+ (\S+?)\(", bodies.get(called.group(1), "") if called else "")
-            if not (root and root.group(1) == "copy"):
-                continue
-        n = 1
-        for d in filter(None, m.group(2).split(",")):
-            n *= int(d)
-        total += n * width.get(m.group(1), 4)
+        header = computation_header(line)
+        if header:
+            current = header[0]
+        elif (parsed := instruction(line)) is not None:
+            found.append(parsed)
+            if line.lstrip().startswith("ROOT "):
+                roots[current] = parsed[2]
+    total = 0
+    for _, shape, op, rest in found:
+        called = re.search(r"calls=%?([\w.\-]+)", rest)
+        if op == "copy" or (op == "fusion" and called and roots.get(called.group(1)) == "copy"):
+            total += shape_bytes(shape)
     return total
 
 
