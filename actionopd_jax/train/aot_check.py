@@ -29,7 +29,7 @@ from actionopd_jax.config import Config
 from actionopd_jax.model import Qwen3Config, make_mesh
 from actionopd_jax.model.attention import SharedPrefix, resolve
 from actionopd_jax.model.config import count_params
-from actionopd_jax.train.batching import BATCH_FIELDS, bucket_length
+from actionopd_jax.train.batching import BATCH_FIELDS, bucket_length, update_microbatches
 
 
 @dataclasses.dataclass
@@ -90,13 +90,6 @@ def _abstract_batch(step, rows: int, seq_len: int, resp_len: int, behaviour: boo
         width = (seq_len,) if dim == "T" else (resp_len,) if dim == "R" or shared else ()
         out[name] = jax.ShapeDtypeStruct((microbatches, rows) + width, jnp.dtype(dtype), sharding=step.row_sharding)
     return out
-
-
-def update_microbatches(cfg: Config) -> int:
-    """Microbatches one optimizer update scans over, as train/loop.py packs a minibatch: with
-    more than one, an f32 gradient accumulator is live beside each microbatch's gradient."""
-    t = cfg.train
-    return max(1, t.minibatch_rows // (t.microbatch_rows * (cfg.collect.num_candidates if t.shared_prompt else 1)))
 
 
 def _compile_step(cfg: Config, qcfg: Qwen3Config, mesh, rows: int, seq_len: int, resp_len: int,

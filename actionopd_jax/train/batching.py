@@ -79,6 +79,15 @@ class SharedRow:
         return max(len(r.response) for r in self.rows)
 
 
+def update_microbatches(cfg) -> int:
+    """Microbatches one optimizer update scans over (a minibatch of `train.minibatch_rows` rows,
+    microbatches of `train.microbatch_rows` packed rows, each of N candidates with
+    `train.shared_prompt`): what train/loop.py packs and `--check --aot` compiles. With more
+    than one, an f32 gradient accumulator is live beside each microbatch's gradient."""
+    t = cfg.train
+    return max(1, t.minibatch_rows // (t.microbatch_rows * (cfg.collect.num_candidates if t.shared_prompt else 1)))
+
+
 def share_prompts(rows: Sequence[Row]) -> list[SharedRow]:
     """Rows of the same group (consecutive, as `rows_from_groups` makes them) -> one SharedRow."""
     units: list[SharedRow] = []

@@ -32,7 +32,7 @@ from actionopd_jax.train.spend_report import progress_fields
 from actionopd_jax.train import distributed
 from actionopd_jax.train.advantages import assign_advantages
 from actionopd_jax.train.batching import (bucket_length, pack_minibatch, pack_shared_minibatch, plan_minibatches,
-                                          rows_from_groups, share_prompts)
+                                          rows_from_groups, share_prompts, update_microbatches)
 from actionopd_jax.checkpoint import Checkpointer, CheckpointError
 from actionopd_jax.train.preflight import check_batch_layout
 from actionopd_jax.train.reporting import MetricsWriter
@@ -289,7 +289,7 @@ class Trainer:
         shared = fn.settings.shared_prompt  # N candidates per packed row, or 0
         stale = self.cfg.collect.max_staleness >= 1   # asynchronous collection: mark stale rows
         units = share_prompts(rows) if shared else rows
-        micro = t.minibatch_rows // (t.microbatch_rows * (shared or 1))
+        micro = update_microbatches(self.cfg)   # shared = collect.num_candidates where train.shared_prompt
         resp_multiple = t.logits_chunk if t.logits_chunk > 0 else 16
         if shared and t.logits_chunk > 0:  # N regions together must be whole logits chunks
             resp_multiple = max(16, t.logits_chunk // math.gcd(t.logits_chunk, shared))
