@@ -51,6 +51,7 @@ from actionopd_jax.model.sharding import make_mesh  # noqa: E402
 import actionopd_jax.sampling.decode as decode_lib  # noqa: E402
 from actionopd_jax.sampling.aot import abstract_inputs, abstract_model  # noqa: E402
 from actionopd_jax.sampling.token_choice import DEFAULT_CAP  # noqa: E402
+from actionopd_jax.aot.targets import target_devices  # noqa: E402
 from actionopd_jax.jax_compat import set_mesh  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -67,6 +68,9 @@ def cost(compiled) -> dict:
     c = compiled.cost_analysis()
     c = c[0] if isinstance(c, (list, tuple)) else c
     m = compiled.memory_analysis()
+    if not c:       # XLA:GPU's compile-only client has no cost analysis: the walk alone
+        return {"bytes": None, "flops": None, "walk": program_bytes(compiled.as_text(), branches="cheapest"),
+                "alias": m.alias_size_in_bytes, "temp": m.temp_size_in_bytes, "args": m.argument_size_in_bytes}
     return {"bytes": float(c.get("bytes accessed", 0.0)), "flops": float(c.get("flops", 0.0)),
             "walk": program_bytes(compiled.as_text(), branches="cheapest"),
             "alias": m.alias_size_in_bytes, "temp": m.temp_size_in_bytes, "args": m.argument_size_in_bytes}
@@ -165,9 +169,15 @@ def static_compile(cfg, mesh, prompts: int, layers: int, which: str, layer_unrol
         return dec.lower(graphdef, params, state, rows, end_ids, None).compile(), shapes.gen_k.shape
 
 
+def per(x: float | None, n: float) -> float | None:
+    """x / n, or None where XLA gave no figure (the GPU compile-only client)."""
+    return None if x is None else x / n
+
+
 def scaled(one: dict, two: dict, layers: int) -> dict:
     """Per-program figures at `layers` from the 1- and 2-layer compiles (linear in depth)."""
-    return {k: one[k] + (layers - 1) * (two[k] - one[k]) for k in ("bytes", "flops", "walk")}
+    return {k: None if one[k] is None else one[k] + (layers - 1) * (two[k] - one[k])
+            for k in ("bytes", "flops", "walk")}
 
 
 def kernel_decode_bytes(lengths: list[int], kv_token_layer: int, layers: int) -> float:
@@ -180,18 +190,22 @@ BLOCK_K = [PAGE]
 SPLITS = [1]      # the kernels' table partitions (gpu_blocks at the engine's table)
 
 
-def parts_bytes(programs_rows: int, kv_heads: int, head_dim: int, layers: int) -> float:
-    """The kernels' partial results (kernel model): each (row, KV head, partition) writes a
-    block of MIN_QUERIES float32 (acc, top, total) rows, read back once by the merge in jax
-    (jax's decode kernel writes the same per 16 query heads)."""
-    return 2 * SPLITS[0] * programs_rows * kv_heads * MIN_QUERIES * (head_dim + 2) * 4 * layers
+def parts_bytes(programs_rows: int, kv_heads: int, head_dim: int, layers: int, queries: int = MIN_QUERIES) -> float:
+    """The kernels' partial results (kernel model): each (row, KV head, partition) writes
+    `queries` float32 (acc, top, total) rows, read back once by the merge in jax: a whole
+    block of MIN_QUERIES where every row of the block is stored (jax's decode kernel writes the
+    same per 16 query heads), the real ones where the store is masked."""
+    return 2 * SPLITS[0] * programs_rows * kv_heads * queries * (head_dim + 2) * 4 * layers
 
 
-def kernel_shared_decode_bytes(prompts: list[int], mid_gen: int, kv_token_layer: int, layers: int) -> float:
+def kernel_shared_decode_bytes(prompts: list[int], mid_gen: int, kv_token_layer: int, layers: int,
+                               granule: int | None = None) -> float:
     """Kernel model of the decode with prompt sharing (engine/prompt_sharing.py): a prompt's
     whole pages once for its SAMPLES samples, then each row's own keys (the prompt's partial
-    last page, copied per sample, and its reply), in whole compute blocks, k and v, every layer."""
-    b = BLOCK_K[0]
+    last page, copied per sample, and its reply), in units of `granule` keys (default: whole
+    compute blocks, every page of a block loaded; 1: the kernel's masked loads, live keys
+    only), k and v, every layer."""
+    b = granule or BLOCK_K[0]
     total = 0
     for p in prompts:
         shared = p // PAGE * PAGE
@@ -235,11 +249,14 @@ def main() -> None:
                     help="weights, activations and cache (float32: the CPU compiler runs bf16 scatters and "
                          "gathers through float32 copies of the whole pool and head, which XLA:GPU does not; "
                          "every figure and bound is then in float32 bytes)")
+    ap.add_argument("--target", choices=("h100", "h200"),
+                    help="compile for this GPU on this host (aot/gpu_topology.py: XLA:GPU's own fusions, cuDNN and "
+                         "the Pallas kernels, no GPU needed; XLA gives no cost analysis there, so the walk alone)")
     args = ap.parse_args()
     cfg = PRESETS["qwen3-4b"].replace(param_dtype=args.dtype)
     item = jnp.dtype(args.dtype).itemsize
     hlo_dt = {"float32": "f32", "bfloat16": "bf16"}[args.dtype]
-    mesh = make_mesh({"data": 1}, devices=jax.devices()[:1])
+    mesh = make_mesh({"data": 1}, devices=target_devices(f"{args.target}x1")[:1] if args.target else jax.devices()[:1])
     n_prompts = args.rows // SAMPLES
     prompts = prompt_lengths(n_prompts)
     shapes = EngineConfig(slots=args.rows, page_size=PAGE, max_len=HI + NEW, chunk=CHUNK, segment=16)
@@ -284,16 +301,16 @@ def main() -> None:
         n_unrolled, n_scanned = shape_copies(two, gen2, hlo_dt), shape_copies(scanned, gen2, hlo_dt)
         w1, w2 = copies_walk(one, gen1, hlo_dt), copies_walk(two, gen2, hlo_dt)
         copied = (w1 + (L - 1) * (w2 - w1)) if n_unrolled and not n_scanned else 0.0
-        row("static decode", s["bytes"] / args.rows, (s["walk"] - copied) / args.rows, dec_bound, "compiler",
+        row("static decode", per(s["bytes"], args.rows), (s["walk"] - copied) / args.rows, dec_bound, "compiler",
             f"cache aliased {c1['alias'] / 2**20:,.0f} MiB (1 layer); generated-cache copies per step: "
             f"{n_scanned} in the layer scan it runs" + (f" (the unrolled compile's {n_unrolled}, "
                                                         f"{copied / args.rows / 2**20:,.1f} MiB/token, left out of the walk)"
-                                                        if copied else ""), s["flops"] / args.rows)
+                                                        if copied else ""), per(s["flops"], args.rows))
     c1, s, one, pool_shape = pair(lambda k: engine_compile(cfg, mesh, shapes, "gather", k, "segment"))
     pool_bytes = 2 * math.prod(pool_shape) * item
-    row("engine decode, attention=gather (whole table)", s["bytes"] / args.rows, s["walk"] / args.rows, dec_bound,
+    row("engine decode, attention=gather (whole table)", per(s["bytes"], args.rows), s["walk"] / args.rows, dec_bound,
         "compiler", f"pool aliased {c1['alias'] / 2**20:,.0f} of {pool_bytes / 2**20:,.0f} MiB (1 layer); "
-        f"pool copies {shape_copies(one, pool_shape, hlo_dt)}", s["flops"] / args.rows)
+        f"pool copies {shape_copies(one, pool_shape, hlo_dt)}", per(s["flops"], args.rows))
     # everything but the attention, compiled without it; plus what the kernel reads (kernel model)
     _, s, _, _ = pair(lambda k: engine_compile(cfg, mesh, shapes, "gather", k, "segment", without_attention=True))
     outside = s["walk"]
@@ -306,19 +323,28 @@ def main() -> None:
         "compiler + kernel model", "4 samples read their prompt's pages 4 times")
     parts = parts_bytes(args.rows + n_prompts, kvh, dh, L)             # the own pass's rows, the shared one's blocks
     shared = outside + kernel_shared_decode_bytes(prompts, mid_gen, kv_tl, L) + parts
-    row("engine decode, attention=paged_gpu, prompts shared (after)", None, shared / args.rows, dec_bound,
+    row("engine decode, attention=paged_gpu, prompts shared", None, shared / args.rows, dec_bound,
         "compiler + kernel model", "a prompt's whole pages once for its 4 samples (engine/prompt_sharing.py); "
         f"the kernels' partial results {parts / args.rows / 2**20:,.1f} MiB/token of it")
+    group = cfg.num_attention_heads // cfg.num_key_value_heads
+    parts = (parts_bytes(args.rows, kvh, dh, L, queries=group)                # a row's own pass: its G heads
+             + parts_bytes(n_prompts, kvh, dh, L, queries=group * SAMPLES))  # a block: G heads x 4 samples
+    masked = outside + kernel_shared_decode_bytes(prompts, mid_gen, kv_tl, L, granule=1) + parts
+    row("engine decode, paged_gpu, prompts shared, live keys loaded, real queries stored (after)", None,
+        masked / args.rows, dec_bound, "compiler + kernel model",
+        "masked loads: no key at or past a row's length (the reply's pages held ahead, the last page's tail); "
+        f"masked stores: a decode row's {group} heads of its 16-query block; partial results "
+        f"{parts / args.rows / 2**20:,.1f} MiB/token")
     # --- prefill: bytes per prompt token --------------------------------------------------------
     if not args.skip_static:
         c1, s, one, _ = pair(lambda k: static_compile(cfg, mesh, n_prompts, k, "prefill"))
-        row("static prefill (one call, padded to 4,096)", s["bytes"] / prompt_tokens, s["walk"] / prompt_tokens,
-            pre_bound, "compiler", f"temp {c1['temp'] / 2**30:,.2f} GiB (1 layer)", s["flops"] / prompt_tokens)
+        row("static prefill (one call, padded to 4,096)", per(s["bytes"], prompt_tokens), s["walk"] / prompt_tokens,
+            pre_bound, "compiler", f"temp {c1['temp'] / 2**30:,.2f} GiB (1 layer)", per(s["flops"], prompt_tokens))
     c1, s, one, pool_shape = pair(lambda k: engine_compile(cfg, mesh, shapes, "gather", k, "chunk"))
-    row("engine prefill, attention=gather", s["bytes"] * calls / prompt_tokens, s["walk"] * calls / prompt_tokens,
+    row("engine prefill, attention=gather", per(s["bytes"], prompt_tokens / calls), s["walk"] * calls / prompt_tokens,
         pre_bound, "compiler", f"{calls} calls; temp {c1['temp'] / 2**30:,.2f} GiB (1 layer); pool aliased "
         f"{c1['alias'] / 2**20:,.0f} MiB, pool copies {shape_copies(one, pool_shape, hlo_dt)}",
-        s["flops"] * calls / prompt_tokens)
+        per(s["flops"], prompt_tokens / calls))
     c1, s, one, pool_shape = pair(lambda k: engine_compile(cfg, mesh, shapes, "live", k, "chunk"))
     block = block_bytes(cfg, mesh, shapes.pages_per_slot, args.dtype)   # one block + the merge, walked
     blocks = live_blocks(prompts)
@@ -338,18 +364,17 @@ def main() -> None:
     row("engine prefill, paged_gpu, chunk 512, fresh first chunks, later ones a kernel row a token", None,
         (s["walk"] * first + later) / prompt_tokens, pre_bound, "compiler + kernel model",
         f"{first} fresh calls; pool copies {shape_copies(one, pool_shape, hlo_dt)}")
-    group = cfg.num_attention_heads // cfg.num_key_value_heads
     later = (rest / calls) * (calls - first) + kernel_prefill_block_bytes(prompts, group, kv_tl, L, after=CHUNK)
     row("engine prefill, paged_gpu, chunk 512, fresh first chunks, later ones in query blocks (after)", None,
         (s["walk"] * first + later) / prompt_tokens, pre_bound, "compiler + kernel model",
         f"blocks of {QUERY_BLOCK // group} tokens x {group} heads (paged_gpu_parts.py)")
     whole = EngineConfig(slots=args.rows, page_size=PAGE, max_len=HI + NEW, chunk=HI, segment=16)
     c1, s, one, pool_shape = pair(lambda k: engine_compile(cfg, mesh, whole, "paged_gpu", k, "chunk", fresh=True))
-    row(f"engine prefill, paged_gpu, chunk {HI:,}: every call fresh (after)", s["bytes"] * first / prompt_tokens,
+    row(f"engine prefill, paged_gpu, chunk {HI:,}: every call fresh (after)", per(s["bytes"], prompt_tokens / first),
         s["walk"] * first / prompt_tokens, pre_bound, "compiler",
         f"{first} calls; temp {c1['temp'] / 2**30:,.2f} GiB (1 layer, xla scores); pool aliased "
         f"{c1['alias'] / 2**20:,.0f} MiB, pool copies {shape_copies(one, pool_shape, hlo_dt)}",
-        s["flops"] * first / prompt_tokens)
+        per(s["flops"], prompt_tokens / first))
     print("\nAll figures are estimates from the CPU compile (XLA: HloCostAnalysis 'bytes accessed'; walk: "
           "benchmarks/hlo_bytes.py over the optimized HLO, in-place updates and indexed reads at what they touch) "
           "or the paged kernel's loop bounds (kernel model); none is a device timing.\n")

@@ -14,7 +14,7 @@ from actionopd_jax.engine import engine as engine_module
 from actionopd_jax.engine.pages import NULL_PAGE
 from actionopd_jax.engine.prompt_sharing import SHARE_WIDTH, Groups, shared_attend
 from actionopd_jax.model.attention.paged_gather import paged_attention_gather
-from actionopd_jax.model.attention.paged_gpu_parts import paged_parts_gpu
+from actionopd_jax.model.attention.paged_gpu_parts import kernel_parts, paged_parts_gpu
 from actionopd_jax.model.attention.paged_live import live_part, merge_parts
 
 KVH, G, DH, PAGE, PPS = 2, 2, 16, 8, 16          # 16 pages of 8 per slot: up to 128 tokens, 2 partitions
@@ -82,6 +82,37 @@ def test_gpu_parts_over_partitions_and_empty_rows():
     want = live_part(q, k, v, lengths, table, q_positions=jnp.broadcast_to(lengths[:, None] - 1, (4, 3)))
     np.testing.assert_allclose(np.asarray(merge_parts([(top, total, acc)], q.dtype)[1:]),
                                np.asarray(merge_parts([want], q.dtype)[1:]), rtol=2e-5, atol=2e-5)
+
+
+def test_gpu_kernel_loads_only_live_keys_and_stores_only_real_queries():
+    """The kernel reads a key only below its row's length: NaN in the unwritten tail of a
+    row's last page and in the pages its table holds ahead of it (a reply's pages are
+    allocated at admission; a freed page may hold a diverged row's NaN) leaves the result
+    equal to the reference on a clean pool (a load of them would put 0 x NaN in acc). And it
+    stores only the real queries of a block: a decode row's 2 heads of the 16-query block
+    (Pallas interpret mode starts outputs as NaN, so unwritten rows read NaN)."""
+    rng = np.random.default_rng(5)
+    k, v = (np.asarray(_bf16_exact(rng.normal(size=(KVH, 80, PAGE, DH)))) for _ in range(2))
+    table = np.asarray(rng.permutation(np.arange(1, 80))[:4 * PPS].reshape(4, PPS), np.int32)
+    lengths = np.asarray([5, 9, 70, 128], np.int32)
+    dirty_k, dirty_v = k.copy(), v.copy()
+    for row, n in enumerate(lengths):
+        for pos in range(n, PPS * PAGE):                  # every key slot at or past the length
+            page, off = divmod(pos, PAGE)
+            dirty_k[:, table[row, page], off] = np.nan
+            dirty_v[:, table[row, page], off] = np.nan
+    q = _bf16_exact(rng.normal(size=(4, 1, KVH * G, DH)))
+    want = paged_parts_gpu(q, k, v, lengths, table, interpret=True)
+    got = paged_parts_gpu(q, dirty_k, dirty_v, lengths, table, interpret=True)
+    for a, b in zip(got, want):
+        assert np.isfinite(np.asarray(a)).all()
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-6, atol=1e-6)
+    top, total, acc = kernel_parts(q, k, v, jnp.asarray(lengths), jnp.asarray(table),
+                                   jnp.asarray(lengths)[:, None] - 1, interpret=True)
+    assert acc.shape[3] == 16                             # G = 2 queries padded to Triton's 16
+    for x in (top, total, acc):
+        assert np.isfinite(np.asarray(x[:, :, :, :G])).all()
+        assert np.isnan(np.asarray(x[:, :, :, G:])).all()
 
 
 def test_gpu_engine_reads_prompts_once_and_gives_the_static_samples(monkeypatch):

@@ -23,7 +23,10 @@ One program per (row, KV head, block of queries, partition of the table): the ro
 queries of the KV head go in blocks of up to QUERY_BLOCK, padded to a power of two >= 16
 (Triton's smallest dot), so each key block is loaded once for all queries of a block; with
 Qwen3-4B's 4 query heads per KV head and 4 samples the shared pass is exactly one block of 16.
-A program stops after the last live page its queries see. The partitions' parts are merged
+A program stops after the last live page its queries see, and loads only the keys below its
+row's length: the tail of a compute block (a reply's pages are held from admission) costs no
+HBM read, and a freed page's NaN there cannot reach acc. It stores only its real queries (a
+decode row's 4 of its 16), and only those are merged. The partitions' parts are merged
 here in jax. The same kernel runs the prefill chunks that continue a prompt (paged_gpu.py): a
 chunk of 512 tokens reads the history 32 times (blocks of 16 tokens x 4 heads) instead of 512
 times (one decode row per token, jax's kernel).
@@ -59,7 +62,7 @@ def _pow2_at_least(n: int, floor: int) -> int:
 
 
 def _kernel(q_ref, pos_ref, k_ref, v_ref, table_ref, length_ref, top_ref, total_ref, acc_ref, *, block_pages,
-            exact):
+            n_real, exact):
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as plgpu
 
@@ -76,10 +79,16 @@ def _kernel(q_ref, pos_ref, k_ref, v_ref, table_ref, length_ref, top_ref, total_
     def block(b, carry):
         top, total, acc = carry
         ids = table_ref[pl.ds(b * block_pages, block_pages)]
-        k = k_ref[ids].reshape(width, dh)
-        v = v_ref[ids].reshape(width, dh)
-        scores = dot(q, k.T)                                                   # [M, width] float32
         key_pos = (first + b * block_pages) * page_size + jnp.arange(width)
+        # Only the keys below `length` are loaded (the rest read as 0): the block's pages past
+        # the row's last live one (a reply's pages are allocated ahead) and the last page's
+        # unwritten tail cost no HBM reads, and whatever they hold (a freed page's NaN) never
+        # reaches acc, where 0 x NaN would.
+        seen = jnp.broadcast_to((key_pos < length).reshape(block_pages, page_size, 1), (block_pages, page_size, dh))
+        where = (ids[:, None, None], jnp.arange(page_size)[None, :, None], jnp.arange(dh)[None, None, :])
+        k = plgpu.load(k_ref.at[where], mask=seen, other=0.0).reshape(width, dh)
+        v = plgpu.load(v_ref.at[where], mask=seen, other=0.0).reshape(width, dh)
+        scores = dot(q, k.T)                                                   # [M, width] float32
         scores = jnp.where((key_pos[None, :] < length) & (key_pos[None, :] <= pos[:, None]), scores, MASK_VALUE)
         new_top = jnp.maximum(top, scores.max(axis=-1))
         fix = jnp.exp(top - new_top)
@@ -92,9 +101,12 @@ def _kernel(q_ref, pos_ref, k_ref, v_ref, table_ref, length_ref, top_ref, total_
     init = (jnp.full((m,), MASK_VALUE, jnp.float32), jnp.zeros((m,), jnp.float32),
             jnp.zeros((m, dh), jnp.float32))
     top, total, acc = jax.lax.fori_loop(0, pl.cdiv(live, block_pages), block, init)
-    top_ref[...] = top
-    total_ref[...] = total
-    acc_ref[...] = acc
+    # only the block's real queries are stored: a decode row's 4 heads of its 16 (the padding
+    # rows stay unwritten, and the merge reads only the real ones)
+    real = pl.program_id(2) * m + jnp.arange(m) < n_real
+    plgpu.store(top_ref, top, mask=real)
+    plgpu.store(total_ref, total, mask=real)
+    plgpu.store(acc_ref, acc, mask=jnp.broadcast_to(real[:, None], (m, dh)))
 
 
 def _merge_partitions(top, total, acc):
@@ -106,7 +118,10 @@ def _merge_partitions(top, total, acc):
     return best, (total * fix).sum(axis=0), (acc * fix[..., None]).sum(axis=0)
 
 
-def _local(q, k_pages, v_pages, lengths, page_table, q_positions, *, interpret):
+def kernel_parts(q, k_pages, v_pages, lengths, page_table, q_positions, *, interpret):
+    """The kernel's own outputs, before any merge: (top, total) [splits, S, KVH, Q] and acc
+    [splits, S, KVH, Q, Dh], Q the queries padded to whole blocks (rows past T * G never
+    written), float32."""
     from jax.experimental import pallas as pl
     from jax.experimental.pallas import triton as plgpu
 
@@ -123,11 +138,11 @@ def _local(q, k_pages, v_pages, lengths, page_table, q_positions, *, interpret):
     qb = jnp.pad(qb.reshape(rows, kvh, n, dh), ((0, 0), (0, 0), (0, q_blocks * m - n), (0, 0))).astype(k_pages.dtype)
     pos = jnp.pad(jnp.repeat(q_positions.astype(jnp.int32), g, axis=1), ((0, 0), (0, q_blocks * m - n)),
                   constant_values=-1)                                          # padding queries see nothing
-    kernel = functools.partial(_kernel, block_pages=block_pages, exact=k_pages.dtype == jnp.float32)
+    kernel = functools.partial(_kernel, block_pages=block_pages, n_real=n, exact=k_pages.dtype == jnp.float32)
     pages_spec = pl.BlockSpec((None, n_pages, page_size, dh), lambda s, h, b, p: (h, 0, 0, 0))
     part_spec = pl.BlockSpec((None, None, None, m), lambda s, h, b, p: (p, s, h, b))
     part_shape = jax.ShapeDtypeStruct((splits, rows, kvh, q_blocks * m), jnp.float32)
-    top, total, acc = pl.pallas_call(
+    return pl.pallas_call(
         kernel,
         grid=(rows, kvh, q_blocks, splits),
         in_specs=[pl.BlockSpec((None, None, m, dh), lambda s, h, b, p: (s, h, b, 0)),
@@ -143,10 +158,19 @@ def _local(q, k_pages, v_pages, lengths, page_table, q_positions, *, interpret):
         interpret=interpret,
         name=f"paged_parts_m{m}_pages{block_pages}",
     )(qb, pos, k_pages, v_pages, page_table.reshape(rows, splits, per_part), lengths.astype(jnp.int32))
-    top, total, acc = _merge_partitions(top, total, acc)
+
+
+def _local(q, k_pages, v_pages, lengths, page_table, q_positions, *, interpret):
+    rows, t, hq, dh = q.shape
+    kvh = k_pages.shape[0]
+    g = hq // kvh
+    n = t * g
+    top, total, acc = kernel_parts(q, k_pages, v_pages, lengths, page_table, q_positions, interpret=interpret)
+    # the real queries only (the padding rows were never written), then the partitions merged
+    top, total, acc = _merge_partitions(top[..., :n], total[..., :n], acc[..., :n, :])
     # [S, KVH, T * G(, Dh)] -> live_part's [S, KVH, G, T(, Dh)]
-    top, total = (x[..., :n].reshape(rows, kvh, t, g).swapaxes(2, 3) for x in (top, total))
-    acc = acc[..., :n, :].reshape(rows, kvh, t, g, dh).swapaxes(2, 3)
+    top, total = (x.reshape(rows, kvh, t, g).swapaxes(2, 3) for x in (top, total))
+    acc = acc.reshape(rows, kvh, t, g, dh).swapaxes(2, 3)
     return top, total, acc
 
 
