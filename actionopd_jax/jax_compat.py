@@ -92,14 +92,3 @@ def triton_lowers_on_cpu_as(version: str = "H100"):
 
 
 __all__ = ["has_pallas_kernel", "pallas_kernel", "triton_lowers_on_cpu_as", "set_mesh", "shard_map"]
-
-
-def gpu_copies_scanned_slices() -> bool:
-    """Whether this release's XLA:GPU copies each trip's dynamic slice of a scanned stack (the
-    layers' weights, the static sampler's prompt cache) out before its matmuls read it.
-    Compiled for an H100 here (aot/gpu_topology.py): under jaxlib 0.10.2 the engine's 4B decode
-    segment at 256 rows wrote 386 MiB of such copies a layer trip, about 13.6 GiB a step, and
-    the 4B update 405 MiB a trip; under 0.11.2 (the lent GPUs' release) 1.3 MiB and none."""
-    from jax._src.lib import version as jaxlib_version
-
-    return tuple(jaxlib_version[:2]) < (0, 11)

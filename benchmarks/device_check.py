@@ -81,7 +81,8 @@ def stages(mode: str, platform: str, shapes: dict | None = None) -> list[tuple[s
     dropped = {d["stage"] for d in shapes["dropped"]}
     def decode(work):
         wp, slots, *_ = DECODE[mode][work]
-        return [(f"decode {wp} {sampler} {slots}", "decode", 100.0 if dev else 60.0,
+        # 130 s: GPU decode programs unroll their layers (decode.layer_unroll_for), ~2.7x the compile
+        return [(f"decode {wp} {sampler} {slots}", "decode", 130.0 if dev else 60.0,
                  {"fn": "decode", "sampler": sampler, "work": work, "own": dev,
                   "pool_pages": shapes["decode"][work]["pool_pages"] if sampler == "engine" else None,
                   "token_budget": shapes["decode"][work]["static_token_budget"] if sampler == "static" else None})

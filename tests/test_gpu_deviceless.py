@@ -114,7 +114,9 @@ def test_the_engines_programs_compile_for_an_h100_and_copy_on_write_copies_pages
 
 def _copied_bytes(hlo: str) -> int:
     """Bytes written by copies in a compiled GPU program's text: copy instructions, and fusions
-    whose root is a copy (XLA:GPU's dynamic-slice copies out of a stacked array). Read with the
+    whose root is a copy or a dynamic slice, synchronous or started asynchronously
+    (`fusion-start`: jaxlib 0.11's form of the same slice copied out of a stacked array; its
+    result is the tuple's second element, counted at the matching `fusion-done`). Read with the
     project's HLO line parser (aot/hlo_text.py) and benchmarks/hlo_bytes.py's shape sizes."""
     import re
 
@@ -130,21 +132,26 @@ def _copied_bytes(hlo: str) -> int:
             found.append(parsed)
             if line.lstrip().startswith("ROOT "):
                 roots[current] = parsed[2]
+    copying = {"copy", "dynamic-slice"}
+    started = {name for name, _, op, rest in found if op == "fusion-start"
+               and (called := re.search(r"calls=%?([\w.\-]+)", rest)) and roots.get(called.group(1)) in copying}
     total = 0
     for _, shape, op, rest in found:
         called = re.search(r"calls=%?([\w.\-]+)", rest)
-        if op == "copy" or (op == "fusion" and called and roots.get(called.group(1)) == "copy"):
+        if op == "copy" or (op == "fusion" and called and roots.get(called.group(1)) in copying):
+            total += shape_bytes(shape)
+        elif op == "fusion-done" and re.match(r"\(?%?([\w.\-]+)", rest).group(1) in started:
             total += shape_bytes(shape)
     return total
 
 
 @pytest.mark.parametrize("sampler", ["engine", "static"])
 def test_gpu_decode_reads_each_layers_weights_in_place(sampler):
-    """Each decode step reads every layer's weights in place. jaxlib 0.10's XLA:GPU copies each
-    scanned trip's slice of the stacked weights out before its matmuls (and the static
-    sampler's slice of the prompt cache): there the decode programs unroll their layers on GPU
-    (decode.layer_unroll_for), and with one layer a trip the copies are back. jaxlib 0.11 (the
-    lent GPUs') reads the scanned slices in place, and keeps the scan."""
+    """Each decode step reads every layer's weights in place. XLA:GPU copies each scanned
+    trip's slice of the stacked weights out before its matmuls (and the static sampler's slice
+    of the prompt cache): jaxlib 0.10 as copy fusions, 0.11 (the lent GPUs') as asynchronous
+    fusions of the same bytes. So the decode programs unroll their layers on GPU
+    (decode.layer_unroll_for); with one layer a trip the copies are back, under either."""
     import functools
 
     from actionopd_jax.aot.lowering import cuda_stand_in
@@ -176,10 +183,7 @@ def test_gpu_decode_reads_each_layers_weights_in_place(sampler):
         with cuda_stand_in(), set_mesh(mesh), no_persistent_cache():   # a compile-only target: never cached
             return _copied_bytes(jitted.lower(*args).compile().as_text())
 
-    from actionopd_jax.jax_compat import gpu_copies_scanned_slices
-
     default = copied(None)
     assert default < layer_weights / 20, (default, layer_weights)
-    if gpu_copies_scanned_slices():
-        scanned = copied(1)
-        assert scanned > layer_weights / 4, (scanned, layer_weights)    # a trip's weights copied out of the stack
+    scanned = copied(1)
+    assert scanned > layer_weights / 4, (scanned, layer_weights)    # a trip's weights copied out of the stack

@@ -259,8 +259,8 @@ def segment(graphdef: nnx.GraphDef, params: Any, checked: Any, pool: Pool, slots
     0: never). Both are traced, so one program serves every segment length. layer_unroll:
     layers per trip of the accelerator's layer scan (the number of layers: no loop, for the
     compiler's cost model, which counts a loop body once: benchmarks/engine_cost.py; None:
-    decode.layer_unroll_for's choice: every layer on GPU under jaxlib 0.10, whose XLA copies a
-    scanned trip's weights out of the stack)."""
+    decode.layer_unroll_for's choice: every layer on GPU, whose XLA copies a scanned trip's
+    weights out of the stack)."""
     model = nnx.merge(graphdef, params)
     cfg, dt = model.cfg, jnp.dtype(model.runtime.dtype)
     n_slots = slots.last.shape[0]

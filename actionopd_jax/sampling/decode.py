@@ -46,7 +46,6 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from actionopd_jax.jax_compat import gpu_copies_scanned_slices
 from actionopd_jax.model import KVCache, left_pad_positions
 from actionopd_jax.model.attention.decode import shared_prompt_step
 from actionopd_jax.model.attention.dispatch import resolve, target_platform
@@ -80,16 +79,17 @@ def resolve_backend(backend: str = "auto", platform: str | None = None) -> str:
 
 def layer_unroll_for(layer_unroll: int | None, layers: int) -> int:
     """Layers per trip of an accelerator decode's layer scan: `layer_unroll`, or for None one,
-    except on GPU under a jax whose XLA:GPU copies each trip's dynamic slice of the stacked
-    weights (and the static sampler's prompt cache) out before its matmuls read it
-    (jax_compat.gpu_copies_scanned_slices: jaxlib 0.10). There every decode step copied every
-    layer's weights, about 13.6 GiB a step for the engine's 4B segment at 256 rows compiled
-    for an H100 (aot/gpu_topology.py), so all layers are unrolled: the slices are static and
-    read in place (1.3 MiB of copies), at 2.7x the segment's compile (27 s against 10 here).
-    jaxlib 0.11 reads the scanned slices in place, and TPU fuses them: one layer a trip."""
+    except on GPU, where XLA:GPU copies each trip's dynamic slice of the stacked weights (and
+    the static sampler's prompt cache) out before its matmuls read it: jaxlib 0.10.2 as
+    copy fusions, 0.11.2 (the lent GPUs' release) as asynchronous fusions (fusion-start /
+    fusion-done) of the same bytes. Compiled for an H100 (aot/gpu_topology.py), the engine's 4B
+    segment at 256 rows copied 386 MiB a layer trip, about 13.6 GiB a step against a bound of
+    about 34: a memory-bound step pays it in full, overlapped or not. So on GPU all layers are
+    unrolled: the slices are static and read in place (under 1 MiB of copies), at 2.7x the
+    segment's compile (27 s against 10 here). TPU fuses the slices: one layer a trip."""
     if layer_unroll is not None:
         return layer_unroll
-    return layers if target_platform() == "gpu" and gpu_copies_scanned_slices() else 1
+    return layers if target_platform() == "gpu" else 1
 
 
 @flax.struct.dataclass
