@@ -14,7 +14,9 @@ each once, as XLA does; fusion bodies are not executed on their own):
 - the in-place target of a scatter / dynamic-update-slice at a fusion's root (or bare): not
   read, and the output counted as the update's bytes;
 - a fusion that only slices and bitcasts (an unrolled layer's view of the stacked weights or
-  cache, which the CPU compiler materializes): nothing, its consumer counts what it reads.
+  cache, which the CPU compiler materializes): nothing, its consumer counts what it reads;
+- an asynchronous fusion (`fusion-start` / `fusion-done`, jaxlib 0.11's XLA:GPU): once, as
+  the fusion it runs, with the done's shape as its output.
 
 A conditional runs one branch. `branches="all"` counts every branch (an upper figure);
 `branches="cheapest"` follows each conditional's cheapest branch: the common path of programs
@@ -145,11 +147,16 @@ def instruction_bytes(text: str, branches: str = "all") -> list[tuple[int, str]]
 
 def _instructions(comps: dict, executed: set) -> list[tuple[int, str]]:
     sizes = {i[0]: i[1] for body in comps.values() for i in body}
+    # an asynchronous fusion (jaxlib 0.11's XLA:GPU: fusion-start / fusion-done) is counted once,
+    # at its done, whose shape is the fusion's result, as the fusion it runs
+    started = {i[0]: i[4] for body in comps.values() for i in body if i[2] == "fusion-start"}
     out = []
     for comp in executed:
         for name, size, op, ops, attrs, root in comps.get(comp, []):
-            if op in _SKIP:
+            if op in _SKIP or op == "fusion-start":
                 continue
+            if op == "fusion-done" and ops and ops[0] in started:
+                op, attrs = "fusion", started[ops[0]]
             if op == "fusion":
                 called = re.search(r"calls=%?([\w.\-]+)", attrs)
                 body = comps.get(called.group(1), []) if called else []

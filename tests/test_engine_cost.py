@@ -56,6 +56,32 @@ def test_the_walk_follows_a_conditionals_cheapest_branch_when_asked():
     assert every > 4 * 2**20 > 4096 > common, (every, common)
 
 
+def test_the_walk_counts_an_asynchronous_fusion_once_as_the_fusion_it_runs():
+    """jaxlib 0.11's XLA:GPU starts a scanned trip's weight slice as an asynchronous fusion:
+    the walk counts the slice it reads and writes (2 x 4 MiB), not the whole stack its start
+    takes (64 MiB; 68 MiB counted before the walk knew the pair)."""
+    from hlo_bytes import program_bytes
+
+    text = """HloModule m, entry_computation_layout={(f32[16,1024,1024]{2,1,0}, s32[])->f32[1,1024,1024]{2,1,0}}
+
+%fused_dynamic_slice (param_0: f32[16,1024,1024], param_1: s32[]) -> f32[1,1024,1024] {
+  %param_0 = f32[16,1024,1024]{2,1,0} parameter(0)
+  %param_1 = s32[] parameter(1)
+  %constant.0 = s32[] constant(0)
+  ROOT %dynamic-slice.0 = f32[1,1024,1024]{2,1,0} dynamic-slice(%param_0, %param_1, %constant.0, %constant.0), dynamic_slice_sizes={1,1024,1024}
+}
+
+ENTRY %main (stack: f32[16,1024,1024], i: s32[]) -> f32[1,1024,1024] {
+  %stack = f32[16,1024,1024]{2,1,0} parameter(0)
+  %i = s32[] parameter(1)
+  %fusion-start.0 = ((f32[16,1024,1024]{2,1,0}, s32[]), f32[1,1024,1024]{2,1,0}, u32[]) fusion-start(%stack, %i), kind=kLoop, calls=%fused_dynamic_slice
+  ROOT %fusion-done.0 = f32[1,1024,1024]{2,1,0} fusion-done(%fusion-start.0)
+}
+"""
+    got = program_bytes(text)
+    assert 2 * 4 * 2**20 <= got <= 2 * 4 * 2**20 + 4, got       # (+ the s32 index)
+
+
 def test_the_static_samplers_layer_scan_writes_its_generated_cache_in_place():
     """The static sampler's decode step (accelerator path) with its layers unrolled, as the cost
     model compiles it, copies the generated cache: a layer's attention read is not ordered
