@@ -64,7 +64,7 @@ if str(ROOT / "benchmarks") not in sys.path:
     sys.path.insert(0, str(ROOT / "benchmarks"))
 from device_check_host import describe, detect_platform, install  # noqa: E402 - after the path above
 from device_check_report import apply_ceilings, markdown  # noqa: E402
-from device_check_shapes import DECODE, TRAIN_XLA_FLAGS, choose, gpu_memory_bytes, only  # noqa: E402
+from device_check_shapes import DECODE, TRAIN_UNROLLED, TRAIN_XLA_FLAGS, choose, gpu_memory_bytes, only  # noqa: E402
 
 STARTUP_LIMIT_S = 180.0  # the child's jax import and device start, before its first measurement
 EVENTS = "device_check_events.jsonl"
@@ -111,19 +111,20 @@ def stages(mode: str, platform: str, shapes: dict | None = None) -> list[tuple[s
          {"fn": "split", "work": "big", "own": dev, "pool_pages": shapes["decode"]["big"]["pool_pages"]})]
     split += [(f"kernels {wp} {slots}", "attention_kernels", 90.0 if dev else 60.0, {"fn": "kernels", "work": "big", "own": dev})
               ] if platform == "gpu" or not dev else []       # the candidates are GPU kernels
-    # issue 42's XLA flag candidates (GPU; a dry run proves the path): the first step, alone (flags are read once)
-    flagged = [(f"{name} flags {label}", sec, lim, {**spec, "split": False, "own": True, "xla_flags": flags})
-               for label, flags in TRAIN_XLA_FLAGS.items() for name, sec, lim, spec in train[:1]
-               if platform == "gpu" or not dev]
+    def variants(labelled: dict, own: bool) -> list:   # issue 42's candidates on the first step (GPU; a dry run proves the path)
+        return [(f"{name} {label}", sec, lim, {**spec, "split": False, "own": own, **extra}) for label, extra in
+                labelled.items() for name, sec, lim, spec in train[:1] if platform == "gpu" or not dev]
+    unrolled = variants(TRAIN_UNROLLED, dev)
+    flagged = variants({f"flags {k}": {"xla_flags": v} for k, v in TRAIN_XLA_FLAGS.items()}, True)   # alone: flags are read once
     # the order of value: rollout, issue 41's weak half (the 4B decodes at 256 and 64 rows, the
     # transformers reference at 64, the device's token parity); then issue 42's first train step
     # (remat by this device's memory, with its time split), which one visit's two calls should
     # still reach; 41's diagnosis (the engine's split, the attention candidates), what the next
-    # fix needs if the decodes miss; the rest of 41 (transformers at 256, the 0.6B decodes), the
-    # kernels' parity and the other train steps (the recipe's, measured on the H200 in run 1)
+    # fix needs if the decodes miss; 42's unrolled layers; the rest of 41 (transformers at 256,
+    # the 0.6B decodes), the kernels' parity and the other train steps (the recipe's, run 1's)
     return ([("ceilings", "ceilings", 60.0, {"fn": "ceilings"})] + decode("big") + decode("small") +
             [generate("small"), ("sampler parity", "parity", 90.0, {"fn": "sampler parity"})] + train[:1] + split +
-            [generate("big")] + decode("0.6b") + flagged + [("attention parity", "parity", 60.0, {"fn": "attention"})]
+            unrolled + [generate("big")] + decode("0.6b") + flagged + [("attention parity", "parity", 60.0, {"fn": "attention"})]
             + train[1:])
 
 
@@ -185,7 +186,7 @@ def child(mode: str, names: list[str], out_dir: Path, memory: int | None = None,
             return w.train_step_timing(spec["preset"], spec["attention"], rows=len(devices), seq=spec["seq"],
                                        resp=spec["resp"], reps=2 if dev else 1, devices=devices,
                                        param_dtype=spec["param_dtype"], remat=spec.get("remat"),
-                                       split=spec.get("split", False))
+                                       split=spec.get("split", False), scan_unroll=spec.get("scan_unroll"))
         if fn == "sampler parity":
             return w.sampler_parity(devices[0], bf16=dev)
         preset, slots, samples, lo, hi, new = DECODE[mode][spec["work"]]

@@ -41,6 +41,12 @@ TRAIN = {"device": ("qwen3-4b", 4096, 16384, 512), "dry-run": ("tiny", 64, 128, 
 # latency-hiding scheduler (it orders collectives; one GPU has none). Each flag parses under
 # jax 0.10.2 (tests/test_device_check.py) and 0.11.2 (the device's jax, checked by hand).
 TRAIN_XLA_FLAGS = {"cublas gemms": "--xla_gpu_enable_triton_gemm=false"}
+# issue 42's layer-loop candidates for the first step: every layer unrolled (model.scan_unroll=0).
+# Compiled for an H100 (4B, 4,096 tokens), the scanned update copies each trip's weight and
+# saved-activation slices out of their stacks and writes the stacks, about 5.9 GiB of a
+# layer's 7.8 outside its matmuls, 2.4 unrolled; unrolled, XLA's own rematerialization also
+# fits remat "none" (64.8 GiB compiled, 95.7 scanned). Compiler figures: the device times them.
+TRAIN_UNROLLED = {"unrolled": {"scan_unroll": 0}, "unrolled remat none": {"scan_unroll": 0, "remat": "none"}}
 PAGE_SIZE = 16
 POOL_MARGIN = 1.25    # pages beyond what the workload fills (its samples' own pages are allocated at admission)
 # The static sampler's prefill peak per prompt-cache byte on a GPU (cache written + the

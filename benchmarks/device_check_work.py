@@ -159,14 +159,15 @@ RECIPE = "configs/paper/qwen3_4b_h200.yaml"   # the train step is timed as this 
 
 
 def train_config(preset: str, attention: str, rows: int, seq: int, resp: int, remat: str | None,
-                 param_dtype: str | None = None):
-    """RECIPE at these shapes; `remat` / `param_dtype`: the recipe's where None."""
+                 param_dtype: str | None = None, scan_unroll: int | None = None):
+    """RECIPE at these shapes; `remat` / `param_dtype` / `scan_unroll`: the recipe's where None."""
     from actionopd_jax.config.load import load_config
 
     recipe = Path(__file__).resolve().parents[1] / RECIPE
     return load_config(recipe, [
         f"model.preset={preset}", "model.hf_path=", f"model.attention={attention}",
         *([f"model.remat={remat}"] if remat else []), *([f"model.param_dtype={param_dtype}"] if param_dtype else []),
+        *([f"model.scan_unroll={scan_unroll}"] if scan_unroll is not None else []),
         # one microbatch, as train_step_timing packs it: the plan then counts one gradient
         # buffer, not the accumulator of the recipe's 256-row minibatch beside it
         "mesh.target=", "mesh.fsdp=-1", "train.shared_prompt=false", f"train.microbatch_rows={rows}",
@@ -176,7 +177,7 @@ def train_config(preset: str, attention: str, rows: int, seq: int, resp: int, re
 
 def train_step_timing(preset: str, attention: str, *, rows: int, seq: int, resp: int, reps: int,
                       remat: str | None = None, param_dtype: str | None = None, devices: list | None = None,
-                      split: bool = False) -> dict:
+                      split: bool = False, scan_unroll: int | None = None) -> dict:
     """One optimizer update of `preset` (random weights) over all local devices (FSDP), remat
     as RECIPE sets it unless `remat` is given ("auto": train/remat_choice's policy for this
     device's usable memory, recorded as the row's remat): compile time, step time, tokens/s, the model
@@ -186,7 +187,8 @@ def train_step_timing(preset: str, attention: str, *, rows: int, seq: int, resp:
     device's limit (train/remat_confirm.py; the row's remat_compiled: each policy compiled);
     peak device memory against the analytic plan of `train --check`. split: then one more step
     under the profiler, its time by kind (train/time_split.py; an error there is the split's,
-    not the row's)."""
+    not the row's). scan_unroll: layers per trip of the layer loop where not the recipe's (0:
+    all unrolled; the row records it)."""
     from actionopd_jax.model import make_mesh
     from actionopd_jax.train.aot_check import model_flops
     from actionopd_jax.train.batching import Row, pack_minibatch
@@ -194,7 +196,7 @@ def train_step_timing(preset: str, attention: str, *, rows: int, seq: int, resp:
     from actionopd_jax.train.setup import build_train_step, initial_params, model_config
 
     devices = devices or jax.local_devices()
-    cfg = train_config(preset, attention, rows, seq, resp, remat, param_dtype)
+    cfg = train_config(preset, attention, rows, seq, resp, remat, param_dtype, scan_unroll)
     qcfg = model_config(cfg)
     if cfg.model.remat == "auto":  # as `actionopd train` resolves it: from this device's usable memory
         from actionopd_jax.train.remat_choice import resolve_remat
@@ -254,4 +256,5 @@ def train_step_timing(preset: str, attention: str, *, rows: int, seq: int, resp:
             "tokens_per_s": round(rows * seq / step_s, 1), "loss": loss, "model_flops": used,
             "peak_bytes": stats.get("peak_bytes_in_use"), "plan_bytes": plan,
             **({"remat_compiled": compiled, "bytes_limit": limit} if compiled else {}), **extra,
+            **({"scan_unroll": scan_unroll} if scan_unroll is not None else {}),
             "ok": bool(np.isfinite(loss))}

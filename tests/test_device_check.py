@@ -61,7 +61,7 @@ def test_the_image_hides_what_the_device_lacks_and_the_editable_install():
 HALVES = {"decode": ("ceilings", "decode tiny engine 4", "decode tiny static 4", "generate tiny transformers 4",
                      "split decode tiny engine 8"),
           "kernels and train": ("ceilings", "sampler parity", "attention parity", "kernels tiny 8", "train tiny cpu 64",
-                                "train tiny xla 64", "train tiny cpu 64 flags cublas gemms")}
+                                "train tiny xla 64", "train tiny cpu 64 flags cublas gemms", "train tiny cpu 64 unrolled remat none")}
 
 
 def test_the_dry_run_plan_has_every_measurement_in_the_order_of_value():
@@ -71,7 +71,8 @@ def test_the_dry_run_plan_has_every_measurement_in_the_order_of_value():
                     ("decode tiny engine 4", "decode"), ("decode tiny static 4", "decode"),
                     ("generate tiny transformers 4", "decode"), ("sampler parity", "parity"),
                     ("train tiny cpu 64", "train_step"), ("split decode tiny engine 8", "decode_split"),
-                    ("kernels tiny 8", "attention_kernels"),
+                    ("kernels tiny 8", "attention_kernels"), ("train tiny cpu 64 unrolled", "train_step"),
+                    ("train tiny cpu 64 unrolled remat none", "train_step"),
                     ("generate tiny transformers 8", "decode"),
                     ("decode tiny engine 6", "decode"), ("decode tiny static 6", "decode"),
                     ("train tiny cpu 64 flags cublas gemms", "train_step"), ("attention parity", "parity"), ("train tiny xla 64", "train_step"),
@@ -147,14 +148,17 @@ def test_dry_run_on_the_device_image_writes_the_documented_report(tmp_path, half
         exact = checks[f"{label} tokens float32 (xla) device vs CPU"]
         assert exact["exact_required"] and exact["rows_equal"] == exact["rows"] == 8  # 4 prompts x n=2
     trains = rep["train_step"]
-    assert [(t["model"], t["attention"], t["seq_len"]) for t in trains] == [("tiny", "cpu", 64), ("tiny", "xla", 64),
-                                                                         ("tiny", "cpu", 64)]
+    assert [(t["model"], t["attention"], t["seq_len"]) for t in trains] == [("tiny", "cpu", 64), ("tiny", "xla", 64)] + \
+        [("tiny", "cpu", 64)] * 2
     # issue 42's XLA flag candidate: the first step again in a process of its own, under its flags
     # (an unknown flag would have aborted that process: XLA parses XLA_FLAGS at start-up)
-    assert [t.get("xla_flags") for t in trains] == [None, None, "--xla_gpu_enable_triton_gemm=false"]
+    assert [t.get("xla_flags") for t in trains] == [None, None, "--xla_gpu_enable_triton_gemm=false", None]
     assert "| tiny | cpu, XLA_FLAGS=--xla_gpu_enable_triton_gemm=false | full | 1 x 64 |" in md
+    # and its unrolled-layers candidate, with XLA's own rematerialization (remat none)
+    assert [(t.get("scan_unroll"), t["remat"]) for t in trains] == [(None, "full")] * 3 + [(0, "none")]
+    assert "| tiny | cpu | none, layers unrolled | 1 x 64 |" in md
     for t in trains:
-        assert t["remat"] == "full"   # the H200 recipe's
+        assert t["remat"] == ("none" if t.get("scan_unroll") == 0 else "full")   # the H200 recipe's, or the candidate's
         assert abs(t["tokens_per_s"] - t["rows"] * t["seq_len"] / t["step_s"]) < 0.01 * t["tokens_per_s"]
         # MFU against the matmul ceiling measured in this run
         assert abs(t["mfu"] - t["model_flops"] / (t["step_s"] * ceil["matmul_flops_per_s"])) < 1e-3 and t["plan_bytes"] > 0
