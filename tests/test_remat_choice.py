@@ -75,8 +75,9 @@ def test_one_microbatch_holds_one_gradient_and_many_hold_the_accumulator_too():
 @pytest.mark.parametrize("target, seq, param_dtype, want", [
     ("h200x1", 4096, None, "none"),
     ("h200x1", 16384, None, "dots"),
-    ("h100x1", 4096, None, "full"),
-    ("h100x1", 16384, "bfloat16", "full"),
+    ("h100x1", 4096, None, "dots"),       # 70.6 of 71.7 usable (81,559 MiB x 0.9), as XLA's compile confirms
+    ("h100x1", 16384, None, "full"),
+    ("h100x1", 16384, "bfloat16", "dots"),
 ])
 def test_the_cheapest_policy_that_fits_is_chosen(target, seq, param_dtype, want):
     cfg = recipe(seq, param_dtype=param_dtype)
@@ -135,15 +136,15 @@ def test_on_cuda_attn_recomputes_the_attention_forward_as_full_does():
     assert counts["dots"][1] == counts["none"][1] < counts["full"][1]
 
 
-@pytest.mark.parametrize("seq, rows_per_update", [(16384, 1), (4096, None)])
+@pytest.mark.parametrize("seq, rows_per_update", [(32768, 1), (4096, None)])
 def test_nothing_fits_is_refused_with_the_numbers(seq, rows_per_update):
-    """One H100: the float32 recipe at 16,384 tokens, and the recipe's 256-row minibatch (an f32
-    accumulator beside the gradient: 80 GB of state) at any length."""
+    """One H100: the float32 recipe at its own 32,768 tokens, and the recipe's 256-row minibatch
+    (an f32 accumulator beside the gradient: 80 GB of state) at any length."""
     cfg = recipe(seq, rows_per_update=rows_per_update)
     with pytest.raises(ConfigError) as e:
         choose_remat(cfg, model_config(cfg), ONE, "cudnn", usable("h100x1"))
     msg = str(e.value)
-    assert "no remat policy fits 67.06 GiB" in msg
+    assert "no remat policy fits 71.68 GiB" in msg
     for policy in order_for("cudnn"):
         assert re.search(rf"{policy} \d+\.\d\d GiB", msg), msg
     assert "mesh.fsdp" in msg and "model.param_dtype" in msg
@@ -224,7 +225,7 @@ def test_the_device_check_resolves_auto_from_the_devices_memory():
 
 
 def test_a_plan_that_does_not_fit_points_at_auto(capsys):
-    args = ["--config", str(CONFIGS / "qwen3_4b_h200.yaml"), "--check", "model.remat=dots", "mesh.target=h100x1",
+    args = ["--config", str(CONFIGS / "qwen3_4b_h200.yaml"), "--check", "model.remat=none", "mesh.target=h100x1",
             "train.max_seq_len=4096", "collect.max_prompt_tokens=2048", "train.minibatch_rows=1"]
     assert train_cli.main(args) == 1
     out = capsys.readouterr().out

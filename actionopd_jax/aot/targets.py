@@ -1,7 +1,8 @@
 """Named accelerator targets: topology, chips, and the per-chip figures a plan needs.
 
 Peak bf16 FLOP/s and HBM bandwidth are the vendors' published per-chip numbers; HBM is what
-the TPU compiler itself reports as the chip's capacity (v5p: "95.74G of hbm"). They are used
+the TPU compiler itself reports as the chip's capacity (v5p: "95.74G of hbm"), and for GPUs
+what the device reports (aot/gpu_topology.HOPPER). They are used
 only to turn compiler estimates into utilisation and to say how much memory is left.
 """
 
@@ -10,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+
+from actionopd_jax.aot.gpu_topology import HOPPER
 
 GiB = 1024 ** 3
 
@@ -60,11 +63,12 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
     _tpu("v5e-64", "v5e:8x8", 64, 16, 15.75, 197, 819),
     # v6e (Trillium): 32 GB HBM, 918 TFLOP/s bf16, 1,640 GB/s
     _tpu("v6e-8", "v6e:2x4", 8, 2, 31.25, 918, 1640),
-    # NVIDIA Hopper, per GPU (dense bf16): H100 SXM 80 GB / 3.35 TB/s, H200 141 GB / 4.8 TB/s
-    Target("h100x1", "gpu", "", 1, 80e9, 989e12, 3.35e12),   # one GPU: train --check's single-H100 plans
-    Target("h100x8", "gpu", "", 8, 80e9, 989e12, 3.35e12),
-    Target("h200x1", "gpu", "", 1, 141e9, 989e12, 4.8e12),
-    Target("h200x8", "gpu", "", 8, 141e9, 989e12, 4.8e12),
+    # NVIDIA Hopper, per GPU (dense bf16): H100 SXM 80 GB / 3.35 TB/s, H200 141 GB / 4.8 TB/s;
+    # memory as the device reports it (gpu_topology.HOPPER: 81,559 and 143,771 MiB), so a
+    # target's usable share is the bytes_limit a run on that GPU gets, and `--check --target`
+    # chooses the remat the run chooses (80e9 and 141e9 put the H100's share 4.6 GiB lower)
+    *(Target(f"{kind}x{n}", "gpu", "", n, HOPPER[kind].memory_bytes, 989e12, HOPPER[kind].bandwidth_bytes_per_s)
+      for kind in ("h100", "h200") for n in (1, 8)),
 )}
 
 
