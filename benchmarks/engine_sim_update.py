@@ -14,7 +14,9 @@ One update of train/loop.py `update_epoch` under it:
   logits_chunk 512 // gcd(512, N)); the device computes those padded shapes;
 - train.old_logprobs recompute: one forward over every minibatch before the updates;
 - model.remat full (the recipe names it; `auto` would take "attn" on the 4 chips, planned
-  48.7 GiB of 86.2 usable; on 2 chips only full fits, 72.2 GiB; REMAT_PLAN_GIB).
+  64.3 GiB of 86.2 usable; on 2 chips nothing fits: full plans 103.4 GiB and compiles for
+  v5p to 114.8; REMAT_PLAN_GIB, since the plan counts splash's backward dq partials and
+  XLA:TPU's bf16 weight copy: before, it planned full on 2 chips at 72.2 and said it fit).
 
 FLOPs are counted as train/aot_check.model_flops counts them (MaxText's model FLOPs, no remat
 recompute): 6 x non-embedding params x tokens + 12 L H Dh x attention pairs (a shared row:
@@ -43,10 +45,10 @@ PROMPT_MULTIPLE, RESP_MULTIPLE = 64, 128
 HBM_GIB, USABLE = 95.74, 0.9           # aot/targets.py v5p; config.USABLE_MEMORY_FRACTION
 MICROBATCH_ROWS = 4                    # train.microbatch_rows: rows split over the fsdp chips
 # `train --check`'s plan (train/plan.estimate_memory) of the recipe's update per chip, GiB, by fsdp chips
-REMAT_PLAN_GIB = {1: {"none": 1405.5, "dots": 468.1, "attn": 194.7, "full": 144.4},
-                  2: {"none": 702.8, "dots": 234.0, "attn": 97.4, "full": 72.2},
-                  3: {"none": 689.0, "dots": 221.5, "attn": 84.9, "full": 59.7},
-                  4: {"none": 351.4, "dots": 117.0, "attn": 48.7, "full": 36.1}}
+REMAT_PLAN_GIB = {1: {"none": 1460.5, "dots": 530.5, "attn": 257.1, "full": 206.9},
+                  2: {"none": 730.3, "dots": 265.3, "attn": 128.6, "full": 103.4},
+                  3: {"none": 716.5, "dots": 251.5, "attn": 114.8, "full": 89.7},
+                  4: {"none": 365.1, "dots": 132.6, "attn": 64.3, "full": 51.7}}
 
 
 def bucket_length(n: int, multiple: int) -> int:

@@ -66,9 +66,10 @@ def test_xla_and_blocked_equal_the_reference(impl, t):
     _check(impl, t)
 
 
-@pytest.mark.parametrize("t", [128, 200])
+@pytest.mark.parametrize("t", [128, 200, 1024])
 def test_splash_kernel_equals_the_reference(t):
-    # 200 is not a multiple of the 128-token tile: the wrapper pads with a padding segment
+    # 200 is not a multiple of the 128-token tile: the wrapper pads with a padding segment;
+    # 1,024: two 512-key tiles in one KV block of the fused backward (splash._dkv_block)
     _check("splash", t)
 
 

@@ -29,6 +29,7 @@ from actionopd_jax.config.rollout import rollout_sampler
 from actionopd_jax.engine.aot import engine_shapes
 from actionopd_jax.model import Qwen3Config, count_params
 from actionopd_jax.model.attention import FUSED as FUSED_ATTENTION
+from actionopd_jax.model.attention.splash import backward_dq_bytes
 from actionopd_jax.model.runtime import POLICIES
 
 _BYTES = {"float32": 4, "bfloat16": 2}
@@ -112,6 +113,12 @@ def estimate_memory(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], attent
     scores_peak = score_elems * (abytes + abytes + 4)
     if attention in FUSED_ATTENTION:  # flash kernels: output and log-sum-exp, never the scores
         score_elems, scores_peak = 0, rows * (h / tp) * seq * (dh * abytes + 4)
+    if attention == "splash":
+        # the fused backward's dq partials, one per KV block, live in one layer's backward (the
+        # TPU recipe's 40,960-token rows: 12.5 GiB a chip; counted 0 before, when they were
+        # 25 GiB, so the plan was 0.52x of the update compiled for v5p, and the engine's pool
+        # was sized as if the update needed 33 GiB less than it does)
+        scores_peak += rows * backward_dq_bytes(seq, math.ceil(h / tp), dh, abytes)
     remat = cfg.model.remat if remat is None else remat
     if remat not in POLICIES:
         raise ValueError(f"estimate_memory: remat {remat!r} is not a policy ({', '.join(POLICIES)}); "
@@ -125,8 +132,12 @@ def estimate_memory(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], attent
         activations = layers * tokens * per_token_dots + tokens * per_token_layer + scores_peak
     else:  # everything kept, including every layer's attention probabilities
         activations = layers * (tokens * per_token_none + score_elems * abytes) + scores_peak
-        if pbytes != abytes:   # and the layers' weights cast to the compute dtype (compiled: 60% of them)
-            activations += count_params(qcfg)["per_layer"] * layers * abytes / shards
+        if pbytes != abytes and attention != "splash":   # and the layers' weights cast to the compute dtype
+            activations += count_params(qcfg)["per_layer"] * layers * abytes / shards   # (compiled: 60% of them)
+    if pbytes != abytes and attention == "splash":
+        # XLA:TPU casts every layer's weights to the compute dtype once, outside the layer loop,
+        # whatever the remat (the compiled update on a v5p chip: 6.8 GiB of bf16 weights at the 4B)
+        activations += count_params(qcfg)["per_layer"] * layers * abytes / shards
     resp = t.logits_chunk if t.logits_chunk > 0 and t.vocab_chunk == 0 else cfg.collect.max_response_tokens
     vocab = min(t.vocab_chunk, qcfg.vocab_size) if t.vocab_chunk > 0 else qcfg.vocab_size / tp
     logits = 3 * rows * min(resp, seq) * vocab * 4  # logits, softmax, gradient (f32)

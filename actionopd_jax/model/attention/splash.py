@@ -28,6 +28,25 @@ def _splash_block(t: int) -> int:
     raise AssertionError(t)
 
 
+def _dkv_block(t: int) -> int:
+    """KV block of the fused backward: two compute tiles where they divide the padded length.
+    The dkv kernel writes one dq partial per KV block ([heads, T / block, T, Dh], summed
+    after), quadratic in T: with one 512-key tile a block, the TPU recipe's 40,960-token rows
+    held 25 GiB of them a chip in one layer's backward (the update compiled for v5p: 69.4
+    GiB a chip; 56.9 with two tiles). Four tiles (50.6 GiB) ran out of the kernel's scoped
+    VMEM in the 1- and 2-layer compiles of `--check --aot`. Not timed on a TPU."""
+    blk = _splash_block(t)
+    return next(blk * m for m in (2, 1) if t % (blk * m) == 0)
+
+
+def backward_dq_bytes(t: int, heads: int, head_dim: int, itemsize: int) -> int:
+    """Bytes of the fused backward's dq partials for rows of t tokens and `heads` query heads
+    on a device (_dkv_block): 128 MiB at 4,096 tokens and the 4B's 32 heads, 12.5 GiB at the
+    TPU recipe's 40,960 (train/plan.py counts them)."""
+    padded = -(-t // 128) * 128
+    return heads * (padded // _dkv_block(padded)) * padded * head_dim * itemsize
+
+
 def _layout_mask(t: int, layout: SharedPrefix | None):
     """The kernel's mask for rows of t tokens (t >= layout.length: the tail is padding)."""
     from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as sm
@@ -57,7 +76,7 @@ def _splash_kernel(t: int, groups: int, interpret: bool, layout: SharedPrefix | 
 
     blk = _splash_block(t)
     sizes = sk.BlockSizes(block_q=blk, block_kv=blk, block_kv_compute=blk,
-                          block_q_dkv=blk, block_kv_dkv=blk, block_kv_dkv_compute=blk,
+                          block_q_dkv=blk, block_kv_dkv=_dkv_block(t), block_kv_dkv_compute=blk,
                           use_fused_bwd_kernel=True)
     mask = sm.MultiHeadMask([_layout_mask(t, layout) for _ in range(groups)])
     return sk.make_splash_mqa(mask, head_shards=1, q_seq_shards=1, block_sizes=sizes, interpret=interpret,
