@@ -317,8 +317,8 @@ def describe(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *, device_mem
         f"  parameters         {est.params / GIB:8.2f} GiB",
         f"  gradients          {est.grads / GIB:8.2f} GiB",
         f"  AdamW moments      {est.optimizer / GIB:8.2f} GiB",
-        f"  activations        {est.activations / GIB:8.2f} GiB  (rows of train.max_seq_len; attention scores: "
-        f"{est.attention_scores / GIB:.2f} GiB)",
+        f"  activations        {est.activations / GIB:8.2f} GiB  (rows of train.max_seq_len; one layer's attention "
+        f"at its peak, scores or a kernel's buffers: {est.attention_scores / GIB:.2f} GiB)",
         f"  response logits    {est.logits / GIB:8.2f} GiB",
         f"  total (+10%)       {est.total / GIB:8.2f} GiB  (+10% of activations and logits: XLA temporaries)",
     ]
