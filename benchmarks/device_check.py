@@ -111,11 +111,11 @@ def stages(mode: str, platform: str, shapes: dict | None = None) -> list[tuple[s
          {"fn": "split", "work": "big", "own": dev, "pool_pages": shapes["decode"]["big"]["pool_pages"]})]
     split += [(f"kernels {wp} {slots}", "attention_kernels", 90.0 if dev else 60.0, {"fn": "kernels", "work": "big", "own": dev})
               ] if platform == "gpu" or not dev else []       # the candidates are GPU kernels
-    def variants(labelled: dict, own: bool, limit=None) -> list:   # issue 42's candidates on the first step (GPU; a dry run proves the path)
+    def variants(labelled: dict, own: bool, limit=None) -> list:   # 42's candidates on step 1 (GPU; dry run: the path)
         return [(f"{name} {label}", sec, limit or lim, {**spec, "split": False, "own": own, **extra}) for label, extra
                 in labelled.items() for name, sec, lim, spec in train[:1] if platform == "gpu" or not dev]
-    unrolled = variants(TRAIN_UNROLLED, dev, 210.0 if dev else None)   # two compiles (remat confirmed) of ~60 s each
-    flagged = variants({f"flags {k}": {"xla_flags": v} for k, v in TRAIN_XLA_FLAGS.items()}, True)   # alone: flags are read once
+    unrolled = variants(TRAIN_UNROLLED, dev, 210.0 if dev else None)   # two compiles of ~60 s each
+    flagged = variants({f"flags {k}": {"xla_flags": v} for k, v in TRAIN_XLA_FLAGS.items()}, True)   # flags read once
     # the order of value: rollout, issue 41's weak half (the 4B decodes at 256 and 64 rows, the
     # transformers reference at 64, the device's token parity); then issue 42's first train step
     # (remat by this device's memory, with its time split), which one visit's two calls should

@@ -132,11 +132,10 @@ def estimate_memory(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], attent
         activations = layers * tokens * per_token_dots + tokens * per_token_layer + scores_peak
     else:  # everything kept, including every layer's attention probabilities
         activations = layers * (tokens * per_token_none + score_elems * abytes) + scores_peak
-        if pbytes != abytes and attention != "splash":   # and the layers' weights cast to the compute dtype
-            activations += count_params(qcfg)["per_layer"] * layers * abytes / shards   # (compiled: 60% of them)
-    if pbytes != abytes and attention == "splash":
-        # XLA:TPU casts every layer's weights to the compute dtype once, outside the layer loop,
-        # whatever the remat (the compiled update on a v5p chip: 6.8 GiB of bf16 weights at the 4B)
+    if pbytes != abytes and (remat == "none" or attention == "splash"):
+        # the layers' weights cast to the compute dtype: kept for the backward under "none"
+        # (XLA:GPU's compile: 60% of them), and on TPU cast once outside the layer loop whatever
+        # the remat (the compiled update on a v5p chip: 6.8 GiB of bf16 weights at the 4B)
         activations += count_params(qcfg)["per_layer"] * layers * abytes / shards
     resp = t.logits_chunk if t.logits_chunk > 0 and t.vocab_chunk == 0 else cfg.collect.max_response_tokens
     vocab = min(t.vocab_chunk, qcfg.vocab_size) if t.vocab_chunk > 0 else qcfg.vocab_size / tp
