@@ -4,44 +4,37 @@ is (nothing installed: the repository on PYTHONPATH and the jax already there).
     PYTHONPATH=. python benchmarks/device_check.py [--out DIR] [--budget-s 420] [--only NAME,...]
     python benchmarks/device_check.py --out DIR --dry-run      # any CPU host: the same steps, tiny shapes
 
-1. Finds the accelerator (`nvidia-smi` -> gpu, /dev/accel* or /dev/vfio -> tpu). Installs
-   nothing when jax already sees it (or with --no-install); else `pip install -e '.[cuda]'`
-   / `'.[tpu]'`.
-2. Runs the measurements in a child interpreter (this process never starts jax, so it never
-   holds the device), in order of value, each with a time limit (STAGES; --stage-timeout-s
-   overrides); none starts with less than half its limit left of --budget-s, and the budget's
-   end cuts one running (both go on the rerun list). A measurement over its own limit is
-   killed with its process, recorded as timed out, and the rest go on in a fresh child.
-   Every finished row is written to the report at once, so a call cut short keeps its rows.
-   1. the ceilings: device memory bandwidth (a copy) and a bf16 matmul; every ratio below
-      (MFU, fraction of the HBM bound) is taken against these measured figures;
+1. Finds the accelerator (`nvidia-smi` -> gpu, /dev/accel* or /dev/vfio -> tpu). Installs nothing
+   when jax already sees it (or with --no-install); else `pip install -e '.[cuda]'` / `'.[tpu]'`.
+2. Runs the measurements in child interpreters (this process never starts jax, so it never
+   holds the device), in order of value, each with a time limit (--stage-timeout-s overrides);
+   none starts with less than half its limit left of --budget-s, and the budget's end cuts one
+   running (both go on the rerun list). One over its own limit is killed with its process,
+   recorded as timed out, and the rest go on in a fresh child. Every finished row is written
+   at once, so a call cut short keeps its rows. The children share a persistent compilation
+   cache (--compile-cache; device_check_host.CACHE_DIR), so a rerun loads what was compiled.
+   1. the ceilings: memory bandwidth (a copy) and a bf16 matmul, which every ratio is taken against;
    2. decode at Qwen3-4B shapes, 256 slots, prompts of 1,024-4,096 tokens, 256 new tokens:
       the engine, then the static sampler, against the HBM bound; then the same at 64 slots;
-   3. the outside reference: transformers' `generate` (PyTorch) on the 64-slot workload, in
-      its fastest setting that runs (static cache, compiled; else dynamic, eager; named);
-   4. greedy tokens of the tiny model on the device, static sampler and engine, float32,
-      equal to the CPU's (bf16 with the fused kernel reported);
+   3. transformers' `generate` on the 64-slot workload, in its fastest setting that runs (named);
+   4. greedy tokens of the tiny model, static sampler and engine, float32, equal to the CPU's;
    5. the train step at Qwen3-4B shapes (random weights) under the remat `model.remat=auto`
       picks for this device's memory (the recipe's where that is full), once more under the
       profiler, its time split by kind (train/time_split.py): compile s, step s, tokens/s,
       MFU, peak memory against `train --check`'s plan;
-   6. the engine's time split at 256 slots, 32 new tokens (device_check_split.py: one call under
-      the profiler, each program's ops by kind); issue 41's attention candidates on one layer
-      at those shapes (device_check_kernels.py); `generate` on the 256-slot workload, in calls
-      of as many prompts as memory holds;
-      decode at Qwen3-0.6B shapes, 256 slots; on a GPU, step 5's train step again under each
-      XLA flag candidate (device_check_shapes.TRAIN_XLA_FLAGS), each in a process of its own;
+   6. the engine's time split at 256 slots, 32 new tokens (device_check_split.py); issue 41's
+      attention candidates on one layer (device_check_kernels.py); on a GPU, step 5's step
+      with its layers unrolled; `generate` on the 256-slot workload; decode at Qwen3-0.6B
+      shapes, 256 slots; on a GPU, step 5's step under each XLA flag candidate
+      (device_check_shapes.TRAIN_XLA_FLAGS), each in a process of its own;
    7. attention parity: the platform's fused kernel (cudnn / splash) against "xla", forward
       and the gradients of q, k, v, bf16, right-padded rows; the other train steps, as the
       H200 recipe sets remat: fused kernel then xla at 4,096 tokens, the fused one at 16,384.
-   The shapes fit the device: device_check_shapes.py plans every train step and decode
-   workload from the GPU's memory (nvidia-smi; --memory-gib overrides) with the project's
-   plans, and the report names the figure (a step whose plan does not fit runs with bfloat16
-   master weights; an H100 runs the static sampler's 256 rows in two calls).
-3. Writes DIR/device_check.json and DIR/device_check.md (format: docs/formats.md, "Device
-   check report"), DIR defaulting to $OUT where that is set; prints the short table last; exit
-   0 when every check passed. What the budget left unstarted is listed with the `--only`
-   argument that runs it.
+   The shapes fit the device: device_check_shapes.py plans them from the GPU's memory
+   (nvidia-smi; --memory-gib overrides) with the project's plans; the report names the figure.
+3. Writes DIR/device_check.json and DIR/device_check.md (docs/formats.md, "Device check
+   report"), DIR defaulting to $OUT; prints the short table last; exit 0 when every check
+   passed. What the budget left unstarted is listed with the `--only` argument that runs it.
 
 --dry-run runs every step on this host's CPU at tiny shapes (no install), so CI proves the
 script end to end; tests/test_device_check.py runs it with only the device's packages.
@@ -62,7 +55,8 @@ ROOT = Path(__file__).resolve().parents[1]
 # the modules beside this file (on sys.path when run as a script; not when loaded by path, as the tests do)
 if str(ROOT / "benchmarks") not in sys.path:
     sys.path.insert(0, str(ROOT / "benchmarks"))
-from device_check_host import describe, detect_platform, install  # noqa: E402 - after the path above
+from device_check_host import (cache_dir, describe, detect_platform, install,  # noqa: E402 - after the path above
+                               start_cache)
 from device_check_report import apply_ceilings, markdown  # noqa: E402
 from device_check_shapes import DECODE, TRAIN_UNROLLED, TRAIN_XLA_FLAGS, choose, gpu_memory_bytes, only  # noqa: E402
 
@@ -114,24 +108,23 @@ def stages(mode: str, platform: str, shapes: dict | None = None) -> list[tuple[s
     def variants(labelled: dict, own: bool, limit=None) -> list:   # 42's candidates on step 1 (GPU; dry run: the path)
         return [(f"{name} {label}", sec, limit or lim, {**spec, "split": False, "own": own, **extra}) for label, extra
                 in labelled.items() for name, sec, lim, spec in train[:1] if platform == "gpu" or not dev]
-    unrolled = variants(TRAIN_UNROLLED, dev, 210.0 if dev else None)   # two compiles of ~60 s each
+    unrolled = variants(TRAIN_UNROLLED, dev, 210.0 if dev else None)   # a compile of ~60 s, twice if the cache misses
     flagged = variants({f"flags {k}": {"xla_flags": v} for k, v in TRAIN_XLA_FLAGS.items()}, True)   # flags read once
-    # the order of value: rollout, issue 41's weak half (the 4B decodes at 256 and 64 rows, the
-    # transformers reference at 64, the device's token parity); then issue 42's first train step
-    # (remat by this device's memory, with its time split), which one visit's two calls should
-    # still reach; 41's diagnosis (the engine's split, the attention candidates), what the next
-    # fix needs if the decodes miss; 42's unrolled layers; the rest of 41 (transformers at 256,
-    # the 0.6B decodes), the kernels' parity and the other train steps (the recipe's, run 1's)
+    # the order of value: issue 41's 4B decodes at 256 and 64 rows, generate at 64, token parity;
+    # 42's first train step (remat by memory, with its split); 41's diagnosis (the engine's split,
+    # the kernels); 42's unrolled layers; the rest of 41 (generate at 256, the 0.6B decodes), the
+    # flag candidates, the kernels' parity and the other train steps (the recipe's, run 1's)
     return ([("ceilings", "ceilings", 60.0, {"fn": "ceilings"})] + decode("big") + decode("small") +
             [generate("small"), ("sampler parity", "parity", 90.0, {"fn": "sampler parity"})] + train[:1] + split +
             unrolled + [generate("big")] + decode("0.6b") + flagged + [("attention parity", "parity", 60.0, {"fn": "attention"})]
             + train[1:])
 
 
-def child(mode: str, names: list[str], out_dir: Path, memory: int | None = None, source: str = "") -> int:
-    """`--stage work`: run the named measurements in this interpreter, one event line each
-    (start, done) appended to DIR/device_check_events.jsonl for the parent to follow; `memory`
-    (bytes, from `source`): the figure the parent planned the shapes for (the same plan here)."""
+def child(mode: str, names: list[str], out_dir: Path, memory: int | None = None, source: str = "",
+          cache: str = "off") -> int:
+    """`--stage work`: run the named measurements here, one event line each (start, done) appended
+    to DIR/device_check_events.jsonl for the parent to follow; `memory` (bytes, from `source`):
+    the figure the parent planned for; `cache`: the children's compilation cache (or "off")."""
     if mode == "dry-run":
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
     sys.path.insert(0, str(ROOT))
@@ -160,6 +153,7 @@ def child(mode: str, names: list[str], out_dir: Path, memory: int | None = None,
     import device_check_work as w
 
     log = open(out_dir / EVENTS, "a")
+    cached = start_cache(cache)
 
     def emit(**event):
         log.write(json.dumps(event) + "\n")
@@ -212,7 +206,7 @@ def child(mode: str, names: list[str], out_dir: Path, memory: int | None = None,
         current[0] = name
         emit(event="start", name=name)
         print(f"[device_check] {name}: start (jax {jax.__version__}, {devices[0].device_kind})", flush=True)
-        t0 = time.time()
+        t0, before = time.time(), cached()
         try:
             res = call(calls[name])
         except Exception as e:  # noqa: BLE001 - a failed measurement is a result
@@ -221,8 +215,11 @@ def child(mode: str, names: list[str], out_dir: Path, memory: int | None = None,
             res = {"check": name, "ok": False, "error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
                    if str(e) else type(e).__name__, "jax": jax.__version__, "traceback": tb.splitlines()[-25:]}
         rows = res if isinstance(res, list) else [res]
+        after = cached()   # the measurement's programs loaded from the cache and compiled (a rerun loads)
         for r in rows:
             r.setdefault("stage", name)
+            if cache != "off":
+                r["compile_cache"] = {k: after[k] - before[k] for k in after}
             if calls[name].get("xla_flags"):
                 r["xla_flags"] = calls[name]["xla_flags"]
         emit(event="done", name=name, result=rows, seconds=round(time.time() - t0, 1))
@@ -237,12 +234,12 @@ def budget_cut(began: float, limit: float, deadline: float) -> bool:
 
 
 def run_stages(mode: str, platform: str, out_dir: Path, plan, deadline: float, stage_timeout: float | None,
-               on_record=lambda out: None, shapes: dict | None = None) -> dict:
+               on_record=lambda out: None, shapes: dict | None = None, cache: str = "off") -> dict:
     """Every measurement of `plan` in child interpreters, each killed at its time limit or at
     `deadline`; what the deadline leaves unstarted or cuts is listed under "skipped" (the rerun
     list), a measurement with less than half its limit left passed over. `on_record(out)`
     runs after each measurement (the caller writes the report there); `shapes`: the memory
-    figure the plan was chosen for, passed on to each child."""
+    figure the plan was chosen for, passed on to each child, as `cache` (a directory or "off")."""
     out = {"platform": platform, "jax": "", "devices": [], **{sec: [] for sec in SECTIONS},
            "skipped": [], "timed_out": [], "errors": [], "stage_s": {}}
     section = {name: sec for name, sec, _, _ in plan}
@@ -279,6 +276,7 @@ def run_stages(mode: str, platform: str, out_dir: Path, plan, deadline: float, s
                "--names", json.dumps(batch)] + (["--dry-run"] if mode == "dry-run" else []) + \
             (["--memory-bytes", str(shapes["memory_bytes"]), "--memory-source", shapes["source"]]
              if shapes and shapes["memory_bytes"] else [])
+        cmd += ["--compile-cache", cache]
         proc = subprocess.Popen(cmd, cwd=ROOT, start_new_session=True)  # its own group: killed whole
         started, current, began = time.time(), None, 0.0
         while True:
@@ -344,6 +342,8 @@ def main(argv=None) -> int:
     p.add_argument("--only", default="", help="comma-separated measurement names to run, in that order (default: all)")
     p.add_argument("--memory-gib", type=float, default=None,
                    help="plan the shapes for a device of this many GiB (default: nvidia-smi's memory.total)")
+    p.add_argument("--compile-cache", default="", help="the children's persistent compilation cache: a directory, "
+                   "or off (default: $JAX_COMPILATION_CACHE_DIR, else runs/device_check_cache)")
     p.add_argument("--stage", choices=("all", "work"), default="all", help=argparse.SUPPRESS)
     p.add_argument("--names", default="[]", help=argparse.SUPPRESS)
     p.add_argument("--memory-bytes", type=int, default=None, help=argparse.SUPPRESS)   # the parent's figure
@@ -353,7 +353,7 @@ def main(argv=None) -> int:
         p.error("--out DIR is required where $OUT is not set")
     mode = "dry-run" if args.dry_run else "device"
     if args.stage == "work":
-        return child(mode, json.loads(args.names), args.out, args.memory_bytes, args.memory_source)
+        return child(mode, json.loads(args.names), args.out, args.memory_bytes, args.memory_source, args.compile_cache)
     started = time.time()
     platform = detect_platform()
     if mode == "device" and platform == "cpu":
@@ -377,7 +377,7 @@ def main(argv=None) -> int:
         if refused:
             print(f"device_check: --only {refused}", file=sys.stderr)
             return 2
-    rep = {"schema": 3, "mode": mode, "install": info, "shapes": shapes}
+    rep = {"schema": 3, "mode": mode, "install": info, "shapes": shapes, "compile_cache": cache_dir(args.compile_cache)}
 
     def write(out: dict, final: bool = False) -> None:
         rep.update(out)
@@ -389,7 +389,7 @@ def main(argv=None) -> int:
         (args.out / "device_check.md").write_text(markdown(rep))
 
     out = run_stages(mode, platform, args.out, plan, started + args.budget_s, args.stage_timeout_s, on_record=write,
-                     shapes=shapes)
+                     shapes=shapes, cache=rep["compile_cache"])
     write(out, final=True)
     print(markdown(rep))
     return 0 if rep["ok"] else 1

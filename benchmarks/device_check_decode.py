@@ -23,7 +23,9 @@ _COMPILES = []     # backend compiles in this process (jax.monitoring), once cou
 
 
 def compiles() -> int:
-    """XLA compiles so far in this process: a timed call that compiled is not a timing."""
+    """XLA compiles so far in this process: a timed call that compiled is not a timing. The
+    event times jax's compile-or-load, so a program loaded from the persistent compilation
+    cache (device_check_host.start_cache) counts too: a load takes seconds as well."""
     if not _COMPILES:
         _COMPILES.append(0)
 

@@ -1,6 +1,6 @@
-"""The host benchmarks/device_check.py runs on: which accelerator it has, and the project's
-extra installed where the jax already there does not see it (stdlib only: the parent process
-never starts jax)."""
+"""The host benchmarks/device_check.py runs on: which accelerator it has, the project's extra
+installed where the jax already there does not see it, and the persistent compilation cache
+its measuring children share (stdlib only at import: the parent process never starts jax)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 EXTRA = {"gpu": "cuda", "tpu": "tpu"}
+# Ignored by git, so on a lent machine kept warm between calls it outlives the call: a rerun
+# loads the programs the first call compiled (the 4B's unrolled decode and train programs take
+# tens of seconds each), and within a call a train row's remat confirmation compiles the update
+# its first step then loads (train/remat_confirm.py), where it used to compile it twice.
+CACHE_DIR = ROOT / "runs" / "device_check_cache"
+_CACHE_EVENTS = {"/jax/compilation_cache/cache_hits": "loaded", "/jax/compilation_cache/cache_misses": "compiled"}
 
 
 def detect_platform() -> str:
@@ -57,4 +63,34 @@ def describe(device) -> dict:
     return out
 
 
-__all__ = ["EXTRA", "describe", "detect_platform", "install"]
+def cache_dir(choice: str = "") -> str:
+    """The measuring children's compilation cache: `choice` (--compile-cache; "off": none), else
+    the one JAX_COMPILATION_CACHE_DIR names (the test suite's), else CACHE_DIR."""
+    choice = choice.strip()
+    if choice.lower() in ("off", "none"):
+        return "off"
+    return choice or os.environ.get("JAX_COMPILATION_CACHE_DIR") or str(CACHE_DIR)
+
+
+def start_cache(directory: str):
+    """In a measuring child, before its first compile: jax's persistent cache in `directory`
+    ("off": none) and a count of the programs it loaded and compiled (its hits and misses);
+    returns a function giving the counts so far, {"loaded", "compiled"}. Programs compiled in
+    under a second are not written (compile_cache.MIN_COMPILE_SECONDS), nor counted as loaded."""
+    import jax
+
+    counts = dict.fromkeys(_CACHE_EVENTS.values(), 0)
+
+    def listen(event: str, **_) -> None:
+        if event in _CACHE_EVENTS:
+            counts[_CACHE_EVENTS[event]] += 1
+
+    jax.monitoring.register_event_listener(listen)
+    if directory != "off":
+        from actionopd_jax.compile_cache import enable_compile_cache
+
+        enable_compile_cache(directory)
+    return lambda: dict(counts)
+
+
+__all__ = ["CACHE_DIR", "EXTRA", "cache_dir", "describe", "detect_platform", "install", "start_cache"]

@@ -81,6 +81,27 @@ def _shapes_lines(sh: dict | None) -> list[str]:
     return lines + [f"not planned: {d['stage']}: {d['why']}" for d in sh.get("dropped", [])]
 
 
+def _cache_line(rep: dict) -> list[str]:
+    """The children's compilation cache and what the measurements loaded from it: a program
+    loaded (an earlier stage's or call's) takes seconds, so a stage's compile figures are cold
+    only where it loaded none."""
+    if not rep.get("compile_cache"):
+        return []
+    if rep["compile_cache"] == "off":
+        return ["compile cache: off (every program compiled cold)"]
+    rows = [r for section in rep.values() if isinstance(section, list) for r in section if isinstance(r, dict)]
+    stages = {r["stage"]: r["compile_cache"] for r in rows if isinstance(r.get("compile_cache"), dict) and r.get("stage")}
+    loaded = sum(c["loaded"] for c in stages.values())
+    compiled = sum(c["compiled"] for c in stages.values())
+    return [f"compile cache: {rep['compile_cache']}; programs loaded {loaded}, compiled {compiled}"
+            + (f" (loaded in: {', '.join(n for n, c in stages.items() if c['loaded'])})" if loaded else "")]
+
+
+def _compile_s(t: dict) -> str:
+    """A train row's compile seconds, "loaded" where its update came from the cache."""
+    return f"{t['compile_s']}" + (" (loaded)" if (t.get("compile_cache") or {}).get("loaded") else "")
+
+
 def markdown(rep: dict) -> str:
     """The report as tables, shortest last-read parts at the end (a device call returns only
     the end of its output)."""
@@ -93,7 +114,7 @@ def markdown(rep: dict) -> str:
                          f"{c['matmul_flops_per_s'] / 1e12:.1f} TFLOP/s (n={c['matmul_n']})")
         else:
             lines.append(f"ceilings: FAILED: {c.get('error', '')}")
-    lines += [f"ratios against: {used.get('source', 'none')}", *_shapes_lines(rep.get("shapes")), "",
+    lines += [f"ratios against: {used.get('source', 'none')}", *_shapes_lines(rep.get("shapes")), *_cache_line(rep), "",
               "| check | result | detail |", "| --- | --- | --- |"]
     for p in rep["parity"]:
         detail = (f"fwd rel err {_fmt(p.get('forward_rel_err'))}, grad {_fmt(p.get('grad_rel_err'))}"
@@ -112,7 +133,7 @@ def markdown(rep: dict) -> str:
             + (", layers unrolled" if t.get("scan_unroll") == 0 else "")
         attention = t["attention"] + (f", XLA_FLAGS={t['xla_flags']}" if t.get("xla_flags") else "")
         lines.append(f"| {t['model']} | {attention} | {remat} | {t['rows']} x {t['seq_len']} | "
-                     f"{t['compile_s']} | {t['step_s']} | {t['tokens_per_s']:,.0f} | "
+                     f"{_compile_s(t)} | {t['step_s']} | {t['tokens_per_s']:,.0f} | "
                      f"{t['model_flops'] / (t['step_s'] * t.get('devices', 1)) / 1e12:.0f} | "
                      f"{_fmt(t.get('mfu'), '{:.1%}')} | {_fmt(t['peak_bytes'] and t['peak_bytes'] / gib, '{:.1f}')} | "
                      f"{t['plan_bytes'] / gib:.1f} | {_ratio(t['plan_bytes'], t['peak_bytes'])} |")

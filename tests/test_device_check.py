@@ -99,6 +99,12 @@ def test_dry_run_on_the_device_image_writes_the_documented_report(tmp_path, half
     md = (tmp_path / "device_check.md").read_text()
     assert "ALL OK" in md and res.stdout.rstrip().endswith("ALL OK")   # the short table is printed last
     assert "ceilings: start (jax" in res.stdout
+    # the measuring processes shared the suite's compilation cache (the environment's), and each
+    # row counts the programs its measurement loaded from it and compiled
+    assert rep["compile_cache"] == _device_image_env()["JAX_COMPILATION_CACHE_DIR"]
+    rows = [r for key in dc.SECTIONS for r in rep[key]]
+    assert rows and all(set(r["compile_cache"]) == {"loaded", "compiled"} for r in rows), rows
+    assert f"compile cache: {rep['compile_cache']}; programs loaded" in md
     if half == "decode":
         decodes = rep["decode"]
         assert [(d["sampler"], d["rows"]) for d in decodes] == [("engine", 4), ("static", 4), ("transformers", 4)]
@@ -172,6 +178,53 @@ def test_dry_run_on_the_device_image_writes_the_documented_report(tmp_path, half
     assert abs(sum(split["categories"].values()) - split["ops_s"]) < 1e-5
     assert "time split of the tiny cpu 1 x 64, remat full step" in md and "| LM head |" in md
     assert {t["recipe_microbatches"] for t in trains} == {256}   # the H200 recipe's 256 rows, one a microbatch
+
+
+def test_a_rerun_loads_what_the_first_call_compiled_from_the_shared_cache(tmp_path):
+    """The measuring processes share a persistent compilation cache, which on a warm device
+    machine outlives the call: the rerun's measurement loads every program the first call
+    compiled, and the report counts both (the cache's misses and hits)."""
+    cache = tmp_path / "cache"
+    env = {**_device_image_env(), "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}   # the tiny programs too
+    counts = []
+    for call in ("first", "rerun"):
+        cmd = [sys.executable, str(ROOT / "benchmarks" / "device_check.py"), "--dry-run", "--no-install",
+               "--out", str(tmp_path / call), "--only", "ceilings", "--compile-cache", str(cache)]
+        res = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, (res.stdout[-2000:], res.stderr[-2000:])
+        rep = json.loads((tmp_path / call / "device_check.json").read_text())
+        assert rep["compile_cache"] == str(cache)
+        counts.append(rep["ceilings"][0]["compile_cache"])
+    first, rerun = counts
+    assert first["compiled"] > 0 and first["loaded"] == 0, first
+    assert rerun == {"loaded": first["compiled"], "compiled": 0}, counts
+    md = (tmp_path / "rerun" / "device_check.md").read_text()
+    assert f"compile cache: {cache}; programs loaded {first['compiled']}, compiled 0 (loaded in: ceilings)" in md
+
+
+def test_a_program_loaded_from_the_cache_counts_as_a_compile_in_a_timed_call(tmp_path):
+    """A decode's timed call that loads a program from the cache is not a clean timing either
+    (device_check_decode.compiles): a load counts like a compile."""
+    probe = f"""
+import jax, jax.numpy as jnp
+from actionopd_jax.compile_cache import enable_compile_cache
+import device_check_decode as dec
+enable_compile_cache({str(tmp_path)!r})
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+hits = []
+jax.monitoring.register_event_listener(lambda e, **_: hits.append(e) if e.endswith("/cache_hits") else None)
+x = jnp.ones(7)
+f = lambda x: jnp.sin(x) * 3.0 + 1.0
+start = dec.compiles()
+jax.jit(f)(x).block_until_ready()
+jax.clear_caches()
+jax.jit(f)(x).block_until_ready()
+print(dec.compiles() - start, len(hits))
+"""
+    env = {**_device_image_env(), "PYTHONPATH": f"{ROOT / 'benchmarks'}{os.pathsep}{ROOT}"}
+    res = subprocess.run([sys.executable, "-c", probe], env=env, cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split() == ["2", "1"]   # one compile, then one load (a cache hit): both counted
 
 
 def dc_tol():

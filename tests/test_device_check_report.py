@@ -173,3 +173,20 @@ def test_attention_candidates_are_held_to_the_copy_ceiling_and_failures_named():
     text = report.markdown({**rep, "elapsed_s": 0, "ok": True})
     assert "| ours, shared prompt | 2.500 | 80.0% | 0.0040 |  |" in text
     assert "| cuDNN paged | - | - | - | FAILED: XlaRuntimeError: UNIMPLEMENTED: paged decode |" in text
+
+
+def test_the_report_says_what_came_from_the_compile_cache():
+    """A rerun on a warm machine loads the first call's programs: the report names the cache and
+    where programs were loaded, and a train row whose update was loaded says so beside its
+    compile seconds (not a cold compile); with the cache off it says that instead."""
+    rep = json.loads((ROOT / "docs/results/device_check_h200_2026-12-04_run1.json").read_text())
+    rep = {**rep, "elapsed_s": 0, "ok": True, "compile_cache": "runs/device_check_cache"}
+    first = {**rep["train_step"][0], "stage": "train 4b", "compile_cache": {"loaded": 2, "compiled": 1}}
+    second = {**rep["train_step"][1], "stage": "train 4b xla", "compile_cache": {"loaded": 0, "compiled": 3}}
+    text = report.markdown({**rep, "train_step": [first, second]})
+    assert "compile cache: runs/device_check_cache; programs loaded 2, compiled 4 (loaded in: train 4b)" in text
+    rows = [x for x in text.splitlines() if x.startswith("| qwen3-4b |")]
+    assert f"| {first['compile_s']} (loaded) |" in rows[0] and f"| {second['compile_s']} |" in rows[1]
+    assert "(loaded)" not in rows[1]
+    assert "compile cache: off (every program compiled cold)" in report.markdown({**rep, "compile_cache": "off"})
+    assert "compile cache" not in report.markdown({k: v for k, v in rep.items() if k != "compile_cache"})
