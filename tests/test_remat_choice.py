@@ -181,6 +181,25 @@ def test_check_refuses_auto_when_nothing_fits(capsys):
     assert "no remat policy fits" in capsys.readouterr().err
 
 
+def test_check_target_plans_for_that_device_as_mesh_target_does(capsys):
+    """`--check --target T` plans for T's devices (it was read only with --aot, so without it the
+    plan silently stayed the config's device); `--target` needs --check, and names a target."""
+    base = ["--config", str(CONFIGS / "qwen3_4b_h200.yaml"), "--check", "model.remat=auto", "train.max_seq_len=4096",
+            "collect.max_prompt_tokens=2048", "train.minibatch_rows=1", "train.logits_chunk=512",
+            "collect.max_response_tokens=512"]
+    assert train_cli.main(base + ["--target", "h100x1"]) == 0
+    by_flag = capsys.readouterr().out
+    assert train_cli.main(base + ["mesh.target=h100x1"]) == 0
+    plan = lambda out: out.split("CUDA lowering")[0]  # noqa: E731 - the lowering table below times itself
+    assert plan(capsys.readouterr().out) == plan(by_flag) and "CUDA lowering for h100x1" in by_flag
+    assert "note: planned for mesh.target h100x1" in by_flag and "remat      auto -> dots" in by_flag
+    assert "71.68 GiB" in by_flag
+    assert train_cli.main(["--config", str(CONFIGS / "qwen3_4b_h200.yaml"), "--target", "h100x1"]) == 2
+    assert "--target is a mode of --check" in capsys.readouterr().err
+    assert train_cli.main(base + ["--target", "h100"]) == 2
+    assert "unknown --target 'h100'; known:" in capsys.readouterr().err
+
+
 def test_the_main_job_needs_a_named_policy(capsys):
     assert train_cli.main(["--config", str(CONFIGS / "tiny_cpu.yaml"), "--check", "model.remat=auto"]) == 2
     assert "the main job (experiment.enabled=true) runs several phases: name a policy" in capsys.readouterr().err

@@ -5,7 +5,7 @@
                                       unless X sets experiment.enabled: true (configs/tiny/tiny_cpu.yaml: the main job)
 
     actionopd train [--config configs/X.yaml] [section.key=value ...]
-                    [--check [--devices N] [--aot [--target T] [--lengths L,...]]] [--smoke] [--resume [STEP]] [--force] [--run-dir DIR]
+                    [--check [--devices N | --target T] [--aot [--lengths L,...]]] [--smoke] [--resume [STEP]] [--force] [--run-dir DIR]
 
 Without --config the embedded defaults are used (the tiny CPU main job, = configs/tiny/tiny_cpu.yaml).
 This command chooses what the trainer (actionopd_jax/train, a library) trains on: the group
@@ -43,7 +43,8 @@ def _parser() -> argparse.ArgumentParser:
                         "(TPU topologies need the tpu extra's libtpu; no hardware) and print the "
                         "compiler's memory, FLOPs, estimated seconds and MFU")
     p.add_argument("--target", default="",
-                   help="with --aot: the target (default mesh.target), e.g. v5p-8, v5p-16, v5e-16, v6e-8")
+                   help="with --check: plan for this target's devices (mesh.target; default the config's), "
+                        "e.g. h100x1, h200x8, v5p-8, v6e-8; with --aot, compile for them too")
     p.add_argument("--lengths", default="",
                    help="with --aot: sequence buckets to compile, e.g. 8192,32768, or 'all' "
                         "(default: the largest, train.max_seq_len)")
@@ -355,11 +356,13 @@ def main(argv: list[str]) -> int:
         cfg = load_config(args.config, overrides)
         if args.aot and not args.check:
             raise ConfigError("--aot is a mode of --check: actionopd train --check --aot ...")
-        if args.check and args.aot and args.target:  # plan and compile for the same target
+        if args.target:  # plan (and with --aot compile) for this target: a plan for other devices is a wrong answer
             from actionopd_jax.aot.targets import TARGETS
 
+            if not args.check:
+                raise ConfigError("--target is a mode of --check: actionopd train --check --target T [--aot] ...")
             if args.target not in TARGETS:
-                raise ConfigError(f"unknown --aot target {args.target!r}; known: {', '.join(TARGETS)}")
+                raise ConfigError(f"unknown --target {args.target!r}; known: {', '.join(TARGETS)}")
             cfg = replace_keys(cfg, **{"mesh.target": args.target})
         if args.check:
             code = check(cfg, args.devices)
