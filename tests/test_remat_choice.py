@@ -198,6 +198,11 @@ def test_check_target_plans_for_that_device_as_mesh_target_does(capsys):
     assert "--target is a mode of --check" in capsys.readouterr().err
     assert train_cli.main(base + ["--target", "h100"]) == 2
     assert "unknown --target 'h100'; known:" in capsys.readouterr().err
+    # neither are the options of --aot and --check read silently without them
+    assert train_cli.main(base + ["--lengths", "8192"]) == 2 and train_cli.main(base + ["--no-cost"]) == 2
+    assert capsys.readouterr().err.count("--lengths and --no-cost are options of --aot") == 2
+    assert train_cli.main(["--config", str(CONFIGS / "qwen3_4b_h200.yaml"), "--devices", "8"]) == 2
+    assert "--devices is an option of --check" in capsys.readouterr().err
 
 
 def test_the_main_job_needs_a_named_policy(capsys):

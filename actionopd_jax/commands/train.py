@@ -356,6 +356,10 @@ def main(argv: list[str]) -> int:
         cfg = load_config(args.config, overrides)
         if args.aot and not args.check:
             raise ConfigError("--aot is a mode of --check: actionopd train --check --aot ...")
+        if (args.lengths or args.no_cost) and not args.aot:   # else silently ignored
+            raise ConfigError("--lengths and --no-cost are options of --aot: actionopd train --check --aot ...")
+        if args.devices and not args.check:
+            raise ConfigError("--devices is an option of --check: actionopd train --check --devices N")
         if args.target:  # plan (and with --aot compile) for this target: a plan for other devices is a wrong answer
             from actionopd_jax.aot.targets import TARGETS
 
