@@ -65,26 +65,14 @@ def build_engine(cfg: Config, model_config: Any, eos: int, mesh: Any = None):
     load_policy each step, as for the static sampler): a slot holds the longest prompt plus a
     reply. The pool is sized at the first load_policy, on the rollout copy's mesh, from the
     devices' free memory then (the trainer's parameters and optimizer state, the rollout copy),
-    less what an update allocates beside the pool, which stays resident (`update_reserve_bytes`
+    less what an update allocates beside the pool, which stays resident (train/update_reserve.py
     on the training `mesh`; nothing with mesh.rollout_devices: the update runs on other chips)."""
     from actionopd_jax.engine import Engine
     from actionopd_jax.engine.aot import engine_shapes
+    from actionopd_jax.train.update_reserve import update_reserve_bytes
 
     return Engine(None, model_config, eos_ids=[eos], config=engine_shapes(cfg.collect), dtype=cfg.model.dtype,
                   reserve_bytes=0.0 if cfg.mesh.rollout_devices else update_reserve_bytes(cfg, model_config, mesh))
-
-
-def update_reserve_bytes(cfg: Config, model_config: Any, mesh: Any = None) -> float:
-    """Bytes per chip a training update allocates beyond the resident parameters and optimizer
-    state (gradients, activations, logits, the plan's 10% slack: train/plan.estimate_memory on
-    the training mesh), which must fit beside the engine's pool."""
-    from actionopd_jax.model.attention import resolve
-    from actionopd_jax.train.plan import estimate_memory
-
-    shape = dict(mesh.shape) if mesh is not None else {}
-    platform = mesh.devices.flat[0].platform if mesh is not None else "cpu"
-    est = estimate_memory(cfg, model_config, shape, resolve(cfg.model.attention, platform))
-    return est.total - est.params - est.optimizer
 
 
 def token_budget_setting(value: Any) -> int | str | None:

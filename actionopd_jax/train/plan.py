@@ -202,9 +202,10 @@ def _engine_lines(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], coll: Co
     """(pages of the engine's pool per chip, None where the memory is unknown; the peak bytes
     per chip, an update beside the resident pool; the plan's lines). The pool is sized at the
     first weight load from what is left beside the trainer's parameters, AdamW moments and
-    rollout copy, less what an update allocates while the pool stays resident
-    (collect/source.update_reserve_bytes), times budget.SAFETY; its KV heads are split over
-    "tensor" where that divides them (engine/sizing.pool_shards)."""
+    rollout copy, less what an update allocates while the pool stays resident (the plan's; a
+    run takes XLA's compile of the update where larger, train/update_reserve.py), times
+    budget.SAFETY; its KV heads are split over "tensor" where that divides them
+    (engine/sizing.pool_shards)."""
     from actionopd_jax.sampling import budget as sb
 
     e = engine_shapes(cfg.collect)
