@@ -110,3 +110,24 @@ def test_slot_utilisation_counts_the_rows_that_finished_early():
         temperature=0.0, key=jax.random.key(0))
     assert out.generated_tokens == 2 * 16 + 2 * 4 and out.row_steps == 4 * 16
     assert out.slot_utilisation == 40 / 64
+
+
+def test_beside_a_running_update_the_auto_budget_keeps_its_reserve_fixed_at_the_first_call(monkeypatch):
+    """Asynchronous collection (collect.max_staleness >= 1) runs sampler calls while an update
+    runs: "auto" is the free memory at the first call (before any update) less the update's
+    reserve, then kept; read later it would count an update's buffers twice, or none."""
+    cfg = PRESETS["qwen3-4b"].replace(param_dtype="bfloat16")
+    per_token = budget.cache_bytes_per_token(cfg, "float32")
+    free = iter([40 * 2 ** 30, 8 * 2 ** 30, 60 * 2 ** 30])   # an update's buffers come and go
+    monkeypatch.setattr(budget, "free_bytes_per_chip", lambda mesh=None: next(free))
+    s = Sampler(None, cfg, eos_ids=[0], reserve_bytes=24 * 2 ** 30)
+    s.backend = "xla"   # an accelerator's path (the CPU plans no budget)
+    first = s.current_token_budget()
+    assert first == int(16 * 2 ** 30 * budget.SAFETY // per_token)
+    assert s.current_token_budget() == s.current_token_budget() == first
+    # without a reserve (synchronous collection: no update beside the calls) it reads free memory each call
+    free = iter([40 * 2 ** 30, 8 * 2 ** 30])
+    s = Sampler(None, cfg, eos_ids=[0])
+    s.backend = "xla"
+    assert [s.current_token_budget(), s.current_token_budget()] == [
+        int(40 * 2 ** 30 * budget.SAFETY // per_token), int(8 * 2 ** 30 * budget.SAFETY // per_token)]

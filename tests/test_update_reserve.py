@@ -74,3 +74,30 @@ def test_an_update_that_does_not_fit_stops_the_run_before_collection(tiny):
     broken = dataclasses.replace(oom, out_of_memory=False, error="INTERNAL: ptxas exited with non-zero error code")
     with pytest.raises(ConfigError, match="does not compile on this run's devices.*ptxas"):
         update_reserve_bytes(cfg, qcfg, mesh, compile_update=lambda c, q, m: broken)
+
+
+def test_check_plans_the_static_samplers_budget_beside_the_update_when_collection_is_asynchronous(capsys):
+    """`train --check` for asynchronous collection with the static sampler on an accelerator:
+    the budget keeps the update's reserve (the sampler's reserve_bytes), so the update beside
+    collection fits where before the budget filled the memory the update needs ("DOES NOT FIT"
+    whatever the config). The reserve is the fused attention's plan, not the CPU's scores."""
+    import re
+
+    from actionopd_jax.commands import train as train_cli
+    from actionopd_jax.model.config import PRESETS
+    from actionopd_jax.sampling.budget import SAFETY, cache_bytes_per_token
+
+    args = ["--config", "configs/paper/qwen3_4b_h200.yaml", "--check", "collect.sampler=static"]
+    budgets = {}
+    for eta in (0, 1):
+        assert train_cli.main(args + [f"collect.max_staleness={eta}"]) == 0
+        out = capsys.readouterr().out
+        budgets[eta] = int(re.search(r"token budget ([\d,]+) cache tokens", out).group(1).replace(",", ""))
+    assert "peak update beside collection" in out and "-> fits" in out
+    cfg = load_config("configs/paper/qwen3_4b_h200.yaml", ["collect.sampler=static", "collect.max_staleness=1",
+                                                            "model.hf_path="])   # the preset, as --check planned
+    qcfg = model_config(cfg)
+    assert qcfg.num_hidden_layers == PRESETS["qwen3-4b"].num_hidden_layers
+    est = estimate_memory(cfg, qcfg, {"data": 1, "fsdp": 1, "tensor": 1}, "cudnn")
+    reserve_tokens = (est.total - est.params - est.optimizer) * SAFETY / cache_bytes_per_token(qcfg, cfg.model.dtype)
+    assert abs(budgets[0] - budgets[1] - reserve_tokens) <= 1 and budgets[1] > 0, (budgets, reserve_tokens)

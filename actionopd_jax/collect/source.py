@@ -38,6 +38,7 @@ from actionopd_jax.sampling.budget import parse_token_budget
 from actionopd_jax.sampling.rollout import load_behaviour
 from actionopd_jax.train.setup import rollout_devices
 from actionopd_jax.train.sources import RunStop
+from actionopd_jax.train.update_reserve import update_reserve_bytes
 from actionopd_jax.types import StateGroup
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,6 @@ def build_engine(cfg: Config, model_config: Any, eos: int, mesh: Any = None):
     on the training `mesh`; nothing with mesh.rollout_devices: the update runs on other chips)."""
     from actionopd_jax.engine import Engine
     from actionopd_jax.engine.aot import engine_shapes
-    from actionopd_jax.train.update_reserve import update_reserve_bytes
 
     return Engine(None, model_config, eos_ids=[eos], config=engine_shapes(cfg.collect), dtype=cfg.model.dtype,
                   reserve_bytes=0.0 if cfg.mesh.rollout_devices else update_reserve_bytes(cfg, model_config, mesh))
@@ -281,8 +281,11 @@ class ActionOPDGroupSource:
             self.sampler = build_engine(cfg, ctx.model_config, eos, mesh=ctx.mesh)
             sample_fn = EngineSampling(self.sampler, settings)
         else:
+            # asynchronous collection: the update runs beside the calls (not on rollout devices of their own)
+            beside = cfg.collect.max_staleness >= 1 and not cfg.mesh.rollout_devices
             self.sampler = Sampler(None, ctx.model_config, eos_ids=[eos], buckets=buckets,
-                                   token_budget=self.cfg.sampler_token_budget)
+                                   token_budget=self.cfg.sampler_token_budget,
+                                   reserve_bytes=update_reserve_bytes(cfg, ctx.model_config, ctx.mesh) if beside else 0.0)
             sample_fn = sampler_fn(self.sampler, settings)
         from actionopd_jax.matching.judged_log import JudgedLog
 

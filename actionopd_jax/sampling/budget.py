@@ -105,14 +105,16 @@ def free_bytes_per_chip(mesh=None) -> float | None:
     return free
 
 
-def default_token_budget(cfg, mesh=None, *, safety: float = SAFETY, dtype: str = "float32") -> int | None:
-    """The budget from what the mesh's devices (or the default device) can still allocate;
-    None where the platform reports no memory limit (CPU)."""
+def default_token_budget(cfg, mesh=None, *, safety: float = SAFETY, dtype: str = "float32",
+                         reserve_bytes: float = 0.0) -> int | None:
+    """The budget from what the mesh's devices (or the default device) can still allocate,
+    less `reserve_bytes` a chip kept for something else (a training update running beside the
+    calls); None where the platform reports no memory limit (CPU)."""
     free = free_bytes_per_chip(mesh)
     if free is None:
         return None
     devices = list(mesh.devices.flat) if mesh is not None else jax.local_devices()[:1]
-    return token_budget(cfg, free, len(devices), safety=safety, dtype=dtype)
+    return token_budget(cfg, max(0.0, free - reserve_bytes), len(devices), safety=safety, dtype=dtype)
 
 
 def plan_chunks(ns, prompt_lens, max_news, buckets, token_budget: int | None = None,

@@ -140,7 +140,8 @@ class Sampler:
 
     def __init__(self, model, cfg=None, *, eos_ids: Sequence[int], buckets: Buckets | None = None,
                  cap: int = DEFAULT_CAP, mesh: jax.sharding.Mesh | None = None,
-                 lm_head: str = "checked", backend: str = "auto", token_budget: int | str | None = "auto"):
+                 lm_head: str = "checked", backend: str = "auto", token_budget: int | str | None = "auto",
+                 reserve_bytes: float = 0.0):
         self.model = model
         self.cfg = cfg if cfg is not None else model.cfg
         self.eos_ids = np.asarray(sorted(set(int(i) for i in eos_ids)) or [-1], np.int32)
@@ -155,6 +156,10 @@ class Sampler:
         if not (token_budget is None or token_budget == "auto" or (isinstance(token_budget, int) and token_budget > 0)):
             raise ValueError(f"token_budget must be 'auto', None or a positive int, got {token_budget!r}")
         self.token_budget = token_budget
+        # asynchronous collection (collect.max_staleness >= 1): what an update running beside the
+        # calls allocates, a chip; "auto" is then fixed at the first call (current_token_budget)
+        self.reserve_bytes = float(reserve_bytes)
+        self._fixed_budget: int | None = None
         self.stats = CompileStats()
         self._programs: dict[tuple, Any] = {}
         # "checked" head: (weak ref to the head-weight array, its CheckedHead), rebuilt when the
@@ -273,13 +278,21 @@ class Sampler:
 
     def current_token_budget(self) -> int | None:
         """The budget this call plans with: the int given, None, or for "auto" the devices'
-        free memory now (budget.default_token_budget; None on CPU)."""
+        free memory now (budget.default_token_budget; None on CPU). With `reserve_bytes` (an
+        update runs beside the calls) "auto" is the free memory at the first call, before any
+        update has run, less the reserve, then kept: free memory read while an update holds
+        its buffers would count them twice, and read between updates would leave them none."""
         if self.token_budget != "auto":
             return self.token_budget
         if self.backend == "cpu":
             return None
+        if self._fixed_budget is not None:
+            return self._fixed_budget
         dtype = self.model.runtime.dtype if self.model is not None else "float32"  # the cache's dtype
-        return budget_lib.default_token_budget(self.cfg, self.mesh, dtype=dtype)
+        budget = budget_lib.default_token_budget(self.cfg, self.mesh, dtype=dtype, reserve_bytes=self.reserve_bytes)
+        if self.reserve_bytes and budget is not None:
+            self._fixed_budget = budget
+        return budget
 
     def _run_chunk(self, chunk, prompts, settings, prompt_keys, result: SampleResult) -> None:
         b = self.buckets

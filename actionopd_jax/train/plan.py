@@ -167,7 +167,9 @@ def estimate_collection(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *,
     and a copy even on CPU."""
     from actionopd_jax.sampling import budget as sb
 
-    est = estimate_memory(cfg, qcfg, mesh)
+    from actionopd_jax.model.attention import resolve
+
+    est = estimate_memory(cfg, qcfg, mesh, resolve(cfg.model.attention, platform))
     split = cfg.mesh.rollout_devices > 0
     resident = 0.0 if split else est.params + est.optimizer
     n = count_params(qcfg)["total"]
@@ -184,7 +186,10 @@ def estimate_collection(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *,
     if isinstance(setting, int):
         budget = setting
     elif setting == "auto" and usable_bytes is not None and platform != "cpu":
-        budget = sb.token_budget(qcfg, max(0.0, usable_bytes - resident - rollout), chips_per_host,
+        # asynchronous collection keeps room for the update running beside the calls (the
+        # sampler's reserve_bytes, train/update_reserve.py; not with rollout devices of its own)
+        beside = est.total - est.params - est.optimizer if c.max_staleness >= 1 and not split else 0.0
+        budget = sb.token_budget(qcfg, max(0.0, usable_bytes - resident - rollout - beside), chips_per_host,
                                 dtype=cfg.model.dtype)
     else:
         budget = None
