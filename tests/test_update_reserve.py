@@ -22,7 +22,7 @@ GIB = 1024**3
 def tiny():
     cfg = load_config("configs/tiny/tiny_cpu.yaml", ["experiment.enabled=false", "model.remat=full",
                                                      "train.minibatch_rows=4", "train.microbatch_rows=2",
-                                                     "mesh.fsdp=2"])
+                                                     "mesh.fsdp=2", "train.max_seq_len=512"])
     qcfg = model_config(cfg)
     mesh = build_mesh(cfg)
     est = estimate_memory(cfg, qcfg, dict(mesh.shape), "cpu")
