@@ -2,24 +2,21 @@
 
     JAX_PLATFORMS=cpu PYTHONPATH=. python benchmarks/engine_cost.py [--rows 64] [--layers 36]
 
-Compiles, for the CPU backend and for Qwen3-4B's shapes at 1 and 2 layers (abstract
-parameters, float32 by default (--dtype), jax.ShapeDtypeStruct, nothing allocated), the
-engine's prefill chunk and decode segment (engine/programs.py, the accelerator path: the layer scan a GPU runs) and the static
-sampler's prefill and decode (sampling/decode.py, accelerator path), on issue 41's workload
-(`--rows` = prompts x 4 samples, prompts of 1,024-4,096 tokens, 256 new). The layers are
-unrolled (no loop): XLA's cost model counts a loop body once, so a program's figures are one
-decode step (the step loop's body) and the per-layer cost is the 2-layer compile less the
-1-layer one, scaled to `--layers`.
+Compiles, for the CPU backend (or an H100 / H200, --target) and Qwen3-4B's shapes at 1 and 2
+layers (abstract parameters, float32 by default (--dtype), nothing allocated), the engine's
+prefill chunk and decode segment (engine/programs.py, the accelerator path) and the static
+sampler's prefill and decode (sampling/decode.py), on issue 41's workload (`--rows` = prompts x
+4 samples, prompts of 1,024-4,096 tokens, 256 new). The layers are unrolled: XLA's cost model
+counts a loop body once, so a program's figures are one decode step and the per-layer cost is
+the 2-layer compile less the 1-layer one, scaled to `--layers`.
 
-Every figure in the table is a COMPILER ESTIMATE (HloCostAnalysis of the CPU compile:
-"bytes accessed", flops) or a count from the paged kernel's own loop bounds where XLA cannot
-see (the Pallas Triton kernel is a custom call; marked "kernel model": the program compiled
-with its paged attention left out, plus what the kernel's loops read and its partial results
-written), never a device timing. The walk follows each `lax.cond`'s cheapest branch (the
-programs' conds are rare fallbacks). "bound": the bytes one step must read: the weights plus each row's live KV, a shared
-prompt read once (issue 41's definition); for prefill the weights once per call plus the KV
-written. Also checked per program: the pool (or static's cache) aliased in place
-(memory_analysis().alias_size_in_bytes) and no copy of a pool-shaped buffer in the HLO.
+Every figure is a COMPILER ESTIMATE (HloCostAnalysis "bytes accessed" and flops; the walk of
+benchmarks/hlo_bytes.py, each `lax.cond`'s cheapest branch: they are rare fallbacks) or, where
+XLA cannot see into the Pallas kernel, a "kernel model" (the program compiled with its paged
+attention left out, plus what the kernel's loops read and its partial results written); never
+a device timing. "bound": the bytes one step must read: the weights plus each row's live KV, a
+shared prompt read once (issue 41's definition); for prefill the weights once per call plus
+the KV written. Also checked: the pool (or static's cache) aliased in place, no pool copies.
 """
 
 from __future__ import annotations
@@ -68,10 +65,8 @@ def cost(compiled) -> dict:
     c = compiled.cost_analysis()
     c = c[0] if isinstance(c, (list, tuple)) else c
     m = compiled.memory_analysis()
-    if not c:       # XLA:GPU's compile-only client has no cost analysis: the walk alone
-        return {"bytes": None, "flops": None, "walk": program_bytes(compiled.as_text(), branches="cheapest"),
-                "alias": m.alias_size_in_bytes, "temp": m.temp_size_in_bytes, "args": m.argument_size_in_bytes}
-    return {"bytes": float(c.get("bytes accessed", 0.0)), "flops": float(c.get("flops", 0.0)),
+    c = c or {"bytes accessed": None, "flops": None}   # XLA:GPU's compile-only client has none: the walk alone
+    return {"bytes": c.get("bytes accessed", 0.0), "flops": c.get("flops", 0.0),
             "walk": program_bytes(compiled.as_text(), branches="cheapest"),
             "alias": m.alias_size_in_bytes, "temp": m.temp_size_in_bytes, "args": m.argument_size_in_bytes}
 
@@ -87,8 +82,7 @@ def _copy_names(compiled, shape: tuple, dtype: str) -> list[str]:
 
 
 def shape_copies(compiled, shape: tuple, dtype: str) -> int:
-    """Copies (copy ops, or fusions whose root is a copy) of a buffer of `shape` in the
-    optimized HLO: a pool copied per step shows up here."""
+    """Copies (copy ops, or copy-rooted fusions) of a `shape` buffer: a pool copied per step."""
     return len(_copy_names(compiled, shape, dtype))
 
 
@@ -99,8 +93,7 @@ def copies_walk(compiled, shape: tuple, dtype: str) -> float:
                      if label.split("/", 1)[-1].split(" ", 1)[0] in names))
 
 
-def prompt_lengths(n: int) -> list[int]:
-    """The workload's prompt lengths: evenly spread over [1,024, 4,096] (the device check draws them)."""
+def prompt_lengths(n: int) -> list[int]:   # evenly spread over [1,024, 4,096] (the device check draws them)
     return [LO + (HI - LO) * i // max(1, n - 1) for i in range(n)]
 
 

@@ -165,9 +165,8 @@ def estimate_collection(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *,
     memory; "none" plans collect.concurrency largest states in one call. With
     mesh.rollout_devices, per rollout chip (`chips_per_host` of them): no trainer state there,
     and a copy even on CPU."""
-    from actionopd_jax.sampling import budget as sb
-
     from actionopd_jax.model.attention import resolve
+    from actionopd_jax.sampling import budget as sb
 
     est = estimate_memory(cfg, qcfg, mesh, resolve(cfg.model.attention, platform))
     split = cfg.mesh.rollout_devices > 0
