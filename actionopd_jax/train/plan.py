@@ -63,6 +63,11 @@ class MemoryEstimate:
         # (1.10 x everything before issue 42) put the plan 1.36-1.42x over run 1's peaks.
         return self.resident + TRANSIENT_MARGIN * self.transient
 
+    @property
+    def update_reserve(self) -> float:
+        """What an update allocates beside the parameters and AdamW moments, which stay resident."""
+        return self.total - self.params - self.optimizer
+
 
 def estimate_memory(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], attention: str = "cpu",
                     remat: str | None = None) -> MemoryEstimate:
@@ -115,9 +120,8 @@ def estimate_memory(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], attent
         score_elems, scores_peak = 0, rows * (h / tp) * seq * (dh * abytes + 4)
     if attention == "splash":
         # the fused backward's dq partials, one per KV block, live in one layer's backward (the
-        # TPU recipe's 40,960-token rows: 12.5 GiB a chip; counted 0 before, when they were
-        # 25 GiB, so the plan was 0.52x of the update compiled for v5p, and the engine's pool
-        # was sized as if the update needed 33 GiB less than it does)
+        # TPU recipe's 40,960-token rows: 12.5 GiB a chip; counted 0 before, when they were 25
+        # GiB: the plan was 0.52x of the update compiled for v5p)
         scores_peak += rows * backward_dq_bytes(seq, math.ceil(h / tp), dh, abytes)
     remat = cfg.model.remat if remat is None else remat
     if remat not in POLICIES:
@@ -185,9 +189,8 @@ def estimate_collection(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], *,
     if isinstance(setting, int):
         budget = setting
     elif setting == "auto" and usable_bytes is not None and platform != "cpu":
-        # asynchronous collection keeps room for the update running beside the calls (the
-        # sampler's reserve_bytes, train/update_reserve.py; not with rollout devices of its own)
-        beside = est.total - est.params - est.optimizer if c.max_staleness >= 1 and not split else 0.0
+        # asynchronous collection keeps room for the update beside the calls (train/update_reserve.py)
+        beside = est.update_reserve if c.max_staleness >= 1 and not split else 0.0
         budget = sb.token_budget(qcfg, max(0.0, usable_bytes - resident - rollout - beside), chips_per_host,
                                 dtype=cfg.model.dtype)
     else:
@@ -206,10 +209,9 @@ def _engine_lines(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], coll: Co
     """(pages of the engine's pool per chip, None where the memory is unknown; the peak bytes
     per chip, an update beside the resident pool; the plan's lines). The pool is sized at the
     first weight load from what is left beside the trainer's parameters, AdamW moments and
-    rollout copy, less what an update allocates while the pool stays resident (the plan's; a
-    run takes XLA's compile of the update where larger, train/update_reserve.py), times
-    budget.SAFETY; its KV heads are split over "tensor" where that divides them
-    (engine/sizing.pool_shards)."""
+    rollout copy, less an update's reserve (a run takes XLA's compile where larger,
+    train/update_reserve.py), times budget.SAFETY; its KV heads are split over "tensor" where
+    that divides them (engine/sizing.pool_shards)."""
     from actionopd_jax.sampling import budget as sb
 
     e = engine_shapes(cfg.collect)
@@ -218,7 +220,7 @@ def _engine_lines(cfg: Config, qcfg: Qwen3Config, mesh: dict[str, int], coll: Co
     eta = cfg.collect.max_staleness
     copy = coll.rollout_copy or (est.params if eta >= 1 else 0.0)
     split = cfg.mesh.rollout_devices
-    reserve = 0.0 if split else est.total - est.params - est.optimizer   # a split's update runs elsewhere
+    reserve = 0.0 if split else est.update_reserve   # a split's update runs elsewhere
     tensor = split or mesh.get("tensor", 1)
     shards = tensor if tensor > 1 and qcfg.num_key_value_heads % tensor == 0 else 1
     per_page = sb.cache_bytes_per_token(qcfg, cfg.model.dtype) * e.page_size / shards

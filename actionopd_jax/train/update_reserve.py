@@ -40,8 +40,7 @@ def update_reserve_bytes(cfg: Config, model_config: Any, mesh: Any = None, *,
     shape = dict(mesh.shape) if mesh is not None else {}
     platform = mesh.devices.flat[0].platform if mesh is not None else "cpu"
     est = estimate_memory(cfg, model_config, shape, resolve(cfg.model.attention, platform))
-    resident = est.params + est.optimizer
-    planned = est.total - resident
+    resident, planned = est.params + est.optimizer, est.update_reserve
     if compile_update is None:
         if platform not in ("gpu", "tpu") or mesh is None:
             return planned
