@@ -36,7 +36,11 @@ def test_decode_and_fresh_prefill_update_the_pool_in_place():
         assert c["walk"] < pool_bytes / 4, (which, c["walk"], pool_bytes)   # the rows written, not the pool
         largest, name = instruction_bytes(compiled.as_text())[0]
         assert largest < pool_bytes / 8, (which, name, largest)           # no instruction touches a whole pool array
-        assert c["bytes"] > pool_bytes, (which, c["bytes"])                 # XLA's count: a scatter as the pool
+        if which == "segment":
+            # XLA's own count charges the decode's row scatter as the whole pool: why the walk
+            # exists. (The chunk's count depends on the CPU emitter, which the suite's compile
+            # flags change: tests/_subprocess_fixtures.py.)
+            assert c["bytes"] > pool_bytes, (which, c["bytes"])
 
 
 def test_the_walk_follows_a_conditionals_cheapest_branch_when_asked():
