@@ -15,11 +15,27 @@ REPO = Path(__file__).resolve().parents[1]
 # XLA:CPU's older elemental emitters instead of its MLIR fusion emitters, and one LLVM module
 # instead of parallel codegen splits (two workers already fill two cores), halve the backend
 # compile again: test_train_step.py 113 s -> 56 s (backend compiles 80 s -> 25 s),
-# test_sampler_model.py 77 s -> 41 s. All three flags exist in jaxlib 0.7 to 0.12 (an unknown
-# flag stops XLA at start-up).
+# test_sampler_model.py 77 s -> 41 s (jaxlib 0.10.2). jaxlib 0.11 dropped the emitter switch
+# and XLA stops at start-up on an unknown flag, so it is passed only where it exists.
 # Tests only: `train`/`eval`/`serve` and the benchmarks compile at XLA's default level.
 TEST_COMPILE_FLAGS = ("--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-                      " --xla_cpu_use_fusion_emitters=false --xla_cpu_parallel_codegen_split_count=1")
+                      " --xla_cpu_parallel_codegen_split_count=1")
+
+
+def _has_emitter_switch() -> bool:
+    """Whether the installed jaxlib (read without importing jax: XLA_FLAGS must be set first)
+    still has `--xla_cpu_use_fusion_emitters`: 0.10 and before."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        major, minor = (int(p) for p in version("jaxlib").split(".")[:2])
+    except (PackageNotFoundError, ValueError):
+        return False
+    return (major, minor) < (0, 11)
+
+
+if _has_emitter_switch():
+    TEST_COMPILE_FLAGS += " --xla_cpu_use_fusion_emitters=false"
 
 
 def xla_flags(devices: int) -> str:
