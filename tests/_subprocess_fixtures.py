@@ -37,6 +37,10 @@ def _has_emitter_switch() -> bool:
 if _has_emitter_switch():
     TEST_COMPILE_FLAGS += " --xla_cpu_use_fusion_emitters=false"
 
+# `jax.jit(..., compiler_options=RUN_OPTIMIZED)`: XLA's default level for the rare test program
+# that runs long enough to pay for it (a fit of many steps); both options exist in every jaxlib.
+RUN_OPTIMIZED = {"xla_backend_optimization_level": 2, "xla_llvm_disable_expensive_passes": False}
+
 
 def xla_flags(devices: int) -> str:
     """XLA_FLAGS for a test process (this one or a child): `devices` host CPU devices, compiled
