@@ -3,6 +3,7 @@
 XLA_FLAGS must be set before jax is first imported, so this happens at conftest import.
 """
 
+import gc
 import os
 
 from tests._subprocess_fixtures import xla_flags
@@ -22,3 +23,15 @@ _CACHE = os.environ.get(
 os.environ.setdefault("JAX_COMPILATION_CACHE_DIR", _CACHE)
 jax.config.update("jax_compilation_cache_dir", _CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+# Tracing and lowering allocate millions of short-lived objects, and each worker holds every
+# test module's imports (torch, transformers, tau2, jax): Python's default GC (a young
+# collection every 700 allocations, full passes over that whole heap) cost ~3.5% of the CPU
+# time of compile-bound files (tests/test_train_step.py + 4 others: 4 min 4 s -> 3 min 57 s).
+# Fewer young collections, and the imports frozen out of the full passes once collected.
+gc.set_threshold(50_000, 20, 100)
+
+
+def pytest_collection_finish(session):
+    gc.collect()
+    gc.freeze()
