@@ -1,4 +1,5 @@
-"""Test-wide setup: 8 host CPU devices (for sharding tests) and a persistent compile cache.
+"""Test-wide setup: 8 host CPU devices (for sharding tests), a persistent compile cache and
+fewer GC passes.
 
 XLA_FLAGS must be set before jax is first imported, so this happens at conftest import.
 """
@@ -25,10 +26,11 @@ jax.config.update("jax_compilation_cache_dir", _CACHE)
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 # Tracing and lowering allocate millions of short-lived objects, and each worker holds every
-# test module's imports (torch, transformers, tau2, jax): Python's default GC (a young
-# collection every 700 allocations, full passes over that whole heap) cost ~3.5% of the CPU
-# time of compile-bound files (tests/test_train_step.py + 4 others: 4 min 4 s -> 3 min 57 s).
-# Fewer young collections, and the imports frozen out of the full passes once collected.
+# test module's imports (torch, transformers, tau2, jax): Python's default GC thresholds
+# (700, 10, 10: a young collection every 700 net container allocations, and full passes over
+# that whole heap) cost 3.5-6% of the CPU time of compile-bound files (tests/test_train_step.py
+# + 4 others: 4 min 4 s -> 3 min 57 s; docs/measurements.md). Every generation is collected
+# less often, and the imports are frozen out of the full passes once collection is done.
 gc.set_threshold(50_000, 20, 100)
 
 
