@@ -180,7 +180,7 @@ def test_a_pooled_awm_servers_reset_ends_what_its_tools_started(tmp_path):
 
 
 DRIVER = '''
-import asyncio, json, sys
+import asyncio, json, shutil, sys
 from actionopd_jax.envs.mcp.sandbox import Sandbox
 from actionopd_jax.envs.sandbox import SubprocessSandbox
 
@@ -190,8 +190,11 @@ READ = ("def f(paths):\\n    out = []\\n    for p in paths:\\n        try:\\n   
 
 async def server(script):
     sandbox = Sandbox()
-    code, tail = await sandbox.run([sys.executable, script], workdir=sandbox.new_workdir(), timeout_s=60)
-    return code, tail
+    workdir = sandbox.new_workdir()   # run() leaves a given workdir in place: remove it here
+    try:
+        return await sandbox.run([sys.executable, script], workdir=workdir, timeout_s=60)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
 
 
 code, tail = asyncio.run(server(sys.argv[1]))
