@@ -6,6 +6,7 @@ and `actionopd eval` on the manifest's held-out tasks printing the verifier's su
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections import Counter
 from pathlib import Path
@@ -143,6 +144,22 @@ def test_a_tiny_model_collection_step_over_awm_with_the_reference_teacher(tiny_t
     assert {g.task_id for g in result.groups} == set(first_call)
 
 
+def _launchers_of_this_process() -> list[int]:
+    """Live children of this process that are sandbox launchers (envs/mcp/launcher.py)."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+            if ppid == os.getpid() and b"launcher.py" in Path(f"/proc/{entry}/cmdline").read_bytes() and \
+                    "State:\tZ" not in Path(f"/proc/{entry}/status").read_text():
+                out.append(int(entry))
+        except (OSError, IndexError, ValueError):
+            pass
+    return out
+
+
 def test_eval_on_the_heldout_tasks_prints_verifier_success(manifest, tmp_path, capsys):
     from actionopd_jax.eval.cli import main
 
@@ -152,6 +169,8 @@ def test_eval_on_the_heldout_tasks_prints_verifier_success(manifest, tmp_path, c
                      "--no-progress"])
     out = capsys.readouterr().out
     assert code == 0, out
+    # the evaluation's AWM servers ended with it, not at this process's exit
+    assert _launchers_of_this_process() == []
     assert "| benchmark | group | episodes | success |" in out.splitlines()[0].replace(" pass^1 | reward |", "")
     assert "| awm | heldout | 3 | 100.0 |" in out
     records = [json.loads(line) for line in (tmp_path / "out" / "episodes.jsonl").read_text().splitlines()]

@@ -201,6 +201,13 @@ def env_factory(args: argparse.Namespace, settings: EvalSettings):
             return make_environment("bfcl", max_steps_per_turn=settings.bfcl_max_steps_per_turn)
         return make_environment(task.env)
 
+    def close() -> None:
+        # the AWM servers end with the evaluation, not with the process: an in-process caller
+        # (the main job, compare, a notebook) would otherwise keep the pool alive until it exits
+        if awm is not None:
+            awm.close()
+
+    make.close = close
     return make
 
 
@@ -298,15 +305,18 @@ def evaluate(args: argparse.Namespace, settings: EvalSettings) -> dict[str, Any]
     from actionopd_jax.train.budget import phase_ledger
     from actionopd_jax.train.sources import StoppedEarly
 
+    envs = env_factory(args, settings)
     try:
         with phase_ledger(None, out, "the paid models", ledger=ledger):
             records, errors = asyncio.run(finishing_in_flight(run_eval(
-                agent, tasks, env_factory(args, settings), out / "episodes.jsonl", trials=settings.trials_for,
+                agent, tasks, envs, out / "episodes.jsonl", trials=settings.trials_for,
                 concurrency=args.concurrency, progress=not args.no_progress,
                 trajectories_jsonl=out / "trajectories.jsonl", evaluated=loaded or None)))
     except StoppedEarly as e:   # --budget-usd: finished episodes are in episodes.jsonl, the rest rerun on resume
         table = eval_spend.write_spend(ledger, out)
         raise StoppedEarly(f"{e}{chr(10) * 2 + table if table else ''}", e.code) from None
+    finally:
+        envs.close()
     spend_table = eval_spend.write_spend(ledger, out)
     wanted = {(t.task_id, t.env): settings.trials_for(t) for t in tasks}
     records = [r for r in records if r["trial"] < wanted.get((r["task_id"], r["env"]), 0)]
