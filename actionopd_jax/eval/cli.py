@@ -202,8 +202,8 @@ def env_factory(args: argparse.Namespace, settings: EvalSettings):
         return make_environment(task.env)
 
     def close() -> None:
-        # the AWM servers end with the evaluation, not with the process: an in-process caller
-        # (the main job, compare, a notebook) would otherwise keep the pool alive until it exits
+        # the AWM servers end with the evaluation, not with the process: an in-process caller of
+        # main() (a notebook, a test worker) would otherwise keep the pool alive until it exits
         if awm is not None:
             awm.close()
 
