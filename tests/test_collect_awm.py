@@ -145,18 +145,19 @@ def test_a_tiny_model_collection_step_over_awm_with_the_reference_teacher(tiny_t
 
 
 def _launchers_of_this_process() -> list[int]:
-    """Live children of this process that are sandbox launchers (envs/mcp/launcher.py)."""
+    """Live children of this process that are sandbox launchers (envs/mcp/launcher.py), read
+    with the stray reaper's own /proc parser."""
+    from actionopd_jax.envs.mcp.strays import _stat
+
     out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            ppid = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
-            if ppid == os.getpid() and b"launcher.py" in Path(f"/proc/{entry}/cmdline").read_bytes() and \
-                    "State:\tZ" not in Path(f"/proc/{entry}/status").read_text():
-                out.append(int(entry))
-        except (OSError, IndexError, ValueError):
-            pass
+    for pid in (int(e) for e in os.listdir("/proc") if e.isdigit()):
+        stat = _stat(pid)   # (parent, state, start), None once gone
+        if stat is not None and stat[0] == os.getpid() and stat[1] != "Z":
+            try:
+                if b"launcher.py" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    out.append(pid)
+            except OSError:
+                pass
     return out
 
 
