@@ -13,9 +13,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import random
 import re
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
@@ -362,6 +364,23 @@ class ListTaskStream:
 
     def set_state(self, state: dict) -> None:
         self.next_index = int(state["next_index"])
+
+
+def launchers_of_this_process() -> list[int]:
+    """Live children of this process that are sandbox launchers (envs/mcp/launcher.py), read
+    with the stray reaper's own /proc parser."""
+    from actionopd_jax.envs.mcp.strays import _stat
+
+    out = []
+    for pid in (int(e) for e in os.listdir("/proc") if e.isdigit()):
+        stat = _stat(pid)   # (parent, state, start), None once gone
+        if stat is not None and stat[0] == os.getpid() and stat[1] != "Z":
+            try:
+                if b"launcher.py" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    out.append(pid)
+            except OSError:
+                pass
+    return out
 
 
 __all__ = [n for n in dir() if not n.startswith("_")]

@@ -6,7 +6,6 @@ and `actionopd eval` on the manifest's held-out tasks printing the verifier's su
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections import Counter
 from pathlib import Path
@@ -24,7 +23,8 @@ from actionopd_jax.serve.reference_backend import MODEL_NAME, ReferenceBackend
 from actionopd_jax.serve.scripted import ScriptedBackend, message_choice
 from actionopd_jax.types import Invalid, ToolCall
 from tests._chat_fixtures import tiny_tokenizer, tiny_tokenizer_dir  # noqa: F401 (fixtures)
-from tests._collect_fixtures import collect_once, collector_config, make_teacher, real_sample_fn, serve
+from tests._collect_fixtures import (collect_once, collector_config, launchers_of_this_process, make_teacher,
+                                    real_sample_fn, serve)
 
 AWM = Path(__file__).parent / "data" / "awm_mini"
 HELDOUT = ["gym_classes_3/1", "library_loans_1/3", "recipe_box_2/3"]  # recipe_box_2/3: SQL + judge
@@ -144,23 +144,6 @@ def test_a_tiny_model_collection_step_over_awm_with_the_reference_teacher(tiny_t
     assert {g.task_id for g in result.groups} == set(first_call)
 
 
-def _launchers_of_this_process() -> list[int]:
-    """Live children of this process that are sandbox launchers (envs/mcp/launcher.py), read
-    with the stray reaper's own /proc parser."""
-    from actionopd_jax.envs.mcp.strays import _stat
-
-    out = []
-    for pid in (int(e) for e in os.listdir("/proc") if e.isdigit()):
-        stat = _stat(pid)   # (parent, state, start), None once gone
-        if stat is not None and stat[0] == os.getpid() and stat[1] != "Z":
-            try:
-                if b"launcher.py" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    out.append(pid)
-            except OSError:
-                pass
-    return out
-
-
 def test_eval_on_the_heldout_tasks_prints_verifier_success(manifest, tmp_path, capsys):
     from actionopd_jax.eval.cli import main
 
@@ -171,7 +154,7 @@ def test_eval_on_the_heldout_tasks_prints_verifier_success(manifest, tmp_path, c
     out = capsys.readouterr().out
     assert code == 0, out
     # the evaluation's AWM servers ended with it, not at this process's exit
-    assert _launchers_of_this_process() == []
+    assert launchers_of_this_process() == []
     assert "| benchmark | group | episodes | success |" in out.splitlines()[0].replace(" pass^1 | reward |", "")
     assert "| awm | heldout | 3 | 100.0 |" in out
     records = [json.loads(line) for line in (tmp_path / "out" / "episodes.jsonl").read_text().splitlines()]
@@ -239,7 +222,10 @@ def test_the_runs_source_builds_awm_episodes_with_judge_evidence_and_a_warm_pool
                 step=0, groups=[], group_starts=[], trajectories=[], metrics=StepMetrics()))
             source.collect(0, None)
             warm_for_next_step()
+            assert launchers_of_this_process()
         finally:
-            make.close()
+            source.close()
+        # the pools the source built end with it (the trainer closes a source it built)
+        assert launchers_of_this_process() == []
     trained = json.loads((tmp_path / "run" / "train_tasks.json").read_text())["tasks"]
     assert len(trained) == 12 and not {t["task_id"] for t in trained} & set(HELDOUT)

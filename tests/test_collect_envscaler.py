@@ -11,6 +11,7 @@ reference solutions) behind our loopback server, rules-only matching.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from pathlib import Path
 
@@ -20,12 +21,13 @@ from actionopd_jax.config import EnvConfig
 from actionopd_jax.envs.envscaler.layout import load_envscaler
 from actionopd_jax.envs.mixture import mixture_stream_from
 from actionopd_jax.envs.reference import ENVSCALER_DONE
-from actionopd_jax.envs.registry import pool_env_factory
+from actionopd_jax.envs.registry import close_env_factory, pool_env_factory
 from actionopd_jax.matching.matcher import Matcher
 from actionopd_jax.serve.reference_backend import MODEL_NAME, ReferenceBackend
 from actionopd_jax.types import Message, ToolCall
 from tests._chat_fixtures import tiny_tokenizer, tiny_tokenizer_dir  # noqa: F401 (fixtures)
-from tests._collect_fixtures import collect_once, collector_config, make_teacher, plan_student, real_sample_fn, serve
+from tests._collect_fixtures import (collect_once, collector_config, launchers_of_this_process, make_teacher,
+                                    plan_student, real_sample_fn, serve)
 
 DATA = Path(__file__).parent / "data"
 ES, AWM = DATA / "envscaler_mini", DATA / "awm_mini"
@@ -68,12 +70,19 @@ def scripted_student(tokenizer, tasks, eos, first=lambda ref: [ref]):
                         first=first)
 
 
+@contextlib.contextmanager
 def _collector(cfg, tokenizer, server, sample_fn, env_cfg):
+    """A collector over the mixture's pools, which end on leaving (their AWM servers with them;
+    collect_once closes the collector itself)."""
     from actionopd_jax.collect import Collector
 
     eos = tokenizer.convert_tokens_to_ids("<|im_end|>")
-    return Collector(cfg, tokenizer=tokenizer, teacher=make_teacher(server, model=MODEL_NAME, provider="actionopd"),
-                     matcher=Matcher(None), eos_ids=[eos], env_factory=pool_env_factory(env_cfg), sample_fn=sample_fn)
+    envs = pool_env_factory(env_cfg)
+    try:
+        yield Collector(cfg, tokenizer=tokenizer, teacher=make_teacher(server, model=MODEL_NAME, provider="actionopd"),
+                        matcher=Matcher(None), eos_ids=[eos], env_factory=envs, sample_fn=sample_fn)
+    finally:
+        close_env_factory(envs)
 
 
 def test_one_step_draws_both_pools_and_a_scripted_student_gets_hand_computed_rewards(tiny_tokenizer, env_cfg):
@@ -86,8 +95,9 @@ def test_one_step_draws_both_pools_and_a_scripted_student_gets_hand_computed_rew
     cfg = collector_config(n=3, max_prompt_tokens=4096, max_new_tokens=64, env_timeout_s=60.0,
                            teacher_timeout_s=60.0, decision_limits=(("envscaler", 8), ("awm", 8)))
     with serve(ReferenceBackend(stream.tasks)) as server:
-        collector = _collector(cfg, tiny_tokenizer, server, scripted_student(tiny_tokenizer, stream.tasks, eos), env_cfg)
-        result = collect_once(collector, tasks, step=0, process_index=0, process_count=1)
+        student = scripted_student(tiny_tokenizer, stream.tasks, eos)
+        with _collector(cfg, tiny_tokenizer, server, student, env_cfg) as collector:
+            result = collect_once(collector, tasks, step=0, process_index=0, process_count=1)
     plans = _plans(tasks)
     assert len(result.trajectories) == 4
     for rec in result.trajectories:
@@ -115,8 +125,8 @@ def test_tiny_model_collection_step_over_the_mixture(tiny_tokenizer, env_cfg):
     sampler = Sampler(model, eos_ids=[eos], buckets=Buckets(prompt_len=(1024,), prompts=(4,), samples=(2,),
                                                             max_new=(16,), max_rows=8))
     with serve(ReferenceBackend(stream.tasks)) as server:
-        collector = _collector(cfg, tiny_tokenizer, server, real_sample_fn(sampler, cfg), env_cfg)
-        result = collect_once(collector, tasks, step=0, process_index=0, process_count=1)
+        with _collector(cfg, tiny_tokenizer, server, real_sample_fn(sampler, cfg), env_cfg) as collector:
+            result = collect_once(collector, tasks, step=0, process_index=0, process_count=1)
     plans = _plans(tasks)
     assert len(result.trajectories) == 4 and {r.env for r in result.trajectories} == {"awm", "envscaler"}
     assert result.groups and all(0 < g.prompt_ids.size <= 1024 for g in result.groups)
@@ -174,6 +184,7 @@ def test_tiny_train_on_the_mixture_then_eval_on_held_out_tasks(tmp_path, tiny_to
                  "collect.task_starts_per_step=4", "collect.num_candidates=2", "collect.max_response_tokens=16",
                  "collect.max_prompt_tokens=2048", "train.max_seq_len=2048", "run.progress=false",
                  "--run-dir", str(run_dir)]) == 0
+    assert launchers_of_this_process() == []   # the run's AWM servers ended with it (Trainer.close)
     trained = json.loads((run_dir / "train_tasks.json").read_text())["tasks"]
     assert {t["env"] for t in trained} == {"awm", "envscaler"} and not {t["task_id"] for t in trained} & set(HELD_OUT)
     capsys.readouterr()

@@ -42,12 +42,16 @@ def test_a_collection_step_matches_rewritten_calls_by_execution(tiny_tokenizer, 
     cfg = collector_config(n=3, max_prompt_tokens=4096, max_new_tokens=64, env_timeout_s=60.0,
                            teacher_timeout_s=60.0, matcher_timeout_s=120.0, decision_limits=(("awm", 8),))
     matcher = Matcher(None, execution=ExecutionStage())  # rules only: without execution, no match
+    envs = pool_env_factory(env_cfg)
     with serve(ReferenceBackend(stream.tasks)) as server:
-        collector = Collector(cfg, tokenizer=tiny_tokenizer,
-                              teacher=make_teacher(server, model=MODEL_NAME, provider="actionopd"),
-                              matcher=matcher, eos_ids=[eos], env_factory=pool_env_factory(env_cfg),
-                              sample_fn=_student(tiny_tokenizer, stream.tasks, eos))
-        result = collect_once(collector, tasks, step=0, process_index=0, process_count=1)
+        try:
+            collector = Collector(cfg, tokenizer=tiny_tokenizer,
+                                  teacher=make_teacher(server, model=MODEL_NAME, provider="actionopd"),
+                                  matcher=matcher, eos_ids=[eos], env_factory=envs,
+                                  sample_fn=_student(tiny_tokenizer, stream.tasks, eos))
+            result = collect_once(collector, tasks, step=0, process_index=0, process_count=1)
+        finally:
+            envs.close()   # its AWM servers now, not at this worker's exit
     rewritten = [g for g in result.groups if g.candidates[0].action != g.teacher_samples[0].action]
     assert len(rewritten) == 2  # one search per task
     for g in rewritten:

@@ -85,11 +85,13 @@ class FreshKDSource:
     def __init__(self, make_agent: Callable[[], Any], stream: Any, make_env: Any, tokenizer: Any, *,
                  out_dir: str | Path, trials: int = 4, min_reward: float = 1.0, max_prompt_tokens: int,
                  enable_thinking: bool = False, concurrency: int = 8, max_actions: int = 200,
-                 process_index: int = 0, process_count: int = 1, max_outage_steps: int = 2):
+                 process_index: int = 0, process_count: int = 1, max_outage_steps: int = 2, owns_env: bool = False):
+        """`owns_env`: close() ends make_env's pools (the builder hands its factory over)."""
         if trials < 1:
             raise ValueError(f"kd.trials must be >= 1 (fresh teacher episodes per task start), got {trials}")
         self.make_agent, self.stream, self.make_env, self.tokenizer = make_agent, stream, make_env, tokenizer
         self.out_dir = Path(out_dir)
+        self._own_env = make_env if owns_env else None
         self.trials, self.min_reward = int(trials), float(min_reward)
         self.max_prompt_tokens, self.enable_thinking = int(max_prompt_tokens), bool(enable_thinking)
         self.concurrency, self.max_actions = int(concurrency), int(max_actions)
@@ -164,6 +166,12 @@ class FreshKDSource:
                           f"{step}, {starts} task starts; {detail}): the endpoint is down, or teacher.base_url / "
                           "teacher.model / its API key are wrong. Fix it and rerun the command: the run resumes from "
                           "its last checkpoint (collect.max_outage_steps sets the patience)")
+
+    def close(self) -> None:
+        from actionopd_jax.envs.registry import close_env_factory
+
+        close_env_factory(self._own_env)
+        self._own_env = None
 
     def state_dict(self) -> dict[str, Any]:
         return {"next_step": self.next_step, "stream": self.stream.get_state(),

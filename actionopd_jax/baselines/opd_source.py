@@ -97,7 +97,8 @@ class OPDGroupSource:
             from actionopd_jax.envs.splits import record_train_tasks
 
             record_train_tasks(ctx.run_dir, tasks)
-        self.env_factory = env_factory or env_factory_from(cfg.env)
+        self._own_envs = None if env_factory else env_factory_from(cfg.env)   # close() ends the pools built here
+        self.env_factory = env_factory or self._own_envs
         self.scorer = scorer if scorer is not None else scorer_from_config(cfg, ctx)
         eos = int(tokenizer.convert_tokens_to_ids("<|im_end|>"))
         # the student's rollout path as ActionOPD's collector picks it (collect.sampler, config/rollout.py)
@@ -172,6 +173,12 @@ class OPDGroupSource:
             out.update(student_logp_mean=student / tokens, teacher_logp_mean=teacher / tokens,
                        reverse_kl_estimate=(student - teacher) / tokens)
         return out
+
+    def close(self) -> None:
+        from actionopd_jax.envs.registry import close_env_factory
+
+        close_env_factory(self._own_envs)
+        self._own_envs = None
 
     def state_dict(self) -> dict[str, Any]:
         return self.stream.get_state()

@@ -102,7 +102,7 @@ def build_kd_source(cfg: Config, ctx: SourceContext, *, tokenizer: Any = None, m
                              max_prompt_tokens=cfg.collect.max_prompt_tokens,
                              enable_thinking=cfg.collect.enable_thinking, concurrency=cfg.teacher.concurrency,
                              process_index=ctx.process_index, process_count=ctx.process_count,
-                             max_outage_steps=cfg.collect.max_outage_steps)
+                             max_outage_steps=cfg.collect.max_outage_steps, owns_env=True)
     records = load_trajectories(k.trajectories, min_reward=k.min_reward)
     examples = kd_examples(records, tokenizer, max_prompt_tokens=cfg.collect.max_prompt_tokens,
                            enable_thinking=cfg.collect.enable_thinking)
@@ -244,7 +244,7 @@ def check_collection(cfg: Config) -> None:
     if kind == "synthetic":
         return
     from actionopd_jax.collect import source
-    from actionopd_jax.envs.registry import env_factory_from
+    from actionopd_jax.envs.registry import close_env_factory, env_factory_from
     from actionopd_jax.teacher.specs import judge_spec, teacher_spec
 
     if kind == "kd":
@@ -257,7 +257,7 @@ def check_collection(cfg: Config) -> None:
             # a missing one, commands/train.py; the run refuses without it)
             endpoint_agent(dataclasses.replace(cfg, teacher=dataclasses.replace(cfg.teacher, api_key_env="")))
             source.train_task_stream(cfg)
-            env_factory_from(cfg.env)
+            close_env_factory(env_factory_from(cfg.env))   # built to check it, and closed: nothing started
         return
     try:
         source.collector_config_from(cfg)
@@ -280,4 +280,4 @@ def check_collection(cfg: Config) -> None:
     if kind == "actionopd" and teacher == "self":
         check_self_teacher(cfg)
     source.train_task_stream(cfg)
-    env_factory_from(cfg.env, concurrency=cfg.collect.concurrency)
+    close_env_factory(env_factory_from(cfg.env, concurrency=cfg.collect.concurrency))

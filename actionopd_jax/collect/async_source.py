@@ -179,8 +179,8 @@ class AsyncActionOPDGroupSource(ActionOPDGroupSource):
         self._draw_states.clear()
         self._next_draw = None
 
-    def close(self) -> None:
-        self.collector.close()   # stops the loop first (AsyncCollector.close)
+    # close(): ActionOPDGroupSource's: the collector (AsyncCollector.close stops the loop first),
+    # then the env pools this source built
 
     def state_dict(self) -> dict[str, Any]:
         state = super().state_dict()

@@ -31,7 +31,7 @@ from actionopd_jax.collect.sampler_worker import SamplingSettings, sampler_fn
 from actionopd_jax.collect.spend import SpendMeters
 from actionopd_jax.config import Config, ConfigError
 from actionopd_jax.config.rollout import rollout_sampler
-from actionopd_jax.envs.registry import env_factory_from
+from actionopd_jax.envs.registry import close_env_factory, env_factory_from
 from actionopd_jax.envs.task_sets import stream_tasks, task_stream_from, training_tasks_summary
 from actionopd_jax.rewards import RewardConfig
 from actionopd_jax.sampling.budget import parse_token_budget
@@ -217,8 +217,6 @@ class ActionOPDGroupSource:
                  env_factory: Any = None, tokenizer: Any = None, buckets: Any = None):
         """Parts passed in replace the ones the config would build (tests, custom setups);
         `buckets`: the sampler's shape buckets (sampling.Buckets)."""
-        from actionopd_jax.sampling import Sampler
-
         self.cfg = collector_config_from(cfg)
         self.ctx = ctx
         self.rollout_devices = rollout_devices(cfg)   # the sampler's own (mesh.rollout_devices), else ()
@@ -255,8 +253,24 @@ class ActionOPDGroupSource:
                 record_train_tasks(run_dir, tasks)
         from actionopd_jax.teacher.specs import judge_spec
 
+        # the env pools this source builds it closes (close()); a factory passed in is its caller's
+        self._own_envs = None
         if env_factory is None:  # the run's judge also grades AWM's SQL verifiers
-            env_factory = env_factory_from(cfg.env, concurrency=cfg.collect.concurrency, judge=judge_spec(cfg.matcher))
+            env_factory = self._own_envs = env_factory_from(cfg.env, concurrency=cfg.collect.concurrency,
+                                                            judge=judge_spec(cfg.matcher))
+        try:
+            self._build(cfg, ctx, teacher, matcher, env_factory, tokenizer, tasks, buckets)
+        except BaseException:   # a refused start leaves no servers running until exit
+            close_env_factory(self._own_envs)
+            raise
+
+    def _build(self, cfg: Config, ctx: Any, teacher: Any, matcher: Any, env_factory: Any, tokenizer: Any,
+               tasks: Any, buckets: Any) -> None:
+        """The matcher, the sampler and the collector over `env_factory` (__init__'s second half)."""
+        from actionopd_jax.sampling import Sampler
+        from actionopd_jax.teacher.specs import judge_spec
+
+        run_dir = Path(ctx.run_dir)
         if matcher is None:
             from actionopd_jax.matching.build import build_matcher, tool_evidence_from
 
@@ -301,6 +315,15 @@ class ActionOPDGroupSource:
         self.meters = SpendMeters({"teacher": cfg.teacher.price, "matcher": cfg.matcher.price, "user": cfg.env.user_price})
         self._meter_step: dict[str, float] = {}
         self._outage_steps = 0      # consecutive steps without one teacher answer (_watch_teacher)
+
+    def close(self) -> None:
+        """The collector's clients and loop (an asynchronous one's loop stops first), then the
+        env pools this source built. The trainer calls it for a source it built itself."""
+        try:
+            self.collector.close()
+        finally:
+            close_env_factory(self._own_envs)
+            self._own_envs = None
 
     def collect(self, step: int, policy: Any) -> list[StateGroup]:
         tasks = self.stream.next_step()

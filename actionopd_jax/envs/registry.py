@@ -136,6 +136,15 @@ def pool_env_factory(env: EnvConfig, *, concurrency: int | None = None, judge: d
     return make
 
 
+def close_env_factory(make: Any) -> None:
+    """End a factory's pools now (AWM's and MCP's servers, with their directories) instead of at
+    the process's exit, which a test worker or a notebook reaches late and a killed worker
+    never. The rule: whoever built a factory closes it; one passed in is its caller's."""
+    close = getattr(make, "close", None)
+    if callable(close):
+        close()
+
+
 def env_factory_from(env: EnvConfig, *, concurrency: int | None = None,
                      judge: dict[str, Any] | None = None) -> EnvFactory:
     """The environment factory of the `env` section: tau2 gets its user simulator; mcp one

@@ -169,9 +169,8 @@ class JobSource:
         return out
 
     def close(self) -> None:
-        collector = getattr(self.inner, "collector", None)
-        if collector is not None and hasattr(collector, "close"):
-            collector.close()
+        """The inner source's close: its collector, then the env pools it built."""
+        self.inner.close()
 
 
 def actionopd_source(pcfg: Config, *, tasks: list[Task], run_dir: Path, name: str) -> JobSource:

@@ -61,9 +61,9 @@ class Trainer:
 
     `source` is a built `GroupSource`, or a factory called once with this run's
     `SourceContext` (model config, mesh, run directory), after the parameters are placed and
-    before a resumed task-iterator state is loaded into it. Picking a source from the config
-    (`collect.kind`) is the caller's business (actionopd_jax.baselines.wiring.build_source).
-    """
+    before a resumed task-iterator state is loaded into it; a source built so is the trainer's,
+    and `close()` closes it. Picking one from the config (`collect.kind`) is the caller's
+    business (actionopd_jax.baselines.wiring.build_source)."""
 
     def __init__(self, cfg: Config, *, run_dir: str | Path, source: GroupSource | SourceFactory,
                  resume: str | int | None = None, force: bool = False, allow_unverified: bool = False):
@@ -113,7 +113,9 @@ class Trainer:
                             mesh=self.mesh)
         if self.primary:  # the run directory alone is then enough to evaluate or serve a checkpoint
             record_tokenizer(self.run_dir, ctx.tokenizer_path)
-        self.source = source if hasattr(source, "collect") else source(ctx)  # a source, or its factory
+        built = not hasattr(source, "collect")   # a factory (class docstring)
+        self.source = source(ctx) if built else source
+        self._own_source = self.source if built else None
         if data_state is not None:
             self.source.load_state_dict(data_state)
         # every paid call's ledger and run.budget_* as a hard cap (paid_calls.py, train/budget.py)
@@ -395,6 +397,10 @@ class Trainer:
         return lambda: signal.signal(signal.SIGTERM, previous)
 
     def close(self) -> None:
-        self.ckpt.wait()
-        self.ckpt.close()
-        self.writer.close()
+        try:
+            self.ckpt.wait()
+            self.ckpt.close()
+            self.writer.close()
+        finally:   # its clients and env pools end with the run, not at the process's exit
+            getattr(self._own_source, "close", lambda: None)()
+            self._own_source = None

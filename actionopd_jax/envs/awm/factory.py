@@ -96,7 +96,12 @@ def awm_env_factory(env: Any, *, concurrency: int | None = None, judge: Mapping[
     make.warm = warm
     # a step's drawn task starts, known before the step: their servers start in the background
     make.prefetch = lambda tasks: runtime.prefetch([t.payload["scenario"] for t in tasks if t.env == "awm"])
-    make.close = runtime.close
+
+    def close() -> None:   # now, and no longer at exit (atexit would keep the runtime alive till then)
+        atexit.unregister(runtime.close)
+        runtime.close()
+
+    make.close = close
     return make
 
 
