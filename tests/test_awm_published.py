@@ -204,7 +204,8 @@ def test_no_published_server_outlives_a_kill_9_of_the_trainer(tmp_path):
     code = KILLED_TRAINER.format(root=str(Path(__file__).parents[1]), awm=str(AWM), cache=str(tmp_path / "c"))
     trainer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                                env={**os.environ, "TMPDIR": str(tmp_path)})
-    marker = str(tmp_path / "awm-code-")  # the server's code file lives in the runtime's temp dir
+    # the server's code file lives in the trainer's scratch dir (envs/scratch.py) under its TMPDIR
+    marker = str(tmp_path / f"actionopd-scratch-{os.getuid()}" / str(trainer.pid) / "awm-code-")
     try:
         assert trainer.stdout.readline().strip() == "READY"
         assert any(b"fastapi_host.py" in Path(f"/proc/{p}/cmdline").read_bytes() for p in servers_under(marker))

@@ -312,22 +312,39 @@ def servers_under(root: str) -> list[int]:
     return out
 
 
-def test_no_awm_server_outlives_a_kill_9_of_the_trainer(tmp_path):
+def scratch_of(tmp: Path) -> Path:
+    """envs/scratch.py's base for a process whose TMPDIR is `tmp`."""
+    return tmp / f"actionopd-scratch-{os.getuid()}"
+
+
+def test_no_awm_server_outlives_a_kill_9_of_the_trainer_and_the_next_start_removes_its_files(tmp_path):
+    from actionopd_jax.envs.scratch import owned_dir
+
     code = KILLED_TRAINER.format(root=str(Path(__file__).parents[1]), awm=str(AWM), cache=str(tmp_path / "c"))
-    # the server code files live in the runtime's temp dir, under tmp_path: their paths mark the servers
+    # the server code files live in the trainer's scratch dir, under tmp_path: their paths mark the servers
     trainer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
                                env={**os.environ, "TMPDIR": str(tmp_path)})
+    left = scratch_of(tmp_path) / str(trainer.pid)
     try:
         assert trainer.stdout.readline().strip() == "READY"
-        assert len(servers_under(str(tmp_path / "awm-code-"))) >= 3
+        assert len(servers_under(str(left / "awm-code-"))) >= 3
+        assert owned_dir(scratch_of(tmp_path)) != left and left.is_dir()  # a live owner's files are kept
         trainer.kill()
         trainer.wait(10)
         deadline = time.monotonic() + 10
-        while servers_under(str(tmp_path / "awm-code-")) and time.monotonic() < deadline:
+        while servers_under(str(left / "awm-code-")) and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert servers_under(str(tmp_path / "awm-code-")) == []
+        assert servers_under(str(left / "awm-code-")) == []
     finally:
         trainer.kill()
+    # the servers' code, databases and stderr files stay after a kill -9 ...
+    assert any(e.name.startswith("awm-code-") for e in left.iterdir())
+    assert any(e.name.startswith("actionopd-mcp-") for e in left.iterdir())
+    # ... until the next process makes its own scratch dir (its first server or episode)
+    subprocess.run([sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); "
+                    "from actionopd_jax.envs.scratch import scratch_dir; scratch_dir()", str(Path(__file__).parents[1])],
+                   env={**os.environ, "TMPDIR": str(tmp_path)}, check=True, timeout=60)
+    assert not left.exists()
 
 
 def test_heldout_split_is_a_hash_rule_of_the_ids_alone():

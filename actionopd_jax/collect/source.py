@@ -212,6 +212,7 @@ class ActionOPDGroupSource:
     """`train.sources.GroupSource` over the collector."""
 
     collector_class = Collector   # the asynchronous source's adds policy versions (async_source.py)
+    reference_server: Any = None  # an embedded teacher server to stop on close (wiring.reference_teacher_source)
 
     def __init__(self, cfg: Config, ctx: Any, *, teacher: Any = None, matcher: Any = None, stream: Any = None,
                  env_factory: Any = None, tokenizer: Any = None, buckets: Any = None):
@@ -318,12 +319,15 @@ class ActionOPDGroupSource:
 
     def close(self) -> None:
         """The collector's clients and loop (an asynchronous one's loop stops first), then the
-        env pools this source built. The trainer calls it for a source it built itself."""
+        env pools this source built, and its embedded teacher server. The trainer calls it for a
+        source it built itself."""
         try:
             self.collector.close()
         finally:
             close_env_factory(self._own_envs)
             self._own_envs = None
+            if self.reference_server is not None:
+                self.reference_server.stop()
 
     def collect(self, step: int, policy: Any) -> list[StateGroup]:
         tasks = self.stream.next_step()

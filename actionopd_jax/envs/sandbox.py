@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from actionopd_jax.envs.scratch import scratch_dir
+
 
 @dataclass(frozen=True)
 class SandboxResult:
@@ -197,7 +199,7 @@ class SubprocessSandbox:
         t0 = time.monotonic()
         request = json.dumps({"kind": "function", "code": code, "entry": entry, "kwargs": kwargs,
                               "globals": globals_ or {}}) + "\n"
-        with tempfile.TemporaryDirectory(prefix="sandbox-") as workdir:
+        with tempfile.TemporaryDirectory(prefix="sandbox-", dir=scratch_dir()) as workdir:
             proc = self._spawn(workdir, cpu_s=timeout_s, read_paths=read_paths)
             try:
                 out, _ = proc.communicate(request, timeout=timeout_s)
@@ -223,8 +225,9 @@ class SubprocessSandbox:
 
     def open_class(self, code: str, class_name: str, init_config: dict[str, Any], *,
                    timeout_s: float = 30.0, workdir_parent: str | None = None) -> "_SubprocessSession":
-        """`workdir_parent`: where the session's private directory is made (default: the system's
-        temp dir); the matcher's forks put theirs where a later start sweeps them (envs/fork.py)."""
+        """`workdir_parent`: where the session's private directory is made (default: this
+        process's scratch directory, envs/scratch.py; the matcher's forks put theirs in
+        envs/fork.py's). Either is swept by a later process after a `kill -9`."""
         return _SubprocessSession(self, code, class_name, init_config, timeout_s, workdir_parent)
 
 
@@ -241,7 +244,7 @@ class _SubprocessSession:
     _unread: bytes = field(default=b"", init=False, repr=False)  # bytes after the last reply line
 
     def __post_init__(self) -> None:
-        self._dir = tempfile.TemporaryDirectory(prefix="sandbox-", dir=self.workdir_parent)
+        self._dir = tempfile.TemporaryDirectory(prefix="sandbox-", dir=self.workdir_parent or scratch_dir())
         self._proc = self.sandbox._spawn(self._dir.name)
         try:
             self._ask({"kind": "class", "code": self.code, "entry": self.class_name, "kwargs": self.init_config})

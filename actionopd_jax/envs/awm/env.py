@@ -27,6 +27,7 @@ from actionopd_jax.envs.awm.verify import Verdict, verify_code, verify_sql
 from actionopd_jax.envs.base import EnvError
 from actionopd_jax.envs.mcp.client import McpFault
 from actionopd_jax.envs.mcp.env import McpEnv
+from actionopd_jax.envs.scratch import scratch_dir
 from actionopd_jax.types import Observation, Task
 
 
@@ -53,7 +54,7 @@ class AwmEnv(McpEnv):
         self.pool = self.runtime.view(self._scenario.name)
         self._messages = initial_messages(task)
         self._calls, self._errors, self._tools = 0, 0, []
-        self._dir = Path(tempfile.mkdtemp(prefix="awm-episode-"))
+        self._dir = Path(tempfile.mkdtemp(prefix="awm-episode-", dir=scratch_dir()))
         self._final, self._verdict = None, None
         try:
             self._server = await self.pool.acquire()

@@ -30,6 +30,7 @@ from actionopd_jax.envs.mcp.client import McpServer, ServerSpec
 from actionopd_jax.envs.mcp.convert import tool_evidence
 from actionopd_jax.envs.mcp.keyed_pool import KeyedPool, PoolView
 from actionopd_jax.envs.mcp.sandbox import Limits, Sandbox
+from actionopd_jax.envs.scratch import scratch_dir
 
 DEFAULT_CACHE = Path.home() / ".cache" / "actionopd_jax" / "awm_db"  # content-addressed: shared safely
 
@@ -93,7 +94,7 @@ class AwmRuntime:
         self.call_timeout_s, self.start_timeout_s = call_timeout_s, start_timeout_s
         self.limits = limits or Limits()
         self._sandbox = sandbox  # for verifiers (envs/sandbox.py); built on first use
-        self._code_dir = Path(tempfile.mkdtemp(prefix="awm-code-"))
+        self._code_dir = Path(tempfile.mkdtemp(prefix="awm-code-", dir=scratch_dir()))  # swept after a kill -9
         self._code: dict[str, Path] = {}
         self._pool: KeyedPool | None = None
         self._fork_pool: KeyedPool | None = None  # the matcher's forks (envs/awm/fork.py): never an episode's servers

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from actionopd_jax.envs.awm.layout import AwmScenario
 from actionopd_jax.envs.mcp.sandbox import Limits, Sandbox
+from actionopd_jax.envs.scratch import scratch_dir
 from actionopd_jax.types import ToolSchema
 
 EPISODE_DB = "episode.db"
@@ -69,7 +70,7 @@ def list_tools(scenario: AwmScenario, db_path: Path, *, start_timeout_s: float =
         finally:
             await server.close()
 
-    with tempfile.TemporaryDirectory(prefix="awm-server-") as code_dir:
+    with tempfile.TemporaryDirectory(prefix="awm-server-", dir=scratch_dir()) as code_dir:
         spec = server_spec(scenario, Path(code_dir), start_timeout_s=start_timeout_s)
         return asyncio.run(probe(spec))
 

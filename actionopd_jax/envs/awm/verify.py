@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from actionopd_jax.envs.sandbox import Sandbox
+from actionopd_jax.envs.scratch import scratch_dir
 
 CODE_VERDICTS = ("complete", "others")
 JUDGE_CLASSES = ("complete", "incomplete", "server_error", "agent_error")
@@ -59,7 +60,7 @@ def _readonly_copies(initial_db: str | Path, final_db: str | Path, workdir: str)
 def run_verifier_code(entry: dict[str, Any], initial_db: str | Path, final_db: str | Path, *, sandbox: Sandbox,
                       final_answer: str = "", timeout_s: float = 30.0) -> tuple[bool, Any, str]:
     """(ran, returned value, error) of a verifier entry {"code", "function_name"}."""
-    with tempfile.TemporaryDirectory(prefix="awm-verify-") as workdir:
+    with tempfile.TemporaryDirectory(prefix="awm-verify-", dir=scratch_dir()) as workdir:
         a, b = _readonly_copies(initial_db, final_db, workdir)
         res = sandbox.run_function(entry["code"], entry["function_name"],
                                    {"initial_db_path": a, "final_db_path": b, "final_answer": final_answer or ""},

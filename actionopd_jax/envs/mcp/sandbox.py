@@ -20,7 +20,7 @@ an unprivileged trainer, and what is not:
 | process lifetime | yes | own session + process group (killed as a group on close); PR_SET_PDEATHSIG=SIGKILL on the launcher (re-checked against the parent pid to close the race); in a private pid namespace every process, forked or `setsid()`-escaped, dies with the namespace's init, which dies with the launcher, which dies with the trainer thread that spawned it, so a `kill -9` of the trainer leaves nothing. Between episodes on a pooled server, every process of its namespace that the server did not start itself (its children, its daemons: all but those present when it listed its tools) is killed before the reset (strays.py); where that cannot be done the server is replaced. The namespace's init is a reaper of the launcher's, so a killed daemon leaves no zombie |
 | wall clock per tool call | yes | the MCP client's per-call timeout (`client.py`); the server is then killed and replaced |
 | output volume | stdio: yes; HTTP: no | stdio lines longer than `max_line_bytes` end the connection (the reader never buffers more); stderr goes to a file under RLIMIT_FSIZE (Python servers ignore SIGXFSZ, so their writes past it fail with EFBIG); over HTTP the SDK's client refuses one server-sent event over 1 MiB, which ends the episode as `mcp_protocol_error` ("SSE stream failed ..."); a smaller reply is read whole, then a tool result is cut to 20,000 characters (convert.py) |
-| clean-up of private directories | on close, not after `kill -9` | `kill -9` of the trainer leaves the (small) directories under the temp root |
+| clean-up of private directories | on close; after a `kill -9`, at the next process's first use | they live under the trainer's `<tmp>/actionopd-scratch-<uid>/<pid>`, which it holds locked while alive; a later process removes every such directory whose lock it can take (envs/scratch.py) |
 | privilege escalation | yes | PR_SET_NO_NEW_PRIVS before exec |
 | system calls (seccomp) | no | not installed; namespaces and rlimits only |
 
@@ -49,6 +49,7 @@ from pathlib import Path
 
 from actionopd_jax.envs.mcp import strays
 from actionopd_jax.envs.mcp.view import read_only_paths
+from actionopd_jax.envs.scratch import scratch_dir
 
 LAUNCHER = Path(__file__).with_name("launcher.py")
 
@@ -179,7 +180,9 @@ class Sandbox:
         scrubbed_env(self.extra_env, workdir="/")  # refuse secret-looking names at construction
 
     def new_workdir(self) -> Path:
-        return Path(tempfile.mkdtemp(prefix="actionopd-mcp-", dir=self.root))
+        """A fresh private directory under `root`, else under this process's scratch directory
+        (envs/scratch.py: what a `kill -9` leaves there, the next process removes)."""
+        return Path(tempfile.mkdtemp(prefix="actionopd-mcp-", dir=self.root or scratch_dir()))
 
     def launcher_argv(self, argv: list[str], workdir: Path, *, network: bool) -> tuple[list[str], dict[str, str]]:
         """The argv (launcher + command) and the environment that start `argv` contained.
