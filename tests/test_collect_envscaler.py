@@ -177,6 +177,7 @@ def test_tiny_train_on_the_mixture_then_eval_on_held_out_tasks(tmp_path, tiny_to
     from actionopd_jax.commands.main import main
 
     run_dir = tmp_path / "run"
+    before = set(launchers_of_this_process())   # another test's in this worker are not this run's
     assert main(["train", "experiment.enabled=false", "model.preset=tiny", f"model.tokenizer={tiny_tokenizer_dir}",
                  "collect.kind=actionopd", "teacher.kind=reference", "matcher.kind=rules", "env.name=awm",
                  f"env.awm_dir={AWM}", f"env.envscaler_dir={ES}", f"env.manifest={env_cfg.manifest}",
@@ -184,7 +185,7 @@ def test_tiny_train_on_the_mixture_then_eval_on_held_out_tasks(tmp_path, tiny_to
                  "collect.task_starts_per_step=4", "collect.num_candidates=2", "collect.max_response_tokens=16",
                  "collect.max_prompt_tokens=2048", "train.max_seq_len=2048", "run.progress=false",
                  "--run-dir", str(run_dir)]) == 0
-    assert launchers_of_this_process() == []   # the run's AWM servers ended with it (Trainer.close)
+    assert set(launchers_of_this_process()) <= before   # the run's AWM servers ended with it (Trainer.close)
     trained = json.loads((run_dir / "train_tasks.json").read_text())["tasks"]
     assert {t["env"] for t in trained} == {"awm", "envscaler"} and not {t["task_id"] for t in trained} & set(HELD_OUT)
     capsys.readouterr()
