@@ -10,6 +10,7 @@ import asyncio
 import copy
 import importlib.util
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -400,6 +401,7 @@ def test_forks_left_by_a_killed_trainer_are_swept_at_the_next_start(tmp_path):
     import sys
 
     from actionopd_jax.envs.fork import fork_workdir_parent
+    from tests.test_env_awm import servers_under
 
     script = _KILLED_CHILD.format(root=str(ROOT), root_tmp=str(tmp_path))
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
@@ -407,10 +409,16 @@ def test_forks_left_by_a_killed_trainer_are_swept_at_the_next_start(tmp_path):
     try:
         assert child.stdout.readline().strip() == "ready"  # its fork is running, its directory made
         left = tmp_path / "actionopd-forks" / str(child.pid)
-        assert any(left.iterdir())
+        assert any(left.iterdir()) and servers_under(str(left))   # the fork's process runs in it
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait()
+    # its fork's process dies of the parent-death signal, asynchronously: under load it may still
+    # be in its directory (the launcher's argv names it) when the sweep below runs
+    deadline = time.monotonic() + 30
+    while servers_under(str(left)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert servers_under(str(left)) == []
     assert left.is_dir()  # kill -9: nothing of the trainer's removed it
     mine = fork_workdir_parent(tmp_path / "actionopd-forks")  # the next start
     assert not left.exists() and mine.name == str(os.getpid()) and mine.is_dir()

@@ -21,12 +21,14 @@ mail, calls out) is never run on a fork.
 
 from __future__ import annotations
 
+import os
+import shutil
 import tempfile
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
-from actionopd_jax.envs.scratch import owned_dir
 from actionopd_jax.types import Task, ToolCall
 
 
@@ -52,14 +54,37 @@ def execution_support(pools: list[str]) -> list[str]:
 
 
 FORK_ROOT_NAME = "actionopd-forks"
+_fork_dir_lock = threading.Lock()
+_fork_dir: dict[str, Path] = {}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's live process: not ours to sweep
+    return True
 
 
 def fork_workdir_parent(root: str | Path | None = None) -> Path:
     """This process's directory for its forks' private directories, `<tmp>/actionopd-forks/<pid>`.
     Made once per process; making it first removes the directories of processes that are gone
     (a trainer killed with -9 leaves its forks' directories behind: their processes die with it,
-    the launcher's parent-death signal, but nothing of theirs removes the files): envs/scratch.py."""
-    return owned_dir(Path(root) if root is not None else Path(tempfile.gettempdir()) / FORK_ROOT_NAME)
+    the launcher's parent-death signal, but nothing of theirs removes the files)."""
+    base = Path(root) if root is not None else Path(tempfile.gettempdir()) / FORK_ROOT_NAME
+    with _fork_dir_lock:
+        key = str(base)
+        if key not in _fork_dir:
+            base.mkdir(mode=0o700, parents=True, exist_ok=True)
+            for entry in base.iterdir():
+                if entry.name.isdigit() and int(entry.name) != os.getpid() and not _alive(int(entry.name)):
+                    shutil.rmtree(entry, ignore_errors=True)
+            mine = base / str(os.getpid())
+            mine.mkdir(mode=0o700, exist_ok=True)
+            _fork_dir[key] = mine
+        return _fork_dir[key]
 
 
 @dataclass(frozen=True)

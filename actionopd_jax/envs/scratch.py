@@ -3,7 +3,8 @@
 A trainer killed with -9 cannot remove its directories. Its sandboxed servers die with it
 (parent-death signal, pid namespace: docs/environments.md), but their working directories stay
 in the temp dir: AWM's episode databases, the servers' code and stderr files, EnvScaler's
-forks. A preempted run restarted a few times a day would fill /tmp with them.
+sessions. A preempted run restarted a few times a day would fill /tmp with them. (The
+matcher's fork directories have their own sweep, by pid: envs/fork.py.)
 
 So each process keeps such directories under one directory of its own, `<base>/<pid>`, and
 holds an exclusive `flock` on it for as long as it lives. The kernel drops that lock when the
