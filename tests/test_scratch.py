@@ -1,6 +1,6 @@
-"""envs/scratch.py: a process's scratch directory is kept while its owner lives (it holds the
-directory's lock) and removed by the next process's first use once the owner is gone, whatever
-the pid says. The kill -9 of a trainer with live AWM servers: tests/test_env_awm.py."""
+"""envs/scratch.py: a process's scratch directory is kept while its owner lives (its pid is
+alive, or it holds the directory's lock) and removed by the next process's first use once the
+owner is gone. The kill -9 of a trainer with live AWM servers: tests/test_env_awm.py."""
 
 from __future__ import annotations
 
@@ -13,34 +13,43 @@ from actionopd_jax.envs.scratch import owned_dir
 
 ROOT = Path(__file__).parents[1]
 HOLD = """
-import sys, time
+import fcntl, os, sys, time
 sys.path.insert(0, sys.argv[1])
 from actionopd_jax.envs.scratch import owned_dir
 mine = owned_dir(sys.argv[2])
 (mine / "work.db").write_text("x")
+# as a process in another pid namespace would look from here: a pid that is not alive, locked
+foreign = os.path.join(sys.argv[2], sys.argv[3])
+os.mkdir(foreign)
+fd = os.open(foreign, os.O_RDONLY | os.O_DIRECTORY)
+fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 print(mine, flush=True)
 time.sleep(600)
 """
+NO_SUCH_PID = 4_194_000   # above any pid this host hands out (pid_max is at most 4,194,304)
 
 
-def test_a_live_owners_directory_is_kept_and_an_unlocked_one_removed_even_under_a_live_pid(tmp_path):
+def test_live_owners_directories_are_kept_and_a_dead_unlocked_ones_removed(tmp_path):
     base = tmp_path / "scratch"
-    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(ROOT), str(base)], stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(ROOT), str(base), str(NO_SUCH_PID)],
+                              stdout=subprocess.PIPE, text=True)
     try:
         held = Path(holder.stdout.readline().strip())
         assert held == base / str(holder.pid)
-        # pid 1 is alive but holds no lock here (a reused pid, or an owner in another pid
-        # namespace that died): its directory is removed; a lock, not kill(pid, 0), decides
-        unlocked = base / "1"
-        (unlocked / "sub").mkdir(parents=True)
-        (unlocked / "sub" / "episode.db").write_text("x")
+        dead = base / str(NO_SUCH_PID + 1)   # no such process, no lock: a kill -9's leftovers
+        (dead / "sub").mkdir(parents=True)
+        (dead / "sub" / "episode.db").write_text("x")
+        unlocked_live = base / "1"   # pid 1 is alive (not locked yet: made a moment ago, say)
+        unlocked_live.mkdir()
         other = base / "not-a-pid"
         other.mkdir()
         mine = owned_dir(base)
         assert mine == base / str(os.getpid()) and mine.is_dir()
         assert owned_dir(base) == mine   # once per process: no second sweep, the same directory
         assert (held / "work.db").read_text() == "x"   # its owner is alive
-        assert not unlocked.exists() and other.is_dir()   # only <pid> directories are swept
+        assert (base / str(NO_SUCH_PID)).is_dir()   # dead by its pid here, but its lock is held
+        assert unlocked_live.is_dir() and other.is_dir()   # a live pid, and not a pid
+        assert not dead.exists()
     finally:
         holder.kill()
         holder.wait()

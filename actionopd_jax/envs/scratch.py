@@ -9,9 +9,10 @@ matcher's fork directories have their own sweep, by pid: envs/fork.py.)
 So each process keeps such directories under one directory of its own, `<base>/<pid>`, and
 holds an exclusive `flock` on it for as long as it lives. The kernel drops that lock when the
 process dies, however it dies, so the first `owned_dir(base)` of a later process removes every
-`<base>/<pid>` whose lock it can take. A lock, not a pid check: a pid may be reused, and a
-process in another pid namespace sharing the temp dir (a container) is invisible to `kill(pid,
-0)` while its lock is not.
+`<base>/<pid>` whose pid is not alive here and whose lock it can take. Both: the lock alone
+would let a sweeper remove a directory made a moment before its owner locks it; the pid alone
+would remove the live directory of a process in another pid namespace sharing the temp dir (a
+container), invisible to `kill(pid, 0)` but not to its lock.
 """
 
 from __future__ import annotations
@@ -42,16 +43,26 @@ def _held_by_someone(path: Path) -> bool:
     return False
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True   # someone else's live process
+    return True
+
+
 def owned_dir(base: str | Path) -> Path:
     """This process's directory under `base` (made, and locked, once per process), after
-    removing the directories under `base` that no live process holds."""
+    removing the directories under `base` of owners that are gone (module docstring)."""
     base = Path(base)
     key = (str(base), os.getpid())   # a forked child gets a directory of its own
     with _lock:
         if key not in _mine:
             base.mkdir(mode=0o700, parents=True, exist_ok=True)
             for entry in base.iterdir():
-                if entry.name.isdigit() and int(entry.name) != os.getpid() and not _held_by_someone(entry):
+                if entry.name.isdigit() and not _alive(int(entry.name)) and not _held_by_someone(entry):
                     shutil.rmtree(entry, ignore_errors=True)
             mine = base / str(os.getpid())
             mine.mkdir(mode=0o700, exist_ok=True)
