@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from actionopd_jax.envs.scratch import pid_alive
 from actionopd_jax.types import Task, ToolCall
 
 
@@ -58,16 +59,6 @@ _fork_dir_lock = threading.Lock()
 _fork_dir: dict[str, Path] = {}
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True  # someone else's live process: not ours to sweep
-    return True
-
-
 def fork_workdir_parent(root: str | Path | None = None) -> Path:
     """This process's directory for its forks' private directories, `<tmp>/actionopd-forks/<pid>`.
     Made once per process; making it first removes the directories of processes that are gone
@@ -79,7 +70,7 @@ def fork_workdir_parent(root: str | Path | None = None) -> Path:
         if key not in _fork_dir:
             base.mkdir(mode=0o700, parents=True, exist_ok=True)
             for entry in base.iterdir():
-                if entry.name.isdigit() and int(entry.name) != os.getpid() and not _alive(int(entry.name)):
+                if entry.name.isdigit() and int(entry.name) != os.getpid() and not pid_alive(int(entry.name)):
                     shutil.rmtree(entry, ignore_errors=True)
             mine = base / str(os.getpid())
             mine.mkdir(mode=0o700, exist_ok=True)

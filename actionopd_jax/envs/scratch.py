@@ -43,7 +43,8 @@ def _held_by_someone(path: Path) -> bool:
     return False
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether `pid` names a live process in this pid namespace (also envs/fork.py's sweep)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -62,7 +63,7 @@ def owned_dir(base: str | Path) -> Path:
         if key not in _mine:
             base.mkdir(mode=0o700, parents=True, exist_ok=True)
             for entry in base.iterdir():
-                if entry.name.isdigit() and not _alive(int(entry.name)) and not _held_by_someone(entry):
+                if entry.name.isdigit() and not pid_alive(int(entry.name)) and not _held_by_someone(entry):
                     shutil.rmtree(entry, ignore_errors=True)
             mine = base / str(os.getpid())
             mine.mkdir(mode=0o700, exist_ok=True)
