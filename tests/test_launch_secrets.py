@@ -97,9 +97,11 @@ def test_access_secret_error_names_the_reference(secret_manager):
 
 
 def _child_env(extra: dict[str, str]) -> dict[str, str]:
-    # not the test run's own switches (CI exports ACTIONOPD_REQUIRE_*): the child must see
-    # exactly the ACTIONOPD_* settings the entrypoint exports
-    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY" and not k.startswith("ACTIONOPD_REQUIRE_")}
+    # not the test run's own switches (CI exports ACTIONOPD_REQUIRE_*, a developer may set
+    # ACTIONOPD_TEST_JAX_CACHE): the child must see exactly the ACTIONOPD_* settings the
+    # entrypoint exports
+    env = {k: v for k, v in os.environ.items()
+           if k != "OPENAI_API_KEY" and not k.startswith(("ACTIONOPD_REQUIRE_", "ACTIONOPD_TEST_"))}
     env.update(extra)
     return env
 
