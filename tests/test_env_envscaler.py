@@ -123,15 +123,19 @@ def _hostile_task(name):
 
 def test_process_faults_end_the_episode_with_a_reason(sandbox, monkeypatch):
     monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
-    env = EnvScalerEnvironment(sandbox, config=EpisodeConfig(call_timeout_s=1.0))
+    # the 1 s limit only where the call must time out: a call that answers (or dies) gets 60 s,
+    # so a loaded host cannot turn its verdict into a timeout
+    env = EnvScalerEnvironment(sandbox, config=EpisodeConfig(call_timeout_s=60.0))
+    hanging = EnvScalerEnvironment(sandbox, config=EpisodeConfig(call_timeout_s=1.0))
     obs, _, _ = _score(env, _hostile_task("k"), [ToolCall("env_key", {})])
     assert obs.messages[-1]["content"] == "absent"  # the class's process never sees our secrets
-    for tool, reason in (("die", "envscaler_died"), ("hang", "envscaler_timeout"),
-                         ("half_reply", "envscaler_timeout"), ("huge", "envscaler_malformed_reply")):
+    for tool, reason, played in (("die", "envscaler_died", env), ("hang", "envscaler_timeout", hanging),
+                                 ("half_reply", "envscaler_timeout", hanging),
+                                 ("huge", "envscaler_malformed_reply", env)):
         with pytest.raises(EnvScalerFault) as err:
-            _score(env, _hostile_task(tool), [ToolCall(tool, {})])
+            _score(played, _hostile_task(tool), [ToolCall(tool, {})])
         assert err.value.end_reason == reason
-        s = env.score()
+        s = played.score()
         assert s["end_reason"] == reason and s["fault"] and s["reward"] == 0.0 and not s["success"]
     # a check that kills its process: the checks are judged one by one, the others still count
     from actionopd_jax.envs.envscaler.check import score_state
