@@ -93,10 +93,10 @@ def _paths(domain, tau2_id) -> set[tuple]:
 
 _TELECOM = ("[mms_issue]airplane_mode_on|bad_network_preference|bad_wifi_calling|break_apn_mms_setting|"
             "break_app_{}|data_mode_off|data_usage_exceeded|unseat_sim_card|user_abroad_roaming_{}")
-# A greedy cover of `_paths` over each domain's 278 base tasks: together these 16 call every
-# tool, assertion and initialization the base split uses, under every reward basis
-# (test_the_replay_cover_exercises_every_path_of_the_base_split keeps it so), plus every 25th
-# task for argument variety. Replaying all 278 takes ~2 min of a 2-core CI run for little more:
+# A greedy cover of `_paths` over the 278 base tasks (airline 50, retail 114, telecom 114): these
+# 16 call every tool, assertion and initialization each domain's base split uses, under every
+# reward basis (test_the_replay_cover_exercises_every_path_of_the_base_split keeps it so), plus
+# every 25th task for argument variety. Replaying all 278 takes ~2 min of a 2-core CI run for little more:
 # a new tau2 pin runs it with ACTIONOPD_TAU2_FULL_REPLAY=1 (BUILD_NOTES.md, Test).
 REPLAY_COVER = {
     "airline": ["44", "12", "14", "17", "27", "13"],
