@@ -16,6 +16,7 @@ import json
 import os
 import random
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -381,6 +382,30 @@ def launchers_of_this_process() -> list[int]:
             except OSError:
                 pass
     return out
+
+
+def servers_under(root: str) -> list[int]:
+    """Live processes (not this one, not zombies) whose command line names `root`: a sandboxed
+    server's launcher names its work directory."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != os.getpid():
+            try:
+                if root.encode() in Path(f"/proc/{entry}/cmdline").read_bytes() and \
+                        "State:\tZ" not in Path(f"/proc/{entry}/status").read_text():
+                    out.append(int(entry))
+            except OSError:
+                pass
+    return out
+
+
+def wait_for_servers(root: str, *, gone: bool, within_s: float) -> list[int]:
+    """`servers_under(root)` once it is empty (`gone`) or not, or `within_s` has passed: servers
+    start after their directory is made, and die of a parent-death signal asynchronously."""
+    deadline = time.monotonic() + within_s
+    while bool(found := servers_under(root)) == gone and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return found
 
 
 __all__ = [n for n in dir() if not n.startswith("_")]

@@ -199,7 +199,7 @@ def test_no_published_server_outlives_a_kill_9_of_the_trainer(tmp_path):
     import subprocess
     import sys
 
-    from tests.test_env_awm import servers_under
+    from tests._collect_fixtures import servers_under, wait_for_servers
 
     code = KILLED_TRAINER.format(root=str(Path(__file__).parents[1]), awm=str(AWM), cache=str(tmp_path / "c"))
     trainer = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
@@ -211,10 +211,7 @@ def test_no_published_server_outlives_a_kill_9_of_the_trainer(tmp_path):
         assert any(b"fastapi_host.py" in Path(f"/proc/{p}/cmdline").read_bytes() for p in servers_under(marker))
         trainer.kill()
         trainer.wait(10)
-        deadline = time.monotonic() + 10
-        while servers_under(marker) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert servers_under(marker) == []
+        assert wait_for_servers(marker, gone=True, within_s=10) == []
     finally:
         trainer.kill()
 

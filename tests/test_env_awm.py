@@ -13,7 +13,6 @@ import os
 import shutil
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -26,7 +25,7 @@ from actionopd_jax.envs.mcp.client import McpFault
 from actionopd_jax.envs.registry import env_factory_from
 from actionopd_jax.serve.scripted import ScriptedBackend, message_choice
 from actionopd_jax.types import Message, ToolCall
-from tests._collect_fixtures import serve
+from tests._collect_fixtures import serve, servers_under, wait_for_servers
 
 AWM = Path(__file__).parent / "data" / "awm_mini"
 TASKS = {t.task_id: t for t in load_awm(AWM).tasks()}
@@ -299,19 +298,6 @@ time.sleep(600)
 """
 
 
-def servers_under(root: str) -> list[int]:
-    out = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit() and int(entry) != os.getpid():
-            try:
-                if root.encode() in Path(f"/proc/{entry}/cmdline").read_bytes() and \
-                        "State:\tZ" not in Path(f"/proc/{entry}/status").read_text():
-                    out.append(int(entry))
-            except OSError:
-                pass
-    return out
-
-
 def scratch_of(tmp: Path) -> Path:
     """envs/scratch.py's base for a process whose TMPDIR is `tmp`."""
     return tmp / f"actionopd-scratch-{os.getuid()}"
@@ -331,10 +317,7 @@ def test_no_awm_server_outlives_a_kill_9_of_the_trainer_and_the_next_start_remov
         assert owned_dir(scratch_of(tmp_path)) != left and left.is_dir()  # a live owner's files are kept
         trainer.kill()
         trainer.wait(10)
-        deadline = time.monotonic() + 10
-        while servers_under(str(left / "awm-code-")) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        assert servers_under(str(left / "awm-code-")) == []
+        assert wait_for_servers(str(left / "awm-code-"), gone=True, within_s=10) == []
     finally:
         trainer.kill()
     # the servers' code, databases and stderr files stay after a kill -9 ...

@@ -10,7 +10,6 @@ import asyncio
 import copy
 import importlib.util
 import json
-import time
 from pathlib import Path
 
 import pytest
@@ -401,24 +400,23 @@ def test_forks_left_by_a_killed_trainer_are_swept_at_the_next_start(tmp_path):
     import sys
 
     from actionopd_jax.envs.fork import fork_workdir_parent
-    from tests.test_env_awm import servers_under
+    from tests._collect_fixtures import wait_for_servers
 
     script = _KILLED_CHILD.format(root=str(ROOT), root_tmp=str(tmp_path))
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True,
                              env={**os.environ, "TMPDIR": str(tmp_path)})
     try:
-        assert child.stdout.readline().strip() == "ready"  # its fork is running, its directory made
+        assert child.stdout.readline().strip() == "ready"  # its fork started: the directory is made
         left = tmp_path / "actionopd-forks" / str(child.pid)
-        assert any(left.iterdir()) and servers_under(str(left))   # the fork's process runs in it
+        assert any(left.iterdir())
+        # the fork's process runs in it (it starts a moment after its directory is made)
+        assert wait_for_servers(str(left), gone=False, within_s=30)
     finally:
         child.send_signal(signal.SIGKILL)
         child.wait()
     # its fork's process dies of the parent-death signal, asynchronously: under load it may still
     # be in its directory (the launcher's argv names it) when the sweep below runs
-    deadline = time.monotonic() + 30
-    while servers_under(str(left)) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert servers_under(str(left)) == []
+    assert wait_for_servers(str(left), gone=True, within_s=30) == []
     assert left.is_dir()  # kill -9: nothing of the trainer's removed it
     mine = fork_workdir_parent(tmp_path / "actionopd-forks")  # the next start
     assert not left.exists() and mine.name == str(os.getpid()) and mine.is_dir()
