@@ -1,5 +1,5 @@
-"""Test-wide setup: 8 host CPU devices (for sharding tests), a persistent compile cache and
-fewer GC passes.
+"""Test-wide setup: 8 host CPU devices (for sharding tests), a persistent compile cache,
+fewer GC passes, and the extended tier's mark (tests/_tiers.py).
 
 XLA_FLAGS must be set before jax is first imported, so this happens at conftest import.
 """
@@ -7,7 +7,10 @@ XLA_FLAGS must be set before jax is first imported, so this happens at conftest 
 import gc
 import os
 
+import pytest
+
 from tests._subprocess_fixtures import xla_flags
+from tests._tiers import extended_id
 
 os.environ.setdefault("XLA_FLAGS", xla_flags(8))   # -O0 compiles: see _subprocess_fixtures.py
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -37,3 +40,11 @@ gc.set_threshold(50_000, 20, 100)
 def pytest_collection_finish(session):
     gc.collect()
     gc.freeze()
+
+
+@pytest.hookimpl(tryfirst=True)   # before `-m` deselects: the mark must be on the item by then
+def pytest_collection_modifyitems(config, items):
+    """The extended tier (tests/_tiers.py) gets its mark here, from the one list."""
+    for item in items:
+        if extended_id(item.nodeid):
+            item.add_marker(pytest.mark.extended)

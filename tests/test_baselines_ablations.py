@@ -84,7 +84,6 @@ def _check_groups(variant, result, step, seed, starts):
     return [g.committed_index for g in first]
 
 
-@pytest.mark.slow
 def test_each_ablation_collects_its_rewards_and_commits_and_trains(tok_dir, teacher_server, tmp_path):
     """One trainer (the update does not read the collect section); per variant a source built
     from that variant's config, two collection steps + updates each."""

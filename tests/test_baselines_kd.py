@@ -144,7 +144,6 @@ def test_kd_trains_through_the_trainer_only_target_tokens_carry_loss(tok, tok_di
     assert [x["step"] for x in lines] == [1, 2, 3]
 
 
-@pytest.mark.slow
 def test_kd_through_actionopd_train_cli(tok_dir, tmp_path):
     """`actionopd train collect.kind=kd train.loss=kd kd.trajectories=FILE` runs and checkpoints."""
     from actionopd_jax.commands import train as cli

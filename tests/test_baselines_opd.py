@@ -142,7 +142,6 @@ def test_local_and_endpoint_scorers_give_the_teachers_logprobs_at_the_students_t
     assert source.stream.next_step()[0].env == "bfcl" and source.trajectories_per_start == 4
 
 
-@pytest.mark.slow
 def test_opd_collects_student_trajectories_and_trains_on_sampled_token_reverse_kl(teacher, teacher_server, tok_dir,
                                                                                    tok, tmp_path):
     """Two steps of `train.loss=opd` on the toy environment: per task start N=2 student

@@ -73,7 +73,6 @@ def warm_student_dir(tmp_path_factory):
     return out
 
 
-@pytest.mark.slow
 def test_self_actionopd_teacher_is_the_current_student_with_privileged_context(warm_student_dir, tmp_path):
     cfg = tiny_run_config(warm_student_dir, f"model.hf_path={warm_student_dir}", "collect.kind=actionopd",
                           "teacher.kind=self", "teacher.temperature=1.0", "teacher.top_p=1.0", "teacher.top_k=0",

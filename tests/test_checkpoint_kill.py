@@ -18,7 +18,6 @@ from actionopd_jax.checkpoint import Checkpointer
 from tests._subprocess_fixtures import cli_env
 from tests._train_fixtures import max_abs_diff, to_host
 
-pytestmark = pytest.mark.slow
 
 STEPS = 8
 ARGS = [f"train.steps={STEPS}", "checkpoint.every_steps=1", "checkpoint.keep=20", "mesh.fsdp=2",

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import numpy as np
-import pytest
 
 from tests._chat_fixtures import tiny_tokenizer, tiny_tokenizer_dir  # noqa: F401 (fixtures)
 from tests._collect_fixtures import (Script, collect_once, collector_config, judge_backend, make_collector,
@@ -34,7 +33,6 @@ def _strip_logprobs(groups):
             for g in groups]
 
 
-@pytest.mark.slow
 def test_two_processes_collect_disjoint_shares_equal_to_one_process(tiny_tokenizer, tiny_tokenizer_dir, tmp_path):
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS",)}

@@ -111,7 +111,6 @@ def test_one_step_draws_both_pools_and_a_scripted_student_gets_hand_computed_rew
     assert len(result.groups) == sum(len(plans[r.task_id]) for r in result.trajectories)
 
 
-@pytest.mark.slow  # ~20 s: compiling the tiny model's sampler for a 1,024-token prompt bucket
 def test_tiny_model_collection_step_over_the_mixture(tiny_tokenizer, env_cfg):
     from actionopd_jax.sampling import Buckets, Sampler
     from tests._sampler_fixtures import random_model
@@ -170,7 +169,6 @@ def test_eval_on_held_out_envscaler_tasks_prints_success(tmp_path, capsys):
     assert all(r["score"]["success"] for r in records)
 
 
-@pytest.mark.slow  # ~3 min: a tiny `actionopd train` on the mixture, then `eval --checkpoint`
 def test_tiny_train_on_the_mixture_then_eval_on_held_out_tasks(tmp_path, tiny_tokenizer_dir, env_cfg, capsys):
     """The documented tiny run (BUILD_NOTES): teacher.kind=reference starts the embedded privileged
     reference teacher; one step over AWM + EnvScaler, then the held-out EnvScaler tasks scored."""

@@ -14,13 +14,11 @@ import sys
 from pathlib import Path
 
 import jax
-import pytest
 from flax import nnx
 
 from tests._gather_dist_worker import build, greedy_tokens
 from tests._subprocess_fixtures import cli_env, finish_all
 
-pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 
 

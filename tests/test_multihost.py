@@ -12,13 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from actionopd_jax.config import Config
 from actionopd_jax.checkpoint import Checkpointer
 from tests._subprocess_fixtures import cli_env, finish_all
 
-pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 
 ARGS = ["checkpoint.every_steps=1", "mesh.data=2", "mesh.fsdp=2", "train.microbatch_rows=4",

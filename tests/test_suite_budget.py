@@ -54,3 +54,44 @@ def test_only_the_listed_tests_may_take_longer():
     assert longer == {name: limit for name, (limit, _) in EXCEPTIONS.items()}, (
         "a test with a limit over 120 s must be listed in tests/test_suite_budget.py with its reason: "
         f"{longer}")
+
+
+def _test_functions() -> dict[str, ast.FunctionDef]:
+    """`tests/test_x.py::test_name` -> its definition, for every test module."""
+    found = {}
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test_"):
+                found[f"{rel}::{node.name}"] = node
+    return found
+
+
+def test_the_extended_tier_is_the_listed_tests_each_with_its_reason_and_a_ci_cover():
+    """tests/_tiers.py is the whole extended tier: every entry and every cover is a test that
+    exists, a cover still runs in CI's tier, and no module marks `extended` by itself."""
+    from tests._tiers import EXTENDED, extended_id
+
+    tests = _test_functions()
+    for name, (why, covers) in EXTENDED.items():
+        base, _, param = name.partition("[")
+        assert base in tests, f"tests/_tiers.py lists {name}, which does not exist: drop or rename it"
+        if param:
+            assert any(d.func.attr == "parametrize" for d in tests[base].decorator_list
+                       if isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute)), name
+        assert why and covers, f"{name}: say why it is extended and which CI-tier tests cover its parts"
+        for cover in covers:
+            assert cover in tests, f"{name}: its cover {cover} does not exist"
+            assert extended_id(cover) is None, f"{name}: its cover {cover} is extended itself"
+    marked = [p.name for p in (ROOT / "tests").glob("test_*.py")
+              if p.name != Path(__file__).name and "mark." + "extended" in p.read_text()]
+    assert not marked, f"mark a test extended in tests/_tiers.py (with its reason), not in {marked}"
+
+
+def test_readme_and_ci_run_the_tier_and_build_notes_give_the_full_suite():
+    readme = (ROOT / "README.md").read_text().splitlines()
+    command = "python -m pytest -q -n auto --maxprocesses 4 --dist loadfile -m \"not extended\" tests"
+    assert command in readme[3], "README's second command is the CI tier"
+    assert command in (ROOT / ".ci" / "run").read_text()
+    full = command.replace(' -m "not extended"', "")
+    assert full in (ROOT / "BUILD_NOTES.md").read_text()

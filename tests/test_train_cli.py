@@ -8,12 +8,9 @@ import json
 import subprocess
 import sys
 
-import pytest
 import yaml
 
 from tests._subprocess_fixtures import cli_env
-
-pytestmark = pytest.mark.slow
 
 
 def _train(*args, cwd, env=None):

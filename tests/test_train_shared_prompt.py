@@ -78,7 +78,6 @@ def test_shared_prompt_step_equals_the_separate_rows():
     assert max_abs_diff(params_a, params_b) < 1e-5
 
 
-@pytest.mark.slow
 def test_trainer_step_with_shared_prompt_equals_the_plain_one(tmp_path):
     """The whole trainer (collect -> batches -> old logprobs -> update -> checkpoint) through the
     real command: the same groups give the same loss, gradient norm and tokens either way."""
