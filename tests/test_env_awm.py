@@ -236,7 +236,10 @@ def test_faults_end_their_episode_with_the_reason_and_the_others_go_on(tmp_path,
     for r in rows:
         r["full_code"] = r["full_code"].replace('\n\nif __name__ == "__main__":', HOSTILE_TOOLS + '\n\nif __name__ == "__main__":')
     (pool_dir / "gen_envs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    make = factory(tmp_path, awm_dir=pool_dir, pool=3, mcp_call_timeout_s=2.0)
+    # the 2 s call limit only where the call must time out (the hang): every call that answers
+    # or dies gets 60 s, so a loaded host cannot turn its verdict into a timeout
+    make = factory(tmp_path, awm_dir=pool_dir, pool=3, mcp_call_timeout_s=60.0)
+    make_hang = factory(tmp_path / "hang", awm_dir=pool_dir, pool=1, mcp_call_timeout_s=2.0)
     tasks = {t.task_id: t for t in load_awm(pool_dir).tasks()}
     outside = tmp_path / "outside.txt"
     try:
@@ -256,19 +259,23 @@ def test_faults_end_their_episode_with_the_reason_and_the_others_go_on(tmp_path,
             await env.step(Message("Removed."))
             return await asyncio.to_thread(env.score)
 
-        async def hang_and_probe():
+        async def probe():
             env = make(tasks["gym_classes_3/0"])
             obs = await env.reset(tasks["gym_classes_3/0"])
             obs, _ = await env.step(ToolCall("probe", {"target": str(outside)}))
-            seen = json.loads(obs.messages[-1]["content"])
+            return json.loads(obs.messages[-1]["content"])
+
+        async def hang():
+            env = make_hang(tasks["gym_classes_3/0"])
+            await env.reset(tasks["gym_classes_3/0"])
             with pytest.raises(McpFault) as err:
                 await env.step(ToolCall("hang", {}))
-            return seen, err.value, await asyncio.to_thread(env.score)
+            return err.value, await asyncio.to_thread(env.score)
 
         async def main():
-            return await asyncio.gather(crash(), fine(), hang_and_probe())
+            return await asyncio.gather(crash(), fine(), probe(), hang())
 
-        (fault, crashed), ok, (seen, timeout, hung) = asyncio.run(main())
+        (fault, crashed), ok, seen, (timeout, hung) = asyncio.run(main())
         assert "OPENAI_API_KEY" not in seen["env"] and "DATABASE_PATH" in seen["env"]
         assert not seen["wrote"] and not outside.exists()  # read-only outside its own directory
         assert timeout.end_reason == "mcp_timeout" and hung["end_reason"] == "mcp_timeout"
@@ -283,6 +290,7 @@ def test_faults_end_their_episode_with_the_reason_and_the_others_go_on(tmp_path,
         assert make.runtime.pool.stats.discarded >= 1
     finally:
         make.close()
+        make_hang.close()
 
 
 KILLED_TRAINER = """
