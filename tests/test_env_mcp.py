@@ -192,7 +192,10 @@ def test_an_existing_http_server_by_url(tmp_path):
 ])
 def test_a_fault_ends_its_episode_with_a_reason_and_others_go_on(tool, args, reason):
     mark = uuid.uuid4().hex
-    with McpPool(spec(NOTES, mark=mark, call_timeout_s=1.5), size=2, reset="tool:reset_db") as pool:
+    # a call limit far from both outcomes: the sleep's 60 s against 5 s, and the healthy episode's
+    # quick calls against the same 5 s on a loaded host; the crash needs no limit (60 s)
+    limit = 5.0 if tool == "sleep" else 60.0
+    with McpPool(spec(NOTES, mark=mark, call_timeout_s=limit), size=2, reset="tool:reset_db") as pool:
         broken, healthy = McpEnv(pool), McpEnv(pool)
 
         async def main():
@@ -261,7 +264,9 @@ def test_a_hostile_server_is_contained(monkeypatch, tmp_path):
     listener.listen()
     port = listener.getsockname()[1]
     limits = Limits(file_mb=16, max_line_bytes=1 << 20)
-    with McpPool(spec(NOTES, mark=mark, call_timeout_s=3, limits=limits), size=2) as pool:
+    # 6 s: the sandboxed calls (forking sleepers among them) answer well within it on a loaded
+    # host, and the 30 s sleep is cut by it
+    with McpPool(spec(NOTES, mark=mark, call_timeout_s=6, limits=limits), size=2) as pool:
         env = McpEnv(pool)
 
         async def call(name, args):
