@@ -3,6 +3,7 @@ the few listed here with the reason and their own limit, so a new slow test fail
 instead of pushing the suite toward CI's 90-minute wall."""
 
 import ast
+import functools
 import sys
 from pathlib import Path
 
@@ -23,13 +24,21 @@ def _pyproject() -> dict:
     return tomllib.loads((ROOT / "pyproject.toml").read_text())
 
 
+@functools.cache
+def _test_modules() -> dict[str, tuple[str, ast.Module]]:
+    """`tests/test_x.py` -> (its source, its syntax tree), for every test module, parsed once."""
+    out = {}
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        text = path.read_text()
+        out[path.relative_to(ROOT).as_posix()] = (text, ast.parse(text))
+    return out
+
+
 def _timeout_markers() -> dict[str, int]:
     """test id -> N of every `pytest.mark.timeout(N)` on a test function (or `pytestmark` of a
     module: id `path::*`)."""
     found = {}
-    for path in sorted((ROOT / "tests").glob("test_*.py")):
-        tree = ast.parse(path.read_text())
-        rel = path.relative_to(ROOT).as_posix()
+    for rel, (_, tree) in _test_modules().items():
         for node in ast.walk(tree):
             targets = []
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -58,13 +67,8 @@ def test_only_the_listed_tests_may_take_longer():
 
 def _test_functions() -> dict[str, ast.FunctionDef]:
     """`tests/test_x.py::test_name` -> its definition, for every test module."""
-    found = {}
-    for path in sorted((ROOT / "tests").glob("test_*.py")):
-        rel = path.relative_to(ROOT).as_posix()
-        for node in ast.parse(path.read_text()).body:
-            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test_"):
-                found[f"{rel}::{node.name}"] = node
-    return found
+    return {f"{rel}::{node.name}": node for rel, (_, tree) in _test_modules().items() for node in tree.body
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test_")}
 
 
 def test_the_extended_tier_is_the_listed_tests_each_with_its_reason_and_a_ci_cover():
@@ -83,8 +87,8 @@ def test_the_extended_tier_is_the_listed_tests_each_with_its_reason_and_a_ci_cov
         for cover in covers:
             assert cover in tests, f"{name}: its cover {cover} does not exist"
             assert extended_id(cover) is None, f"{name}: its cover {cover} is extended itself"
-    marked = [p.name for p in (ROOT / "tests").glob("test_*.py")
-              if p.name != Path(__file__).name and "mark." + "extended" in p.read_text()]
+    this = Path(__file__).relative_to(ROOT).as_posix()
+    marked = [rel for rel, (text, _) in _test_modules().items() if rel != this and "mark." + "extended" in text]
     assert not marked, f"mark a test extended in tests/_tiers.py (with its reason), not in {marked}"
 
 
